@@ -1,0 +1,32 @@
+# Thin wrapper over CMake. `make` builds, `make test` runs every test under
+# ASan+UBSan (and the threaded stress test under TSan), `make demo` runs the
+# main job, `make install PREFIX=...` installs.
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE ?= cmake
+
+.PHONY: all build test demo install bench fuzz clean
+
+all: build
+
+build:
+	@$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@$(CMAKE) --build build -j $(JOBS)
+
+test:
+	@sh scripts/run-tests.sh
+
+demo: build
+	@sh scripts/demo.sh
+
+bench: build
+	@./build/bench/bench_cpu
+
+fuzz:
+	@sh scripts/fuzz.sh
+
+install: build
+	@$(CMAKE) --install build --prefix $(PREFIX)
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz

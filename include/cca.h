@@ -1,0 +1,320 @@
+/*
+ * cca.h - the public interface of cca, a stream-ordered caching allocator for
+ * CUDA device memory and pinned host memory.
+ *
+ * This header includes no CUDA header: a stream is a `struct CUstream_st *`,
+ * the same type as `cudaStream_t`, so CUDA programs pass their streams as is.
+ *
+ * Conventions: every fallible function returns a cca_status_t (CCA_OK == 0);
+ * results come back through out-parameters, which are left untouched on
+ * failure. The full text of the last failure of the calling thread is in
+ * cca_last_error(). Unless a comment says otherwise every function is
+ * thread-safe.
+ */
+#ifndef CCA_H
+#define CCA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CCA_VERSION_MAJOR 0
+#define CCA_VERSION_MINOR 1
+#define CCA_VERSION_PATCH 0
+
+/** A CUDA stream (the same type as cudaStream_t); NULL is the default stream. */
+typedef struct CUstream_st *cca_stream_t;
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and the last-error record                                   */
+/* ------------------------------------------------------------------------ */
+
+/** Status codes. Values are stable and never renumbered. */
+typedef enum cca_status {
+    CCA_OK = 0,
+    CCA_ERR_INVALID_ARGUMENT = 1, /**< an argument is out of its domain */
+    CCA_ERR_INVALID_POINTER = 2,  /**< a pointer cca did not hand out, or freed twice */
+    CCA_ERR_OUT_OF_MEMORY = 3,    /**< the device (or the memory fraction) is exhausted */
+    CCA_ERR_BACKEND = 4,          /**< the backend (CUDA) failed; raw code in cca_last_error() */
+    CCA_ERR_NOT_SUPPORTED = 5,    /**< the operation is not available on this backend/mode */
+    CCA_ERR_BAD_SETTINGS = 6,     /**< a settings string is malformed or out of range */
+    CCA_ERR_NOT_INITIALIZED = 7,  /**< the library could not be initialised */
+    CCA_ERR_NO_DEVICE = 8,        /**< no usable device (e.g. no GPU for the cuda backend) */
+    CCA_ERR_NOT_READY = 9,        /**< an event has not completed yet (backend level) */
+    CCA_ERR_IO = 10,              /**< a file could not be read or written */
+    CCA_ERR_FORMAT = 11,          /**< a file is malformed or truncated */
+    CCA_ERR_BUSY = 12,            /**< the call is not allowed in the current state */
+    CCA_ERR_INTERNAL = 13,        /**< an internal invariant failed (a bug in cca) */
+} cca_status_t;
+
+/** The details of the last failure on the calling thread. */
+typedef struct cca_error {
+    cca_status_t status; /**< the status that was returned */
+    char message[2048];  /**< human-readable text, complete sentences */
+    const char *file;    /**< source file that raised it */
+    int line;            /**< source line that raised it */
+    long backend_code;   /**< raw backend (cudaError_t) code, 0 if none */
+} cca_error_t;
+
+/** Name of a status code, e.g. "CCA_ERR_OUT_OF_MEMORY". Never NULL. */
+const char *cca_status_str(cca_status_t status);
+
+/** The last error recorded on this thread (status CCA_OK if none). Never NULL. */
+const cca_error_t *cca_last_error(void);
+
+/** Forget the last error of this thread. */
+void cca_clear_error(void);
+
+/** Where the library's warnings and reports go (default: stderr). */
+typedef void (*cca_output_fn)(const char *text, void *arg);
+
+/** Replace the output sink; NULL restores stderr. Not thread-safe with output. */
+void cca_register_output(cca_output_fn fn, void *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Initialisation and backends                                              */
+/* ------------------------------------------------------------------------ */
+
+struct cca_backend; /* see cca_backend.h */
+
+/**
+ * Initialise cca from the environment: CCA_BACKEND (cuda | sim, default
+ * cuda), CCA_SIM_DEVICES and CCA_SIM_MEMORY for the simulated backend,
+ * CCA_ALLOC_CONF (settings) and CCA_NO_CACHING. Every other entry point calls
+ * it on first use, so calling it is optional; a second call does nothing.
+ * Returns CCA_OK, CCA_ERR_NO_DEVICE (no usable GPU: the message names
+ * CCA_BACKEND=sim), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT (bad
+ * environment value), CCA_ERR_BACKEND.
+ */
+cca_status_t cca_init(void);
+
+/**
+ * Initialise cca on a given backend with a settings string (NULL: read
+ * CCA_ALLOC_CONF). cca takes ownership of the backend and destroys it at
+ * cca_shutdown(). Returns CCA_ERR_BUSY if cca is already initialised.
+ */
+cca_status_t cca_init_with_backend(struct cca_backend *backend, const char *settings);
+
+/**
+ * Free every cached block, release all state and the backend. Blocks still
+ * allocated are given back to the backend too. Not thread-safe with any other
+ * call. After it, cca can be initialised again.
+ */
+void cca_shutdown(void);
+
+/** True once cca is initialised. */
+bool cca_is_initialized(void);
+
+/** Name of the active backend ("cuda", "sim", ...); NULL before initialisation. */
+const char *cca_backend_name(void);
+
+/** Number of devices of the backend. Returns CCA_OK or an init error. */
+cca_status_t cca_device_count(int *count);
+
+/** Current device of the calling thread (as cudaGetDevice / cudaSetDevice). */
+cca_status_t cca_get_device(int *device);
+cca_status_t cca_set_device(int device);
+
+/* ------------------------------------------------------------------------ */
+/* Settings                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Apply a settings string at run time (same syntax as PYTORCH_CUDA_ALLOC_CONF:
+ * "key:value,key:value"). Only the keys named change. On error nothing
+ * changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
+ * key:value and what is allowed), CCA_ERR_NOT_SUPPORTED (a key that can only
+ * be set before initialisation, e.g. backend).
+ */
+cca_status_t cca_set_settings(const char *settings);
+
+/**
+ * Describe the settings that result from the defaults, then CCA_ALLOC_CONF,
+ * then settings (may be NULL): one line per key with its effective value and
+ * where it came from (default, environment, argument). Needs no
+ * initialisation. *text is allocated with malloc; the caller frees it.
+ * Returns CCA_OK, CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_settings_describe(const char *settings, char **text);
+
+/* ------------------------------------------------------------------------ */
+/* The device caching allocator                                             */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Allocate size bytes on the current device for use on stream. Size 0
+ * succeeds with *ptr = NULL. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (ptr
+ * NULL, size >= 1 EB), CCA_ERR_OUT_OF_MEMORY (message as PyTorch's), or
+ * CCA_ERR_BACKEND.
+ */
+cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream);
+
+/** As cca_malloc on an explicit device. Adds CCA_ERR_INVALID_ARGUMENT for a bad device. */
+cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream);
+
+/**
+ * Free a pointer returned by cca_malloc. NULL is a no-op. The block becomes
+ * reusable on its stream at once, or, if cca_record_stream() named other
+ * streams, once the work queued on them at free time is done. Returns CCA_OK
+ * or CCA_ERR_INVALID_POINTER (never allocated, inside a block, or freed twice).
+ */
+cca_status_t cca_free(void *ptr);
+
+/**
+ * Mark the block holding ptr as used on stream, so that cca_free waits for
+ * that stream's queued work before reuse. Returns CCA_OK,
+ * CCA_ERR_INVALID_POINTER. Recording the allocation stream is a no-op.
+ */
+cca_status_t cca_record_stream(void *ptr, cca_stream_t stream);
+
+/** Return every unused cached segment of every device to the backend. */
+cca_status_t cca_empty_cache(void);
+
+/** Total cached-free bytes and the largest cached free block of a device. */
+cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block);
+
+/** Base address and size of the segment holding ptr (any pointer inside a live block). */
+cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size);
+
+/**
+ * Limit this process to fraction (0..1] of the device's total memory.
+ * Returns CCA_OK or CCA_ERR_INVALID_ARGUMENT (fraction outside [0,1], bad device).
+ */
+cca_status_t cca_set_memory_fraction(double fraction, int device);
+
+/** Free and total memory of a device, as cudaMemGetInfo. */
+cca_status_t cca_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
+
+/**
+ * A callback asked to free memory when an allocation would fail (e.g. a
+ * framework dropping its own caches). Returns true if it freed anything.
+ */
+typedef bool (*cca_free_memory_callback_fn)(void *arg);
+
+/** Register a free-memory callback; they run in registration order. */
+cca_status_t cca_register_free_memory_callback(cca_free_memory_callback_fn fn, void *arg);
+
+/** Called after an out-of-memory failure, outside cca's locks. */
+typedef void (*cca_oom_observer_fn)(int device, size_t alloc_size, size_t device_total,
+                                    size_t device_free, void *arg);
+
+/** Register an OOM observer. */
+cca_status_t cca_attach_oom_observer(cca_oom_observer_fn fn, void *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+/* ------------------------------------------------------------------------ */
+
+/** One statistic: current value, peak, and accumulated increments/decrements. */
+typedef struct cca_stat {
+    int64_t current;
+    int64_t peak;
+    int64_t allocated;
+    int64_t freed;
+} cca_stat_t;
+
+/** Pool breakdown of a statistic, as PyTorch's StatType. */
+enum { CCA_STAT_ALL = 0, CCA_STAT_SMALL_POOL = 1, CCA_STAT_LARGE_POOL = 2, CCA_STAT_TYPES = 3 };
+
+/** Per-device statistics (PyTorch's DeviceStats). */
+typedef struct cca_device_stats {
+    cca_stat_t allocation[CCA_STAT_TYPES];          /**< number of allocated blocks */
+    cca_stat_t segment[CCA_STAT_TYPES];             /**< number of segments from the backend */
+    cca_stat_t active[CCA_STAT_TYPES];              /**< number of active blocks */
+    cca_stat_t inactive_split[CCA_STAT_TYPES];      /**< number of inactive split blocks */
+    cca_stat_t allocated_bytes[CCA_STAT_TYPES];     /**< bytes in allocated blocks */
+    cca_stat_t reserved_bytes[CCA_STAT_TYPES];      /**< bytes reserved from the backend */
+    cca_stat_t active_bytes[CCA_STAT_TYPES];        /**< bytes in active blocks */
+    cca_stat_t inactive_split_bytes[CCA_STAT_TYPES];/**< bytes in inactive split blocks */
+    cca_stat_t requested_bytes[CCA_STAT_TYPES];     /**< bytes requested by callers */
+    int64_t num_alloc_retries;   /**< backend malloc retries after freeing cache */
+    int64_t num_ooms;            /**< out-of-memory failures */
+    int64_t num_sync_all_streams;/**< synchronize_and_free_events calls */
+    int64_t num_device_alloc;    /**< backend malloc calls */
+    int64_t num_device_free;     /**< backend free calls */
+    cca_stat_t oversize_allocations; /**< allocations >= max_split_size */
+    cca_stat_t oversize_segments;    /**< segments >= max_split_size */
+    int64_t max_split_size;      /**< bytes; the effective max_split_size */
+} cca_device_stats_t;
+
+/** Statistics of a device. */
+cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats);
+
+/** Reset accumulated (allocated/freed and counters) statistics of a device. */
+cca_status_t cca_reset_accumulated_stats(int device);
+
+/** Reset peak statistics of a device to their current values. */
+cca_status_t cca_reset_peak_stats(int device);
+
+/** One entry of the flat memory_stats list. */
+typedef struct cca_stat_entry {
+    const char *key; /**< PyTorch's key, e.g. "allocated_bytes.all.current" (static string) */
+    int64_t value;
+} cca_stat_entry_t;
+
+/** Number of entries cca_memory_stats writes (PyTorch's 122 keys, sorted). */
+#define CCA_MEMORY_STATS_COUNT 122
+
+/**
+ * The flat statistics of a device with exactly torch.cuda.memory_stats()'s
+ * keys, sorted by key. out must hold CCA_MEMORY_STATS_COUNT entries.
+ */
+cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
+
+/**
+ * The text of torch.cuda.memory_summary(device, abbreviated) for this
+ * device's statistics, into a buffer cca allocates with malloc; the caller
+ * frees it with free().
+ */
+cca_status_t cca_memory_summary(int device, bool abbreviated, char **text);
+
+/* ------------------------------------------------------------------------ */
+/* The pinned host caching allocator                                        */
+/* ------------------------------------------------------------------------ */
+
+/** Allocate size bytes of page-locked host memory. Size 0 gives NULL. */
+cca_status_t cca_host_malloc(void **ptr, size_t size);
+
+/** Free a pointer from cca_host_malloc (reused once its recorded events complete). */
+cca_status_t cca_host_free(void *ptr);
+
+/** Record that the block holding ptr is used by work queued on stream. */
+cca_status_t cca_host_record_event(void *ptr, cca_stream_t stream);
+
+/** Release every cached host block whose events have completed. */
+cca_status_t cca_host_empty_cache(void);
+
+/** A duration statistic in microseconds. */
+typedef struct cca_duration_stat {
+    int64_t total;
+    int64_t max;
+    int64_t min;
+    int64_t count;
+} cca_duration_stat_t;
+
+/** Host allocator statistics, as PyTorch 2.11's HostStats. */
+typedef struct cca_host_stats {
+    cca_stat_t allocations;     /**< blocks held from the system (cached or in use) */
+    cca_stat_t allocated_bytes; /**< bytes held from the system */
+    cca_stat_t active_requests; /**< blocks in use by callers */
+    cca_stat_t active_bytes;    /**< bytes in use by callers */
+    int64_t num_host_alloc;     /**< system allocations (slow path) */
+    int64_t num_host_free;      /**< system frees */
+    cca_duration_stat_t host_alloc_time; /**< us per system allocation */
+    cca_duration_stat_t host_free_time;  /**< us per system free */
+} cca_host_stats_t;
+
+cca_status_t cca_host_get_stats(cca_host_stats_t *stats);
+cca_status_t cca_host_reset_accumulated_stats(void);
+cca_status_t cca_host_reset_peak_stats(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCA_H */

@@ -1,0 +1,241 @@
+/*
+ * cca_backend.h - the contract between cca's allocator core and a device
+ * backend, and the constructors of the backends cca ships.
+ *
+ * Policy (caching, rounding, splitting, statistics) lives in the core; a
+ * backend only provides mechanism: raw device memory, memory info, events,
+ * virtual memory, host memory and IPC. The core never calls a backend while
+ * holding a lock that the backend could need, but it may call any operation
+ * from several threads at once: every operation must be thread-safe.
+ *
+ * Common rules for every operation:
+ *  - `ctx` is the backend's own `ctx` field;
+ *  - out-parameters are written only on CCA_OK;
+ *  - a failure returns a status and records the details with
+ *    cca_backend_error() (message, raw code); CCA_ERR_OUT_OF_MEMORY is
+ *    reserved for "the device has no memory left" (cudaErrorMemoryAllocation),
+ *    so the core can run its out-of-memory sequence;
+ *  - `device` is in [0, device_count); the core validates it before calling.
+ */
+#ifndef CCA_BACKEND_H
+#define CCA_BACKEND_H
+
+#include "cca.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** An event handle (cudaEvent_t for the CUDA backend). */
+typedef void *cca_event_t;
+
+/** A physical memory handle for virtual memory (CUmemGenericAllocationHandle). */
+typedef uint64_t cca_phys_handle_t;
+
+/** An IPC memory handle (cudaIpcMemHandle_t is 64 bytes). */
+typedef struct cca_ipc_handle {
+    unsigned char bytes[64];
+} cca_ipc_handle_t;
+
+/** Properties of one device. */
+typedef struct cca_device_props {
+    char name[256];       /**< device name */
+    size_t total_memory;  /**< bytes */
+} cca_device_props_t;
+
+/** Backend operation identifiers, used for fault injection and counters. */
+typedef enum cca_backend_op {
+    CCA_OP_MALLOC = 0,
+    CCA_OP_FREE,
+    CCA_OP_MEM_GET_INFO,
+    CCA_OP_STREAM_SYNCHRONIZE,
+    CCA_OP_DEVICE_SYNCHRONIZE,
+    CCA_OP_EVENT_CREATE,
+    CCA_OP_EVENT_DESTROY,
+    CCA_OP_EVENT_RECORD,
+    CCA_OP_EVENT_QUERY,
+    CCA_OP_EVENT_SYNCHRONIZE,
+    CCA_OP_STREAM_CAPTURE_STATUS,
+    CCA_OP_VMM_GRANULARITY,
+    CCA_OP_VMM_RESERVE,
+    CCA_OP_VMM_FREE,
+    CCA_OP_VMM_CREATE,
+    CCA_OP_VMM_RELEASE,
+    CCA_OP_VMM_MAP,
+    CCA_OP_VMM_UNMAP,
+    CCA_OP_VMM_SET_ACCESS,
+    CCA_OP_HOST_ALLOC,
+    CCA_OP_HOST_FREE,
+    CCA_OP_HOST_REGISTER,
+    CCA_OP_HOST_UNREGISTER,
+    CCA_OP_IPC_GET,
+    CCA_OP_IPC_OPEN,
+    CCA_OP_IPC_CLOSE,
+    CCA_OP_COUNT
+} cca_backend_op_t;
+
+/** Name of a backend operation, e.g. "malloc". */
+const char *cca_backend_op_name(cca_backend_op_t op);
+
+/** Stream capture states (cudaStreamCaptureStatus). */
+enum { CCA_CAPTURE_NONE = 0, CCA_CAPTURE_ACTIVE = 1, CCA_CAPTURE_INVALIDATED = 2 };
+
+/**
+ * A device backend: a table of operations. Every pointer must be set; an
+ * operation a backend cannot do returns CCA_ERR_NOT_SUPPORTED.
+ */
+typedef struct cca_backend {
+    const char *name; /**< short name, e.g. "cuda" or "sim" */
+    void *ctx;        /**< the backend's state, passed to every operation */
+
+    /** Number of devices (0 allowed). Returns CCA_OK or CCA_ERR_BACKEND. */
+    cca_status_t (*device_count)(void *ctx, int *count);
+    /** Properties of a device. Returns CCA_OK or CCA_ERR_BACKEND. */
+    cca_status_t (*device_props)(void *ctx, int device, cca_device_props_t *props);
+    /** Current device of the calling thread; set it. */
+    cca_status_t (*get_device)(void *ctx, int *device);
+    cca_status_t (*set_device)(void *ctx, int device);
+    /** Free and total bytes of a device, as cudaMemGetInfo. */
+    cca_status_t (*mem_get_info)(void *ctx, int device, size_t *free_bytes, size_t *total_bytes);
+
+    /**
+     * Allocate size (> 0) bytes of device memory, usable on any stream.
+     * Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY (nothing allocated, any sticky
+     * error state cleared), CCA_ERR_BACKEND.
+     */
+    cca_status_t (*malloc)(void *ctx, int device, size_t size, void **ptr);
+    /** Free memory from malloc (synchronizes the device, as cudaFree). */
+    cca_status_t (*free)(void *ctx, int device, void *ptr);
+
+    /** Wait for all work queued on stream; for the whole device. */
+    cca_status_t (*stream_synchronize)(void *ctx, int device, cca_stream_t stream);
+    cca_status_t (*device_synchronize)(void *ctx, int device);
+
+    /** Create an event (timing disabled). */
+    cca_status_t (*event_create)(void *ctx, int device, cca_event_t *event);
+    cca_status_t (*event_destroy)(void *ctx, int device, cca_event_t event);
+    /** Record the event on stream: it completes when the work queued so far is done. */
+    cca_status_t (*event_record)(void *ctx, int device, cca_event_t event, cca_stream_t stream);
+    /** CCA_OK if the event completed, CCA_ERR_NOT_READY if not, else an error. */
+    cca_status_t (*event_query)(void *ctx, int device, cca_event_t event);
+    /** Block until the event completed. */
+    cca_status_t (*event_synchronize)(void *ctx, int device, cca_event_t event);
+    /** Capture status of a stream (CCA_CAPTURE_*). */
+    cca_status_t (*stream_capture_status)(void *ctx, int device, cca_stream_t stream, int *status);
+
+    /** Virtual memory: allocation granularity of physical memory (bytes). */
+    cca_status_t (*vmm_granularity)(void *ctx, int device, size_t *granularity);
+    /** Reserve size bytes of address space (a multiple of the granularity). */
+    cca_status_t (*vmm_reserve)(void *ctx, int device, size_t size, void **addr);
+    cca_status_t (*vmm_free)(void *ctx, int device, void *addr, size_t size);
+    /** Create size bytes of physical memory; CCA_ERR_OUT_OF_MEMORY when full. */
+    cca_status_t (*vmm_create)(void *ctx, int device, size_t size, cca_phys_handle_t *handle);
+    cca_status_t (*vmm_release)(void *ctx, int device, cca_phys_handle_t handle);
+    /** Map physical memory at addr (inside a reservation); unmap a range. */
+    cca_status_t (*vmm_map)(void *ctx, int device, void *addr, size_t size, cca_phys_handle_t handle);
+    cca_status_t (*vmm_unmap)(void *ctx, int device, void *addr, size_t size);
+    /** Give device read/write access to a mapped range. */
+    cca_status_t (*vmm_set_access)(void *ctx, int device, void *addr, size_t size);
+
+    /** Page-locked host memory (cudaHostAlloc); free it. */
+    cca_status_t (*host_alloc)(void *ctx, size_t size, void **ptr);
+    cca_status_t (*host_free)(void *ctx, void *ptr);
+    /** Page-lock existing host memory; *device_ptr gets its device address. */
+    cca_status_t (*host_register)(void *ctx, void *ptr, size_t size, void **device_ptr);
+    cca_status_t (*host_unregister)(void *ctx, void *ptr);
+
+    /** IPC: handle of a device allocation; open another process's; close it. */
+    cca_status_t (*ipc_get_handle)(void *ctx, int device, void *ptr, cca_ipc_handle_t *handle);
+    cca_status_t (*ipc_open)(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr);
+    cca_status_t (*ipc_close)(void *ctx, int device, void *ptr);
+
+    /** Release the backend's state (called once, at cca_shutdown). */
+    void (*destroy)(void *ctx);
+} cca_backend_t;
+
+/**
+ * Record a backend failure in the caller's last-error record and return
+ * status. raw_code is the backend's own code (e.g. cudaError_t), 0 if none.
+ */
+cca_status_t cca_backend_error(cca_status_t status, long raw_code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ------------------------------------------------------------------------ */
+/* The simulated backend                                                    */
+/* ------------------------------------------------------------------------ */
+
+/** Configuration of a simulated backend. Zero-initialise, then set fields. */
+typedef struct cca_sim_config {
+    int devices;            /**< number of devices (0 -> 1) */
+    size_t total_memory;    /**< bytes per device (0 -> 80 GiB) */
+    size_t memory_cap;      /**< bytes; malloc fails beyond it (0 -> total_memory) */
+    bool backed;            /**< real host memory behind device memory */
+    bool manual_events;     /**< events complete only when the test completes them */
+    size_t granularity;     /**< VMM granularity (0 -> 2 MiB) */
+    const uint64_t *addresses; /**< if set: malloc/vmm_reserve hand these out in order */
+    size_t address_count;   /**< entries in addresses (copied at creation) */
+} cca_sim_config_t;
+
+/** Create a simulated backend. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **backend);
+
+/**
+ * Make the nth (1-based, counted from now) call of op on this simulated
+ * backend fail with status; with persistent, that call and every later one
+ * fail. nth == 0 removes the fault of op.
+ */
+cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, uint64_t nth,
+                                  bool persistent, cca_status_t status);
+
+/** Remove every injected fault. */
+void cca_sim_clear_faults(cca_backend_t *backend);
+
+/** Number of calls of op so far (successful or not). */
+uint64_t cca_sim_call_count(cca_backend_t *backend, cca_backend_op_t op);
+
+/** Live resources of a simulated backend, for leak checks. */
+typedef struct cca_sim_usage {
+    size_t device_bytes[16];   /**< bytes allocated per device (malloc + vmm_create) */
+    uint64_t live_allocations; /**< malloc'd blocks not freed */
+    uint64_t live_events;      /**< events created, not destroyed */
+    uint64_t live_reservations;/**< vmm reservations not freed */
+    uint64_t live_handles;     /**< vmm physical handles not released */
+    uint64_t live_host;        /**< host allocations and registrations not undone */
+} cca_sim_usage_t;
+
+cca_status_t cca_sim_usage(cca_backend_t *backend, cca_sim_usage_t *usage);
+
+/** Manual events: complete every event recorded on stream so far (all streams if all). */
+cca_status_t cca_sim_complete_stream(cca_backend_t *backend, int device, cca_stream_t stream, bool all);
+
+/** Number of recorded, not yet completed events (manual mode). */
+uint64_t cca_sim_pending_events(cca_backend_t *backend);
+
+/** Set or change the memory cap of a device (bytes; 0 = total memory). */
+cca_status_t cca_sim_set_cap(cca_backend_t *backend, int device, size_t cap);
+
+/** Append addresses to the list malloc/vmm_reserve take from (replay). */
+cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addresses, size_t count);
+
+/** The backend cca is running on (NULL before initialisation). */
+cca_backend_t *cca_current_backend(void);
+
+/* ------------------------------------------------------------------------ */
+/* The CUDA backend                                                         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Create the CUDA backend. Returns CCA_OK, CCA_ERR_NO_DEVICE (no GPU or no
+ * driver; the message says so and names CCA_BACKEND=sim), CCA_ERR_NOT_SUPPORTED
+ * (cca built without CUDA), CCA_ERR_BACKEND.
+ */
+cca_status_t cca_cuda_create(cca_backend_t **backend);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCA_BACKEND_H */
