@@ -1,0 +1,233 @@
+/*
+ * device.h - the device caching allocator's internal structures.
+ *
+ * Memory comes from the backend in segments; a segment is tiled by blocks
+ * (a doubly linked list in address order). A free block sits in exactly one
+ * bin of the pool of its own stream and size kind (small: <= 1 MiB requests,
+ * large: the rest). Each (device, stream) has its own stream pool with its
+ * own lock, so threads on different streams never meet on the fast path;
+ * slow paths (new segment, release, OOM, GC, empty cache) take the device
+ * lock first, then stream pool locks (lock order: device -> stream pool ->
+ * pointer-map shard / stats lock).
+ */
+#ifndef CCA_DEVICE_H
+#define CCA_DEVICE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+#include "settings.h"
+
+/* PyTorch's constants. */
+#define CCA_MIN_BLOCK_SIZE ((size_t)512)            /* all sizes are multiples of this */
+#define CCA_SMALL_SIZE ((size_t)1048576)            /* largest "small" request */
+#define CCA_SMALL_BUFFER ((size_t)2097152)          /* small-pool segment size */
+#define CCA_MIN_LARGE_ALLOC ((size_t)10485760)      /* from here segments are rounded */
+#define CCA_ROUND_LARGE ((size_t)2097152)           /* rounding of large segments */
+
+/* Size classes: 32 sub-classes per power of two. */
+#define CCA_BIN_SUB_BITS 5
+#define CCA_BIN_COUNT (64 << CCA_BIN_SUB_BITS)
+#define CCA_BIN_WORDS (CCA_BIN_COUNT / 64)
+
+/* Inline capacity of a block's set of using streams (record_stream). */
+#define CCA_INLINE_STREAMS 2
+
+struct cca_pool;
+struct cca_segment;
+
+typedef struct cca_block {
+    uintptr_t addr;             /* device address */
+    size_t size;                /* bytes */
+    size_t requested_size;      /* bytes the caller asked for (last allocation) */
+    struct cca_block *prev;     /* neighbour below in the segment, NULL at its start */
+    struct cca_block *next;     /* neighbour above, NULL at its end */
+    struct cca_block *bin_prev; /* links in a free bin (or in the pending list) */
+    struct cca_block *bin_next;
+    struct cca_block *map_next; /* chain in the pointer map */
+    struct cca_pool *pool;      /* stream pool (and kind) it belongs to */
+    struct cca_segment *segment;/* the segment it tiles */
+    int64_t gc_count_base;      /* pool's get_free_block count when it was cached */
+    int64_t alloc_time_us;      /* time of the last allocation (history) */
+    uint32_t event_count;       /* outstanding record_stream events */
+    uint16_t bin;               /* bin index while free */
+    int16_t device;             /* device index (uncached mode) */
+    bool allocated;             /* handed out to the caller */
+    bool in_bin;                /* sitting in a free bin */
+    uint32_t stream_use_count;  /* streams recorded with record_stream */
+    uint32_t stream_use_cap;
+    cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
+    cca_stream_t *stream_uses;  /* inline array or heap array when more */
+} cca_block_t;
+
+/* One segment from the backend (one cudaMalloc). */
+typedef struct cca_segment {
+    uintptr_t base;             /* device address */
+    size_t size;                /* bytes */
+    cca_stream_t stream;        /* allocation stream */
+    bool is_small;              /* small-pool segment */
+    int64_t alloc_time_us;      /* when it was allocated */
+    struct cca_block *head;     /* its first block */
+    struct cca_segment *prev_seg, *next_seg; /* device's list of segments */
+} cca_segment_t;
+
+/* Free blocks of one kind (small or large) of one stream. */
+typedef struct cca_bins {
+    uint64_t words[CCA_BIN_WORDS]; /* bit b: bin b non-empty */
+    uint64_t summary;              /* bit w: words[w] non-zero */
+    cca_block_t *heads[CCA_BIN_COUNT]; /* each bin sorted by (size, addr) */
+    size_t count;                  /* free blocks */
+} cca_bins_t;
+
+struct cca_device;
+
+/* The pool of one (device, stream) and kind. */
+typedef struct cca_pool {
+    struct cca_stream_pool *owner;
+    bool is_small;
+    cca_bins_t bins;
+} cca_pool_t;
+
+typedef struct cca_stream_pool {
+    pthread_mutex_t lock;       /* guards both pools' bins and their blocks */
+    cca_stream_t stream;
+    struct cca_device *device;
+    cca_pool_t small;
+    cca_pool_t large;
+} cca_stream_pool_t;
+
+/* A pending record_stream event. */
+typedef struct cca_pending_event {
+    cca_event_t event;
+    cca_block_t *block;
+    cca_stream_t stream;        /* the stream it was recorded on */
+    struct cca_pending_event *next;
+} cca_pending_event_t;
+
+typedef struct cca_stats_state {
+    cca_device_stats_t s;       /* guarded by the device's stats_lock */
+} cca_stats_state_t;
+
+/* A registered callback (free-memory callbacks, OOM observers). */
+typedef struct cca_callback {
+    void *fn;
+    void *arg;
+} cca_callback_t;
+
+typedef struct cca_device {
+    int index;
+    pthread_mutex_t lock;       /* device lock: segments, release paths, events */
+    size_t total_memory;        /* bytes, from the backend */
+
+    /* stream pools: an open-addressing table read without the device lock */
+    _Atomic(cca_stream_pool_t *) *pool_table;
+    size_t pool_table_cap;      /* power of two */
+    size_t pool_count;
+    _Atomic(cca_stream_pool_t *) default_pool; /* stream NULL */
+
+    /* segments */
+    cca_segment_t *segments;    /* list of live segments */
+    size_t segment_count;
+    size_t total_allocated_memory; /* bytes reserved from the backend (device lock) */
+
+    /* memory fraction */
+    bool set_fraction;
+    size_t allowed_memory_maximum; /* bytes */
+
+    /* gc: get_free_block calls per kind while gc is on */
+    _Atomic int64_t gc_calls_small;
+    _Atomic int64_t gc_calls_large;
+
+    /* record_stream events waiting for completion, in order; and the event
+     * pool: guarded by events_lock, a leaf lock */
+    pthread_mutex_t events_lock;
+    cca_pending_event_t *events_head, *events_tail;
+    _Atomic size_t pending_event_count;
+    cca_event_t *event_pool;    /* reusable events */
+    size_t event_pool_count, event_pool_cap;
+    size_t events_created;      /* live events owned (pooled + pending) */
+
+    /* stats */
+    pthread_mutex_t stats_lock;
+    cca_device_stats_t stats;
+} cca_device_t;
+
+/* The allocator, one per process. */
+typedef struct cca_state {
+    cca_backend_t *backend;
+    cca_settings_t settings;
+    bool no_caching;            /* CCA_NO_CACHING: every allocation to the backend */
+    int device_count;
+    cca_device_t *devices;
+
+    /* pointer map: sharded hash of live (allocated or pending) blocks */
+    struct cca_ptrmap *ptrmap;
+
+    pthread_mutex_t callbacks_lock;
+    cca_callback_t *free_callbacks;
+    size_t free_callback_count;
+    cca_callback_t *oom_observers;
+    size_t oom_observer_count;
+} cca_state_t;
+
+extern cca_state_t *cca_state;
+
+/* ---- ptrmap.c -------------------------------------------------------------- */
+
+struct cca_ptrmap;
+cca_status_t ptrmap_create(struct cca_ptrmap **out);
+void ptrmap_destroy(struct cca_ptrmap *m);
+/* Insert a block keyed by its address. Returns false on allocation failure. */
+bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block);
+/* Find a live block by its exact address; remove it when remove is set. */
+cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove);
+/* Find the live block containing addr (slow: scans). */
+cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr);
+/* Call fn on every block (no locks taken by fn). */
+void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg);
+size_t ptrmap_count(struct cca_ptrmap *m);
+
+/* ---- bins.c ---------------------------------------------------------------- */
+
+void bins_insert(cca_bins_t *bins, cca_block_t *block);
+void bins_remove(cca_bins_t *bins, cca_block_t *block);
+/* Smallest free block with size >= size (ties: lowest address), or NULL. */
+cca_block_t *bins_best_fit(const cca_bins_t *bins, size_t size);
+/* Largest free block, or NULL. */
+cca_block_t *bins_largest(const cca_bins_t *bins);
+/* Visit every free block in (size, addr) order; fn may not modify the bins. */
+void bins_for_each(const cca_bins_t *bins, void (*fn)(cca_block_t *, void *), void *arg);
+/* Next block in (size, addr) order after b, or NULL. */
+cca_block_t *bins_next(const cca_bins_t *bins, const cca_block_t *b);
+cca_block_t *bins_prev(const cca_bins_t *bins, const cca_block_t *b);
+
+/* ---- stats.c --------------------------------------------------------------- */
+
+/* Bit set of stat types to update: always ALL, plus the pool's kind. */
+void stat_increase(cca_stat_t *stat, int64_t amount);
+void stat_decrease(cca_stat_t *stat, int64_t amount);
+/* Append the memory_summary text for stats. */
+void stats_format_summary(const cca_device_stats_t *stats, int device, bool abbreviated,
+                          cca_strbuf_t *out);
+/* Fill PyTorch's flat memory_stats list (sorted keys). */
+void stats_flatten(const cca_device_stats_t *stats, cca_stat_entry_t *out);
+/* PyTorch's format_size (used in the OOM message). */
+void stats_format_size(size_t size, char *buf, size_t buflen);
+
+
+
+/* ---- alloc.c: entry points for init.c, replay and tests ------------------ */
+
+size_t alloc_round_size(const cca_settings_t *s, size_t size);
+size_t alloc_segment_size(const cca_settings_t *s, size_t size);
+cca_status_t alloc_process_events(void);
+cca_status_t alloc_device_init(cca_device_t *dev, int index, size_t total_memory);
+void alloc_device_shutdown(cca_device_t *dev);
+void alloc_shutdown_uncached(void);
+
+/* ---- init.c ---------------------------------------------------------------- */
+
+/* Append the per-process memory use for the OOM message (NVML on CUDA). */
+void alloc_process_memory_info(int device, cca_strbuf_t *out);
+#endif /* CCA_DEVICE_H */

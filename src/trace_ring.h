@@ -1,0 +1,33 @@
+/*
+ * trace_ring.h - the history ring's entries, shared by trace.c and the
+ * snapshot writers.
+ */
+#ifndef CCA_TRACE_RING_H
+#define CCA_TRACE_RING_H
+
+#include "trace.h"
+
+typedef struct trace_entry {
+    cca_trace_action_t action;
+    int device;
+    uintptr_t addr;       /* address, or the device's free bytes for OOM */
+    size_t size;          /* bytes */
+    cca_stream_t stream;
+    int64_t time_us;      /* wall clock */
+} trace_entry_t;
+
+typedef struct trace_ring {
+    trace_entry_t *entries;
+    size_t capacity;
+    size_t next;          /* slot of the next entry */
+    size_t count;         /* entries held (<= capacity) */
+    uint64_t total;       /* entries ever recorded */
+} trace_ring_t;
+
+/* Start recording into a ring of capacity entries (replacing any earlier one). */
+cca_status_t trace_enable(size_t capacity);
+void trace_disable(void);
+/* Copy the entries, oldest first; *out is malloc'd. */
+cca_status_t trace_copy(trace_entry_t **out, size_t *count);
+
+#endif /* CCA_TRACE_RING_H */
