@@ -664,7 +664,8 @@ static cca_status_t check_cross_keys(const cca_settings_t *s)
 
 /*
  * Parse one "key:value" element starting at the key token; on success the
- * cursor is after the value. Returns CCA_OK or CCA_ERR_BAD_SETTINGS.
+ * cursor is after the value. The text holds no bad character (settings_parse
+ * checked), so TOK_BAD cannot come. Returns CCA_OK or CCA_ERR_BAD_SETTINGS.
  */
 static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t *work,
                                   cca_setting_source_t source)
@@ -685,8 +686,6 @@ static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t
     const option_t *opt = &options[key];
 
     token_t colon = scan_next(sc);
-    if (colon.kind == TOK_BAD)
-        return bad_character(text, colon.offset);
     if (colon.kind != TOK_COLON) {
         token_text(text, colon, found, sizeof(found));
         return cca_raise(CCA_ERR_BAD_SETTINGS,
@@ -697,13 +696,9 @@ static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t
 
     token_t value = scan_next(sc);
     size_t value_off = value.offset, value_len = value.length;
-    if (value.kind == TOK_BAD)
-        return bad_character(text, value.offset);
     if (value.kind == TOK_LBRACKET) {
         for (;;) {
             token_t t = scan_next(sc);
-            if (t.kind == TOK_BAD)
-                return bad_character(text, t.offset);
             if (t.kind == TOK_END || t.kind == TOK_LBRACKET) {
                 size_t shown = (t.kind == TOK_END ? sc->end : t.offset) - value_off;
                 return bad_value(opt, text, value_off, shown,
@@ -740,25 +735,26 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
     cca_settings_t work = *s;
     scanner_t sc = {text, 0, strlen(text)};
     char found[SHOW_MAX + 8];
+    size_t bad_offset = 0;
+
+    /* characters first, so that a bad one is reported as such wherever it is */
+    if (!settings_tokenize(text, NULL, 0, NULL, &bad_offset))
+        return bad_character(text, bad_offset);
 
     for (;;) {
         token_t key_tok = scan_next(&sc);
         if (key_tok.kind == TOK_END)
             break; /* empty string, or one trailing ',' (accepted, as PyTorch does) */
-        if (key_tok.kind == TOK_BAD)
-            return bad_character(text, key_tok.offset);
         size_t element_off = key_tok.offset;
         cca_status_t status = parse_element(&sc, key_tok, &work, source);
+        size_t element_len = sc.pos - element_off;
         if (status != CCA_OK)
             return status;
 
         token_t sep = scan_next(&sc);
         if (sep.kind == TOK_END)
             break;
-        if (sep.kind == TOK_BAD)
-            return bad_character(text, sep.offset);
         if (sep.kind != TOK_COMMA) {
-            size_t element_len = sep.offset - element_off;
             token_text(text, sep, found, sizeof(found));
             return cca_raise(CCA_ERR_BAD_SETTINGS,
                              "Unexpected %s after '%.*s%s' in allocator settings; settings are "
