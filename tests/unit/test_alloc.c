@@ -1,0 +1,652 @@
+/*
+ * test_alloc.c - the device caching allocator's rules, one by one, on the
+ * simulated backend: rounding, pools, best fit, splitting and merging,
+ * oversize blocks, record_stream events, the OOM sequence, GC, memory
+ * fraction, statistics, the summary, empty_cache and misuse.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "device.h"
+#include "harness.h"
+
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+
+static cca_backend_t *sim;
+
+/* Bring cca up on a fresh simulated device. */
+static void setup(const char *settings, size_t memory, bool manual_events)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = memory ? memory : 8ull << 30;
+    cfg.manual_events = manual_events;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK) {
+        printf("cannot create sim backend: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+    if (cca_init_with_backend(sim, settings ? settings : "") != CCA_OK) {
+        printf("cannot init: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static cca_device_stats_t stats(int device)
+{
+    cca_device_stats_t s;
+    cca_get_device_stats(device, &s);
+    return s;
+}
+
+static void *xmalloc(size_t size, cca_stream_t stream)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc(&p, size, stream);
+    if (st != CCA_OK)
+        printf("  cca_malloc(%zu) failed: %s\n", size, cca_last_error()->message);
+    return p;
+}
+
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+TEST(rounding_default)
+{
+    cca_settings_t s;
+    settings_default(&s);
+    expect_eq_u64(alloc_round_size(&s, 1), 512);
+    expect_eq_u64(alloc_round_size(&s, 512), 512);
+    expect_eq_u64(alloc_round_size(&s, 513), 1024);
+    expect_eq_u64(alloc_round_size(&s, 1000000), 1000448);
+    expect_eq_u64(alloc_round_size(&s, 3 * MiB + 1), 3 * MiB + 512);
+}
+
+TEST(rounding_power2_divisions)
+{
+    cca_settings_t s;
+    settings_default(&s);
+    expect_ok(settings_parse(&s, "roundup_power2_divisions:4", CCA_SRC_ARGUMENT));
+    /* 1200 lies in [1024, 2048): divisions at 1280, 1536, 1792; but 1200 <= 512*4 -> 512 rounding */
+    expect_eq_u64(alloc_round_size(&s, 1200), 1536);
+    /* 5000 in [4096, 8192): step 1024 -> 5120 */
+    expect_eq_u64(alloc_round_size(&s, 5000), 5120);
+    /* 1 MiB + 1 in [1 MiB, 2 MiB): step 256 KiB */
+    expect_eq_u64(alloc_round_size(&s, MiB + 1), MiB + 256 * KiB);
+    expect_eq_u64(alloc_round_size(&s, 4 * MiB), 4 * MiB); /* power of two stays */
+    settings_default(&s);
+    expect_ok(settings_parse(&s, "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", CCA_SRC_ARGUMENT));
+    /* 600 MiB + 1: interval 512 -> 2 divisions: round to 768 MiB */
+    expect_eq_u64(alloc_round_size(&s, 600 * MiB + 1), 768 * MiB);
+    /* 1.5 GiB + 1: interval 1024 -> 4 divisions (step 256 MiB) -> 1792 MiB */
+    expect_eq_u64(alloc_round_size(&s, 1536 * MiB + 1), 1792 * MiB);
+    /* 3 GiB + 1: interval 2048 -> 8 divisions (step 256 MiB) -> 3.25 GiB */
+    expect_eq_u64(alloc_round_size(&s, 3072 * MiB + 1), 3328 * MiB);
+    /* 300 MiB: divisions 1 -> plain 512 B rounding */
+    expect_eq_u64(alloc_round_size(&s, 300 * MiB + 1), 300 * MiB + 512);
+}
+
+TEST(segment_sizes)
+{
+    cca_settings_t s;
+    settings_default(&s);
+    expect_eq_u64(alloc_segment_size(&s, 512), 2 * MiB);
+    expect_eq_u64(alloc_segment_size(&s, MiB), 2 * MiB);
+    expect_eq_u64(alloc_segment_size(&s, MiB + 512), 20 * MiB);
+    expect_eq_u64(alloc_segment_size(&s, 10 * MiB - 512), 20 * MiB);
+    expect_eq_u64(alloc_segment_size(&s, 10 * MiB), 10 * MiB);
+    expect_eq_u64(alloc_segment_size(&s, 11 * MiB + 1), 12 * MiB);
+    expect_ok(settings_parse(&s, "large_segment_size_mb:40", CCA_SRC_ARGUMENT));
+    expect_eq_u64(alloc_segment_size(&s, 2 * MiB), 40 * MiB);
+}
+
+TEST(size_zero_and_huge)
+{
+    setup(NULL, 0, false);
+    void *p = (void *)1;
+    expect_ok(cca_malloc(&p, 0, NULL));
+    expect_eq_ptr(p, NULL);
+    expect_status(cca_malloc(&p, (size_t)1 << 60, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "more than 1EB");
+    expect_status(cca_malloc(NULL, 10, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_malloc_device(&p, 10, 5, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_malloc_device(&p, 10, -1, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(stats(0).allocation[CCA_STAT_ALL].current, 0);
+}
+
+TEST(small_and_large_pools)
+{
+    setup(NULL, 0, false);
+    void *a = xmalloc(MiB, NULL);     /* small: <= 1 MiB */
+    void *b = xmalloc(MiB + 1, NULL); /* large */
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.allocation[CCA_STAT_SMALL_POOL].current, 1);
+    expect_eq_i64(s.allocation[CCA_STAT_LARGE_POOL].current, 1);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_SMALL_POOL].current, 2 * MiB);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_LARGE_POOL].current, 20 * MiB);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, MiB + MiB + 512);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 2 * MiB + 1);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 2);
+    expect_eq_i64(s.num_device_alloc, 2);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 22 * MiB);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].peak, 2 * MiB + 512);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].freed, 2 * MiB + 512);
+}
+
+TEST(split_reuse_and_merge)
+{
+    setup(NULL, 0, false);
+    char *a = xmalloc(4 * KiB, NULL);
+    char *b = xmalloc(4 * KiB, NULL);
+    char *c = xmalloc(4 * KiB, NULL);
+    /* one 2 MiB small segment, carved front to back */
+    expect_eq_ptr(b, a + 4 * KiB);
+    expect_eq_ptr(c, b + 4 * KiB);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 12 * KiB);
+    /* free the middle: a separate inactive split block */
+    expect_ok(cca_free(b));
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 2);
+    /* same size on the same stream reuses it (best fit: exact hole) */
+    char *d = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(d, b);
+    expect_ok(cca_free(d));
+    expect_ok(cca_free(a));
+    /* a and b merged: a 2-block hole of 8 KiB; c still allocated */
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 2);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 4 * KiB);
+    char *e = xmalloc(8 * KiB, NULL);
+    expect_eq_ptr(e, a);
+    expect_ok(cca_free(e));
+    expect_ok(cca_free(c));
+    s = stats(0);
+    /* everything merged back into one unsplit block */
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 0);
+    size_t total = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &total, &largest));
+    expect_eq_u64(total, 2 * MiB);
+    expect_eq_u64(largest, 2 * MiB);
+}
+
+TEST(best_fit_ties_by_address)
+{
+    setup(NULL, 0, false);
+    /* holes of 8 KiB at two places, and a 4 KiB hole between */
+    char *p[7];
+    size_t sizes[7] = {8 * KiB, 4 * KiB, 8 * KiB, 4 * KiB, 8 * KiB, 4 * KiB, 4 * KiB};
+    for (int i = 0; i < 7; i++)
+        p[i] = xmalloc(sizes[i], NULL);
+    expect_ok(cca_free(p[4])); /* 8 KiB hole, higher address */
+    expect_ok(cca_free(p[0])); /* 8 KiB hole, lowest address */
+    expect_ok(cca_free(p[2])); /* 8 KiB hole, middle */
+    /* best fit for 6 KiB: an 8 KiB hole (smallest that fits), lowest address first */
+    char *q = xmalloc(6 * KiB, NULL);
+    expect_eq_ptr(q, p[0]);
+    char *r = xmalloc(6 * KiB, NULL);
+    expect_eq_ptr(r, p[2]);
+    /* a 2 KiB request takes the 2 KiB remainder left by q (smallest fit) */
+    char *t = xmalloc(2 * KiB, NULL);
+    expect_eq_ptr(t, p[0] + 6 * KiB);
+}
+
+TEST(streams_do_not_share_blocks)
+{
+    setup(NULL, 0, false);
+    void *a = xmalloc(4 * KiB, S1);
+    expect_ok(cca_free(a));
+    void *b = xmalloc(4 * KiB, S2);
+    expect_ne_u64((uintptr_t)a, (uintptr_t)b);
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 2);
+    void *c = xmalloc(4 * KiB, S1);
+    expect_eq_ptr(c, a);
+}
+
+TEST(large_split_rule)
+{
+    setup(NULL, 0, false);
+    /* 3 MiB in a 20 MiB segment: remainder 17 MiB > 1 MiB is split off */
+    char *a = xmalloc(3 * MiB, NULL);
+    char *b = xmalloc(3 * MiB, NULL);
+    expect_eq_ptr(b, a + 3 * MiB);
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 1);
+    /* 19.5 MiB request in a fresh 20 MiB segment: remainder 0.5 MiB is not split */
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    char *c = xmalloc(19 * MiB + 512 * KiB, NULL);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 20 * MiB);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 1);
+    expect_ok(cca_free(c));
+}
+
+TEST(oversize_rules)
+{
+    setup("max_split_size_mb:40", 0, false);
+    /* a 50 MiB block is oversize: never split, counted */
+    void *a = xmalloc(50 * MiB, NULL);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.oversize_allocations.current, 1);
+    expect_eq_i64(s.oversize_segments.current, 1);
+    expect_eq_i64(s.max_split_size, 40 * MiB);
+    expect_ok(cca_free(a));
+    /* a small-ish large request must not take the oversize cached block */
+    void *b = xmalloc(30 * MiB, NULL);
+    expect_ne_u64((uintptr_t)b, (uintptr_t)a);
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 2);
+    /* an oversize request may take it if within max_non_split_rounding (20 MiB) */
+    void *c = xmalloc(45 * MiB, NULL);
+    expect_eq_ptr(c, a);
+    expect_ok(cca_free(c));
+    /* but not if it would waste 20 MiB or more */
+    void *d = xmalloc(41 * MiB, NULL);
+    expect_eq_ptr(c, a);
+    expect_ok(cca_free(d));
+    expect_ok(cca_free(b));
+    s = stats(0);
+    expect_eq_i64(s.oversize_allocations.current, 0);
+    expect_eq_i64(s.oversize_allocations.allocated, 3);
+}
+
+TEST(record_stream_events)
+{
+    setup(NULL, 0, true);
+    char *a = xmalloc(4 * KiB, S1);
+    expect_ok(cca_record_stream(a, S2));
+    expect_ok(cca_record_stream(a, S1)); /* the allocation stream: no-op */
+    expect_ok(cca_free(a));
+    cca_device_stats_t s = stats(0);
+    /* freed by the program, still active until S2's work completes */
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.active_bytes[CCA_STAT_ALL].current, 4 * KiB);
+    expect_eq_u64(cca_sim_pending_events(sim), 1);
+    char *b = xmalloc(4 * KiB, S1);
+    expect_ne_u64((uintptr_t)b, (uintptr_t)a);
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, false));
+    char *c = xmalloc(4 * KiB, S1); /* the next allocation reclaims it */
+    expect_eq_ptr(c, a);
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 2);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_CREATE), 1);
+    /* the event is reused from the pool */
+    expect_ok(cca_record_stream(c, S2));
+    expect_ok(cca_free(c));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_CREATE), 1);
+    expect_ok(cca_free(b));
+}
+
+TEST(events_complete_out_of_order)
+{
+    setup(NULL, 0, true);
+    cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
+    char *a = xmalloc(4 * KiB, S1);
+    char *b = xmalloc(4 * KiB, S1);
+    expect_ok(cca_record_stream(a, S2));
+    expect_ok(cca_record_stream(b, s3));
+    expect_ok(cca_record_stream(b, S2));
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_eq_u64(cca_sim_pending_events(sim), 3);
+    /* s3 completes first: b still waits for S2 */
+    expect_ok(cca_sim_complete_stream(sim, 0, s3, false));
+    expect_ok(alloc_process_events());
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 2);
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, false));
+    expect_ok(alloc_process_events());
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.active[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+}
+
+TEST(empty_cache_returns_everything)
+{
+    setup(NULL, 0, true);
+    void *p[20];
+    for (int i = 0; i < 20; i++)
+        p[i] = xmalloc((size_t)(i + 1) * 700 * KiB, i % 2 ? S1 : S2);
+    expect_ok(cca_record_stream(p[3], NULL));
+    for (int i = 0; i < 20; i++)
+        expect_ok(cca_free(p[i]));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.num_sync_all_streams, 1);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.device_bytes[0], 0);
+    expect_eq_u64(u.live_allocations, 0);
+}
+
+TEST(empty_cache_keeps_split_segments)
+{
+    setup(NULL, 0, false);
+    void *a = xmalloc(4 * KiB, NULL);
+    void *b = xmalloc(4 * MiB, NULL);
+    expect_ok(cca_free(b));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 2 * MiB);
+    expect_ok(cca_free(a));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+}
+
+static int callback_calls;
+static void *callback_victim;
+static bool free_callback(void *arg)
+{
+    (void)arg;
+    callback_calls++;
+    if (callback_victim) {
+        cca_free(callback_victim);
+        callback_victim = NULL;
+        return true;
+    }
+    return false;
+}
+
+TEST(free_memory_callbacks_run_first)
+{
+    setup(NULL, 0, false);
+    callback_calls = 0;
+    void *a = xmalloc(4 * KiB, NULL);
+    callback_victim = a;
+    expect_ok(cca_register_free_memory_callback(free_callback, NULL));
+    /* the pool has no free 2 MiB-class block: the callback runs before a new segment */
+    void *b = xmalloc(3 * MiB, NULL);
+    expect_eq_i64(callback_calls, 1);
+    expect_true(b != NULL);
+    callback_victim = NULL;
+}
+
+static int observer_calls;
+static size_t observer_size, observer_total;
+static void oom_observer(int device, size_t alloc_size, size_t total, size_t device_free, void *arg)
+{
+    (void)device;
+    (void)device_free;
+    (void)arg;
+    observer_calls++;
+    observer_size = alloc_size;
+    observer_total = total;
+}
+
+TEST(oom_sequence_and_message)
+{
+    setup(NULL, 64 * MiB, false);
+    observer_calls = 0;
+    expect_ok(cca_attach_oom_observer(oom_observer, NULL));
+    void *a = xmalloc(30 * MiB, NULL);
+    void *b = xmalloc(30 * MiB, NULL);
+    expect_ok(cca_free(a));
+    /* 40 MiB: no block fits; the device has 4 MiB left; releasing a's cached
+     * segment makes room: one retry */
+    void *c = xmalloc(34 * MiB, NULL);
+    expect_true(c != NULL);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_alloc_retries, 1);
+    expect_eq_i64(s.num_sync_all_streams, 1);
+    expect_eq_i64(s.num_device_free, 1);
+    expect_eq_i64(s.num_ooms, 0);
+    /* now a real OOM */
+    void *d = NULL;
+    expect_status(cca_malloc(&d, 40 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    const char *msg = cca_last_error()->message;
+    expect_contains(msg, "CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which");
+    expect_contains(msg, "Of the allocated memory 64.00 MiB is allocated by cca, and 0 bytes is reserved by cca but unallocated.");
+    expect_eq_i64(stats(0).num_ooms, 1);
+    expect_eq_i64(observer_calls, 1);
+    expect_eq_u64(observer_size, 40 * MiB);
+    expect_eq_u64(observer_total, 64 * MiB);
+    /* the allocator stays usable */
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(c));
+    d = xmalloc(40 * MiB, NULL);
+    expect_true(d != NULL);
+    expect_ok(cca_free(d));
+}
+
+TEST(memory_fraction_cap)
+{
+    setup(NULL, 1024 * MiB, false);
+    expect_status(cca_set_memory_fraction(1.5, 0), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_set_memory_fraction(0.25, 0)); /* 256 MiB allowed */
+    void *a = xmalloc(200 * MiB, NULL);
+    void *b = NULL;
+    expect_status(cca_malloc(&b, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "256.00 MiB allowed; ");
+    /* the backend was never asked beyond the cap */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 1);
+    expect_ok(cca_free(a));
+    expect_ok(cca_empty_cache());
+    b = xmalloc(100 * MiB, NULL);
+    expect_true(b != NULL);
+    /* device 1 is not capped */
+    void *c = NULL;
+    expect_ok(cca_malloc_device(&c, 900 * MiB, 1, NULL));
+}
+
+TEST(oversize_release_before_full_release)
+{
+    setup("max_split_size_mb:20", 100 * MiB, false);
+    void *a = xmalloc(30 * MiB, NULL);
+    void *b = xmalloc(30 * MiB, NULL);
+    void *small = xmalloc(4 * KiB, NULL);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    /* 50 MiB: cached oversize blocks don't fit; 38 MiB free on the device;
+     * release_available_cached_blocks frees both 30 MiB blocks; no full release */
+    void *c = xmalloc(50 * MiB, NULL);
+    expect_true(c != NULL);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_alloc_retries, 0);
+    expect_eq_i64(s.num_sync_all_streams, 0);
+    expect_eq_i64(s.num_device_free, 2);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_SMALL_POOL].current, 2 * MiB);
+    expect_ok(cca_free(small));
+    expect_ok(cca_free(c));
+}
+
+TEST(garbage_collection_by_age)
+{
+    setup("garbage_collection_threshold:0.5", 1024 * MiB, false);
+    expect_ok(cca_set_memory_fraction(0.5, 0)); /* 512 MiB allowed, gc above 256 MiB */
+    void *old1 = xmalloc(100 * MiB, NULL);
+    void *old2 = xmalloc(120 * MiB, NULL);
+    expect_ok(cca_free(old1));
+    expect_ok(cca_free(old2));
+    /* age the cached blocks with lookups that miss */
+    void *x = xmalloc(130 * MiB, NULL); /* reserved now 350 MiB > 256 MiB */
+    expect_ok(cca_free(x));
+    void *young = xmalloc(90 * MiB, NULL); /* reuses old1 (100 MiB fits best) */
+    (void)young;
+    /* the next segment allocation triggers gc: reserved 350 > 256 -> reclaim
+     * the oldest unsplit blocks until >= 94 MiB are freed */
+    /* ages: old2 3 lookups, x 2 (old1 is split: not collectable); the mean is
+     * 2.5, so old2 (120 MiB >= the 94 MiB needed) goes and x stays */
+    void *y = xmalloc(200 * MiB, NULL);
+    expect_true(y != NULL);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_device_free, 1);
+    expect_eq_i64(s.num_alloc_retries, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 430 * (int64_t)MiB);
+    size_t cached = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &cached, &largest));
+    expect_eq_u64(cached, 140 * MiB);
+    expect_eq_u64(largest, 130 * MiB);
+}
+
+TEST(misuse)
+{
+    setup(NULL, 0, false);
+    int local;
+    expect_status(cca_free(&local), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "was not allocated by cca");
+    char *a = xmalloc(4096, NULL);
+    expect_status(cca_free(a + 16), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "inside the block");
+    expect_status(cca_record_stream(&local, S1), CCA_ERR_INVALID_POINTER);
+    cca_device_stats_t before = stats(0);
+    expect_ok(cca_free(a));
+    expect_status(cca_free(a), CCA_ERR_INVALID_POINTER);
+    cca_device_stats_t after = stats(0);
+    expect_eq_i64(after.allocation[CCA_STAT_ALL].current, before.allocation[CCA_STAT_ALL].current - 1);
+    expect_ok(cca_free(NULL));
+    expect_status(cca_cache_info(7, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_get_device_stats(-1, &after), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_empty_cache());
+    expect_status(cca_free(a), CCA_ERR_INVALID_POINTER); /* after empty_cache */
+}
+
+TEST(base_allocation)
+{
+    setup(NULL, 0, false);
+    char *a = xmalloc(4096, NULL);
+    char *b = xmalloc(8192, NULL);
+    void *base = NULL;
+    size_t size = 0;
+    expect_ok(cca_get_base_allocation(b, &base, &size));
+    expect_eq_ptr(base, a);
+    expect_eq_u64(size, 2 * MiB);
+    expect_ok(cca_get_base_allocation(b + 100, &base, &size));
+    expect_eq_ptr(base, a);
+}
+
+TEST(reset_stats)
+{
+    setup(NULL, 0, false);
+    void *a = xmalloc(MiB, NULL);
+    expect_ok(cca_free(a));
+    expect_ok(cca_reset_peak_stats(0));
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].peak, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].peak, 2 * MiB);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].allocated, MiB);
+    expect_ok(cca_reset_accumulated_stats(0));
+    s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].allocated, 0);
+    expect_eq_i64(s.num_device_alloc, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 2 * MiB);
+}
+
+TEST(memory_stats_keys)
+{
+    setup(NULL, 0, false);
+    cca_stat_entry_t e[CCA_MEMORY_STATS_COUNT];
+    void *a = xmalloc(3 * MiB, NULL);
+    expect_ok(cca_memory_stats(0, e, CCA_MEMORY_STATS_COUNT));
+    for (int i = 1; i < CCA_MEMORY_STATS_COUNT; i++)
+        expect_true(strcmp(e[i - 1].key, e[i].key) < 0);
+    expect_eq_str(e[0].key, "active.all.allocated");
+    int found = 0;
+    for (int i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
+        if (!strcmp(e[i].key, "reserved_bytes.large_pool.current")) {
+            expect_eq_i64(e[i].value, 20 * MiB);
+            found++;
+        }
+        if (!strcmp(e[i].key, "max_split_size")) {
+            expect_eq_i64(e[i].value, -1);
+            found++;
+        }
+    }
+    expect_eq_i64(found, 2);
+    expect_ok(cca_free(a));
+}
+
+TEST(summary_text)
+{
+    setup(NULL, 0, false);
+    void *a = xmalloc(3 * MiB, NULL);
+    char *text = NULL;
+    expect_ok(cca_memory_summary(0, false, &text));
+    expect_contains(text, "|                  cca CUDA memory summary, device ID 0                     |\n");
+    expect_contains(text, "| Allocated memory      |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |\n");
+    expect_contains(text, "| GPU reserved memory   |  20480 KiB |  20480 KiB |  20480 KiB |      0 B   |\n");
+    expect_contains(text, "| Allocations           |       1    |       1    |       1    |       0    |\n");
+    free(text);
+    expect_ok(cca_memory_summary(0, true, &text));
+    expect_true(strstr(text, "from large pool") == NULL);
+    free(text);
+    expect_ok(cca_free(a));
+}
+
+TEST(uncached_mode)
+{
+    setenv("CCA_NO_CACHING", "1", 1);
+    setup(NULL, 0, false);
+    unsetenv("CCA_NO_CACHING");
+    void *a = xmalloc(1000, NULL);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 1);
+    expect_ok(cca_free(a));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_FREE), 1);
+    void *b = xmalloc(1000, NULL);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 2);
+    expect_status(cca_free((char *)b + 1), CCA_ERR_INVALID_POINTER);
+    expect_ok(cca_free(b));
+    expect_status(cca_free(b), CCA_ERR_INVALID_POINTER);
+}
+
+TEST(backend_fault_is_clean)
+{
+    setup(NULL, 0, false);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_MALLOC, 1, false, CCA_ERR_BACKEND));
+    void *a = NULL;
+    expect_status(cca_malloc(&a, 4096, NULL), CCA_ERR_BACKEND);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.num_ooms, 0);
+    a = xmalloc(4096, NULL);
+    expect_true(a != NULL);
+}
+
+TEST(run_time_settings)
+{
+    setup(NULL, 0, false);
+    expect_ok(cca_set_settings("max_split_size_mb:100"));
+    expect_eq_i64(stats(0).max_split_size, 100 * MiB);
+    expect_status(cca_set_settings("max_split_size_mb:1"), CCA_ERR_BAD_SETTINGS);
+    expect_eq_i64(stats(0).max_split_size, 100 * MiB);
+    expect_status(cca_set_settings("backend:cudaMallocAsync"), CCA_ERR_NOT_SUPPORTED);
+}
+
+int main(void)
+{
+    RUN(rounding_default);
+    RUN(rounding_power2_divisions);
+    RUN(segment_sizes);
+    RUN(size_zero_and_huge);
+    RUN(small_and_large_pools);
+    RUN(split_reuse_and_merge);
+    RUN(best_fit_ties_by_address);
+    RUN(streams_do_not_share_blocks);
+    RUN(large_split_rule);
+    RUN(oversize_rules);
+    RUN(record_stream_events);
+    RUN(events_complete_out_of_order);
+    RUN(empty_cache_returns_everything);
+    RUN(empty_cache_keeps_split_segments);
+    RUN(free_memory_callbacks_run_first);
+    RUN(oom_sequence_and_message);
+    RUN(memory_fraction_cap);
+    RUN(oversize_release_before_full_release);
+    RUN(garbage_collection_by_age);
+    RUN(misuse);
+    RUN(base_allocation);
+    RUN(reset_stats);
+    RUN(memory_stats_keys);
+    RUN(summary_text);
+    RUN(uncached_mode);
+    RUN(backend_fault_is_clean);
+    RUN(run_time_settings);
+    cca_shutdown();
+    return harness_done();
+}
