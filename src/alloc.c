@@ -809,9 +809,10 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
  * Hand out a block found free or fresh from a segment: split off the rest if
  * worth it, update statistics, enter it in the pointer map (pool lock held).
  */
-static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t *block,
+static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp,
                                       size_t size, size_t orig_size)
 {
+    cca_block_t *block = *blockp;
     const cca_settings_t *s = &cca_state->settings;
     int type = pool_stat_type(pool->is_small);
     bool already_split = block_is_split(block);
@@ -880,6 +881,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
         stat_increase(&st->oversize_allocations, 1);
     stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+    *blockp = block;
     return CCA_OK;
 }
 
@@ -936,7 +938,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         pthread_mutex_lock(&sp->lock);
         block = get_free_block(dev, pool, size, true);
         if (block) {
-            st = alloc_found_block(dev, pool, block, size, orig_size);
+            st = alloc_found_block(dev, pool, &block, size, orig_size);
             pthread_mutex_unlock(&sp->lock);
             *out = block;
             return st;
@@ -968,7 +970,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         }
     }
     pthread_mutex_unlock(&dev->lock);
-    st = alloc_found_block(dev, pool, block, size, orig_size);
+    st = alloc_found_block(dev, pool, &block, size, orig_size);
     pthread_mutex_unlock(&sp->lock);
     *out = block;
     return st;
@@ -1011,7 +1013,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     pthread_mutex_lock(&sp->lock);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
-        st = alloc_found_block(dev, pool, block, rsize, size);
+        st = alloc_found_block(dev, pool, &block, rsize, size);
         pthread_mutex_unlock(&sp->lock);
     } else {
         pthread_mutex_unlock(&sp->lock);
