@@ -143,6 +143,10 @@ struct option {
     size_t offset;       /* of the field in cca_settings_t */
     const char *allowed; /* the accepted values, for error messages */
     const char *doc;     /* what the key does */
+    /* the default: bytes (OPT_MIB), 0/1 (OPT_BOOL), the enum (OPT_BACKEND), the
+       count (OPT_POW2), the divisions of every interval (OPT_ROUNDUP) */
+    uint64_t default_value;
+    double default_fraction; /* OPT_FRACTION */
     /* OPT_MIB: smallest value and whether it must be even; OPT_POW2: largest value */
     uint64_t min;
     uint64_t max;
@@ -156,7 +160,8 @@ struct option {
 
 static cca_status_t parse_backend(const option_t *, cca_settings_t *, const char *, size_t, size_t);
 static cca_status_t parse_mib(const option_t *, cca_settings_t *, const char *, size_t, size_t);
-static cca_status_t parse_fraction(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_fraction(const option_t *, cca_settings_t *, const char *, size_t,
+                                   size_t);
 static cca_status_t parse_bool(const option_t *, cca_settings_t *, const char *, size_t, size_t);
 static cca_status_t parse_pow2(const option_t *, cca_settings_t *, const char *, size_t, size_t);
 static cca_status_t parse_roundup(const option_t *, cca_settings_t *, const char *, size_t, size_t);
@@ -183,29 +188,35 @@ static const struct {
 #define FIELD(f) offsetof(cca_settings_t, f)
 #define BOOL_ALLOWED "True or False (also true/false, 1/0)"
 
-/* One entry per key, in cca_setting_key_t order (checked by settings_default). */
+/* One entry per key, in cca_setting_key_t order: the single source of names,
+   defaults, accepted values and range checks. */
 static const option_t options[CCA_SET_COUNT] = {
     [CCA_SET_BACKEND] = {
+        .default_value = CCA_BACKEND_NATIVE,
         .name = "backend", .type = OPT_BACKEND, .offset = FIELD(backend),
         .allowed = "native or cudaMallocAsync",
         .doc = "the allocator: cca's caching allocator, or the driver's cudaMallocAsync pools"},
     [CCA_SET_MAX_SPLIT_SIZE_MB] = {
+        .default_value = SIZE_MAX,
         .name = "max_split_size_mb", .type = OPT_MIB, .offset = FIELD(max_split_size),
         .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
         .range_error = "max_split_size_mb too small, must be >= 20",
         .doc = "cached blocks this large or larger are never split"},
     [CCA_SET_MAX_NON_SPLIT_ROUNDING_MB] = {
+        .default_value = 20 * CCA_MiB,
         .name = "max_non_split_rounding_mb", .type = OPT_MIB,
         .offset = FIELD(max_non_split_rounding),
         .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
         .range_error = "max_non_split_rounding_mb too small, must be >= 20",
         .doc = "an oversize request may use a cached block at most this much larger"},
     [CCA_SET_LARGE_SEGMENT_SIZE_MB] = {
+        .default_value = 20 * CCA_MiB,
         .name = "large_segment_size_mb", .type = OPT_MIB, .offset = FIELD(large_segment_size),
         .allowed = "a positive even integer number of MiB", .min = 1, .even = true,
         .range_error = "large_segment_size_mb must be > 0 and a multiple of 2",
         .doc = "size of the segments allocated for requests of 1 to 10 MiB"},
     [CCA_SET_ROUNDUP_POWER2_DIVISIONS] = {
+        .default_value = 0,
         .name = "roundup_power2_divisions", .type = OPT_ROUNDUP,
         .offset = FIELD(roundup_power2_divisions),
         .allowed = "0 or a power of two, or a list such as [256:1,512:2,1024:4,>:8] "
@@ -213,6 +224,7 @@ static const option_t options[CCA_SET_COUNT] = {
                    "0 or a power of two)",
         .doc = "round request sizes up to one of N divisions of their power-of-two interval"},
     [CCA_SET_GARBAGE_COLLECTION_THRESHOLD] = {
+        .default_fraction = 0.0,
         .name = "garbage_collection_threshold", .type = OPT_FRACTION,
         .offset = FIELD(garbage_collection_threshold),
         .allowed = "a number strictly between 0 and 1", .lo = 0.0, .hi = 1.0,
@@ -221,10 +233,12 @@ static const option_t options[CCA_SET_COUNT] = {
         .too_big = "garbage_collection_threshold too big, set it 0.0~1.0",
         .doc = "free cached blocks (oldest first) once usage passes this fraction of the limit"},
     [CCA_SET_EXPANDABLE_SEGMENTS] = {
+        .default_value = false,
         .name = "expandable_segments", .type = OPT_BOOL, .offset = FIELD(expandable_segments),
         .allowed = BOOL_ALLOWED,
         .doc = "grow one segment per stream in virtual memory instead of many fixed segments"},
     [CCA_SET_PER_PROCESS_MEMORY_FRACTION] = {
+        .default_fraction = 0.0,
         .name = "per_process_memory_fraction", .type = OPT_FRACTION,
         .offset = FIELD(per_process_memory_fraction),
         .allowed = "a number between 0 and 1", .lo = 0.0, .hi = 1.0,
@@ -232,39 +246,47 @@ static const option_t options[CCA_SET_COUNT] = {
         .too_big = "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
         .doc = "limit each device to this fraction of its memory (0: no limit)"},
     [CCA_SET_RELEASE_LOCK_ON_CUDAMALLOC] = {
+        .default_value = false,
         .name = "release_lock_on_cudamalloc", .type = OPT_BOOL,
         .offset = FIELD(release_lock_on_cudamalloc), .allowed = BOOL_ALLOWED,
         .doc = "drop the allocator lock around the backend's malloc"},
     [CCA_SET_GRAPH_CAPTURE_RECORD_STREAM_REUSE] = {
+        .default_value = false,
         .name = "graph_capture_record_stream_reuse", .type = OPT_BOOL,
         .offset = FIELD(graph_capture_record_stream_reuse), .allowed = BOOL_ALLOWED,
         .doc = "reuse blocks freed during graph capture once their recorded streams allow it"},
     [CCA_SET_PINNED_USE_CUDA_HOST_REGISTER] = {
+        .default_value = false,
         .name = "pinned_use_cuda_host_register", .type = OPT_BOOL,
         .offset = FIELD(pinned_use_cuda_host_register), .allowed = BOOL_ALLOWED,
         .doc = "pinned memory from malloc + cudaHostRegister instead of cudaHostAlloc"},
     [CCA_SET_PINNED_NUM_REGISTER_THREADS] = {
+        .default_value = 1,
         .name = "pinned_num_register_threads", .type = OPT_POW2,
         .offset = FIELD(pinned_num_register_threads),
         .allowed = "a power of two <= 128", .max = MAX_REGISTER_THREADS,
         .range_error = "Number of register threads has to be a power of 2 and <= 128",
         .doc = "threads that pre-fault pages before cudaHostRegister"},
     [CCA_SET_PINNED_USE_BACKGROUND_THREADS] = {
+        .default_value = false,
         .name = "pinned_use_background_threads", .type = OPT_BOOL,
         .offset = FIELD(pinned_use_background_threads), .allowed = BOOL_ALLOWED,
         .doc = "a background thread processes the events of freed pinned blocks"},
     [CCA_SET_PINNED_RESERVE_SEGMENT_SIZE_MB] = {
+        .default_value = 0,
         .name = "pinned_reserve_segment_size_mb", .type = OPT_MIB,
         .offset = FIELD(pinned_reserve_segment_size),
         .allowed = "a positive integer number of MiB", .min = 1,
         .range_error = "pinned_reserve_segment_size_mb must be > 0",
         .doc = "reserve one pinned segment of this size up front and carve small requests from it"},
     [CCA_SET_PINNED_MAX_ROUND_THRESHOLD_MB] = {
+        .default_value = SIZE_MAX,
         .name = "pinned_max_round_threshold_mb", .type = OPT_MIB,
         .offset = FIELD(pinned_max_round_threshold),
         .allowed = "an integer number of MiB",
         .doc = "pinned requests larger than this are not rounded up to a power of two"},
     [CCA_SET_PINNED_MAX_CACHED_SIZE_MB] = {
+        .default_value = SIZE_MAX,
         .name = "pinned_max_cached_size_mb", .type = OPT_MIB,
         .offset = FIELD(pinned_max_cached_size),
         .allowed = "an integer number of MiB",
@@ -274,27 +296,31 @@ static const option_t options[CCA_SET_COUNT] = {
 #define SETTING(s, opt, type) ((type *)(void *)((char *)(s) + (opt)->offset))
 #define SETTING_C(s, opt, type) ((const type *)(const void *)((const char *)(s) + (opt)->offset))
 
+/* Store opt's default into s. */
+static void store_default(const option_t *opt, cca_settings_t *s)
+{
+    switch (opt->type) {
+    case OPT_BACKEND:
+        *SETTING(s, opt, cca_backend_kind_t) = (cca_backend_kind_t)opt->default_value;
+        break;
+    case OPT_MIB:
+    case OPT_POW2: *SETTING(s, opt, size_t) = (size_t)opt->default_value; break;
+    case OPT_FRACTION: *SETTING(s, opt, double) = opt->default_fraction; break;
+    case OPT_BOOL: *SETTING(s, opt, bool) = opt->default_value != 0; break;
+    case OPT_ROUNDUP:
+        for (size_t i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
+            SETTING(s, opt, size_t)[i] = (size_t)opt->default_value;
+        break;
+    }
+}
+
 void settings_default(cca_settings_t *s)
 {
     memset(s, 0, sizeof(*s));
-    s->backend = CCA_BACKEND_NATIVE;
-    s->max_split_size = SIZE_MAX;
-    s->max_non_split_rounding = 20 * CCA_MiB;
-    s->large_segment_size = 20 * CCA_MiB;
-    /* roundup_power2_divisions: all 0 (no rounding beyond 512 bytes) */
-    s->garbage_collection_threshold = 0.0;
-    s->expandable_segments = false;
-    s->per_process_memory_fraction = 0.0;
-    s->release_lock_on_cudamalloc = false;
-    s->graph_capture_record_stream_reuse = false;
-    s->pinned_use_cuda_host_register = false;
-    s->pinned_num_register_threads = 1;
-    s->pinned_use_background_threads = false;
-    s->pinned_reserve_segment_size = 0;
-    s->pinned_max_round_threshold = SIZE_MAX;
-    s->pinned_max_cached_size = SIZE_MAX;
-    for (int k = 0; k < CCA_SET_COUNT; k++)
+    for (int k = 0; k < CCA_SET_COUNT; k++) {
+        store_default(&options[k], s);
         s->source[k] = CCA_SRC_DEFAULT;
+    }
 }
 
 const char *settings_key_name(cca_setting_key_t key)

@@ -93,7 +93,9 @@ size_t settings_roundup_divisions(const cca_settings_t *s, size_t size);
  * single characters ':' ',' '[' ']' '>'), whitespace ignored. Fills up to
  * max tokens as (offset, length) pairs; *count gets the number found (which
  * may exceed max). Never allocates. Returns false on a character that is not
- * allowed, with *bad_offset set.
+ * allowed, with *bad_offset set and *count the tokens before it. NULL text is
+ * empty; tokens may be NULL when max is 0; count and bad_offset may be NULL.
+ * A word is a run of letters, digits and "_.+-"; whitespace separates words.
  */
 typedef struct cca_token {
     size_t offset;

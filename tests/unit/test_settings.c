@@ -360,7 +360,8 @@ TEST(roundup_list_fills)
     expect_divisions(&s, last);
 
     /* divisions of 0 inside a list */
-    const size_t zeros[CCA_ROUNDUP_INTERVALS] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16};
+    const size_t zeros[CCA_ROUNDUP_INTERVALS] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                 0, 16, 16, 16, 16, 16, 16, 16};
     s = parsed("roundup_power2_divisions:[256:0,>:16]");
     expect_divisions(&s, zeros);
 }
