@@ -317,4 +317,70 @@ cca_status_t cca_host_reset_peak_stats(void);
 }
 #endif
 
+
+/* ------------------------------------------------------------------------ */
+/* Replaying PyTorch memory snapshots                                       */
+/* ------------------------------------------------------------------------ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How to replay a trace. Zero-initialise, then set fields. */
+typedef struct cca_replay_options {
+    const char *settings;    /**< settings string; NULL: the trace's own settings */
+    size_t cap;              /**< simulated device memory cap in bytes; 0: none */
+    size_t total_memory;     /**< simulated device size; 0: the trace's (else 80 GiB) */
+    bool trace_addresses;    /**< hand out the trace's segment addresses, compare every alloc */
+    bool ignore_fraction;    /**< do not apply the trace's per-process memory fraction */
+    int device;              /**< which device_traces entry to replay */
+} cca_replay_options_t;
+
+/** What a replay did, and what the trace says PyTorch did. */
+typedef struct cca_replay_result {
+    uint64_t events;             /**< trace events read */
+    uint64_t allocs;             /**< alloc events replayed */
+    uint64_t frees;              /**< frees replayed */
+    uint64_t segment_allocs;     /**< backend allocations cca made */
+    uint64_t segment_frees;      /**< backend frees cca made */
+    uint64_t ooms;               /**< allocations that failed with out of memory */
+    uint64_t address_mismatches; /**< allocs placed elsewhere than PyTorch (trace mode) */
+    uint64_t unexpected_ooms;    /**< allocs PyTorch served that cca could not */
+    int64_t peak_reserved_bytes;
+    int64_t peak_allocated_bytes;
+    int64_t peak_requested_bytes;
+    int64_t peak_active_bytes;
+    double seconds;              /**< replay time, without reading the file */
+    double load_seconds;         /**< time to read and decode the file */
+    double events_per_second;
+    cca_stat_entry_t memory_stats[122]; /**< at the end of the replay */
+    char *memory_summary;        /**< at the end (malloc'd) */
+    char settings[1024];         /**< the settings string used */
+    /* what the trace says PyTorch did (has_expected: the trace carried it) */
+    bool has_expected;
+    uint64_t expected_allocs, expected_segment_allocs, expected_segment_frees, expected_ooms;
+    int64_t expected_peak_reserved_bytes;
+    uint64_t stats_mismatches;   /**< memory_stats keys differing from the trace's final stats */
+    char first_stats_mismatch[160]; /**< "key: cca X, trace Y" */
+    bool summary_matches;        /**< summary equal to the trace's but for the title line */
+    char first_address_mismatch[160];
+} cca_replay_result_t;
+
+/**
+ * Replay a PyTorch memory snapshot (pickle, optionally gzip) through cca on
+ * a simulated device. Shuts down and re-initialises cca (the previous state is
+ * lost) and leaves it shut down. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
+ * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
+ * An out-of-memory failure during the replay is counted, not returned.
+ */
+cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
+                             cca_replay_result_t *result);
+
+/** Free what a replay result holds. */
+void cca_replay_result_free(cca_replay_result_t *result);
+
+#ifdef __cplusplus
+}
+#endif
+
 #endif /* CCA_H */

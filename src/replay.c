@@ -1,0 +1,497 @@
+/*
+ * replay.c - replay a PyTorch memory snapshot's allocation history through
+ * cca on a simulated device, and compare every decision with PyTorch's.
+ *
+ * The trace is first decoded into a compact event array (so replay speed is
+ * the allocator's, not the pickle reader's). alloc -> cca_malloc on the
+ * event's stream; free_requested -> cca_free, and when the block's
+ * free_completed comes later, the block is held by an event on a private
+ * stream until then; free_completed -> that stream's work completes and the
+ * block returns to its pool; oom -> the allocation is attempted and must
+ * fail. Segment events are PyTorch's record, compared at the end.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "pickle.h"
+
+typedef enum replay_kind {
+    EV_ALLOC,
+    EV_FREE_REQUESTED,
+    EV_FREE_COMPLETED,
+    EV_SEGMENT_ALLOC,
+    EV_SEGMENT_FREE,
+    EV_SEGMENT_MAP,
+    EV_SEGMENT_UNMAP,
+    EV_OOM,
+    EV_OTHER,
+} replay_kind_t;
+
+typedef struct replay_event {
+    uint64_t addr;     /* trace address (oom: device free bytes) */
+    uint64_t size;     /* bytes */
+    uint64_t stream;   /* trace stream handle */
+    uint8_t kind;      /* replay_kind_t */
+    bool deferred;     /* free_requested whose free_completed comes later */
+} replay_event_t;
+
+/* Live blocks: trace address -> cca pointer (and the private stream if deferred). */
+typedef struct live_entry {
+    uint64_t key;      /* trace address; 0 = empty */
+    uint64_t ptr;      /* cca's pointer */
+    uint64_t hold;     /* private stream holding it after free_requested, 0 if none */
+    bool tomb;
+} live_entry_t;
+
+typedef struct live_map {
+    live_entry_t *slots;
+    size_t cap, count, used;
+} live_map_t;
+
+static inline size_t live_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static bool live_grow(live_map_t *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 1024;
+    live_entry_t *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    for (size_t i = 0; i < m->cap; i++) {
+        live_entry_t *e = &m->slots[i];
+        if (!e->key || e->tomb)
+            continue;
+        size_t j = live_hash(e->key) & (cap - 1);
+        while (slots[j].key)
+            j = (j + 1) & (cap - 1);
+        slots[j] = *e;
+    }
+    free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    m->used = m->count;
+    return true;
+}
+
+static live_entry_t *live_find(live_map_t *m, uint64_t key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t j = live_hash(key) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
+        live_entry_t *e = &m->slots[j];
+        if (!e->key)
+            return NULL;
+        if (e->key == key && !e->tomb)
+            return e;
+    }
+}
+
+static live_entry_t *live_put(live_map_t *m, uint64_t key)
+{
+    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
+        return NULL;
+    size_t j = live_hash(key) & (m->cap - 1);
+    while (m->slots[j].key && !(m->slots[j].key == key && !m->slots[j].tomb) && !m->slots[j].tomb)
+        j = (j + 1) & (m->cap - 1);
+    live_entry_t *e = &m->slots[j];
+    if (!e->key)
+        m->used++;
+    e->key = key;
+    e->tomb = false;
+    e->ptr = 0;
+    e->hold = 0;
+    m->count++;
+    return e;
+}
+
+static void live_del(live_map_t *m, live_entry_t *e)
+{
+    e->tomb = true;
+    m->count--;
+}
+
+/* ---- reading the snapshot ------------------------------------------------------- */
+
+static replay_kind_t kind_of(const pv_node_t *action)
+{
+    static const struct {
+        const char *name;
+        replay_kind_t kind;
+    } names[] = {
+        {"alloc", EV_ALLOC},
+        {"free_requested", EV_FREE_REQUESTED},
+        {"free_completed", EV_FREE_COMPLETED},
+        {"segment_alloc", EV_SEGMENT_ALLOC},
+        {"segment_free", EV_SEGMENT_FREE},
+        {"segment_map", EV_SEGMENT_MAP},
+        {"segment_unmap", EV_SEGMENT_UNMAP},
+        {"oom", EV_OOM},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (pv_str_eq(action, names[i].name))
+            return names[i].kind;
+    return EV_OTHER;
+}
+
+static bool get_u64_field(const pv_node_t *dict, const char *key, uint64_t *out)
+{
+    const pv_node_t *n = pv_dict_get(dict, key);
+    if (!n)
+        return false;
+    if (pv_get_u64(n, out))
+        return true;
+    int64_t v;
+    if (pv_get_int(n, &v)) {
+        *out = (uint64_t)v;
+        return true;
+    }
+    return false;
+}
+
+/* Decode device_traces[device] into events. */
+static cca_status_t decode_events(const pv_node_t *root, int device, replay_event_t **out, size_t *count)
+{
+    const pv_node_t *traces = pv_dict_get(root, "device_traces");
+    if (!traces || pv_kind(traces) != PV_LIST)
+        return cca_raise(CCA_ERR_FORMAT, "not a PyTorch memory snapshot: no device_traces list");
+    if (device < 0 || (size_t)device >= pv_len(traces))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "the snapshot has no trace for device %d (%zu devices)",
+                         device, pv_len(traces));
+    const pv_node_t *list = pv_at(traces, (size_t)device);
+    if (pv_kind(list) != PV_LIST)
+        return cca_raise(CCA_ERR_FORMAT, "device_traces[%d] is not a list", device);
+    size_t n = pv_len(list);
+    replay_event_t *ev = calloc(n ? n : 1, sizeof(*ev));
+    if (!ev)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", n);
+    for (size_t i = 0; i < n; i++) {
+        const pv_node_t *e = pv_at(list, i);
+        const pv_node_t *action = pv_kind(e) == PV_DICT ? pv_dict_get(e, "action") : NULL;
+        if (!action) {
+            free(ev);
+            return cca_raise(CCA_ERR_FORMAT, "trace event %zu has no action", i);
+        }
+        ev[i].kind = (uint8_t)kind_of(action);
+        bool ok = get_u64_field(e, "size", &ev[i].size);
+        if (ev[i].kind == EV_OOM)
+            ok = ok && get_u64_field(e, "device_free", &ev[i].addr);
+        else if (ev[i].kind != EV_OTHER)
+            ok = ok && get_u64_field(e, "addr", &ev[i].addr);
+        if (!get_u64_field(e, "stream", &ev[i].stream))
+            ev[i].stream = 0;
+        if (!ok && ev[i].kind != EV_OTHER) {
+            free(ev);
+            return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i,
+                             cca_status_str(CCA_ERR_FORMAT));
+        }
+    }
+    /* a free_requested is deferred unless its free_completed follows at once */
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].kind == EV_FREE_REQUESTED)
+            ev[i].deferred = !(i + 1 < n && ev[i + 1].kind == EV_FREE_COMPLETED &&
+                               ev[i + 1].addr == ev[i].addr);
+    *out = ev;
+    *count = n;
+    return CCA_OK;
+}
+
+/* The settings string the trace ran with (cca_meta.conf, else allocator_settings). */
+static void trace_settings(const pv_node_t *root, char *buf, size_t size)
+{
+    const char *s = NULL;
+    size_t len = 0;
+    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
+    const pv_node_t *conf = meta ? pv_dict_get(meta, "conf") : NULL;
+    if (!conf || !pv_get_str(conf, &s, &len)) {
+        const pv_node_t *as = pv_dict_get(root, "allocator_settings");
+        conf = as ? pv_dict_get(as, "PYTORCH_CUDA_ALLOC_CONF") : NULL;
+        if (!conf || !pv_get_str(conf, &s, &len))
+            s = "", len = 0;
+    }
+    snprintf(buf, size, "%.*s", (int)len, s);
+}
+
+/* Drop the title line (the second line) of a summary for comparison. */
+static const char *skip_title(const char *text)
+{
+    const char *p = strchr(text, '\n');
+    if (!p)
+        return text;
+    p = strchr(p + 1, '\n');
+    return p ? p + 1 : text;
+}
+
+/* Compare the end state with the trace's cca_meta. */
+static void compare_expected(const pv_node_t *root, const replay_event_t *ev, size_t n,
+                             cca_replay_result_t *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (ev[i].kind) {
+        case EV_ALLOC: r->expected_allocs++; break;
+        case EV_SEGMENT_ALLOC: case EV_SEGMENT_MAP: r->expected_segment_allocs++; break;
+        case EV_SEGMENT_FREE: case EV_SEGMENT_UNMAP: r->expected_segment_frees++; break;
+        case EV_OOM: r->expected_ooms++; break;
+        default: break;
+        }
+    }
+    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
+    const pv_node_t *fstats = meta ? pv_dict_get(meta, "final_memory_stats") : NULL;
+    const pv_node_t *fsummary = meta ? pv_dict_get(meta, "final_memory_summary") : NULL;
+    if (!fstats || pv_kind(fstats) != PV_DICT)
+        return;
+    r->has_expected = true;
+    const pv_node_t *pr = pv_dict_get(fstats, "reserved_bytes.all.peak");
+    int64_t v;
+    if (pr && pv_get_int(pr, &v))
+        r->expected_peak_reserved_bytes = v;
+    for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
+        const pv_node_t *node = pv_dict_get(fstats, r->memory_stats[i].key);
+        bool same = node && pv_get_int(node, &v) && v == r->memory_stats[i].value;
+        if (!same) {
+            if (!r->stats_mismatches)
+                snprintf(r->first_stats_mismatch, sizeof(r->first_stats_mismatch),
+                         "%s: cca %lld, trace %lld", r->memory_stats[i].key,
+                         (long long)r->memory_stats[i].value, node ? (long long)v : -1ll);
+            r->stats_mismatches++;
+        }
+    }
+    const char *text;
+    size_t len;
+    if (fsummary && pv_get_str(fsummary, &text, &len) && r->memory_summary) {
+        char *copy = strndup(text, len);
+        r->summary_matches = copy && !strcmp(skip_title(copy), skip_title(r->memory_summary));
+        free(copy);
+    }
+}
+
+/* ---- the replay loop ----------------------------------------------------------------- */
+
+/* Private streams holding deferred frees live far from any real stream handle. */
+#define HOLD_STREAM_BASE 0xcca0000000000000ull
+
+static cca_status_t run_events(const replay_event_t *ev, size_t n, bool trace_addresses,
+                               cca_backend_t *sim, cca_replay_result_t *r)
+{
+    live_map_t live = {0};
+    uint64_t next_hold = HOLD_STREAM_BASE;
+    cca_status_t st = CCA_OK;
+    for (size_t i = 0; i < n; i++) {
+        const replay_event_t *e = &ev[i];
+        switch (e->kind) {
+        case EV_ALLOC: {
+            void *p = NULL;
+            r->allocs++;
+            cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)e->stream);
+            if (as != CCA_OK) {
+                r->unexpected_ooms++;
+                if (trace_addresses && !r->address_mismatches)
+                    snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
+                             "event %zu: alloc of %llu bytes failed: %s", i,
+                             (unsigned long long)e->size, cca_last_error()->message);
+                r->address_mismatches += trace_addresses;
+                break;
+            }
+            if (trace_addresses && (uint64_t)(uintptr_t)p != e->addr) {
+                if (!r->address_mismatches)
+                    snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
+                             "event %zu: alloc of %llu bytes at 0x%llx, PyTorch 0x%llx", i,
+                             (unsigned long long)e->size, (unsigned long long)(uintptr_t)p,
+                             (unsigned long long)e->addr);
+                r->address_mismatches++;
+            }
+            live_entry_t *le = live_put(&live, e->addr);
+            if (!le) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                goto out;
+            }
+            le->ptr = (uint64_t)(uintptr_t)p;
+            break;
+        }
+        case EV_FREE_REQUESTED: {
+            live_entry_t *le = live_find(&live, e->addr);
+            if (!le || le->hold)
+                break; /* allocated before the trace began, or failed here */
+            r->frees++;
+            if (e->deferred) {
+                le->hold = next_hold++;
+                cca_record_stream((void *)(uintptr_t)le->ptr, (cca_stream_t)(uintptr_t)le->hold);
+                cca_free((void *)(uintptr_t)le->ptr);
+            } else {
+                cca_free((void *)(uintptr_t)le->ptr);
+                live_del(&live, le);
+            }
+            break;
+        }
+        case EV_FREE_COMPLETED: {
+            live_entry_t *le = live_find(&live, e->addr);
+            if (!le || !le->hold)
+                break;
+            cca_sim_complete_stream(sim, 0, (cca_stream_t)(uintptr_t)le->hold, false);
+            live_del(&live, le);
+            st = alloc_process_events();
+            if (st != CCA_OK)
+                goto out;
+            break;
+        }
+        case EV_OOM: {
+            void *p = NULL;
+            cca_status_t os = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)e->stream);
+            if (os == CCA_OK) {
+                if (trace_addresses && !r->address_mismatches)
+                    snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
+                             "event %zu: PyTorch ran out of memory for %llu bytes, cca did not", i,
+                             (unsigned long long)e->size);
+                r->address_mismatches += trace_addresses;
+                cca_free(p);
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+out:
+    free(live.slots);
+    return st;
+}
+
+/* Build the simulated backend and bring cca up with the replay's settings. */
+static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev, size_t n,
+                                const cca_replay_options_t *opt, cca_replay_result_t *r,
+                                cca_backend_t **sim_out)
+{
+    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
+    uint64_t total = 0;
+    double fraction = 0.0;
+    if (meta) {
+        const pv_node_t *t = pv_dict_get(meta, "total_memory");
+        if (t)
+            pv_get_u64(t, &total);
+        const pv_node_t *f = pv_dict_get(meta, "fraction");
+        if (f)
+            pv_get_double(f, &fraction);
+    }
+    if (opt->total_memory)
+        total = opt->total_memory;
+    if (!total)
+        total = 80ull << 30;
+    if (opt->settings)
+        snprintf(r->settings, sizeof(r->settings), "%s", opt->settings);
+    else
+        trace_settings(root, r->settings, sizeof(r->settings));
+
+    cca_sim_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.devices = 1;
+    cfg.total_memory = total;
+    cfg.memory_cap = opt->cap;
+    cfg.manual_events = true;
+    uint64_t *addrs = NULL;
+    size_t naddrs = 0;
+    if (opt->trace_addresses) {
+        addrs = malloc((n ? n : 1) * sizeof(*addrs));
+        if (!addrs)
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the address list");
+        for (size_t i = 0; i < n; i++)
+            if (ev[i].kind == EV_SEGMENT_ALLOC)
+                addrs[naddrs++] = ev[i].addr;
+        cfg.addresses = addrs;
+        cfg.address_count = naddrs;
+    }
+    cca_backend_t *sim = NULL;
+    cca_status_t st = cca_sim_create(&cfg, &sim);
+    free(addrs);
+    if (st != CCA_OK)
+        return st;
+    cca_shutdown();
+    st = cca_init_with_backend(sim, r->settings);
+    if (st != CCA_OK)
+        return st;
+    if (fraction > 0.0 && !opt->ignore_fraction) {
+        st = cca_set_memory_fraction(fraction, 0);
+        if (st != CCA_OK) {
+            cca_shutdown();
+            return st;
+        }
+    }
+    *sim_out = sim;
+    return CCA_OK;
+}
+
+cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
+                             cca_replay_result_t *result)
+{
+    if (!path || !result)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_replay_file: path and result are required");
+    cca_replay_options_t opt;
+    memset(&opt, 0, sizeof(opt));
+    if (options)
+        opt = *options;
+    memset(result, 0, sizeof(*result));
+    cca_replay_result_t *r = result;
+
+    uint64_t t0 = cca_now_ns();
+    pv_doc_t *doc = NULL;
+    cca_status_t st = pickle_load_file(path, &doc);
+    if (st != CCA_OK)
+        return st;
+    const pv_node_t *root = pv_doc_root(doc);
+    replay_event_t *ev = NULL;
+    size_t n = 0;
+    if (!root || pv_kind(root) != PV_DICT) {
+        st = cca_raise(CCA_ERR_FORMAT, "%s is not a PyTorch memory snapshot (no top-level dict)", path);
+        goto out_doc;
+    }
+    st = decode_events(root, opt.device, &ev, &n);
+    if (st != CCA_OK)
+        goto out_doc;
+    r->events = n;
+    r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
+
+    cca_backend_t *sim = NULL;
+    st = replay_init(root, ev, n, &opt, r, &sim);
+    if (st != CCA_OK)
+        goto out_events;
+    uint64_t t1 = cca_now_ns();
+    st = run_events(ev, n, opt.trace_addresses, sim, r);
+    r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+    r->events_per_second = r->seconds > 0 ? (double)n / r->seconds : 0.0;
+    if (st != CCA_OK)
+        goto out_shutdown;
+
+    cca_device_stats_t stats;
+    cca_get_device_stats(0, &stats);
+    r->segment_allocs = (uint64_t)stats.num_device_alloc;
+    r->segment_frees = (uint64_t)stats.num_device_free;
+    r->ooms = (uint64_t)stats.num_ooms;
+    r->peak_reserved_bytes = stats.reserved_bytes[CCA_STAT_ALL].peak;
+    r->peak_allocated_bytes = stats.allocated_bytes[CCA_STAT_ALL].peak;
+    r->peak_requested_bytes = stats.requested_bytes[CCA_STAT_ALL].peak;
+    r->peak_active_bytes = stats.active_bytes[CCA_STAT_ALL].peak;
+    cca_memory_stats(0, r->memory_stats, CCA_MEMORY_STATS_COUNT);
+    cca_memory_summary(0, false, &r->memory_summary);
+    compare_expected(root, ev, n, r);
+
+out_shutdown:
+    cca_shutdown();
+out_events:
+    free(ev);
+out_doc:
+    pv_doc_free(doc);
+    return st;
+}
+
+void cca_replay_result_free(cca_replay_result_t *result)
+{
+    if (!result)
+        return;
+    free(result->memory_summary);
+    result->memory_summary = NULL;
+}
