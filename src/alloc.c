@@ -1327,7 +1327,7 @@ static cca_status_t device_arg(int device, cca_device_t **dev)
 
 cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
 {
-    cca_device_t *dev;
+    cca_device_t *dev = NULL;
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
@@ -1358,7 +1358,7 @@ static void reset_peak(cca_stat_t *s, size_t n)
 
 cca_status_t cca_reset_accumulated_stats(int device)
 {
-    cca_device_t *dev;
+    cca_device_t *dev = NULL;
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
@@ -1375,7 +1375,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
 
 cca_status_t cca_reset_peak_stats(int device)
 {
-    cca_device_t *dev;
+    cca_device_t *dev = NULL;
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;

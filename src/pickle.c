@@ -1079,8 +1079,8 @@ static cca_status_t rd_line(reader_t *r, size_t op_off, int op, const char **sta
 /* Text INT/LONG: a decimal that fits in int64 or uint64 ("I01"/"I00" are True/False). */
 static cca_status_t rd_text_int(reader_t *r, size_t op_off, int op)
 {
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     cca_status_t st = rd_line(r, op_off, op, &s, &len);
     if (st)
         return st;
@@ -1173,7 +1173,7 @@ static cca_status_t rd_run(reader_t *r)
         size_t op_off = r->pos;
         int op = r->data[r->pos++];
         const uint8_t *arg = r->data + r->pos;
-        size_t mark;
+        size_t mark = 0;
         switch (op) {
         case OP_PROTO:
             if ((st = rd_need(r, op_off, op, 1)))

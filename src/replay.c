@@ -293,7 +293,7 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, bool trace_ad
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
-                             "event %zu: alloc of %llu bytes failed: %s", i,
+                             "event %zu: alloc of %llu bytes failed: %.60s", i,
                              (unsigned long long)e->size, cca_last_error()->message);
                 r->address_mismatches += trace_addresses;
                 break;

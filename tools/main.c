@@ -14,6 +14,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"settings", cmd_settings, "settings ['key:value,...']   print the effective settings"},
+    {"replay", cmd_replay, "replay TRACE [options]        replay a PyTorch memory snapshot (see --help)"},
 };
 
 static void usage(FILE *out)
