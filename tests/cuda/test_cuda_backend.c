@@ -5,6 +5,9 @@
  * function), virtual memory, host memory, IPC and concurrent use.
  * Exits 77 (skipped) when no GPU is usable.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setenv, clock_gettime, aligned_alloc under -std=c11 */
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
