@@ -189,7 +189,7 @@ static cca_status_t cuda_mem_get_info(void *ctx, int device, size_t *free_bytes,
                                       size_t *total_bytes)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -213,7 +213,7 @@ static cca_status_t cuda_mem_get_info(void *ctx, int device, size_t *free_bytes,
 static cca_status_t cuda_malloc(void *ctx, int device, size_t size, void **ptr)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -244,7 +244,7 @@ out_device:
 static cca_status_t cuda_free(void *ctx, int device, void *ptr)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -270,7 +270,7 @@ out_device:
 static cca_status_t cuda_stream_synchronize(void *ctx, int device, cca_stream_t stream)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -282,7 +282,7 @@ static cca_status_t cuda_stream_synchronize(void *ctx, int device, cca_stream_t 
 static cca_status_t cuda_device_synchronize(void *ctx, int device)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -294,7 +294,7 @@ static cca_status_t cuda_device_synchronize(void *ctx, int device)
 static cca_status_t cuda_event_create(void *ctx, int device, cca_event_t *event)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -320,7 +320,7 @@ static cca_status_t cuda_event_record(void *ctx, int device, cca_event_t event,
                                       cca_stream_t stream)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -409,7 +409,7 @@ static cca_status_t cuda_vmm_reserve(void *ctx, int device, size_t size, void **
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -427,7 +427,7 @@ static cca_status_t cuda_vmm_free(void *ctx, int device, void *addr, size_t size
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -441,7 +441,7 @@ static cca_status_t cuda_vmm_create(void *ctx, int device, size_t size, cca_phys
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -460,7 +460,7 @@ static cca_status_t cuda_vmm_release(void *ctx, int device, cca_phys_handle_t ha
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -475,7 +475,7 @@ static cca_status_t cuda_vmm_map(void *ctx, int device, void *addr, size_t size,
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -490,7 +490,7 @@ static cca_status_t cuda_vmm_unmap(void *ctx, int device, void *addr, size_t siz
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -504,7 +504,7 @@ static cca_status_t cuda_vmm_set_access(void *ctx, int device, void *addr, size_
     cuda_ctx_t *cx = ctx;
     if (!cx->driver.vmm)
         return vmm_unsupported();
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -570,7 +570,7 @@ static cca_status_t cuda_ipc_get_handle(void *ctx, int device, void *ptr, cca_ip
     (void)ctx;
     _Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(cca_ipc_handle_t),
                    "cca_ipc_handle_t must hold a cudaIpcMemHandle_t");
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -587,7 +587,7 @@ static cca_status_t cuda_ipc_open(void *ctx, int device, const cca_ipc_handle_t 
                                   void **ptr)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
@@ -605,7 +605,7 @@ static cca_status_t cuda_ipc_open(void *ctx, int device, const cca_ipc_handle_t 
 static cca_status_t cuda_ipc_close(void *ctx, int device, void *ptr)
 {
     (void)ctx;
-    int previous;
+    int previous = device;
     cca_status_t st = enter_device(device, &previous);
     if (st != CCA_OK)
         return st;
