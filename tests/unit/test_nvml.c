@@ -4,6 +4,9 @@
  * message part. CCA_NVML_LIBRARY points at a library that does not exist, so
  * the result is the same on machines with a GPU.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setenv under -std=c11 */
+#endif
 #include <stdlib.h>
 
 #include "harness.h"
