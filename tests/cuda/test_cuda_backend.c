@@ -337,6 +337,10 @@ TEST(threads_concurrently)
 
 int main(void)
 {
+    if (cca_cuda_create(NULL) != CCA_ERR_INVALID_ARGUMENT) {
+        printf("FAIL cca_cuda_create(NULL) must be CCA_ERR_INVALID_ARGUMENT\n");
+        return 1;
+    }
     cca_status_t st = cca_cuda_create(&be);
     if (st == CCA_ERR_NO_DEVICE) {
         printf("SKIPPED: no GPU (%s)\n", cca_last_error()->message);
