@@ -313,6 +313,23 @@ cca_status_t cca_host_get_stats(cca_host_stats_t *stats);
 cca_status_t cca_host_reset_accumulated_stats(void);
 cca_status_t cca_host_reset_peak_stats(void);
 
+/* ------------------------------------------------------------------------ */
+/* GPU processes                                                            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The text of torch.cuda.list_gpu_processes(device): "GPU:<n>" then one line
+ * per process using the device, "process <pid> uses <MB> MB GPU memory", or
+ * "no processes are running". Uses NVML (libnvidia-ml.so.1, loaded at run
+ * time); without it the text is "NVML not found, unable to list processes".
+ * device is a CUDA ordinal, mapped to NVML's numbering through
+ * CUDA_VISIBLE_DEVICES when that lists indices. Needs no initialisation.
+ * *text is allocated with malloc; the caller frees it. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (text NULL, bad device), CCA_ERR_BACKEND (NVML
+ * failed), CCA_ERR_OUT_OF_MEMORY. Thread-safe.
+ */
+cca_status_t cca_list_gpu_processes(int device, char **text);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,232 @@
+/*
+ * bench_gpu.c - the anchor benchmark's workloads (anchor/bench_anchor.cpp)
+ * through cca's public API, so cca's figures sit beside PyTorch's,
+ * cudaMallocAsync's and cudaMalloc's from the same run:
+ *   pair_latency    alloc + free of one size on one stream (cache hits);
+ *   random_1thread  512 slots, log-uniform sizes in [512 B, 8 MiB], seed 42;
+ *   threads=T       T threads on T non-blocking streams, 64 slots each,
+ *                   sizes up to 4 MiB, seeds 1000 + t; total M ops/s.
+ * The random sequence is the anchor's (anchor_rng.h). Every figure is
+ * printed as the anchor prints it, with the allocator named "cca":
+ *   RESULT cca pair_latency size=512 ns_per_pair=41.2
+ *
+ * Usage: bench_gpu [--backend cuda|sim] [--quick]
+ *   --backend sim  runs on cca's simulated device (CPU-only figures); the
+ *                  name printed is then "cca-sim".
+ *   --quick        a tenth of the iterations (a smoke run).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setenv, clock_gettime, aligned_alloc under -std=c11 */
+#endif
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__has_include)
+#if __has_include(<cuda_runtime_api.h>) && !defined(CCA_BENCH_NO_CUDA)
+#include <cuda_runtime_api.h>
+#define BENCH_HAVE_CUDA 1
+#endif
+#endif
+
+#include "anchor_rng.h"
+#include "cca.h"
+
+static const char *allocator_name = "cca";
+static bool use_cuda;
+static long scale_div = 1; /* --quick divides iteration counts */
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static void die(const char *what, cca_status_t st)
+{
+    fprintf(stderr, "bench_gpu: %s failed: %s: %s\n", what, cca_status_str(st),
+            cca_last_error()->message);
+    exit(1);
+}
+
+/* A stream for a workload: a non-blocking CUDA stream, or a distinct handle on sim. */
+static cca_stream_t stream_create(int index)
+{
+#ifdef BENCH_HAVE_CUDA
+    if (use_cuda) {
+        cudaStream_t s;
+        cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (err != cudaSuccess) {
+            fprintf(stderr, "bench_gpu: cudaStreamCreateWithFlags: %s\n", cudaGetErrorString(err));
+            exit(1);
+        }
+        return (cca_stream_t)s;
+    }
+#endif
+    return (cca_stream_t)(uintptr_t)(0x1000 + 0x10 * (uintptr_t)index);
+}
+
+static void stream_destroy(cca_stream_t s)
+{
+#ifdef BENCH_HAVE_CUDA
+    if (use_cuda) {
+        cudaStreamSynchronize((cudaStream_t)s);
+        cudaStreamDestroy((cudaStream_t)s);
+    }
+#endif
+    (void)s;
+}
+
+static inline void *alloc_or_die(size_t size, cca_stream_t s)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc(&p, size, s);
+    if (st != CCA_OK)
+        die("cca_malloc", st);
+    return p;
+}
+
+static inline void free_or_die(void *p)
+{
+    cca_status_t st = cca_free(p);
+    if (st != CCA_OK)
+        die("cca_free", st);
+}
+
+/* ns per alloc + free of size on stream s, after 1000 warm-up pairs. */
+static double pair_latency(size_t size, cca_stream_t s, long n)
+{
+    for (int i = 0; i < 1000; i++)
+        free_or_die(alloc_or_die(size, s));
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        free_or_die(alloc_or_die(size, s));
+    return (now_ns() - t0) / (double)n;
+}
+
+/* The anchor's random workload; ns per step. Live blocks are freed after timing. */
+static double random_workload(cca_stream_t s, int slots, long steps, size_t max_size,
+                              unsigned seed)
+{
+    mt64_t rng;
+    mt64_seed(&rng, seed);
+    void **live = calloc((size_t)slots, sizeof(*live));
+    if (!live) {
+        fprintf(stderr, "bench_gpu: out of host memory\n");
+        exit(1);
+    }
+    double t0 = now_ns();
+    for (long i = 0; i < steps; i++) {
+        int k = mt64_pick(&rng, (uint64_t)slots);
+        if (live[k]) {
+            free_or_die(live[k]);
+            live[k] = NULL;
+        } else {
+            live[k] = alloc_or_die(mt64_log_size(&rng, max_size), s);
+        }
+    }
+    double dt = now_ns() - t0;
+    for (int k = 0; k < slots; k++)
+        if (live[k])
+            free_or_die(live[k]);
+    free(live);
+    return dt / (double)steps;
+}
+
+typedef struct worker {
+    pthread_t thread;
+    cca_stream_t stream;
+    long steps;
+    unsigned seed;
+    double ns_per_op;
+} worker_t;
+
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    cca_status_t st = cca_set_device(0);
+    if (st != CCA_OK)
+        die("cca_set_device", st);
+    w->ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "cuda";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            backend = argv[++i];
+        } else if (!strcmp(argv[i], "--quick")) {
+            scale_div = 10;
+        } else {
+            fprintf(stderr, "usage: %s [--backend cuda|sim] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (strcmp(backend, "cuda") != 0 && strcmp(backend, "sim") != 0) {
+        fprintf(stderr, "bench_gpu: unknown backend '%s' (cuda or sim)\n", backend);
+        return 2;
+    }
+    use_cuda = !strcmp(backend, "cuda");
+#ifndef BENCH_HAVE_CUDA
+    if (use_cuda) {
+        fprintf(stderr, "bench_gpu: built without the CUDA headers; use --backend sim\n");
+        return 2;
+    }
+#endif
+    if (!use_cuda)
+        allocator_name = "cca-sim";
+    setenv("CCA_BACKEND", backend, 1);
+    cca_status_t st = cca_init();
+    if (st != CCA_OK)
+        die("cca_init", st);
+    if ((st = cca_set_device(0)) != CCA_OK)
+        die("cca_set_device", st);
+    printf("# cca %d.%d.%d on backend %s\n", CCA_VERSION_MAJOR, CCA_VERSION_MINOR,
+           CCA_VERSION_PATCH, cca_backend_name());
+
+    cca_stream_t s = stream_create(0);
+    const size_t sizes[] = {512, 65536, 1u << 20, 8u << 20, 64u << 20};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        double ns = pair_latency(sizes[i], s, 1000000 / scale_div);
+        printf("RESULT %s pair_latency size=%zu ns_per_pair=%.1f\n", allocator_name, sizes[i], ns);
+        fflush(stdout);
+    }
+    double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42);
+    printf("RESULT %s random_1thread ns_per_op=%.1f\n", allocator_name, ns);
+    fflush(stdout);
+    stream_destroy(s);
+
+    const int thread_counts[] = {1, 2, 4, 8, 16};
+    for (size_t c = 0; c < sizeof(thread_counts) / sizeof(thread_counts[0]); c++) {
+        int n = thread_counts[c];
+        worker_t workers[16];
+        long steps = 200000 / scale_div;
+        for (int t = 0; t < n; t++) {
+            workers[t].stream = stream_create(t + 1);
+            workers[t].steps = steps;
+            workers[t].seed = 1000u + (unsigned)t;
+        }
+        for (int t = 0; t < n; t++)
+            if (pthread_create(&workers[t].thread, NULL, worker_main, &workers[t]) != 0) {
+                fprintf(stderr, "bench_gpu: pthread_create failed\n");
+                return 1;
+            }
+        /* As the anchor: the clock starts once every thread has been started. */
+        double t0 = now_ns();
+        for (int t = 0; t < n; t++)
+            pthread_join(workers[t].thread, NULL);
+        double wall = now_ns() - t0;
+        printf("RESULT %s threads=%d total_Mops_per_s=%.3f\n", allocator_name, n,
+               (double)steps * n / wall * 1e3);
+        fflush(stdout);
+        for (int t = 0; t < n; t++)
+            stream_destroy(workers[t].stream);
+    }
+    cca_shutdown();
+    return 0;
+}

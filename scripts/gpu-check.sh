@@ -1,0 +1,197 @@
+#!/bin/bash
+# gpu-check.sh - check cca on a machine with a GPU, PyTorch and the CUDA toolkit,
+# and compare it with the anchors in one run:
+#   1. build cca (Release; and Debug without ASan, for compute-sanitizer);
+#   2. run the GPU test suite (ctest -L cuda);
+#   3. run each GPU test binary under compute-sanitizer --tool memcheck;
+#   4. run the anchor benchmark (.anchor/run.sh: PyTorch native, PyTorch
+#      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu;
+#   5. print one comparison table.
+# A failing step is reported and the script goes on to the table; the exit
+# status is 1 if any step failed. Every step has a time limit so the whole
+# run ends within about 8 minutes. Logs go under $OUT (else ./gpu-check-out).
+#
+# Usage: scripts/gpu-check.sh        (from anywhere; builds in build-gpu-*)
+# Environment: OUT (log folder), JOBS (build parallelism), GPU_CHECK_BUDGET
+# (seconds for the whole run, default 480).
+# shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
+set -u -o pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+logs=${OUT:-$root/gpu-check-out}
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+budget=${GPU_CHECK_BUDGET:-480}
+start=$SECONDS
+failed_steps=()
+step_lines=()
+
+# Seconds left in the budget, keeping reserve seconds for later steps.
+left() {
+    local reserve=$1
+    local n=$((budget - (SECONDS - start) - reserve))
+    [ "$n" -lt 20 ] && n=20
+    echo "$n"
+}
+
+# run_step NAME LIMIT CMD...: run CMD with a time limit, output to $logs/NAME.log.
+run_step() {
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS rc
+    echo "== $name (limit ${limit}s)"
+    timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$logs/$name.log" 2>&1
+    rc=$?
+    local dt=$((SECONDS - t0))
+    if [ $rc -eq 0 ]; then
+        step_lines+=("$(printf '%-28s PASS  %4ds' "$name" "$dt")")
+    else
+        local why="exit $rc"
+        [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="timed out after ${limit}s"
+        step_lines+=("$(printf '%-28s FAIL  %4ds  %s (see %s)' "$name" "$dt" "$why" "$logs/$name.log")")
+        failed_steps+=("$name")
+        echo "   FAILED ($why); last lines of $logs/$name.log:"
+        tail -n 15 "$logs/$name.log" | sed 's/^/   | /'
+    fi
+    return $rc
+}
+
+# Build steps keep going past a target that fails, so the others still build.
+keep_going() { # the native tool's keep-going flag for build folder $1
+    if [ -f "$1/build.ninja" ]; then echo "-k 0"; else echo "-k"; fi
+}
+build_release() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF &&
+        cmake --build "$root/build-gpu-release" -j "$jobs" -- $(keep_going "$root/build-gpu-release")
+}
+build_debug() {
+    cmake -S "$root" -B "$root/build-gpu-debug" -DCMAKE_BUILD_TYPE=Debug -DCCA_SANITIZE=OFF \
+        -DCCA_DEBUG_LEVEL=2 || return 1
+    local rc=0 src t
+    for src in "$root"/tests/cuda/test_*.c; do
+        [ -f "$src" ] || continue
+        t=cuda_$(basename "$src" .c)
+        cmake --build "$root/build-gpu-debug" -j "$jobs" --target "$t" || rc=1
+    done
+    return $rc
+}
+run_ctest() {
+    ctest --test-dir "$root/build-gpu-release" -L cuda --output-on-failure --timeout 150
+}
+# memcheck BINARY: real memory errors and leaks fail; the CUDA API errors that
+# the tests provoke on purpose (bad pointers, out of memory) are not reported.
+memcheck() {
+    "$sanitizer" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 "$1"
+    local rc=$?
+    [ $rc -eq 77 ] && return 0 # skipped: no GPU
+    return $rc
+}
+run_anchor() {
+    OUT="$logs" bash "$root/.anchor/run.sh"
+}
+run_bench() {
+    "$root/build-gpu-release/bench/bench_gpu"
+}
+
+export root logs jobs
+export -f keep_going build_release build_debug run_ctest memcheck run_anchor run_bench
+
+{
+    echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    python3 -c 'import torch; print("torch:", torch.__version__)' 2>&1 | tail -1
+    nvcc --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1
+} | tee "$logs/environment.log"
+
+run_step build-release "$(left 300)" build_release
+run_step build-debug "$(left 280)" build_debug
+run_step ctest-cuda "$(left 240)" run_ctest
+
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
+[ -x "$sanitizer" ] || sanitizer=$(command -v compute-sanitizer || true)
+export sanitizer
+if [ -z "$sanitizer" ]; then
+    echo "== memcheck: compute-sanitizer not found"
+    step_lines+=("$(printf '%-28s FAIL  compute-sanitizer not found' memcheck)")
+    failed_steps+=(memcheck)
+else
+    found=0
+    for bin in "$root"/build-gpu-debug/cuda_test_*; do
+        [ -x "$bin" ] || continue
+        found=1
+        name=$(basename "$bin")
+        run_step "memcheck-${name#cuda_}" "$(left 200)" memcheck "$bin"
+    done
+    if [ $found -eq 0 ]; then
+        step_lines+=("$(printf '%-28s FAIL  no GPU test binary was built' memcheck)")
+        failed_steps+=(memcheck)
+    fi
+fi
+
+if [ -f "$root/.anchor/run.sh" ]; then
+    run_step anchor "$(left 70)" run_anchor
+else
+    echo "== anchor: $root/.anchor/run.sh is missing (copy the anchor folder there)"
+    step_lines+=("$(printf '%-28s FAIL  .anchor/run.sh missing' anchor)")
+    failed_steps+=(anchor)
+fi
+if [ -x "$root/build-gpu-release/bench/bench_gpu" ]; then
+    run_step bench-cca "$(left 10)" run_bench
+else
+    step_lines+=("$(printf '%-28s FAIL  bench_gpu was not built' bench-cca)")
+    failed_steps+=(bench-cca)
+fi
+
+# ---- the comparison table -------------------------------------------------
+cat "$logs"/anchor.log "$logs"/bench-cca.log 2>/dev/null | grep '^RESULT ' >"$logs/results.txt"
+awk '
+function key(name, rest) { return name "|" rest }
+$1 == "RESULT" {
+    name = $2; what = $3; value = $NF; sub(/^[^=]*=/, "", value)
+    if (what == "pair_latency") { split($4, kv, "="); what = "pair_" kv[2] }
+    v[key(name, what)] = value
+}
+function cell(name, what) { return (key(name, what) in v) ? v[key(name, what)] : "-" }
+function ratio(what,   a, b) {
+    a = cell("cca", what); b = cell("torch-native", what)
+    if (a == "-" || b == "-" || b + 0 == 0) return "-"
+    return sprintf("%.3f", a / b)
+}
+function row(label, what, unit) {
+    printf "| %-26s | %-8s | %10s | %10s | %10s | %10s | %10s | %11s |\n", label, unit,
+        cell("cca", what), cell("torch-native", what), cell("torch-expandable", what),
+        cell("cudaMallocAsync", what), cell("cudaMalloc", what), ratio(what)
+}
+END {
+    printf "| %-26s | %-8s | %10s | %10s | %10s | %10s | %10s | %11s |\n", "workload", "unit",
+        "cca", "PyTorch", "PyT expand", "MallocAsync", "cudaMalloc", "cca/PyTorch"
+    printf "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------", "----------",
+        "------------", "------------", "------------", "------------", "------------", "-------------"
+    row("pair latency 512 B", "pair_512", "ns/pair")
+    row("pair latency 1 MiB", "pair_1048576", "ns/pair")
+    row("pair latency 64 MiB", "pair_67108864", "ns/pair")
+    row("random, 1 thread", "random_1thread", "ns/op")
+    row("1 thread, 1 stream", "threads=1", "M ops/s")
+    row("2 threads, 2 streams", "threads=2", "M ops/s")
+    row("4 threads, 4 streams", "threads=4", "M ops/s")
+    row("8 threads, 8 streams", "threads=8", "M ops/s")
+    row("16 threads, 16 streams", "threads=16", "M ops/s")
+}' "$logs/results.txt" >"$logs/table.md"
+
+echo
+echo "Steps:"
+printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+echo
+echo "cca vs. the anchors (ns: lower is better, M ops/s: higher is better;"
+echo "cca/PyTorch = cca's figure over PyTorch native's):"
+cat "$logs/table.md"
+echo
+echo "logs: $logs  (total $((SECONDS - start))s)"
+if [ ${#failed_steps[@]} -gt 0 ]; then
+    echo "gpu-check: FAILED steps: ${failed_steps[*]}"
+    exit 1
+fi
+echo "gpu-check: all steps passed"
+exit 0
