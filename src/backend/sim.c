@@ -222,27 +222,67 @@ static sim_range_t *rt_merge(sim_range_t *a, sim_range_t *b)
     return b;
 }
 
+/* Insert n below t: descend while t outranks n, then split the subtree. */
+static sim_range_t *rt_insert_into(sim_range_t *t, sim_range_t *n)
+{
+    if (!t || n->prio > t->prio) {
+        rt_split(t, n->start, &n->left, &n->right);
+        rt_update(n);
+        return n;
+    }
+    if (n->start < t->start)
+        t->left = rt_insert_into(t->left, n);
+    else
+        t->right = rt_insert_into(t->right, n);
+    if (n->len > t->max_len)
+        t->max_len = n->len;
+    return t;
+}
+
 static void rt_insert(sim_range_t **root, sim_range_t *n)
 {
-    sim_range_t *lo, *hi;
     n->left = n->right = NULL;
-    rt_update(n);
-    rt_split(*root, n->start, &lo, &hi);
-    *root = rt_merge(rt_merge(lo, n), hi);
+    *root = rt_insert_into(*root, n);
+}
+
+/* Unlink the node starting at start from t into *out; returns the new t. */
+static sim_range_t *rt_erase(sim_range_t *t, uint64_t start, sim_range_t **out)
+{
+    if (!t)
+        return NULL;
+    if (start < t->start) {
+        t->left = rt_erase(t->left, start, out);
+    } else if (start > t->start) {
+        t->right = rt_erase(t->right, start, out);
+    } else {
+        sim_range_t *rest = rt_merge(t->left, t->right);
+        t->left = t->right = NULL;
+        *out = t;
+        return rest;
+    }
+    rt_update(t);
+    return t;
 }
 
 /* Detach the range starting exactly at start; NULL if there is none. */
 static sim_range_t *rt_remove(sim_range_t **root, uint64_t start)
 {
-    sim_range_t *lo, *mid, *hi;
-    rt_split(*root, start, &lo, &hi);
-    rt_split(hi, start + 1, &mid, &hi);
-    *root = rt_merge(lo, hi);
-    if (mid) {
-        cca_assert_internal(!mid->left && !mid->right);
-        mid->left = mid->right = NULL;
-    }
-    return mid;
+    sim_range_t *n = NULL;
+    *root = rt_erase(*root, start, &n);
+    return n;
+}
+
+/* Recompute max_len on the path to the node at start, after its len changed
+ * (its start may have moved too, as long as the order of starts holds). */
+static void rt_refresh(sim_range_t *t, uint64_t start)
+{
+    if (!t)
+        return;
+    if (start < t->start)
+        rt_refresh(t->left, start);
+    else if (start > t->start)
+        rt_refresh(t->right, start);
+    rt_update(t);
 }
 
 /* The range with the greatest start <= addr. */
@@ -512,28 +552,27 @@ static size_t spare_need(const sim_ctx_t *c)
 }
 
 /* Take [start, start + len) out of dev's free ranges; it must lie inside one
- * of them. Needs one spare node. Returns false if it does not. */
+ * of them. Needs one spare node. Returns false if it does not. Free ranges are
+ * changed in place where possible: carving from the front of a range (the
+ * common case) costs one path walk. */
 static bool window_carve(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64_t len)
 {
     sim_range_t *f = rt_find_le(dev->free_ranges, start);
     if (!f || f->start + f->len < start + len)
         return false;
-    uint64_t f_start = f->start, f_end = f->start + f->len;
-    f = rt_remove(&dev->free_ranges, f_start);
-    if (f_start < start) {
+    uint64_t f_start = f->start, f_end = f->start + f->len, end = start + len;
+    if (f_start == start && f_end == end) {
+        spare_give(c, rt_remove(&dev->free_ranges, f_start));
+    } else if (f_start == start) {
+        f->start = end;
+        f->len = f_end - end;
+        rt_refresh(dev->free_ranges, end);
+    } else {
         f->len = start - f_start;
-        rt_insert(&dev->free_ranges, f);
-        f = NULL;
+        rt_refresh(dev->free_ranges, f_start);
+        if (end < f_end)
+            rt_insert(&dev->free_ranges, spare_take(c, end, f_end - end, SIM_RANGE_FREE, NULL));
     }
-    if (start + len < f_end) {
-        sim_range_t *n = f ? f : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
-        n->start = start + len;
-        n->len = f_end - (start + len);
-        rt_insert(&dev->free_ranges, n);
-        f = NULL;
-    }
-    if (f)
-        spare_give(c, f);
     return true;
 }
 
@@ -544,27 +583,27 @@ static void window_release(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint
 {
     uint64_t end = start + len;
     sim_range_t *prev = rt_find_le(dev->free_ranges, start);
-    if (prev && prev->start + prev->len == start) {
-        start = prev->start;
-        prev = rt_remove(&dev->free_ranges, start);
-    } else {
-        prev = NULL;
-    }
     sim_range_t *next = rt_find_ge(dev->free_ranges, end);
-    if (next && next->start == end) {
-        end += next->len;
-        next = rt_remove(&dev->free_ranges, next->start);
-    } else {
+    if (prev && prev->start + prev->len != start)
+        prev = NULL;
+    if (next && next->start != end)
         next = NULL;
+    if (prev && next) {
+        prev->len += len + next->len;
+        spare_give(c, rt_remove(&dev->free_ranges, end));
+        rt_refresh(dev->free_ranges, prev->start);
+    } else if (prev) {
+        prev->len += len;
+        rt_refresh(dev->free_ranges, prev->start);
+    } else if (next) {
+        next->start = start;
+        next->len += len;
+        rt_refresh(dev->free_ranges, start);
+    } else {
+        sim_range_t *n = spare_take(c, start, len, SIM_RANGE_FREE, NULL);
+        if (n)
+            rt_insert(&dev->free_ranges, n);
     }
-    sim_range_t *n = prev ? prev : next ? next : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
-    if (prev && next)
-        spare_give(c, next);
-    if (!n)
-        return;
-    n->start = start;
-    n->len = end - start;
-    rt_insert(&dev->free_ranges, n);
 }
 
 /* Clip [start, start + len) to dev's window; false if they do not meet. */
