@@ -425,6 +425,7 @@ typedef struct sim_ctx {
     sim_map_t events;       /* handle -> sim_event_t */
     sim_map_t host;         /* host pointer -> sim_host_t */
     sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
+    sim_map_t capturing;    /* stream handle -> (void *)1 while capturing */
     sim_range_t *live;      /* live allocations (address-only) and reservations */
     sim_range_t *spare;     /* cached nodes, linked through ->right */
     size_t spare_count;
@@ -1065,7 +1066,6 @@ static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_
                                               int *status)
 {
     sim_ctx_t *c = ctx;
-    (void)stream;
     pthread_mutex_lock(&c->lock);
     cca_status_t st = sim_enter_locked(c, CCA_OP_STREAM_CAPTURE_STATUS);
     if (st != CCA_OK)
@@ -1074,7 +1074,8 @@ static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_
         st = bad_device(c, CCA_OP_STREAM_CAPTURE_STATUS, device);
         goto out_unlock;
     }
-    *status = CCA_CAPTURE_NONE;
+    *status = map_get(&c->capturing, (uint64_t)(uintptr_t)stream) ? CCA_CAPTURE_ACTIVE
+                                                                    : CCA_CAPTURE_NONE;
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -1674,6 +1675,7 @@ static void sim_destroy(void *ctx)
     map_free(&c->events);
     map_free(&c->host);
     map_free(&c->ipc_opens);
+    map_free(&c->capturing);
     free(c->addr_list);
     pthread_key_delete(c->current);
     pthread_mutex_destroy(&c->lock);
@@ -1957,6 +1959,26 @@ cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addr
         return not_sim(__func__);
     pthread_mutex_lock(&c->lock);
     cca_status_t st = append_addresses(c, addresses, count);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+cca_status_t cca_sim_set_capturing(cca_backend_t *backend, cca_stream_t stream, bool capturing)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    cca_status_t st = CCA_OK;
+    uint64_t key = (uint64_t)(uintptr_t)stream;
+    pthread_mutex_lock(&c->lock);
+    if (!capturing)
+        map_remove(&c->capturing, key);
+    else if (map_get(&c->capturing, key))
+        ; /* already capturing */
+    else if (map_reserve(&c->capturing))
+        map_put(&c->capturing, key, (void *)1);
+    else
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_sim_set_capturing: out of host memory");
     pthread_mutex_unlock(&c->lock);
     return st;
 }

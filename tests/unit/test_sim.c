@@ -518,12 +518,24 @@ TEST(manual_events_synchronize)
     b->destroy(b->ctx);
 }
 
-TEST(capture_status_none)
+TEST(capture_status)
 {
     cca_backend_t *b = make(NULL);
     int s = -1;
     expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
     expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S1, true));
+    expect_ok(cca_sim_set_capturing(b, S1, true));
+    expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
+    expect_eq_i64(s, CCA_CAPTURE_ACTIVE);
+    expect_ok(b->stream_capture_status(b->ctx, 0, S2, &s));
+    expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S1, false));
+    expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
+    expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S2, true)); /* left on: destroy frees it */
+    cca_backend_t fake = {0};
+    expect_status(cca_sim_set_capturing(&fake, S1, true), CCA_ERR_INVALID_ARGUMENT);
     b->destroy(b->ctx);
 }
 
@@ -1100,7 +1112,7 @@ int main(void)
     RUN(automatic_events);
     RUN(manual_events_per_stream);
     RUN(manual_events_synchronize);
-    RUN(capture_status_none);
+    RUN(capture_status);
     RUN(fault_nth_once);
     RUN(fault_persistent_and_clear);
     RUN(fault_every_op_counts);
