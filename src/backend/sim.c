@@ -741,6 +741,7 @@ static void device_complete(sim_ctx_t *c, int device)
 
 /* ---- device, memory ---------------------------------------------------------------- */
 
+/* Number of simulated devices. Returns CCA_OK. */
 static cca_status_t sim_device_count(void *ctx, int *count)
 {
     sim_ctx_t *c = ctx;
@@ -748,6 +749,7 @@ static cca_status_t sim_device_count(void *ctx, int *count)
     return CCA_OK;
 }
 
+/* Name and total memory of a device. Returns CCA_OK, CCA_ERR_BACKEND (bad device). */
 static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *props)
 {
     sim_ctx_t *c = ctx;
@@ -760,6 +762,7 @@ static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *
     return CCA_OK;
 }
 
+/* Current device of the calling thread for this backend (0 until set). Returns CCA_OK. */
 static cca_status_t sim_get_device(void *ctx, int *device)
 {
     sim_ctx_t *c = ctx;
@@ -768,6 +771,8 @@ static cca_status_t sim_get_device(void *ctx, int *device)
     return CCA_OK;
 }
 
+/* Set the calling thread's current device. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_BACKEND (no thread-local storage). */
 static cca_status_t sim_set_device(void *ctx, int device)
 {
     sim_ctx_t *c = ctx;
@@ -781,6 +786,8 @@ static cca_status_t sim_set_device(void *ctx, int device)
     return CCA_OK;
 }
 
+/* Free = min(cap, total) - used, and the total. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, or an injected fault. */
 static cca_status_t sim_mem_get_info(void *ctx, int device, size_t *free_bytes, size_t *total)
 {
     sim_ctx_t *c = ctx;
@@ -801,6 +808,9 @@ out_unlock:
     return st;
 }
 
+/* Allocate size bytes of device memory (see the banner for the address). Returns
+ * CCA_OK, CCA_ERR_OUT_OF_MEMORY (cap reached), CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_BACKEND (list entry overlaps, host bookkeeping failed), or a fault. */
 static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -858,6 +868,8 @@ out_unlock:
     return st;
 }
 
+/* Free a malloc'd block; completes the device's events first, as cudaFree
+ * synchronizes. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (unknown pointer), or a fault. */
 static cca_status_t sim_free(void *ctx, int device, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -897,6 +909,8 @@ out_unlock:
 
 /* ---- streams and events ---------------------------------------------------------- */
 
+/* Complete every event recorded on stream. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_stream_synchronize(void *ctx, int device, cca_stream_t stream)
 {
     sim_ctx_t *c = ctx;
@@ -916,6 +930,7 @@ out_unlock:
     return st;
 }
 
+/* Complete every event of device. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_device_synchronize(void *ctx, int device)
 {
     sim_ctx_t *c = ctx;
@@ -933,6 +948,8 @@ out_unlock:
     return st;
 }
 
+/* Create an event; the handle is its record. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND (host memory), or a fault. */
 static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
 {
     sim_ctx_t *c = ctx;
@@ -976,6 +993,8 @@ static sim_event_t *find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cc
     return NULL;
 }
 
+/* Destroy an event, pending or not. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (unknown event), or a fault. */
 static cca_status_t sim_event_destroy(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -994,6 +1013,9 @@ out_unlock:
     return st;
 }
 
+/* Record an event on stream: complete at once, or (manual mode) pending at the end
+ * of the stream's list. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND,
+ * or a fault. */
 static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, cca_stream_t stream)
 {
     sim_ctx_t *c = ctx;
@@ -1032,6 +1054,8 @@ out_unlock:
     return st;
 }
 
+/* CCA_OK if the event completed (or was never recorded), CCA_ERR_NOT_READY if
+ * pending; CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -1047,6 +1071,8 @@ out_unlock:
     return st;
 }
 
+/* Complete the event and the events recorded before it on its stream. Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_event_synchronize(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -1062,6 +1088,8 @@ out_unlock:
     return st;
 }
 
+/* CCA_CAPTURE_ACTIVE for streams marked by cca_sim_set_capturing, else
+ * CCA_CAPTURE_NONE. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_t stream,
                                               int *status)
 {
@@ -1103,6 +1131,7 @@ static sim_resv_t *find_resv(sim_ctx_t *c, int device, uint64_t addr, uint64_t s
     return r->device == device ? r : NULL;
 }
 
+/* The configured granularity. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_granularity(void *ctx, int device, size_t *granularity)
 {
     sim_ctx_t *c = ctx;
@@ -1120,6 +1149,9 @@ out_unlock:
     return st;
 }
 
+/* Reserve address space (no device memory). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY (no address space),
+ * CCA_ERR_BACKEND (list entry overlaps, host memory), or a fault. */
 static cca_status_t sim_vmm_reserve(void *ctx, int device, size_t size, void **addr)
 {
     sim_ctx_t *c = ctx;
@@ -1175,6 +1207,8 @@ out_unlock:
     return st;
 }
 
+/* Free a whole, unmapped reservation. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_vmm_free(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1207,6 +1241,8 @@ out_unlock:
     return st;
 }
 
+/* Create size bytes of physical memory, counted against the cap. Returns CCA_OK,
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_handle_t *handle)
 {
     sim_ctx_t *c = ctx;
@@ -1254,6 +1290,8 @@ static void phys_maybe_free(sim_ctx_t *c, sim_phys_t *p)
     free(p);
 }
 
+/* Release a handle; its memory goes with its last mapping. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (unknown or released), or a fault. */
 static cca_status_t sim_vmm_release(void *ctx, int device, cca_phys_handle_t handle)
 {
     sim_ctx_t *c = ctx;
@@ -1277,6 +1315,8 @@ out_unlock:
     return st;
 }
 
+/* Map a live handle at a granularity-aligned, unmapped range of a reservation.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
                                 cca_phys_handle_t handle)
 {
@@ -1315,8 +1355,8 @@ static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
         goto out_unlock;
     }
     if (c->backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0) {
-        st = cca_backend_error(CCA_ERR_BACKEND, 0, "sim: vmm_map: mprotect of %p (%zu bytes) failed",
-                               addr, size);
+        st = cca_backend_error(CCA_ERR_BACKEND, 0,
+                               "sim: vmm_map: mprotect of %p (%zu bytes) failed", addr, size);
         goto out_unlock;
     }
     rt_insert(&r->mapped, spare_take(c, start, size, SIM_RANGE_MAPPING, p));
@@ -1340,6 +1380,7 @@ static bool mappings_exact(sim_resv_t *r, uint64_t start, uint64_t size)
     return false;
 }
 
+/* Unmap a run of whole mappings. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_unmap(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1372,6 +1413,8 @@ out_unlock:
     return st;
 }
 
+/* Check that the range is entirely mapped (mapping already grants access).
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1410,6 +1453,8 @@ static cca_status_t host_invalid(cca_backend_op_t op, const char *why, const voi
                              why);
 }
 
+/* Page-aligned real host memory. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_OUT_OF_MEMORY, or a fault. */
 static cca_status_t sim_host_alloc(void *ctx, size_t size, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1439,6 +1484,8 @@ out_unlock:
     return st;
 }
 
+/* Free host_alloc memory (NULL: nothing). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_host_free(void *ctx, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1460,6 +1507,8 @@ out_unlock:
     return st;
 }
 
+/* Record a registration; the device pointer is ptr. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (NULL, size 0, already registered), CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_host_register(void *ctx, void *ptr, size_t size, void **device_ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1492,6 +1541,7 @@ out_unlock:
     return st;
 }
 
+/* Remove a registration. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_host_unregister(void *ctx, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1527,6 +1577,8 @@ static uint64_t ipc_check(const sim_ipc_fields_t *f)
     return hash_u64(f->backend_id ^ hash_u64(f->device ^ hash_u64(f->ptr ^ hash_u64(f->serial))));
 }
 
+/* Encode (backend, device, pointer, serial) of a live allocation. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_ipc_get_handle(void *ctx, int device, void *ptr, cca_ipc_handle_t *handle)
 {
     sim_ctx_t *c = ctx;
@@ -1553,6 +1605,8 @@ out_unlock:
     return st;
 }
 
+/* Open a handle of this backend: its pointer, counted as an open mapping. Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT (corrupt, foreign or stale), CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_ipc_open(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1593,6 +1647,7 @@ out_unlock:
     return st;
 }
 
+/* Close an open mapping. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1634,6 +1689,7 @@ static void release_live_range(sim_range_t *n, void *arg)
     free(r);
 }
 
+/* Release everything the backend holds, leaked allocations included. */
 static void sim_destroy(void *ctx)
 {
     sim_ctx_t *c = ctx;
@@ -1841,6 +1897,7 @@ static cca_status_t not_sim(const char *fn)
     return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the backend is not a simulated backend", fn);
 }
 
+/* Arm (or with nth == 0 disarm) the fault of op; see cca_backend.h. */
 cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, uint64_t nth,
                                   bool persistent, cca_status_t status)
 {
