@@ -249,6 +249,27 @@ TEST(address_list_exhaustion_avoids_list_ranges)
     b->destroy(b->ctx);
 }
 
+TEST(address_list_entry_across_windows)
+{
+    /* device 1's window starts 1 TiB after device 0's: an entry straddling the
+     * boundary is carved out of both */
+    const uint64_t w1 = 0x7f0000000000ull + ((uint64_t)1 << 40);
+    uint64_t list[] = {w1 - 2 * MiB};
+    cca_sim_config_t cfg = {.devices = 2, .addresses = list, .address_count = 1};
+    cca_backend_t *b = make(&cfg);
+    void *a = xmalloc(b, 0, 4 * MiB);
+    expect_eq_u64((uintptr_t)a, list[0]);
+    void *c = xmalloc(b, 1, 2 * MiB);
+    expect_eq_u64((uintptr_t)c, w1 + 2 * MiB);
+    expect_ok(b->free(b->ctx, 0, a));
+    void *d = xmalloc(b, 1, 2 * MiB); /* the freed part of device 1's window is reused */
+    expect_eq_u64((uintptr_t)d, w1);
+    expect_ok(b->free(b->ctx, 1, c));
+    expect_ok(b->free(b->ctx, 1, d));
+    expect_no_leaks(b);
+    b->destroy(b->ctx);
+}
+
 TEST(address_list_overlap_fails)
 {
     cca_backend_t *b = make(NULL);
@@ -1102,6 +1123,7 @@ int main(void)
     RUN(long_run_reuses_address_space);
     RUN(address_list_in_order);
     RUN(address_list_exhaustion_avoids_list_ranges);
+    RUN(address_list_entry_across_windows);
     RUN(address_list_overlap_fails);
     RUN(address_list_rejected_in_backed_mode);
     RUN(free_unknown_pointer);
