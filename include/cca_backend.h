@@ -220,6 +220,13 @@ cca_status_t cca_sim_set_cap(cca_backend_t *backend, int device, size_t cap);
 /** Append addresses to the list malloc/vmm_reserve take from (replay). */
 cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addresses, size_t count);
 
+/**
+ * Simulate stream capture: while capturing is true, stream_capture_status
+ * reports CCA_CAPTURE_ACTIVE for stream (on every device). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (not a simulated backend), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_sim_set_capturing(cca_backend_t *backend, cca_stream_t stream, bool capturing);
+
 /** The backend cca is running on (NULL before initialisation). */
 cca_backend_t *cca_current_backend(void);
 

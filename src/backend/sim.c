@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sim_containers.h"
 
 #define SIM_MAX_DEVICES 16
 #define SIM_WINDOW_BASE ((uint64_t)0x7f0000000000ull)
@@ -53,261 +54,12 @@
 #define SIM_SPARE_MAX 64                      /* cached free tree nodes */
 #define SIM_CUDA_INVALID_VALUE 1              /* cudaErrorInvalidValue */
 #define SIM_CUDA_OUT_OF_MEMORY 2              /* cudaErrorMemoryAllocation */
-#define SIM_CUDA_NOT_READY 600                /* cudaErrorNotReady */
 
 static const unsigned char ipc_magic[8] = {'c', 'c', 'a', 's', 'i', 'm', '1', 0};
-
-/* ---- hash map: uint64 key -> non-NULL pointer ------------------------------- */
-
-/* Open addressing, linear probing, backward-shift deletion. A slot is in use
- * iff its value is non-NULL, so every key (0 included) can be stored. */
-typedef struct sim_slot {
-    uint64_t key;
-    void *value;
-} sim_slot_t;
-
-typedef struct sim_map {
-    sim_slot_t *slots; /* NULL until the first insertion */
-    size_t mask;       /* capacity - 1 (capacity a power of two) */
-    size_t count;      /* slots in use */
-} sim_map_t;
-
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-static void *map_get(const sim_map_t *m, uint64_t key)
-{
-    if (!m->slots)
-        return NULL;
-    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
-        if (!m->slots[i].value)
-            return NULL;
-        if (m->slots[i].key == key)
-            return m->slots[i].value;
-    }
-}
-
-/* Make room for one more entry. Returns false when host memory runs out. */
-static bool map_reserve(sim_map_t *m)
-{
-    if (m->slots && (m->count + 1) * 4 <= (m->mask + 1) * 3)
-        return true;
-    size_t cap = m->slots ? (m->mask + 1) * 2 : 16;
-    sim_slot_t *slots = calloc(cap, sizeof(*slots));
-    if (!slots)
-        return false;
-    if (m->slots) {
-        for (size_t i = 0; i <= m->mask; i++) {
-            if (!m->slots[i].value)
-                continue;
-            size_t j = hash_u64(m->slots[i].key) & (cap - 1);
-            while (slots[j].value)
-                j = (j + 1) & (cap - 1);
-            slots[j] = m->slots[i];
-        }
-        free(m->slots);
-    }
-    m->slots = slots;
-    m->mask = cap - 1;
-    return true;
-}
-
-/* Insert an absent key; map_reserve() must have succeeded just before. */
-static void map_put(sim_map_t *m, uint64_t key, void *value)
-{
-    size_t i = hash_u64(key) & m->mask;
-    while (m->slots[i].value)
-        i = (i + 1) & m->mask;
-    m->slots[i].key = key;
-    m->slots[i].value = value;
-    m->count++;
-}
-
-/* Remove key; returns its value, or NULL if it was absent. */
-static void *map_remove(sim_map_t *m, uint64_t key)
-{
-    if (!m->slots)
-        return NULL;
-    size_t i = hash_u64(key) & m->mask;
-    while (m->slots[i].value && m->slots[i].key != key)
-        i = (i + 1) & m->mask;
-    void *value = m->slots[i].value;
-    if (!value)
-        return NULL;
-    for (size_t j = i;;) {
-        j = (j + 1) & m->mask;
-        if (!m->slots[j].value)
-            break;
-        size_t home = hash_u64(m->slots[j].key) & m->mask;
-        /* slot j may move to the hole at i unless its home lies in (i, j] */
-        bool stays = i < j ? (home > i && home <= j) : (home > i || home <= j);
-        if (!stays) {
-            m->slots[i] = m->slots[j];
-            i = j;
-        }
-    }
-    m->slots[i].value = NULL;
-    m->slots[i].key = 0;
-    m->count--;
-    return value;
-}
-
-static void map_free(sim_map_t *m)
-{
-    free(m->slots);
-    memset(m, 0, sizeof(*m));
-}
-
-/* ---- ordered range sets: a treap keyed by start address ----------------------- */
-
-enum { SIM_RANGE_FREE = 0, SIM_RANGE_ALLOC, SIM_RANGE_RESV, SIM_RANGE_MAPPING };
-
-typedef struct sim_range {
-    uint64_t start;   /* first address */
-    uint64_t len;     /* bytes */
-    uint64_t max_len; /* largest len in this subtree */
-    uint32_t prio;    /* heap priority */
-    int kind;         /* SIM_RANGE_* */
-    void *data;       /* record of the live range, if any */
-    struct sim_range *left, *right;
-} sim_range_t;
-
-static void rt_update(sim_range_t *n)
-{
-    n->max_len = n->len;
-    if (n->left && n->left->max_len > n->max_len)
-        n->max_len = n->left->max_len;
-    if (n->right && n->right->max_len > n->max_len)
-        n->max_len = n->right->max_len;
-}
-
-/* Split t into ranges starting below key (*lo) and at or above it (*hi). */
-static void rt_split(sim_range_t *t, uint64_t key, sim_range_t **lo, sim_range_t **hi)
-{
-    if (!t) {
-        *lo = *hi = NULL;
-        return;
-    }
-    if (t->start < key) {
-        rt_split(t->right, key, &t->right, hi);
-        *lo = t;
-    } else {
-        rt_split(t->left, key, lo, &t->left);
-        *hi = t;
-    }
-    rt_update(t);
-}
-
-/* Join two treaps, every start of a below every start of b. */
-static sim_range_t *rt_merge(sim_range_t *a, sim_range_t *b)
-{
-    if (!a)
-        return b;
-    if (!b)
-        return a;
-    if (a->prio > b->prio) {
-        a->right = rt_merge(a->right, b);
-        rt_update(a);
-        return a;
-    }
-    b->left = rt_merge(a, b->left);
-    rt_update(b);
-    return b;
-}
-
-static void rt_insert(sim_range_t **root, sim_range_t *n)
-{
-    sim_range_t *lo, *hi;
-    n->left = n->right = NULL;
-    rt_update(n);
-    rt_split(*root, n->start, &lo, &hi);
-    *root = rt_merge(rt_merge(lo, n), hi);
-}
-
-/* Detach the range starting exactly at start; NULL if there is none. */
-static sim_range_t *rt_remove(sim_range_t **root, uint64_t start)
-{
-    sim_range_t *lo, *mid, *hi;
-    rt_split(*root, start, &lo, &hi);
-    rt_split(hi, start + 1, &mid, &hi);
-    *root = rt_merge(lo, hi);
-    if (mid) {
-        cca_assert_internal(!mid->left && !mid->right);
-        mid->left = mid->right = NULL;
-    }
-    return mid;
-}
-
-/* The range with the greatest start <= addr. */
-static sim_range_t *rt_find_le(sim_range_t *t, uint64_t addr)
-{
-    sim_range_t *best = NULL;
-    while (t) {
-        if (t->start <= addr) {
-            best = t;
-            t = t->right;
-        } else {
-            t = t->left;
-        }
-    }
-    return best;
-}
-
-/* The range with the smallest start >= addr. */
-static sim_range_t *rt_find_ge(sim_range_t *t, uint64_t addr)
-{
-    sim_range_t *best = NULL;
-    while (t) {
-        if (t->start >= addr) {
-            best = t;
-            t = t->left;
-        } else {
-            t = t->right;
-        }
-    }
-    return best;
-}
 
 static uint64_t align_up(uint64_t x, uint64_t align)
 {
     return (x + align - 1) & ~(align - 1);
-}
-
-static bool range_fits(const sim_range_t *r, uint64_t size, uint64_t align)
-{
-    uint64_t at = align_up(r->start, align);
-    return at >= r->start && at - r->start <= r->len && r->len - (at - r->start) >= size;
-}
-
-/* The lowest range where size bytes fit at an align-aligned address. */
-static sim_range_t *rt_first_fit(sim_range_t *t, uint64_t size, uint64_t align)
-{
-    if (!t || t->max_len < size)
-        return NULL;
-    sim_range_t *hit = rt_first_fit(t->left, size, align);
-    if (hit)
-        return hit;
-    if (range_fits(t, size, align))
-        return t;
-    return rt_first_fit(t->right, size, align);
-}
-
-static void rt_destroy(sim_range_t *t, void (*release)(sim_range_t *, void *), void *arg)
-{
-    if (!t)
-        return;
-    rt_destroy(t->left, release, arg);
-    rt_destroy(t->right, release, arg);
-    if (release)
-        release(t, arg);
-    free(t);
 }
 
 /* ---- records -------------------------------------------------------------------- */
@@ -385,6 +137,7 @@ typedef struct sim_ctx {
     sim_map_t events;       /* handle -> sim_event_t */
     sim_map_t host;         /* host pointer -> sim_host_t */
     sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
+    sim_map_t capturing;    /* stream handle -> (void *)1 while capturing */
     sim_range_t *live;      /* live allocations (address-only) and reservations */
     sim_range_t *spare;     /* cached nodes, linked through ->right */
     size_t spare_count;
@@ -512,28 +265,27 @@ static size_t spare_need(const sim_ctx_t *c)
 }
 
 /* Take [start, start + len) out of dev's free ranges; it must lie inside one
- * of them. Needs one spare node. Returns false if it does not. */
+ * of them. Needs one spare node. Returns false if it does not. Free ranges are
+ * changed in place where possible: carving from the front of a range (the
+ * common case) costs one path walk. */
 static bool window_carve(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64_t len)
 {
-    sim_range_t *f = rt_find_le(dev->free_ranges, start);
+    sim_range_t *f = simrange_find_le(dev->free_ranges, start);
     if (!f || f->start + f->len < start + len)
         return false;
-    uint64_t f_start = f->start, f_end = f->start + f->len;
-    f = rt_remove(&dev->free_ranges, f_start);
-    if (f_start < start) {
+    uint64_t f_start = f->start, f_end = f->start + f->len, end = start + len;
+    if (f_start == start && f_end == end) {
+        spare_give(c, simrange_remove(&dev->free_ranges, f_start));
+    } else if (f_start == start) {
+        f->start = end;
+        f->len = f_end - end;
+        simrange_refresh(dev->free_ranges, end);
+    } else {
         f->len = start - f_start;
-        rt_insert(&dev->free_ranges, f);
-        f = NULL;
+        simrange_refresh(dev->free_ranges, f_start);
+        if (end < f_end)
+            simrange_insert(&dev->free_ranges, spare_take(c, end, f_end - end, SIM_RANGE_FREE, NULL));
     }
-    if (start + len < f_end) {
-        sim_range_t *n = f ? f : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
-        n->start = start + len;
-        n->len = f_end - (start + len);
-        rt_insert(&dev->free_ranges, n);
-        f = NULL;
-    }
-    if (f)
-        spare_give(c, f);
     return true;
 }
 
@@ -543,28 +295,28 @@ static bool window_carve(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64
 static void window_release(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64_t len)
 {
     uint64_t end = start + len;
-    sim_range_t *prev = rt_find_le(dev->free_ranges, start);
-    if (prev && prev->start + prev->len == start) {
-        start = prev->start;
-        prev = rt_remove(&dev->free_ranges, start);
-    } else {
+    sim_range_t *prev = simrange_find_le(dev->free_ranges, start);
+    sim_range_t *next = simrange_find_ge(dev->free_ranges, end);
+    if (prev && prev->start + prev->len != start)
         prev = NULL;
-    }
-    sim_range_t *next = rt_find_ge(dev->free_ranges, end);
-    if (next && next->start == end) {
-        end += next->len;
-        next = rt_remove(&dev->free_ranges, next->start);
-    } else {
+    if (next && next->start != end)
         next = NULL;
+    if (prev && next) {
+        prev->len += len + next->len;
+        spare_give(c, simrange_remove(&dev->free_ranges, end));
+        simrange_refresh(dev->free_ranges, prev->start);
+    } else if (prev) {
+        prev->len += len;
+        simrange_refresh(dev->free_ranges, prev->start);
+    } else if (next) {
+        next->start = start;
+        next->len += len;
+        simrange_refresh(dev->free_ranges, start);
+    } else {
+        sim_range_t *n = spare_take(c, start, len, SIM_RANGE_FREE, NULL);
+        if (n)
+            simrange_insert(&dev->free_ranges, n);
     }
-    sim_range_t *n = prev ? prev : next ? next : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
-    if (prev && next)
-        spare_give(c, next);
-    if (!n)
-        return;
-    n->start = start;
-    n->len = end - start;
-    rt_insert(&dev->free_ranges, n);
 }
 
 /* Clip [start, start + len) to dev's window; false if they do not meet. */
@@ -583,7 +335,7 @@ static bool window_clip(const sim_device_t *dev, uint64_t start, uint64_t len, u
 /* The live range overlapping [start, start + len), if any. */
 static sim_range_t *live_overlap(sim_ctx_t *c, uint64_t start, uint64_t len)
 {
-    sim_range_t *n = rt_find_le(c->live, start + len - 1);
+    sim_range_t *n = simrange_find_le(c->live, start + len - 1);
     return n && n->start + n->len > start ? n : NULL;
 }
 
@@ -628,7 +380,7 @@ static cca_status_t place_range(sim_ctx_t *c, cca_backend_op_t op, int device, u
         c->addr_next++;
     } else {
         len = align_up(size, align);
-        sim_range_t *f = len >= size ? rt_first_fit(dev->free_ranges, len, align) : NULL;
+        sim_range_t *f = len >= size ? simrange_first_fit(dev->free_ranges, len, align) : NULL;
         if (!f)
             return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
                                      "CUDA error: out of memory (sim: %s: the simulated address "
@@ -637,7 +389,7 @@ static cca_status_t place_range(sim_ctx_t *c, cca_backend_op_t op, int device, u
         start = align_up(f->start, align);
         window_carve(c, dev, start, len);
     }
-    rt_insert(&c->live, spare_take(c, start, len, kind, data));
+    simrange_insert(&c->live, spare_take(c, start, len, kind, data));
     *addr = start;
     return CCA_OK;
 }
@@ -645,7 +397,7 @@ static cca_status_t place_range(sim_ctx_t *c, cca_backend_op_t op, int device, u
 /* Remove the live range at start and give its address space back. */
 static void unplace_range(sim_ctx_t *c, uint64_t start)
 {
-    sim_range_t *n = rt_remove(&c->live, start);
+    sim_range_t *n = simrange_remove(&c->live, start);
     if (!n)
         return;
     uint64_t len = n->len;
@@ -701,6 +453,7 @@ static void device_complete(sim_ctx_t *c, int device)
 
 /* ---- device, memory ---------------------------------------------------------------- */
 
+/* Number of simulated devices. Returns CCA_OK. */
 static cca_status_t sim_device_count(void *ctx, int *count)
 {
     sim_ctx_t *c = ctx;
@@ -708,6 +461,7 @@ static cca_status_t sim_device_count(void *ctx, int *count)
     return CCA_OK;
 }
 
+/* Name and total memory of a device. Returns CCA_OK, CCA_ERR_BACKEND (bad device). */
 static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *props)
 {
     sim_ctx_t *c = ctx;
@@ -720,6 +474,7 @@ static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *
     return CCA_OK;
 }
 
+/* Current device of the calling thread for this backend (0 until set). Returns CCA_OK. */
 static cca_status_t sim_get_device(void *ctx, int *device)
 {
     sim_ctx_t *c = ctx;
@@ -728,6 +483,8 @@ static cca_status_t sim_get_device(void *ctx, int *device)
     return CCA_OK;
 }
 
+/* Set the calling thread's current device. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_BACKEND (no thread-local storage). */
 static cca_status_t sim_set_device(void *ctx, int device)
 {
     sim_ctx_t *c = ctx;
@@ -741,6 +498,8 @@ static cca_status_t sim_set_device(void *ctx, int device)
     return CCA_OK;
 }
 
+/* Free = min(cap, total) - used, and the total. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, or an injected fault. */
 static cca_status_t sim_mem_get_info(void *ctx, int device, size_t *free_bytes, size_t *total)
 {
     sim_ctx_t *c = ctx;
@@ -761,6 +520,9 @@ out_unlock:
     return st;
 }
 
+/* Allocate size bytes of device memory (see the banner for the address). Returns
+ * CCA_OK, CCA_ERR_OUT_OF_MEMORY (cap reached), CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_BACKEND (list entry overlaps, host bookkeeping failed), or a fault. */
 static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -783,7 +545,7 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
     if (st != CCA_OK)
         goto out_unlock;
     rec = calloc(1, sizeof(*rec));
-    if (!rec || !map_reserve(&c->allocs) || !spare_reserve(c, spare_need(c))) {
+    if (!rec || !simmap_reserve(&c->allocs) || !spare_reserve(c, spare_need(c))) {
         st = host_oom(CCA_OP_MALLOC);
         goto out_free_rec;
     }
@@ -807,7 +569,7 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
     rec->size = size;
     rec->device = device;
     rec->serial = ++c->next_serial;
-    map_put(&c->allocs, addr, rec);
+    simmap_put(&c->allocs, addr, rec);
     c->devices[device].used += size;
     *ptr = (void *)(uintptr_t)addr;
     goto out_unlock;
@@ -818,6 +580,8 @@ out_unlock:
     return st;
 }
 
+/* Free a malloc'd block; completes the device's events first, as cudaFree
+ * synchronizes. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (unknown pointer), or a fault. */
 static cca_status_t sim_free(void *ctx, int device, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -832,7 +596,7 @@ static cca_status_t sim_free(void *ctx, int device, void *ptr)
     if (!ptr)
         goto out_unlock; /* cudaFree(NULL) does nothing */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    sim_alloc_t *rec = map_get(&c->allocs, addr);
+    sim_alloc_t *rec = simmap_get(&c->allocs, addr);
     if (!rec || rec->device != device) {
         st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                                "sim: free: invalid argument (%p is not a live allocation of "
@@ -843,7 +607,7 @@ static cca_status_t sim_free(void *ctx, int device, void *ptr)
     /* cudaFree synchronizes the device */
     device_complete(c, device);
     spare_reserve(c, spare_need(c)); /* best effort: see window_release */
-    map_remove(&c->allocs, addr);
+    simmap_remove(&c->allocs, addr);
     if (c->backed)
         free(ptr);
     else
@@ -857,6 +621,8 @@ out_unlock:
 
 /* ---- streams and events ---------------------------------------------------------- */
 
+/* Complete every event recorded on stream. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_stream_synchronize(void *ctx, int device, cca_stream_t stream)
 {
     sim_ctx_t *c = ctx;
@@ -868,7 +634,7 @@ static cca_status_t sim_stream_synchronize(void *ctx, int device, cca_stream_t s
         st = bad_device(c, CCA_OP_STREAM_SYNCHRONIZE, device);
         goto out_unlock;
     }
-    sim_stream_t *s = map_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
+    sim_stream_t *s = simmap_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
     if (s)
         stream_complete(c, s, NULL);
 out_unlock:
@@ -876,6 +642,7 @@ out_unlock:
     return st;
 }
 
+/* Complete every event of device. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_device_synchronize(void *ctx, int device)
 {
     sim_ctx_t *c = ctx;
@@ -893,6 +660,8 @@ out_unlock:
     return st;
 }
 
+/* Create an event; the handle is its record. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND (host memory), or a fault. */
 static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
 {
     sim_ctx_t *c = ctx;
@@ -910,13 +679,13 @@ static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
         goto out_unlock;
     }
     sim_event_t *e = calloc(1, sizeof(*e));
-    if (!e || !map_reserve(&c->events)) {
+    if (!e || !simmap_reserve(&c->events)) {
         free(e);
         st = host_oom(CCA_OP_EVENT_CREATE);
         goto out_unlock;
     }
     e->device = device;
-    map_put(&c->events, (uint64_t)(uintptr_t)e, e);
+    simmap_put(&c->events, (uint64_t)(uintptr_t)e, e);
     *event = e;
 out_unlock:
     pthread_mutex_unlock(&c->lock);
@@ -927,7 +696,7 @@ out_unlock:
 static sim_event_t *find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
                                cca_status_t *st)
 {
-    sim_event_t *e = map_get(&c->events, (uint64_t)(uintptr_t)event);
+    sim_event_t *e = simmap_get(&c->events, (uint64_t)(uintptr_t)event);
     if (e && e->device == device)
         return e;
     *st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
@@ -936,6 +705,8 @@ static sim_event_t *find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cc
     return NULL;
 }
 
+/* Destroy an event, pending or not. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (unknown event), or a fault. */
 static cca_status_t sim_event_destroy(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -947,13 +718,16 @@ static cca_status_t sim_event_destroy(void *ctx, int device, cca_event_t event)
     if (!e)
         goto out_unlock;
     event_unlink(c, e);
-    map_remove(&c->events, (uint64_t)(uintptr_t)e);
+    simmap_remove(&c->events, (uint64_t)(uintptr_t)e);
     free(e);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
 }
 
+/* Record an event on stream: complete at once, or (manual mode) pending at the end
+ * of the stream's list. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND,
+ * or a fault. */
 static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, cca_stream_t stream)
 {
     sim_ctx_t *c = ctx;
@@ -966,15 +740,15 @@ static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, c
         goto out_unlock;
     sim_map_t *streams = &c->devices[device].streams;
     uint64_t key = (uint64_t)(uintptr_t)stream;
-    sim_stream_t *s = map_get(streams, key);
+    sim_stream_t *s = simmap_get(streams, key);
     if (!s) {
         s = calloc(1, sizeof(*s));
-        if (!s || !map_reserve(streams)) {
+        if (!s || !simmap_reserve(streams)) {
             free(s);
             st = host_oom(CCA_OP_EVENT_RECORD);
             goto out_unlock;
         }
-        map_put(streams, key, s);
+        simmap_put(streams, key, s);
     }
     event_unlink(c, e); /* re-recording re-arms the event */
     e->stream = s;
@@ -992,6 +766,8 @@ out_unlock:
     return st;
 }
 
+/* CCA_OK if the event completed (or was never recorded), CCA_ERR_NOT_READY if
+ * pending; CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -1007,6 +783,8 @@ out_unlock:
     return st;
 }
 
+/* Complete the event and the events recorded before it on its stream. Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_event_synchronize(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -1022,11 +800,12 @@ out_unlock:
     return st;
 }
 
+/* CCA_CAPTURE_ACTIVE for streams marked by cca_sim_set_capturing, else
+ * CCA_CAPTURE_NONE. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_t stream,
                                               int *status)
 {
     sim_ctx_t *c = ctx;
-    (void)stream;
     pthread_mutex_lock(&c->lock);
     cca_status_t st = sim_enter_locked(c, CCA_OP_STREAM_CAPTURE_STATUS);
     if (st != CCA_OK)
@@ -1035,7 +814,8 @@ static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_
         st = bad_device(c, CCA_OP_STREAM_CAPTURE_STATUS, device);
         goto out_unlock;
     }
-    *status = CCA_CAPTURE_NONE;
+    *status = simmap_get(&c->capturing, (uint64_t)(uintptr_t)stream) ? CCA_CAPTURE_ACTIVE
+                                                                    : CCA_CAPTURE_NONE;
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -1056,13 +836,14 @@ static sim_resv_t *find_resv(sim_ctx_t *c, int device, uint64_t addr, uint64_t s
 {
     if (size == 0 || addr + size < addr)
         return NULL;
-    sim_range_t *n = rt_find_le(c->live, addr);
+    sim_range_t *n = simrange_find_le(c->live, addr);
     if (!n || n->kind != SIM_RANGE_RESV || addr + size > n->start + n->len)
         return NULL;
     sim_resv_t *r = n->data;
     return r->device == device ? r : NULL;
 }
 
+/* The configured granularity. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_granularity(void *ctx, int device, size_t *granularity)
 {
     sim_ctx_t *c = ctx;
@@ -1080,6 +861,9 @@ out_unlock:
     return st;
 }
 
+/* Reserve address space (no device memory). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY (no address space),
+ * CCA_ERR_BACKEND (list entry overlaps, host memory), or a fault. */
 static cca_status_t sim_vmm_reserve(void *ctx, int device, size_t size, void **addr)
 {
     sim_ctx_t *c = ctx;
@@ -1113,7 +897,7 @@ static cca_status_t sim_vmm_reserve(void *ctx, int device, size_t size, void **a
             goto out_free_resv;
         }
         base = (uint64_t)(uintptr_t)mem;
-        rt_insert(&c->live, spare_take(c, base, size, SIM_RANGE_RESV, r));
+        simrange_insert(&c->live, spare_take(c, base, size, SIM_RANGE_RESV, r));
     } else {
         uint64_t align = size >= SIM_LARGE_ALIGN ? SIM_LARGE_ALIGN : SIM_SMALL_ALIGN;
         if (align < c->granularity)
@@ -1135,6 +919,8 @@ out_unlock:
     return st;
 }
 
+/* Free a whole, unmapped reservation. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_vmm_free(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1167,6 +953,8 @@ out_unlock:
     return st;
 }
 
+/* Create size bytes of physical memory, counted against the cap. Returns CCA_OK,
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_handle_t *handle)
 {
     sim_ctx_t *c = ctx;
@@ -1187,7 +975,7 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
     if (st != CCA_OK)
         goto out_unlock;
     sim_phys_t *p = calloc(1, sizeof(*p));
-    if (!p || !map_reserve(&c->phys)) {
+    if (!p || !simmap_reserve(&c->phys)) {
         free(p);
         st = host_oom(CCA_OP_VMM_CREATE);
         goto out_unlock;
@@ -1195,7 +983,7 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
     p->id = ++c->next_serial;
     p->device = device;
     p->size = size;
-    map_put(&c->phys, p->id, p);
+    simmap_put(&c->phys, p->id, p);
     c->devices[device].used += size;
     c->live_handles++;
     *handle = p->id;
@@ -1209,11 +997,13 @@ static void phys_maybe_free(sim_ctx_t *c, sim_phys_t *p)
 {
     if (!p->released || p->map_count)
         return;
-    map_remove(&c->phys, p->id);
+    simmap_remove(&c->phys, p->id);
     c->devices[p->device].used -= p->size;
     free(p);
 }
 
+/* Release a handle; its memory goes with its last mapping. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (unknown or released), or a fault. */
 static cca_status_t sim_vmm_release(void *ctx, int device, cca_phys_handle_t handle)
 {
     sim_ctx_t *c = ctx;
@@ -1221,7 +1011,7 @@ static cca_status_t sim_vmm_release(void *ctx, int device, cca_phys_handle_t han
     cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_RELEASE);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_phys_t *p = map_get(&c->phys, handle);
+    sim_phys_t *p = simmap_get(&c->phys, handle);
     if (!p || p->released || p->device != device) {
         st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                                "sim: vmm_release: invalid argument (handle %llu is not a live "
@@ -1237,6 +1027,8 @@ out_unlock:
     return st;
 }
 
+/* Map a live handle at a granularity-aligned, unmapped range of a reservation.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
                                 cca_phys_handle_t handle)
 {
@@ -1257,7 +1049,7 @@ static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
                          addr, size);
         goto out_unlock;
     }
-    sim_phys_t *p = map_get(&c->phys, handle);
+    sim_phys_t *p = simmap_get(&c->phys, handle);
     if (!p || p->released || p->device != device || p->size < size) {
         st = vmm_invalid(CCA_OP_VMM_MAP,
                          "the handle is not a live physical handle of this device holding "
@@ -1265,7 +1057,7 @@ static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
                          addr, size);
         goto out_unlock;
     }
-    sim_range_t *o = rt_find_le(r->mapped, start + size - 1);
+    sim_range_t *o = simrange_find_le(r->mapped, start + size - 1);
     if (o && o->start + o->len > start) {
         st = vmm_invalid(CCA_OP_VMM_MAP, "the range overlaps a mapped range", addr, size);
         goto out_unlock;
@@ -1275,11 +1067,11 @@ static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
         goto out_unlock;
     }
     if (c->backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0) {
-        st = cca_backend_error(CCA_ERR_BACKEND, 0, "sim: vmm_map: mprotect of %p (%zu bytes) failed",
-                               addr, size);
+        st = cca_backend_error(CCA_ERR_BACKEND, 0,
+                               "sim: vmm_map: mprotect of %p (%zu bytes) failed", addr, size);
         goto out_unlock;
     }
-    rt_insert(&r->mapped, spare_take(c, start, size, SIM_RANGE_MAPPING, p));
+    simrange_insert(&r->mapped, spare_take(c, start, size, SIM_RANGE_MAPPING, p));
     r->mapping_count++;
     p->map_count++;
 out_unlock:
@@ -1292,7 +1084,7 @@ static bool mappings_exact(sim_resv_t *r, uint64_t start, uint64_t size)
 {
     uint64_t end = start + size, at = start;
     sim_range_t *m;
-    while ((m = rt_find_ge(r->mapped, at)) && m->start == at) {
+    while ((m = simrange_find_ge(r->mapped, at)) && m->start == at) {
         at += m->len;
         if (at >= end)
             return at == end;
@@ -1300,6 +1092,7 @@ static bool mappings_exact(sim_resv_t *r, uint64_t start, uint64_t size)
     return false;
 }
 
+/* Unmap a run of whole mappings. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_unmap(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1315,7 +1108,7 @@ static cca_status_t sim_vmm_unmap(void *ctx, int device, void *addr, size_t size
         goto out_unlock;
     }
     for (uint64_t at = start; at < start + size;) {
-        sim_range_t *m = rt_remove(&r->mapped, at);
+        sim_range_t *m = simrange_remove(&r->mapped, at);
         sim_phys_t *p = m->data;
         at += m->len;
         spare_give(c, m);
@@ -1332,6 +1125,8 @@ out_unlock:
     return st;
 }
 
+/* Check that the range is entirely mapped (mapping already grants access).
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t size)
 {
     sim_ctx_t *c = ctx;
@@ -1347,13 +1142,13 @@ static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t
         goto out_unlock;
     }
     /* walk from the mapping holding start; later ones must follow without gaps */
-    sim_range_t *m = rt_find_le(r->mapped, start);
+    sim_range_t *m = simrange_find_le(r->mapped, start);
     uint64_t at = start, end = start + size;
     while (m && m->start <= at && m->start + m->len > at) {
         at = m->start + m->len;
         if (at >= end)
             goto out_unlock;
-        m = rt_find_ge(r->mapped, at);
+        m = simrange_find_ge(r->mapped, at);
     }
     st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "the range is not entirely mapped", addr, size);
 out_unlock:
@@ -1370,6 +1165,8 @@ static cca_status_t host_invalid(cca_backend_op_t op, const char *why, const voi
                              why);
 }
 
+/* Page-aligned real host memory. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * CCA_ERR_OUT_OF_MEMORY, or a fault. */
 static cca_status_t sim_host_alloc(void *ctx, size_t size, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1383,7 +1180,7 @@ static cca_status_t sim_host_alloc(void *ctx, size_t size, void **ptr)
     }
     sim_host_t *h = calloc(1, sizeof(*h));
     void *mem = NULL;
-    if (!h || !map_reserve(&c->host) || posix_memalign(&mem, 4096, size) != 0) {
+    if (!h || !simmap_reserve(&c->host) || posix_memalign(&mem, 4096, size) != 0) {
         free(h);
         st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
                                "CUDA error: out of memory (sim: host_alloc of %zu bytes)", size);
@@ -1391,7 +1188,7 @@ static cca_status_t sim_host_alloc(void *ctx, size_t size, void **ptr)
     }
     h->ptr = mem;
     h->size = size;
-    map_put(&c->host, (uint64_t)(uintptr_t)mem, h);
+    simmap_put(&c->host, (uint64_t)(uintptr_t)mem, h);
     c->live_host++;
     *ptr = mem;
 out_unlock:
@@ -1399,6 +1196,8 @@ out_unlock:
     return st;
 }
 
+/* Free host_alloc memory (NULL: nothing). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
+ * or a fault. */
 static cca_status_t sim_host_free(void *ctx, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1406,12 +1205,12 @@ static cca_status_t sim_host_free(void *ctx, void *ptr)
     cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_FREE);
     if (st != CCA_OK || !ptr)
         goto out_unlock; /* cudaFreeHost(NULL) does nothing */
-    sim_host_t *h = map_get(&c->host, (uint64_t)(uintptr_t)ptr);
+    sim_host_t *h = simmap_get(&c->host, (uint64_t)(uintptr_t)ptr);
     if (!h || h->registered) {
         st = host_invalid(CCA_OP_HOST_FREE, "not memory from host_alloc", ptr);
         goto out_unlock;
     }
-    map_remove(&c->host, (uint64_t)(uintptr_t)ptr);
+    simmap_remove(&c->host, (uint64_t)(uintptr_t)ptr);
     free(h->ptr);
     free(h);
     c->live_host--;
@@ -1420,6 +1219,8 @@ out_unlock:
     return st;
 }
 
+/* Record a registration; the device pointer is ptr. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (NULL, size 0, already registered), CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_host_register(void *ctx, void *ptr, size_t size, void **device_ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1431,12 +1232,12 @@ static cca_status_t sim_host_register(void *ctx, void *ptr, size_t size, void **
         st = host_invalid(CCA_OP_HOST_REGISTER, "NULL pointer or size 0", ptr);
         goto out_unlock;
     }
-    if (map_get(&c->host, (uint64_t)(uintptr_t)ptr)) {
+    if (simmap_get(&c->host, (uint64_t)(uintptr_t)ptr)) {
         st = host_invalid(CCA_OP_HOST_REGISTER, "host memory already registered", ptr);
         goto out_unlock;
     }
     sim_host_t *h = calloc(1, sizeof(*h));
-    if (!h || !map_reserve(&c->host)) {
+    if (!h || !simmap_reserve(&c->host)) {
         free(h);
         st = host_oom(CCA_OP_HOST_REGISTER);
         goto out_unlock;
@@ -1444,7 +1245,7 @@ static cca_status_t sim_host_register(void *ctx, void *ptr, size_t size, void **
     h->ptr = ptr;
     h->size = size;
     h->registered = true;
-    map_put(&c->host, (uint64_t)(uintptr_t)ptr, h);
+    simmap_put(&c->host, (uint64_t)(uintptr_t)ptr, h);
     c->live_host++;
     *device_ptr = ptr;
 out_unlock:
@@ -1452,6 +1253,7 @@ out_unlock:
     return st;
 }
 
+/* Remove a registration. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_host_unregister(void *ctx, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1459,12 +1261,12 @@ static cca_status_t sim_host_unregister(void *ctx, void *ptr)
     cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_UNREGISTER);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_host_t *h = map_get(&c->host, (uint64_t)(uintptr_t)ptr);
+    sim_host_t *h = simmap_get(&c->host, (uint64_t)(uintptr_t)ptr);
     if (!h || !h->registered) {
         st = host_invalid(CCA_OP_HOST_UNREGISTER, "host memory not registered", ptr);
         goto out_unlock;
     }
-    map_remove(&c->host, (uint64_t)(uintptr_t)ptr);
+    simmap_remove(&c->host, (uint64_t)(uintptr_t)ptr);
     free(h);
     c->live_host--;
 out_unlock:
@@ -1484,9 +1286,11 @@ typedef struct sim_ipc_fields {
 
 static uint64_t ipc_check(const sim_ipc_fields_t *f)
 {
-    return hash_u64(f->backend_id ^ hash_u64(f->device ^ hash_u64(f->ptr ^ hash_u64(f->serial))));
+    return simmap_hash(f->backend_id ^ simmap_hash(f->device ^ simmap_hash(f->ptr ^ simmap_hash(f->serial))));
 }
 
+/* Encode (backend, device, pointer, serial) of a live allocation. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_ipc_get_handle(void *ctx, int device, void *ptr, cca_ipc_handle_t *handle)
 {
     sim_ctx_t *c = ctx;
@@ -1494,7 +1298,7 @@ static cca_status_t sim_ipc_get_handle(void *ctx, int device, void *ptr, cca_ipc
     cca_status_t st = sim_enter_locked(c, CCA_OP_IPC_GET);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_alloc_t *rec = map_get(&c->allocs, (uint64_t)(uintptr_t)ptr);
+    sim_alloc_t *rec = simmap_get(&c->allocs, (uint64_t)(uintptr_t)ptr);
     if (!rec || rec->device != device || !handle) {
         st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                                "sim: ipc_get_handle: invalid argument (%p is not a live "
@@ -1513,6 +1317,8 @@ out_unlock:
     return st;
 }
 
+/* Open a handle of this backend: its pointer, counted as an open mapping. Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT (corrupt, foreign or stale), CCA_ERR_BACKEND, or a fault. */
 static cca_status_t sim_ipc_open(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1532,17 +1338,17 @@ static cca_status_t sim_ipc_open(void *ctx, int device, const cca_ipc_handle_t *
     memcpy(&check, handle->bytes + 8 + sizeof(f), sizeof(check));
     if (check != ipc_check(&f) || f.backend_id != c->ipc_id)
         goto out_invalid;
-    sim_alloc_t *rec = map_get(&c->allocs, f.ptr);
+    sim_alloc_t *rec = simmap_get(&c->allocs, f.ptr);
     if (!rec || rec->serial != f.serial || (uint64_t)rec->device != f.device)
         goto out_invalid;
-    uintptr_t opens = (uintptr_t)map_get(&c->ipc_opens, f.ptr);
+    uintptr_t opens = (uintptr_t)simmap_get(&c->ipc_opens, f.ptr);
     if (opens) {
-        map_remove(&c->ipc_opens, f.ptr);
-    } else if (!map_reserve(&c->ipc_opens)) {
+        simmap_remove(&c->ipc_opens, f.ptr);
+    } else if (!simmap_reserve(&c->ipc_opens)) {
         st = host_oom(CCA_OP_IPC_OPEN);
         goto out_unlock;
     }
-    map_put(&c->ipc_opens, f.ptr, (void *)(opens + 1));
+    simmap_put(&c->ipc_opens, f.ptr, (void *)(opens + 1));
     *ptr = (void *)(uintptr_t)f.ptr;
     goto out_unlock;
 out_invalid:
@@ -1553,6 +1359,7 @@ out_unlock:
     return st;
 }
 
+/* Close an open mapping. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
 {
     sim_ctx_t *c = ctx;
@@ -1565,7 +1372,7 @@ static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
         st = bad_device(c, CCA_OP_IPC_CLOSE, device);
         goto out_unlock;
     }
-    uintptr_t opens = (uintptr_t)map_remove(&c->ipc_opens, key);
+    uintptr_t opens = (uintptr_t)simmap_remove(&c->ipc_opens, key);
     if (!opens) {
         st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                                "sim: ipc_close: invalid argument (%p is not an open IPC "
@@ -1574,7 +1381,7 @@ static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
         goto out_unlock;
     }
     if (opens > 1)
-        map_put(&c->ipc_opens, key, (void *)(opens - 1)); /* the slot just freed */
+        simmap_put(&c->ipc_opens, key, (void *)(opens - 1)); /* the slot just freed */
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -1588,12 +1395,13 @@ static void release_live_range(sim_range_t *n, void *arg)
     if (n->kind != SIM_RANGE_RESV)
         return;
     sim_resv_t *r = n->data;
-    rt_destroy(r->mapped, NULL, NULL);
+    simrange_destroy(r->mapped, NULL, NULL);
     if (c->backed)
         munmap((void *)(uintptr_t)r->addr, r->size);
     free(r);
 }
 
+/* Release everything the backend holds, leaked allocations included. */
 static void sim_destroy(void *ctx)
 {
     sim_ctx_t *c = ctx;
@@ -1617,24 +1425,25 @@ static void sim_destroy(void *ctx)
             free(h->ptr);
         free(h);
     }
-    rt_destroy(c->live, release_live_range, c);
+    simrange_destroy(c->live, release_live_range, c);
     for (int d = 0; d < c->device_count; d++) {
         sim_map_t *m = &c->devices[d].streams;
         for (size_t i = 0; m->slots && i <= m->mask; i++)
             free(m->slots[i].value);
-        map_free(m);
-        rt_destroy(c->devices[d].free_ranges, NULL, NULL);
+        simmap_free(m);
+        simrange_destroy(c->devices[d].free_ranges, NULL, NULL);
     }
     while (c->spare) {
         sim_range_t *r = c->spare;
         c->spare = r->right;
         free(r);
     }
-    map_free(&c->allocs);
-    map_free(&c->phys);
-    map_free(&c->events);
-    map_free(&c->host);
-    map_free(&c->ipc_opens);
+    simmap_free(&c->allocs);
+    simmap_free(&c->phys);
+    simmap_free(&c->events);
+    simmap_free(&c->host);
+    simmap_free(&c->ipc_opens);
+    simmap_free(&c->capturing);
     free(c->addr_list);
     pthread_key_delete(c->current);
     pthread_mutex_destroy(&c->lock);
@@ -1723,7 +1532,7 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
     c->manual_events = cfg.manual_events;
     c->granularity = cfg.granularity;
     c->prio_state = 0x9e3779b9u;
-    c->ipc_id = hash_u64(atomic_fetch_add(&sim_instances, 1) + 1 + (uint64_t)getpid());
+    c->ipc_id = simmap_hash(atomic_fetch_add(&sim_instances, 1) + 1 + (uint64_t)getpid());
     uint64_t window = SIM_WINDOW_MIN;
     while (window < 2 * (uint64_t)cfg.total_memory)
         window += SIM_WINDOW_MIN;
@@ -1739,7 +1548,7 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
             st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0, "sim: out of host memory");
             goto out_destroy;
         }
-        rt_insert(&dev->free_ranges,
+        simrange_insert(&dev->free_ranges,
                   spare_take(c, dev->window_start, window, SIM_RANGE_FREE, NULL));
     }
     st = append_addresses(c, cfg.addresses, cfg.address_count);
@@ -1800,6 +1609,7 @@ static cca_status_t not_sim(const char *fn)
     return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the backend is not a simulated backend", fn);
 }
 
+/* Arm (or with nth == 0 disarm) the fault of op; see cca_backend.h. */
 cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, uint64_t nth,
                                   bool persistent, cca_status_t status)
 {
@@ -1879,7 +1689,7 @@ cca_status_t cca_sim_complete_stream(cca_backend_t *backend, int device, cca_str
     } else if (all) {
         device_complete(c, device);
     } else {
-        sim_stream_t *s = map_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
+        sim_stream_t *s = simmap_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
         if (s)
             stream_complete(c, s, NULL);
     }
@@ -1918,6 +1728,26 @@ cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addr
         return not_sim(__func__);
     pthread_mutex_lock(&c->lock);
     cca_status_t st = append_addresses(c, addresses, count);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+cca_status_t cca_sim_set_capturing(cca_backend_t *backend, cca_stream_t stream, bool capturing)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    cca_status_t st = CCA_OK;
+    uint64_t key = (uint64_t)(uintptr_t)stream;
+    pthread_mutex_lock(&c->lock);
+    if (!capturing)
+        simmap_remove(&c->capturing, key);
+    else if (simmap_get(&c->capturing, key))
+        ; /* already capturing */
+    else if (simmap_reserve(&c->capturing))
+        simmap_put(&c->capturing, key, (void *)1);
+    else
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_sim_set_capturing: out of host memory");
     pthread_mutex_unlock(&c->lock);
     return st;
 }

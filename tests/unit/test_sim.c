@@ -249,6 +249,27 @@ TEST(address_list_exhaustion_avoids_list_ranges)
     b->destroy(b->ctx);
 }
 
+TEST(address_list_entry_across_windows)
+{
+    /* device 1's window starts 1 TiB after device 0's: an entry straddling the
+     * boundary is carved out of both */
+    const uint64_t w1 = 0x7f0000000000ull + ((uint64_t)1 << 40);
+    uint64_t list[] = {w1 - 2 * MiB};
+    cca_sim_config_t cfg = {.devices = 2, .addresses = list, .address_count = 1};
+    cca_backend_t *b = make(&cfg);
+    void *a = xmalloc(b, 0, 4 * MiB);
+    expect_eq_u64((uintptr_t)a, list[0]);
+    void *c = xmalloc(b, 1, 2 * MiB);
+    expect_eq_u64((uintptr_t)c, w1 + 2 * MiB);
+    expect_ok(b->free(b->ctx, 0, a));
+    void *d = xmalloc(b, 1, 2 * MiB); /* the freed part of device 1's window is reused */
+    expect_eq_u64((uintptr_t)d, w1);
+    expect_ok(b->free(b->ctx, 1, c));
+    expect_ok(b->free(b->ctx, 1, d));
+    expect_no_leaks(b);
+    b->destroy(b->ctx);
+}
+
 TEST(address_list_overlap_fails)
 {
     cca_backend_t *b = make(NULL);
@@ -518,12 +539,24 @@ TEST(manual_events_synchronize)
     b->destroy(b->ctx);
 }
 
-TEST(capture_status_none)
+TEST(capture_status)
 {
     cca_backend_t *b = make(NULL);
     int s = -1;
     expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
     expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S1, true));
+    expect_ok(cca_sim_set_capturing(b, S1, true));
+    expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
+    expect_eq_i64(s, CCA_CAPTURE_ACTIVE);
+    expect_ok(b->stream_capture_status(b->ctx, 0, S2, &s));
+    expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S1, false));
+    expect_ok(b->stream_capture_status(b->ctx, 0, S1, &s));
+    expect_eq_i64(s, CCA_CAPTURE_NONE);
+    expect_ok(cca_sim_set_capturing(b, S2, true)); /* left on: destroy frees it */
+    cca_backend_t fake = {0};
+    expect_status(cca_sim_set_capturing(&fake, S1, true), CCA_ERR_INVALID_ARGUMENT);
     b->destroy(b->ctx);
 }
 
@@ -1090,6 +1123,7 @@ int main(void)
     RUN(long_run_reuses_address_space);
     RUN(address_list_in_order);
     RUN(address_list_exhaustion_avoids_list_ranges);
+    RUN(address_list_entry_across_windows);
     RUN(address_list_overlap_fails);
     RUN(address_list_rejected_in_backed_mode);
     RUN(free_unknown_pointer);
@@ -1100,7 +1134,7 @@ int main(void)
     RUN(automatic_events);
     RUN(manual_events_per_stream);
     RUN(manual_events_synchronize);
-    RUN(capture_status_none);
+    RUN(capture_status);
     RUN(fault_nth_once);
     RUN(fault_persistent_and_clear);
     RUN(fault_every_op_counts);
