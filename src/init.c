@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "nvml.h"
 
 cca_state_t *cca_state;
 static atomic_bool initialized;
@@ -294,6 +295,7 @@ cca_status_t cca_set_settings(const char *text)
 
 void alloc_process_memory_info(int device, cca_strbuf_t *out)
 {
-    (void)device;
-    (void)out;
+    /* Only a real GPU has processes to report; NVML is optional. */
+    if (cca_state && !strcmp(cca_state->backend->name, "cuda"))
+        nvml_process_usage(device, out);
 }
