@@ -76,6 +76,12 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
 /* Name of a key as written in the string. */
 const char *settings_key_name(cca_setting_key_t key);
 
+/* Name of a source as printed: "default", "environment", "argument". */
+const char *settings_source_name(cca_setting_source_t source);
+
+/* The key named name[0, len); false if no key has that name (case-sensitive). */
+bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key);
+
 /* Append the effective value of every key ("key value (source)" per line). */
 void settings_describe(const cca_settings_t *s, cca_strbuf_t *out);
 

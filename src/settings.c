@@ -1,0 +1,877 @@
+/*
+ * settings.c - the allocator settings string ("key:value,key:value", the
+ * syntax of PYTORCH_CUDA_ALLOC_CONF): a pure tokenizer, one option table
+ * indexed by cca_setting_key_t with typed handlers, precise error messages,
+ * and the effective-settings printer.
+ *
+ * Invariant: settings_parse() is atomic. It parses into a copy and writes the
+ * copy back only when the whole string (and the cross-key rules on the
+ * combined result) is valid, so on any error the caller's settings are
+ * byte-for-byte unchanged.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "settings.h"
+
+/* Longest value text shown in an error message. */
+#define SHOW_MAX 120
+/* Largest roundup division accepted (PyTorch reads them as C ints). */
+#define ROUNDUP_MAX_DIVISIONS ((uint64_t)1 << 30)
+/* Most register threads (PyTorch's limit). */
+#define MAX_REGISTER_THREADS 128
+/* Smallest max_split_size_mb and max_non_split_rounding_mb (PyTorch's kLargeBuffer). */
+#define MIN_SPLIT_MIB 20
+
+/* ---- tokenizer ---------------------------------------------------------------- */
+
+typedef enum tok_kind {
+    TOK_END = 0, /* end of the text */
+    TOK_WORD,    /* identifier or number: [A-Za-z0-9_.+-]+ */
+    TOK_COLON,
+    TOK_COMMA,
+    TOK_LBRACKET,
+    TOK_RBRACKET,
+    TOK_GREATER,
+    TOK_BAD,     /* a character that is not allowed (offset = where) */
+} tok_kind_t;
+
+/* A cursor over text[pos, end). */
+typedef struct scanner {
+    const char *text;
+    size_t pos;
+    size_t end;
+} scanner_t;
+
+typedef struct token {
+    tok_kind_t kind;
+    size_t offset; /* into scanner.text */
+    size_t length;
+} token_t;
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static bool is_word_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '.' || c == '-' || c == '+';
+}
+
+/* The next token of sc, advancing past it. Never allocates. */
+static token_t scan_next(scanner_t *sc)
+{
+    token_t tok = {TOK_END, sc->end, 0};
+
+    while (sc->pos < sc->end && is_space(sc->text[sc->pos]))
+        sc->pos++;
+    if (sc->pos >= sc->end)
+        return tok;
+    tok.offset = sc->pos;
+    tok.length = 1;
+    switch (sc->text[sc->pos]) {
+    case ':': tok.kind = TOK_COLON; break;
+    case ',': tok.kind = TOK_COMMA; break;
+    case '[': tok.kind = TOK_LBRACKET; break;
+    case ']': tok.kind = TOK_RBRACKET; break;
+    case '>': tok.kind = TOK_GREATER; break;
+    default:
+        if (!is_word_char(sc->text[sc->pos])) {
+            tok.kind = TOK_BAD;
+            return tok; /* the cursor stays on the bad character */
+        }
+        tok.kind = TOK_WORD;
+        while (sc->pos + tok.length < sc->end && is_word_char(sc->text[sc->pos + tok.length]))
+            tok.length++;
+        break;
+    }
+    sc->pos += tok.length;
+    return tok;
+}
+
+bool settings_tokenize(const char *text, cca_token_t *tokens, size_t max, size_t *count,
+                       size_t *bad_offset)
+{
+    scanner_t sc = {text, 0, text ? strlen(text) : 0};
+    size_t found = 0;
+
+    for (;;) {
+        token_t tok = scan_next(&sc);
+        if (tok.kind == TOK_END)
+            break;
+        if (tok.kind == TOK_BAD) {
+            if (count)
+                *count = found;
+            if (bad_offset)
+                *bad_offset = tok.offset;
+            return false;
+        }
+        if (tokens && found < max) {
+            tokens[found].offset = tok.offset;
+            tokens[found].length = tok.length;
+        }
+        found++;
+    }
+    if (count)
+        *count = found;
+    return true;
+}
+
+/* ---- the option table ---------------------------------------------------------- */
+
+typedef enum opt_type {
+    OPT_BACKEND,   /* native | cudaMallocAsync */
+    OPT_MIB,       /* an integer number of MiB, stored as bytes (size_t) */
+    OPT_FRACTION,  /* a double within [lo, hi], ends open or closed */
+    OPT_BOOL,      /* True/False, true/false, 1/0 */
+    OPT_POW2,      /* a power of two <= max (size_t) */
+    OPT_ROUNDUP,   /* one division for all intervals, or a [interval:division,...] list */
+} opt_type_t;
+
+typedef struct option option_t;
+typedef cca_status_t (*opt_parse_fn)(const option_t *opt, cca_settings_t *s, const char *text,
+                                     size_t off, size_t len);
+typedef void (*opt_print_fn)(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out);
+
+struct option {
+    const char *name;    /* the key as written */
+    opt_type_t type;
+    size_t offset;       /* of the field in cca_settings_t */
+    const char *allowed; /* the accepted values, for error messages */
+    const char *doc;     /* what the key does */
+    /* OPT_MIB: smallest value and whether it must be even; OPT_POW2: largest value */
+    uint64_t min;
+    uint64_t max;
+    bool even;
+    const char *range_error; /* OPT_MIB / OPT_POW2: text when the range check fails */
+    /* OPT_FRACTION: bounds; an open end excludes the bound */
+    double lo, hi;
+    bool lo_open, hi_open;
+    const char *too_small, *too_big;
+};
+
+static cca_status_t parse_backend(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_mib(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_fraction(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_bool(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_pow2(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static cca_status_t parse_roundup(const option_t *, cca_settings_t *, const char *, size_t, size_t);
+static void print_backend(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+static void print_mib(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+static void print_fraction(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+static void print_bool(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+static void print_pow2(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+static void print_roundup(const option_t *, const cca_settings_t *, cca_strbuf_t *);
+
+/* The typed handlers, indexed by opt_type_t. */
+static const struct {
+    opt_parse_fn parse;
+    opt_print_fn print;
+} handlers[] = {
+    [OPT_BACKEND] = {parse_backend, print_backend},
+    [OPT_MIB] = {parse_mib, print_mib},
+    [OPT_FRACTION] = {parse_fraction, print_fraction},
+    [OPT_BOOL] = {parse_bool, print_bool},
+    [OPT_POW2] = {parse_pow2, print_pow2},
+    [OPT_ROUNDUP] = {parse_roundup, print_roundup},
+};
+
+#define FIELD(f) offsetof(cca_settings_t, f)
+#define BOOL_ALLOWED "True or False (also true/false, 1/0)"
+
+/* One entry per key, in cca_setting_key_t order (checked by settings_default). */
+static const option_t options[CCA_SET_COUNT] = {
+    [CCA_SET_BACKEND] = {
+        .name = "backend", .type = OPT_BACKEND, .offset = FIELD(backend),
+        .allowed = "native or cudaMallocAsync",
+        .doc = "the allocator: cca's caching allocator, or the driver's cudaMallocAsync pools"},
+    [CCA_SET_MAX_SPLIT_SIZE_MB] = {
+        .name = "max_split_size_mb", .type = OPT_MIB, .offset = FIELD(max_split_size),
+        .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
+        .range_error = "max_split_size_mb too small, must be >= 20",
+        .doc = "cached blocks this large or larger are never split"},
+    [CCA_SET_MAX_NON_SPLIT_ROUNDING_MB] = {
+        .name = "max_non_split_rounding_mb", .type = OPT_MIB,
+        .offset = FIELD(max_non_split_rounding),
+        .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
+        .range_error = "max_non_split_rounding_mb too small, must be >= 20",
+        .doc = "an oversize request may use a cached block at most this much larger"},
+    [CCA_SET_LARGE_SEGMENT_SIZE_MB] = {
+        .name = "large_segment_size_mb", .type = OPT_MIB, .offset = FIELD(large_segment_size),
+        .allowed = "a positive even integer number of MiB", .min = 1, .even = true,
+        .range_error = "large_segment_size_mb must be > 0 and a multiple of 2",
+        .doc = "size of the segments allocated for requests of 1 to 10 MiB"},
+    [CCA_SET_ROUNDUP_POWER2_DIVISIONS] = {
+        .name = "roundup_power2_divisions", .type = OPT_ROUNDUP,
+        .offset = FIELD(roundup_power2_divisions),
+        .allowed = "0 or a power of two, or a list such as [256:1,512:2,1024:4,>:8] "
+                   "(interval in MiB, a power of two, strictly increasing : divisions, "
+                   "0 or a power of two)",
+        .doc = "round request sizes up to one of N divisions of their power-of-two interval"},
+    [CCA_SET_GARBAGE_COLLECTION_THRESHOLD] = {
+        .name = "garbage_collection_threshold", .type = OPT_FRACTION,
+        .offset = FIELD(garbage_collection_threshold),
+        .allowed = "a number strictly between 0 and 1", .lo = 0.0, .hi = 1.0,
+        .lo_open = true, .hi_open = true,
+        .too_small = "garbage_collection_threshold too small, set it 0.0~1.0",
+        .too_big = "garbage_collection_threshold too big, set it 0.0~1.0",
+        .doc = "free cached blocks (oldest first) once usage passes this fraction of the limit"},
+    [CCA_SET_EXPANDABLE_SEGMENTS] = {
+        .name = "expandable_segments", .type = OPT_BOOL, .offset = FIELD(expandable_segments),
+        .allowed = BOOL_ALLOWED,
+        .doc = "grow one segment per stream in virtual memory instead of many fixed segments"},
+    [CCA_SET_PER_PROCESS_MEMORY_FRACTION] = {
+        .name = "per_process_memory_fraction", .type = OPT_FRACTION,
+        .offset = FIELD(per_process_memory_fraction),
+        .allowed = "a number between 0 and 1", .lo = 0.0, .hi = 1.0,
+        .too_small = "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+        .too_big = "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+        .doc = "limit each device to this fraction of its memory (0: no limit)"},
+    [CCA_SET_RELEASE_LOCK_ON_CUDAMALLOC] = {
+        .name = "release_lock_on_cudamalloc", .type = OPT_BOOL,
+        .offset = FIELD(release_lock_on_cudamalloc), .allowed = BOOL_ALLOWED,
+        .doc = "drop the allocator lock around the backend's malloc"},
+    [CCA_SET_GRAPH_CAPTURE_RECORD_STREAM_REUSE] = {
+        .name = "graph_capture_record_stream_reuse", .type = OPT_BOOL,
+        .offset = FIELD(graph_capture_record_stream_reuse), .allowed = BOOL_ALLOWED,
+        .doc = "reuse blocks freed during graph capture once their recorded streams allow it"},
+    [CCA_SET_PINNED_USE_CUDA_HOST_REGISTER] = {
+        .name = "pinned_use_cuda_host_register", .type = OPT_BOOL,
+        .offset = FIELD(pinned_use_cuda_host_register), .allowed = BOOL_ALLOWED,
+        .doc = "pinned memory from malloc + cudaHostRegister instead of cudaHostAlloc"},
+    [CCA_SET_PINNED_NUM_REGISTER_THREADS] = {
+        .name = "pinned_num_register_threads", .type = OPT_POW2,
+        .offset = FIELD(pinned_num_register_threads),
+        .allowed = "a power of two <= 128", .max = MAX_REGISTER_THREADS,
+        .range_error = "Number of register threads has to be a power of 2 and <= 128",
+        .doc = "threads that pre-fault pages before cudaHostRegister"},
+    [CCA_SET_PINNED_USE_BACKGROUND_THREADS] = {
+        .name = "pinned_use_background_threads", .type = OPT_BOOL,
+        .offset = FIELD(pinned_use_background_threads), .allowed = BOOL_ALLOWED,
+        .doc = "a background thread processes the events of freed pinned blocks"},
+    [CCA_SET_PINNED_RESERVE_SEGMENT_SIZE_MB] = {
+        .name = "pinned_reserve_segment_size_mb", .type = OPT_MIB,
+        .offset = FIELD(pinned_reserve_segment_size),
+        .allowed = "a positive integer number of MiB", .min = 1,
+        .range_error = "pinned_reserve_segment_size_mb must be > 0",
+        .doc = "reserve one pinned segment of this size up front and carve small requests from it"},
+    [CCA_SET_PINNED_MAX_ROUND_THRESHOLD_MB] = {
+        .name = "pinned_max_round_threshold_mb", .type = OPT_MIB,
+        .offset = FIELD(pinned_max_round_threshold),
+        .allowed = "an integer number of MiB",
+        .doc = "pinned requests larger than this are not rounded up to a power of two"},
+    [CCA_SET_PINNED_MAX_CACHED_SIZE_MB] = {
+        .name = "pinned_max_cached_size_mb", .type = OPT_MIB,
+        .offset = FIELD(pinned_max_cached_size),
+        .allowed = "an integer number of MiB",
+        .doc = "freed pinned blocks larger than this are released instead of cached"},
+};
+
+#define SETTING(s, opt, type) ((type *)(void *)((char *)(s) + (opt)->offset))
+#define SETTING_C(s, opt, type) ((const type *)(const void *)((const char *)(s) + (opt)->offset))
+
+void settings_default(cca_settings_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->backend = CCA_BACKEND_NATIVE;
+    s->max_split_size = SIZE_MAX;
+    s->max_non_split_rounding = 20 * CCA_MiB;
+    s->large_segment_size = 20 * CCA_MiB;
+    /* roundup_power2_divisions: all 0 (no rounding beyond 512 bytes) */
+    s->garbage_collection_threshold = 0.0;
+    s->expandable_segments = false;
+    s->per_process_memory_fraction = 0.0;
+    s->release_lock_on_cudamalloc = false;
+    s->graph_capture_record_stream_reuse = false;
+    s->pinned_use_cuda_host_register = false;
+    s->pinned_num_register_threads = 1;
+    s->pinned_use_background_threads = false;
+    s->pinned_reserve_segment_size = 0;
+    s->pinned_max_round_threshold = SIZE_MAX;
+    s->pinned_max_cached_size = SIZE_MAX;
+    for (int k = 0; k < CCA_SET_COUNT; k++)
+        s->source[k] = CCA_SRC_DEFAULT;
+}
+
+const char *settings_key_name(cca_setting_key_t key)
+{
+    if ((unsigned)key >= CCA_SET_COUNT)
+        return "(invalid key)";
+    return options[key].name;
+}
+
+const char *settings_source_name(cca_setting_source_t source)
+{
+    switch (source) {
+    case CCA_SRC_DEFAULT: return "default";
+    case CCA_SRC_ENVIRONMENT: return "environment";
+    case CCA_SRC_ARGUMENT: return "argument";
+    }
+    return "unknown";
+}
+
+bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key)
+{
+    for (int k = 0; k < CCA_SET_COUNT; k++) {
+        if (strlen(options[k].name) == len && memcmp(options[k].name, name, len) == 0) {
+            *key = (cca_setting_key_t)k;
+            return true;
+        }
+    }
+    return false;
+}
+
+size_t settings_roundup_divisions(const cca_settings_t *s, size_t size)
+{
+    size_t index = 0;
+    if (size >= CCA_MiB) {
+        index = (size_t)(63 - __builtin_clzll((unsigned long long)size)) - 20;
+        if (index >= CCA_ROUNDUP_INTERVALS)
+            index = CCA_ROUNDUP_INTERVALS - 1;
+    }
+    return s->roundup_power2_divisions[index];
+}
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+/* Length of a span as shown in messages, and whether it was cut. */
+static int shown_len(size_t len)
+{
+    return (int)(len > SHOW_MAX ? SHOW_MAX : len);
+}
+
+static const char *cut_mark(size_t len)
+{
+    return len > SHOW_MAX ? "..." : "";
+}
+
+/*
+ * Raise CCA_ERR_BAD_SETTINGS for the value text[off, off+len) of opt:
+ * "Invalid allocator setting 'key:value': <what>".
+ */
+static cca_status_t __attribute__((format(printf, 5, 6)))
+bad_value(const option_t *opt, const char *text, size_t off, size_t len, const char *fmt, ...)
+{
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return cca_raise(CCA_ERR_BAD_SETTINGS, "Invalid allocator setting '%s:%.*s%s': %s", opt->name,
+                     shown_len(len), text + off, cut_mark(len), what);
+}
+
+/* Text of a token for messages ("end of settings" for TOK_END). */
+static void token_text(const char *text, token_t tok, char *buf, size_t size)
+{
+    if (tok.kind == TOK_END)
+        snprintf(buf, size, "end of settings");
+    else
+        snprintf(buf, size, "'%.*s%s'", shown_len(tok.length), text + tok.offset,
+                 cut_mark(tok.length));
+}
+
+/* The error for a character the tokenizer rejects. */
+static cca_status_t bad_character(const char *text, size_t offset)
+{
+    unsigned char c = (unsigned char)text[offset];
+    size_t len = strlen(text);
+    if (c >= 0x20 && c < 0x7f)
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Invalid character '%c' at offset %zu in allocator settings '%.*s%s': "
+                         "keys and values use letters, digits and _ . + -, separated by : , [ ] >",
+                         c, offset, shown_len(len), text, cut_mark(len));
+    return cca_raise(CCA_ERR_BAD_SETTINGS,
+                     "Invalid character 0x%02x at offset %zu in allocator settings: keys and "
+                     "values use letters, digits and _ . + -, separated by : , [ ] >",
+                     c, offset);
+}
+
+static cca_status_t unknown_key(const char *text, token_t tok)
+{
+    char valid[1024];
+    size_t used = 0;
+    valid[0] = '\0';
+    for (int k = 0; k < CCA_SET_COUNT && used < sizeof(valid); k++)
+        used += (size_t)snprintf(valid + used, sizeof(valid) - used, "%s%s", k ? ", " : "",
+                                 options[k].name);
+    return cca_raise(CCA_ERR_BAD_SETTINGS,
+                     "Unrecognized key '%.*s%s' in allocator settings; valid keys are: %s",
+                     shown_len(tok.length), text + tok.offset, cut_mark(tok.length), valid);
+}
+
+/* ---- value parsers --------------------------------------------------------------- */
+
+/*
+ * A decimal integer without sign or junk: digits only, at most UINT64_MAX.
+ * Returns false on anything else (the caller names the allowed values).
+ */
+static bool parse_u64(const char *p, size_t len, uint64_t *value)
+{
+    uint64_t v = 0;
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+        unsigned digit = (unsigned)(p[i] - '0');
+        if (v > (UINT64_MAX - digit) / 10)
+            return false;
+        v = v * 10 + digit;
+    }
+    *value = v;
+    return true;
+}
+
+/* A finite decimal number ("0.5", "1e-3", "-2"); false on junk, inf or nan. */
+static bool parse_double(const char *p, size_t len, double *value)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof(buf))
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = p[i];
+        if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'))
+            return false;
+    }
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    char *end = NULL;
+    double v = strtod(buf, &end);
+    if (end != buf + len || !isfinite(v))
+        return false;
+    *value = v;
+    return true;
+}
+
+static bool is_pow2(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+static unsigned log2_floor(uint64_t v)
+{
+    return 63u - (unsigned)__builtin_clzll(v);
+}
+
+/* MiB to bytes, clamped to SIZE_MAX (which means unlimited). */
+static size_t mib_to_bytes(uint64_t mib)
+{
+    if (mib > SIZE_MAX / CCA_MiB)
+        return SIZE_MAX;
+    return (size_t)mib * CCA_MiB;
+}
+
+/* A list where a single value is expected. */
+static bool is_list(const char *text, size_t off)
+{
+    return text[off] == '[';
+}
+
+static cca_status_t parse_backend(const option_t *opt, cca_settings_t *s, const char *text,
+                                  size_t off, size_t len)
+{
+    cca_backend_kind_t *field = SETTING(s, opt, cca_backend_kind_t);
+    if (len == 6 && memcmp(text + off, "native", 6) == 0)
+        *field = CCA_BACKEND_NATIVE;
+    else if (len == 15 && memcmp(text + off, "cudaMallocAsync", 15) == 0)
+        *field = CCA_BACKEND_ASYNC;
+    else
+        return bad_value(opt, text, off, len,
+                         "Unknown allocator backend, options are native and cudaMallocAsync");
+    return CCA_OK;
+}
+
+static cca_status_t parse_mib(const option_t *opt, cca_settings_t *s, const char *text,
+                              size_t off, size_t len)
+{
+    uint64_t mib;
+    if (is_list(text, off) || !parse_u64(text + off, len, &mib))
+        return bad_value(opt, text, off, len, "expected %s", opt->allowed);
+    if (mib < opt->min || (opt->even && mib % 2 != 0))
+        return bad_value(opt, text, off, len, "%s", opt->range_error);
+    *SETTING(s, opt, size_t) = mib_to_bytes(mib);
+    return CCA_OK;
+}
+
+static cca_status_t parse_fraction(const option_t *opt, cca_settings_t *s, const char *text,
+                                   size_t off, size_t len)
+{
+    double v;
+    if (is_list(text, off) || !parse_double(text + off, len, &v))
+        return bad_value(opt, text, off, len, "expected %s", opt->allowed);
+    if (v < opt->lo || (opt->lo_open && v == opt->lo))
+        return bad_value(opt, text, off, len, "%s", opt->too_small);
+    if (v > opt->hi || (opt->hi_open && v == opt->hi))
+        return bad_value(opt, text, off, len, "%s", opt->too_big);
+    *SETTING(s, opt, double) = v;
+    return CCA_OK;
+}
+
+static cca_status_t parse_bool(const option_t *opt, cca_settings_t *s, const char *text,
+                               size_t off, size_t len)
+{
+    static const struct {
+        const char *word;
+        bool value;
+    } words[] = {{"True", true}, {"False", false}, {"true", true},
+                 {"false", false}, {"1", true},   {"0", false}};
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        if (strlen(words[i].word) == len && memcmp(words[i].word, text + off, len) == 0) {
+            *SETTING(s, opt, bool) = words[i].value;
+            return CCA_OK;
+        }
+    }
+    return bad_value(opt, text, off, len, "Expected a value of %s for %s", opt->allowed,
+                     opt->name);
+}
+
+static cca_status_t parse_pow2(const option_t *opt, cca_settings_t *s, const char *text,
+                               size_t off, size_t len)
+{
+    uint64_t v;
+    if (is_list(text, off) || !parse_u64(text + off, len, &v))
+        return bad_value(opt, text, off, len, "expected %s", opt->allowed);
+    if (!is_pow2(v) || v > opt->max)
+        return bad_value(opt, text, off, len, "%s", opt->range_error);
+    *SETTING(s, opt, size_t) = (size_t)v;
+    return CCA_OK;
+}
+
+/* A roundup division: 0 or a power of two (at most 2^30). */
+static bool valid_division(uint64_t d)
+{
+    return d == 0 || (is_pow2(d) && d <= ROUNDUP_MAX_DIVISIONS);
+}
+
+#define DIVISIONS_ERROR "For roundups, the divisions have to be power of 2 or 0 (at most 2^30)"
+
+/*
+ * The list form [B:D,B:D,...,>:D] over text[off, off+len), which starts with
+ * '[' and ends with ']' (the caller checked the brackets). B is an interval
+ * start in MiB (a power of two, strictly increasing; index log2(B) clamped to
+ * 15); the first entry also fills the indices below it, '>' fills those after
+ * the last entry. Indices no entry covers get 0.
+ */
+static cca_status_t parse_roundup_list(const option_t *opt, size_t out[CCA_ROUNDUP_INTERVALS],
+                                       const char *text, size_t off, size_t len)
+{
+    scanner_t sc = {text, off + 1, off + len - 1};
+    uint64_t last_interval = 0;
+    size_t last_index = 0;
+    size_t entries = 0;
+    bool saw_greater = false;
+
+    for (size_t i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
+        out[i] = 0;
+    for (;;) {
+        token_t first = scan_next(&sc);
+        if (first.kind == TOK_END) {
+            if (entries == 0)
+                return bad_value(opt, text, off, len, "the list is empty; expected %s",
+                                 opt->allowed);
+            return CCA_OK;
+        }
+        if (entries > 0) {
+            if (first.kind != TOK_COMMA)
+                return bad_value(opt, text, off, len,
+                                 "entries of the list must be separated by ','; expected %s",
+                                 opt->allowed);
+            first = scan_next(&sc);
+        }
+        token_t colon = scan_next(&sc);
+        token_t division = scan_next(&sc);
+        if ((first.kind != TOK_WORD && first.kind != TOK_GREATER) || colon.kind != TOK_COLON ||
+            division.kind != TOK_WORD)
+            return bad_value(opt, text, off, len,
+                             "each entry must be interval:divisions or >:divisions; expected %s",
+                             opt->allowed);
+        if (saw_greater)
+            return bad_value(opt, text, off, len, "the '>' entry must be the last of the list");
+
+        uint64_t d;
+        if (!parse_u64(text + division.offset, division.length, &d) || !valid_division(d))
+            return bad_value(opt, text, off, len, "%s", DIVISIONS_ERROR);
+
+        if (first.kind == TOK_GREATER) {
+            size_t from = entries == 0 ? 0 : last_index + 1;
+            for (size_t i = from; i < CCA_ROUNDUP_INTERVALS; i++)
+                out[i] = (size_t)d;
+            saw_greater = true;
+        } else {
+            uint64_t interval;
+            if (!parse_u64(text + first.offset, first.length, &interval) || !is_pow2(interval))
+                return bad_value(opt, text, off, len,
+                                 "For roundups, the intervals have to be power of 2");
+            if (entries > 0 && interval <= last_interval)
+                return bad_value(opt, text, off, len,
+                                 "For roundups, the intervals have to be strictly increasing");
+            size_t index = log2_floor(interval);
+            if (index >= CCA_ROUNDUP_INTERVALS)
+                index = CCA_ROUNDUP_INTERVALS - 1;
+            if (entries == 0) {
+                for (size_t i = 0; i < index; i++)
+                    out[i] = (size_t)d;
+            }
+            out[index] = (size_t)d;
+            last_index = index;
+            last_interval = interval;
+        }
+        entries++;
+    }
+}
+
+static cca_status_t parse_roundup(const option_t *opt, cca_settings_t *s, const char *text,
+                                  size_t off, size_t len)
+{
+    size_t *field = SETTING(s, opt, size_t);
+    size_t divisions[CCA_ROUNDUP_INTERVALS];
+
+    if (is_list(text, off)) {
+        cca_status_t status = parse_roundup_list(opt, divisions, text, off, len);
+        if (status != CCA_OK)
+            return status;
+    } else {
+        uint64_t d;
+        if (!parse_u64(text + off, len, &d))
+            return bad_value(opt, text, off, len, "expected %s", opt->allowed);
+        if (!valid_division(d))
+            return bad_value(opt, text, off, len, "%s", DIVISIONS_ERROR);
+        for (size_t i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
+            divisions[i] = (size_t)d;
+    }
+    memcpy(field, divisions, sizeof(divisions));
+    return CCA_OK;
+}
+
+/* ---- the parser ------------------------------------------------------------------ */
+
+/* Rules between keys, checked on the combined result of a parse. */
+static cca_status_t check_cross_keys(const cca_settings_t *s)
+{
+    if (s->max_split_size != SIZE_MAX && s->max_split_size < s->large_segment_size)
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Invalid allocator settings 'max_split_size_mb:%zu' with "
+                         "'large_segment_size_mb:%zu': max_split_size_mb must be >= "
+                         "large_segment_size_mb",
+                         s->max_split_size / CCA_MiB, s->large_segment_size / CCA_MiB);
+    return CCA_OK;
+}
+
+/*
+ * Parse one "key:value" element starting at the key token; on success the
+ * cursor is after the value. Returns CCA_OK or CCA_ERR_BAD_SETTINGS.
+ */
+static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t *work,
+                                  cca_setting_source_t source)
+{
+    const char *text = sc->text;
+    char found[SHOW_MAX + 8];
+    cca_setting_key_t key;
+
+    if (key_tok.kind != TOK_WORD) {
+        token_text(text, key_tok, found, sizeof(found));
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Empty key at offset %zu in allocator settings (found %s); expected "
+                         "key:value pairs separated by ','",
+                         key_tok.offset, found);
+    }
+    if (!settings_lookup_key(text + key_tok.offset, key_tok.length, &key))
+        return unknown_key(text, key_tok);
+    const option_t *opt = &options[key];
+
+    token_t colon = scan_next(sc);
+    if (colon.kind == TOK_BAD)
+        return bad_character(text, colon.offset);
+    if (colon.kind != TOK_COLON) {
+        token_text(text, colon, found, sizeof(found));
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Missing ':' after key '%s' in allocator settings (found %s); expected "
+                         "'%s:<value>' with a value of %s",
+                         opt->name, found, opt->name, opt->allowed);
+    }
+
+    token_t value = scan_next(sc);
+    size_t value_off = value.offset, value_len = value.length;
+    if (value.kind == TOK_BAD)
+        return bad_character(text, value.offset);
+    if (value.kind == TOK_LBRACKET) {
+        for (;;) {
+            token_t t = scan_next(sc);
+            if (t.kind == TOK_BAD)
+                return bad_character(text, t.offset);
+            if (t.kind == TOK_END || t.kind == TOK_LBRACKET) {
+                size_t shown = (t.kind == TOK_END ? sc->end : t.offset) - value_off;
+                return bad_value(opt, text, value_off, shown,
+                                 "unbalanced brackets: '[' without its ']'; expected %s",
+                                 opt->allowed);
+            }
+            if (t.kind == TOK_RBRACKET) {
+                value_len = t.offset + 1 - value_off;
+                break;
+            }
+        }
+    } else if (value.kind != TOK_WORD) {
+        token_text(text, value, found, sizeof(found));
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Missing value for key '%s' in allocator settings (found %s); expected "
+                         "'%s:<value>' with a value of %s",
+                         opt->name, found, opt->name, opt->allowed);
+    }
+
+    cca_status_t status = handlers[opt->type].parse(opt, work, text, value_off, value_len);
+    if (status != CCA_OK)
+        return status;
+    work->source[key] = source;
+    return CCA_OK;
+}
+
+cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_source_t source)
+{
+    if (!s)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "settings_parse: settings is NULL");
+    if (!text)
+        return CCA_OK;
+
+    cca_settings_t work = *s;
+    scanner_t sc = {text, 0, strlen(text)};
+    char found[SHOW_MAX + 8];
+
+    for (;;) {
+        token_t key_tok = scan_next(&sc);
+        if (key_tok.kind == TOK_END)
+            break; /* empty string, or one trailing ',' (accepted, as PyTorch does) */
+        if (key_tok.kind == TOK_BAD)
+            return bad_character(text, key_tok.offset);
+        size_t element_off = key_tok.offset;
+        cca_status_t status = parse_element(&sc, key_tok, &work, source);
+        if (status != CCA_OK)
+            return status;
+
+        token_t sep = scan_next(&sc);
+        if (sep.kind == TOK_END)
+            break;
+        if (sep.kind == TOK_BAD)
+            return bad_character(text, sep.offset);
+        if (sep.kind != TOK_COMMA) {
+            size_t element_len = sep.offset - element_off;
+            token_text(text, sep, found, sizeof(found));
+            return cca_raise(CCA_ERR_BAD_SETTINGS,
+                             "Unexpected %s after '%.*s%s' in allocator settings; settings are "
+                             "key:value pairs separated by ','",
+                             found, shown_len(element_len), text + element_off,
+                             cut_mark(element_len));
+        }
+    }
+
+    cca_status_t status = check_cross_keys(&work);
+    if (status != CCA_OK)
+        return status;
+    *s = work;
+    return CCA_OK;
+}
+
+/* ---- the printer ----------------------------------------------------------------- */
+
+static void print_backend(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    cca_backend_kind_t kind = *SETTING_C(s, opt, cca_backend_kind_t);
+    sb_append(out, kind == CCA_BACKEND_ASYNC ? "cudaMallocAsync" : "native");
+}
+
+static void print_mib(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    size_t bytes = *SETTING_C(s, opt, size_t);
+    if (bytes == SIZE_MAX)
+        sb_append(out, "unlimited");
+    else if (bytes % CCA_MiB == 0)
+        sb_printf(out, "%zu", bytes / CCA_MiB);
+    else
+        sb_printf(out, "%g", (double)bytes / (double)CCA_MiB);
+}
+
+static void print_fraction(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    sb_printf(out, "%g", *SETTING_C(s, opt, double));
+}
+
+static void print_bool(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    sb_append(out, *SETTING_C(s, opt, bool) ? "True" : "False");
+}
+
+static void print_pow2(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    sb_printf(out, "%zu", *SETTING_C(s, opt, size_t));
+}
+
+/*
+ * The divisions in a compact form that parses back to the same array: one
+ * value when all are equal, else a list where the first run is one entry at
+ * its last index, middle runs one entry per index, and the last run is '>'.
+ */
+static void print_roundup(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
+{
+    const size_t *d = SETTING_C(s, opt, size_t);
+    size_t first_end = 0; /* last index of the first run */
+    size_t last_start = CCA_ROUNDUP_INTERVALS - 1; /* first index of the last run */
+
+    while (first_end + 1 < CCA_ROUNDUP_INTERVALS && d[first_end + 1] == d[0])
+        first_end++;
+    if (first_end == CCA_ROUNDUP_INTERVALS - 1) {
+        sb_printf(out, "%zu", d[0]);
+        return;
+    }
+    while (last_start > first_end + 1 && d[last_start - 1] == d[CCA_ROUNDUP_INTERVALS - 1])
+        last_start--;
+    sb_printf(out, "[%zu:%zu", (size_t)1 << first_end, d[0]);
+    for (size_t i = first_end + 1; i < last_start; i++)
+        sb_printf(out, ",%zu:%zu", (size_t)1 << i, d[i]);
+    sb_printf(out, ",>:%zu]", d[CCA_ROUNDUP_INTERVALS - 1]);
+}
+
+void settings_describe(const cca_settings_t *s, cca_strbuf_t *out)
+{
+    for (int k = 0; k < CCA_SET_COUNT; k++) {
+        const option_t *opt = &options[k];
+        sb_append(out, opt->name);
+        sb_append(out, " ");
+        handlers[opt->type].print(opt, s, out);
+        sb_printf(out, " (%s)\n", settings_source_name(s->source[k]));
+    }
+}
+
+/* ---- public ---------------------------------------------------------------------- */
+
+cca_status_t cca_settings_describe(const char *settings, char **text)
+{
+    cca_settings_t s;
+    cca_strbuf_t sb;
+    cca_status_t status;
+
+    if (!text)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_settings_describe: text is NULL");
+    settings_default(&s);
+    status = settings_parse(&s, getenv("CCA_ALLOC_CONF"), CCA_SRC_ENVIRONMENT);
+    if (status != CCA_OK) {
+        char message[sizeof(cca_last_error()->message)];
+        snprintf(message, sizeof(message), "%s", cca_last_error()->message);
+        return cca_raise(status, "CCA_ALLOC_CONF: %s", message);
+    }
+    status = settings_parse(&s, settings, CCA_SRC_ARGUMENT);
+    if (status != CCA_OK)
+        return status;
+
+    sb_init(&sb);
+    settings_describe(&s, &sb);
+    if (sb.failed || !sb.data) {
+        sb_free(&sb);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_settings_describe: out of host memory");
+    }
+    *text = sb.data;
+    return CCA_OK;
+}
