@@ -1027,7 +1027,7 @@ cca_status_t host_free(host_alloc_t *h, void *ptr)
     host_event_t *first = NULL, *last = NULL;
     size_t recorded = 0;
     for (size_t i = 0; i < nuses; i++) {
-        host_event_t *e;
+        host_event_t *e = NULL;
         status = event_get(h, uses[i].device, &e);
         if (status != CCA_OK)
             goto out_restore;
