@@ -1,0 +1,1923 @@
+/*
+ * sim.c - the simulated device backend: N devices of configurable capacity,
+ * without a GPU. Every allocator path is tested through it, and `cca replay`
+ * replays large traces through it on any machine.
+ *
+ * Memory modes:
+ *  - address-only (default): no host memory stands behind device memory; the
+ *    backend only hands out and tracks address ranges, so an 80 GiB device
+ *    costs a few MB of RAM;
+ *  - backed: malloc returns real host memory (posix_memalign, 512-byte
+ *    aligned; the device pointer is the host pointer), so AddressSanitizer
+ *    sees out-of-bounds use. VMM reservations are mmap(PROT_NONE) ranges that
+ *    vmm_map makes read/write and vmm_unmap makes inaccessible again.
+ *
+ * Address rule of address-only mode (deterministic): device d owns the window
+ * [0x7f0000000000 + d * W, 0x7f0000000000 + (d + 1) * W), W = 1 TiB (or the
+ * smallest multiple of 1 TiB holding twice the device's total memory). A block
+ * of size >= 2 MiB takes round_up(size, 2 MiB) bytes at the lowest 2 MiB
+ * aligned address of the window where they are free; a smaller one takes
+ * round_up(size, 512) bytes at the lowest free 512-byte aligned address;
+ * vmm_reserve aligns to max(granularity, that). Freed ranges go back to the
+ * window, merged with free neighbours, and are reused: the same sequence of
+ * calls always gets the same addresses.
+ *
+ * Address list (replay): while entries remain, malloc and vmm_reserve take
+ * the next address of the list, whatever the device. An entry that would
+ * overlap a live allocation or reservation fails (CCA_ERR_BACKEND) and is not
+ * consumed. Once the list is exhausted the rule above applies again; ranges
+ * taken from the list are carved out of the windows, so the rule never hands
+ * out an address that overlaps them.
+ *
+ * Invariant: live ranges (allocations and reservations, in `live`) never
+ * overlap, and every byte of a device window is either in that device's free
+ * tree or in exactly one live range. One mutex per backend guards all state.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_WINDOW_BASE ((uint64_t)0x7f0000000000ull)
+#define SIM_WINDOW_MIN ((uint64_t)1 << 40)
+#define SIM_MAX_TOTAL ((uint64_t)1 << 44)     /* 16 TiB per device */
+#define SIM_SMALL_ALIGN ((uint64_t)512)
+#define SIM_LARGE_ALIGN ((uint64_t)2 << 20)
+#define SIM_DEFAULT_TOTAL ((size_t)80 << 30)
+#define SIM_SPARE_MAX 64                      /* cached free tree nodes */
+#define SIM_CUDA_INVALID_VALUE 1              /* cudaErrorInvalidValue */
+#define SIM_CUDA_OUT_OF_MEMORY 2              /* cudaErrorMemoryAllocation */
+#define SIM_CUDA_NOT_READY 600                /* cudaErrorNotReady */
+
+static const unsigned char ipc_magic[8] = {'c', 'c', 'a', 's', 'i', 'm', '1', 0};
+
+/* ---- hash map: uint64 key -> non-NULL pointer ------------------------------- */
+
+/* Open addressing, linear probing, backward-shift deletion. A slot is in use
+ * iff its value is non-NULL, so every key (0 included) can be stored. */
+typedef struct sim_slot {
+    uint64_t key;
+    void *value;
+} sim_slot_t;
+
+typedef struct sim_map {
+    sim_slot_t *slots; /* NULL until the first insertion */
+    size_t mask;       /* capacity - 1 (capacity a power of two) */
+    size_t count;      /* slots in use */
+} sim_map_t;
+
+static uint64_t hash_u64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static void *map_get(const sim_map_t *m, uint64_t key)
+{
+    if (!m->slots)
+        return NULL;
+    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (!m->slots[i].value)
+            return NULL;
+        if (m->slots[i].key == key)
+            return m->slots[i].value;
+    }
+}
+
+/* Make room for one more entry. Returns false when host memory runs out. */
+static bool map_reserve(sim_map_t *m)
+{
+    if (m->slots && (m->count + 1) * 4 <= (m->mask + 1) * 3)
+        return true;
+    size_t cap = m->slots ? (m->mask + 1) * 2 : 16;
+    sim_slot_t *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    if (m->slots) {
+        for (size_t i = 0; i <= m->mask; i++) {
+            if (!m->slots[i].value)
+                continue;
+            size_t j = hash_u64(m->slots[i].key) & (cap - 1);
+            while (slots[j].value)
+                j = (j + 1) & (cap - 1);
+            slots[j] = m->slots[i];
+        }
+        free(m->slots);
+    }
+    m->slots = slots;
+    m->mask = cap - 1;
+    return true;
+}
+
+/* Insert an absent key; map_reserve() must have succeeded just before. */
+static void map_put(sim_map_t *m, uint64_t key, void *value)
+{
+    size_t i = hash_u64(key) & m->mask;
+    while (m->slots[i].value)
+        i = (i + 1) & m->mask;
+    m->slots[i].key = key;
+    m->slots[i].value = value;
+    m->count++;
+}
+
+/* Remove key; returns its value, or NULL if it was absent. */
+static void *map_remove(sim_map_t *m, uint64_t key)
+{
+    if (!m->slots)
+        return NULL;
+    size_t i = hash_u64(key) & m->mask;
+    while (m->slots[i].value && m->slots[i].key != key)
+        i = (i + 1) & m->mask;
+    void *value = m->slots[i].value;
+    if (!value)
+        return NULL;
+    for (size_t j = i;;) {
+        j = (j + 1) & m->mask;
+        if (!m->slots[j].value)
+            break;
+        size_t home = hash_u64(m->slots[j].key) & m->mask;
+        /* slot j may move to the hole at i unless its home lies in (i, j] */
+        bool stays = i < j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
+    }
+    m->slots[i].value = NULL;
+    m->slots[i].key = 0;
+    m->count--;
+    return value;
+}
+
+static void map_free(sim_map_t *m)
+{
+    free(m->slots);
+    memset(m, 0, sizeof(*m));
+}
+
+/* ---- ordered range sets: a treap keyed by start address ----------------------- */
+
+enum { SIM_RANGE_FREE = 0, SIM_RANGE_ALLOC, SIM_RANGE_RESV, SIM_RANGE_MAPPING };
+
+typedef struct sim_range {
+    uint64_t start;   /* first address */
+    uint64_t len;     /* bytes */
+    uint64_t max_len; /* largest len in this subtree */
+    uint32_t prio;    /* heap priority */
+    int kind;         /* SIM_RANGE_* */
+    void *data;       /* record of the live range, if any */
+    struct sim_range *left, *right;
+} sim_range_t;
+
+static void rt_update(sim_range_t *n)
+{
+    n->max_len = n->len;
+    if (n->left && n->left->max_len > n->max_len)
+        n->max_len = n->left->max_len;
+    if (n->right && n->right->max_len > n->max_len)
+        n->max_len = n->right->max_len;
+}
+
+/* Split t into ranges starting below key (*lo) and at or above it (*hi). */
+static void rt_split(sim_range_t *t, uint64_t key, sim_range_t **lo, sim_range_t **hi)
+{
+    if (!t) {
+        *lo = *hi = NULL;
+        return;
+    }
+    if (t->start < key) {
+        rt_split(t->right, key, &t->right, hi);
+        *lo = t;
+    } else {
+        rt_split(t->left, key, lo, &t->left);
+        *hi = t;
+    }
+    rt_update(t);
+}
+
+/* Join two treaps, every start of a below every start of b. */
+static sim_range_t *rt_merge(sim_range_t *a, sim_range_t *b)
+{
+    if (!a)
+        return b;
+    if (!b)
+        return a;
+    if (a->prio > b->prio) {
+        a->right = rt_merge(a->right, b);
+        rt_update(a);
+        return a;
+    }
+    b->left = rt_merge(a, b->left);
+    rt_update(b);
+    return b;
+}
+
+static void rt_insert(sim_range_t **root, sim_range_t *n)
+{
+    sim_range_t *lo, *hi;
+    n->left = n->right = NULL;
+    rt_update(n);
+    rt_split(*root, n->start, &lo, &hi);
+    *root = rt_merge(rt_merge(lo, n), hi);
+}
+
+/* Detach the range starting exactly at start; NULL if there is none. */
+static sim_range_t *rt_remove(sim_range_t **root, uint64_t start)
+{
+    sim_range_t *lo, *mid, *hi;
+    rt_split(*root, start, &lo, &hi);
+    rt_split(hi, start + 1, &mid, &hi);
+    *root = rt_merge(lo, hi);
+    if (mid) {
+        cca_assert_internal(!mid->left && !mid->right);
+        mid->left = mid->right = NULL;
+    }
+    return mid;
+}
+
+/* The range with the greatest start <= addr. */
+static sim_range_t *rt_find_le(sim_range_t *t, uint64_t addr)
+{
+    sim_range_t *best = NULL;
+    while (t) {
+        if (t->start <= addr) {
+            best = t;
+            t = t->right;
+        } else {
+            t = t->left;
+        }
+    }
+    return best;
+}
+
+/* The range with the smallest start >= addr. */
+static sim_range_t *rt_find_ge(sim_range_t *t, uint64_t addr)
+{
+    sim_range_t *best = NULL;
+    while (t) {
+        if (t->start >= addr) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t align)
+{
+    return (x + align - 1) & ~(align - 1);
+}
+
+static bool range_fits(const sim_range_t *r, uint64_t size, uint64_t align)
+{
+    uint64_t at = align_up(r->start, align);
+    return at >= r->start && at - r->start <= r->len && r->len - (at - r->start) >= size;
+}
+
+/* The lowest range where size bytes fit at an align-aligned address. */
+static sim_range_t *rt_first_fit(sim_range_t *t, uint64_t size, uint64_t align)
+{
+    if (!t || t->max_len < size)
+        return NULL;
+    sim_range_t *hit = rt_first_fit(t->left, size, align);
+    if (hit)
+        return hit;
+    if (range_fits(t, size, align))
+        return t;
+    return rt_first_fit(t->right, size, align);
+}
+
+static void rt_destroy(sim_range_t *t, void (*release)(sim_range_t *, void *), void *arg)
+{
+    if (!t)
+        return;
+    rt_destroy(t->left, release, arg);
+    rt_destroy(t->right, release, arg);
+    if (release)
+        release(t, arg);
+    free(t);
+}
+
+/* ---- records -------------------------------------------------------------------- */
+
+typedef struct sim_alloc {
+    uint64_t addr;   /* device pointer */
+    size_t size;     /* bytes requested */
+    int device;
+    uint64_t serial; /* distinguishes reuses of one address (IPC handles) */
+} sim_alloc_t;
+
+typedef struct sim_resv {
+    uint64_t addr;       /* base of the reservation */
+    size_t size;         /* bytes */
+    int device;
+    sim_range_t *mapped; /* mappings (kind SIM_RANGE_MAPPING, data = sim_phys_t) */
+    size_t mapping_count;
+} sim_resv_t;
+
+typedef struct sim_phys {
+    uint64_t id;        /* the handle */
+    int device;
+    size_t size;        /* bytes of device memory it holds */
+    uint64_t map_count; /* live mappings */
+    bool released;      /* vmm_release called; freed with its last mapping */
+} sim_phys_t;
+
+struct sim_stream;
+
+typedef struct sim_event {
+    int device;
+    bool pending;              /* recorded, not completed (manual mode) */
+    struct sim_stream *stream; /* stream it is pending on */
+    struct sim_event *prev, *next; /* in its stream's pending list, record order */
+} sim_event_t;
+
+typedef struct sim_stream {
+    sim_event_t *head, *tail; /* pending events, oldest first */
+} sim_stream_t;
+
+typedef struct sim_host {
+    void *ptr;
+    size_t size;
+    bool registered; /* host_register'ed (else host_alloc'ed) */
+} sim_host_t;
+
+typedef struct sim_fault {
+    uint64_t countdown; /* calls until the failure; 0 = no fault armed */
+    bool persistent;    /* keep failing once triggered */
+    bool failing;       /* a persistent fault triggered */
+    cca_status_t status;
+} sim_fault_t;
+
+typedef struct sim_device {
+    size_t total;             /* bytes */
+    size_t cap;               /* bytes; malloc fails beyond min(cap, total) */
+    size_t used;              /* bytes held by malloc and vmm_create */
+    uint64_t window_start;    /* address-only: this device's address window */
+    uint64_t window_end;
+    sim_range_t *free_ranges; /* free parts of the window */
+    sim_map_t streams;        /* stream handle -> sim_stream_t (manual events) */
+} sim_device_t;
+
+typedef struct sim_ctx {
+    cca_backend_t backend;  /* backend.ctx == this */
+    pthread_mutex_t lock;   /* guards everything below */
+    pthread_key_t current;  /* current device + 1 of the calling thread */
+    int device_count;
+    bool backed;
+    bool manual_events;
+    size_t granularity;     /* bytes */
+    sim_device_t devices[SIM_MAX_DEVICES];
+    sim_map_t allocs;       /* addr -> sim_alloc_t */
+    sim_map_t phys;         /* handle -> sim_phys_t */
+    sim_map_t events;       /* handle -> sim_event_t */
+    sim_map_t host;         /* host pointer -> sim_host_t */
+    sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
+    sim_range_t *live;      /* live allocations (address-only) and reservations */
+    sim_range_t *spare;     /* cached nodes, linked through ->right */
+    size_t spare_count;
+    uint64_t *addr_list;    /* address list (replay) */
+    size_t addr_count, addr_cap, addr_next;
+    uint64_t next_serial;   /* allocation serials and physical handles */
+    uint32_t prio_state;    /* xorshift state for treap priorities */
+    uint64_t ipc_id;        /* identity of this backend in IPC handles */
+    uint64_t pending_events;
+    uint64_t live_reservations, live_handles, live_host;
+    uint64_t calls[CCA_OP_COUNT];
+    sim_fault_t faults[CCA_OP_COUNT];
+} sim_ctx_t;
+
+static atomic_uint_fast64_t sim_instances;
+
+static void sim_destroy(void *ctx);
+
+/* ---- helpers (lock held) ---------------------------------------------------------- */
+
+/* Count a call of op and fire its injected fault, if due. */
+static cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op)
+{
+    sim_fault_t *f = &c->faults[op];
+    c->calls[op]++;
+    if (f->failing)
+        goto fail;
+    if (f->countdown == 0 || --f->countdown > 0)
+        return CCA_OK;
+    if (f->persistent)
+        f->failing = true;
+fail:
+    return cca_backend_error(f->status, 0, "sim: %s: injected fault (call %llu)",
+                             cca_backend_op_name(op), (unsigned long long)c->calls[op]);
+}
+
+static cca_status_t bad_device(sim_ctx_t *c, cca_backend_op_t op, int device)
+{
+    return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                             "sim: %s: invalid device ordinal %d (the backend has %d devices)",
+                             cca_backend_op_name(op), device, c->device_count);
+}
+
+static cca_status_t host_oom(cca_backend_op_t op)
+{
+    return cca_backend_error(CCA_ERR_BACKEND, 0, "sim: %s: host out of memory for bookkeeping",
+                             cca_backend_op_name(op));
+}
+
+static size_t device_limit(const sim_device_t *dev)
+{
+    return dev->cap < dev->total ? dev->cap : dev->total;
+}
+
+/* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
+static cca_status_t check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size)
+{
+    sim_device_t *dev = &c->devices[device];
+    size_t limit = device_limit(dev);
+    if (dev->used <= limit && size <= limit - dev->used)
+        return CCA_OK;
+    size_t free_bytes = dev->used < limit ? limit - dev->used : 0;
+    return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                             "CUDA error: out of memory (sim: %s of %zu bytes on device %d: "
+                             "%zu bytes free of %zu)",
+                             cca_backend_op_name(op), size, device, free_bytes, dev->total);
+}
+
+static uint32_t next_prio(sim_ctx_t *c)
+{
+    uint32_t x = c->prio_state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    c->prio_state = x;
+    return x;
+}
+
+/* Make sure n tree nodes can be taken without allocating. */
+static bool spare_reserve(sim_ctx_t *c, size_t n)
+{
+    while (c->spare_count < n) {
+        sim_range_t *r = malloc(sizeof(*r));
+        if (!r)
+            return false;
+        r->right = c->spare;
+        c->spare = r;
+        c->spare_count++;
+    }
+    return true;
+}
+
+/* A node from the spare list (NULL only if spare_reserve was not called). */
+static sim_range_t *spare_take(sim_ctx_t *c, uint64_t start, uint64_t len, int kind, void *data)
+{
+    sim_range_t *r = c->spare;
+    if (!r)
+        return NULL;
+    c->spare = r->right;
+    c->spare_count--;
+    memset(r, 0, sizeof(*r));
+    r->start = start;
+    r->len = len;
+    r->kind = kind;
+    r->data = data;
+    r->prio = next_prio(c);
+    return r;
+}
+
+static void spare_give(sim_ctx_t *c, sim_range_t *r)
+{
+    if (c->spare_count >= SIM_SPARE_MAX) {
+        free(r);
+        return;
+    }
+    r->right = c->spare;
+    c->spare = r;
+    c->spare_count++;
+}
+
+/* Spares any single placement or release may need. */
+static size_t spare_need(const sim_ctx_t *c)
+{
+    return (size_t)c->device_count + 2;
+}
+
+/* Take [start, start + len) out of dev's free ranges; it must lie inside one
+ * of them. Needs one spare node. Returns false if it does not. */
+static bool window_carve(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64_t len)
+{
+    sim_range_t *f = rt_find_le(dev->free_ranges, start);
+    if (!f || f->start + f->len < start + len)
+        return false;
+    uint64_t f_start = f->start, f_end = f->start + f->len;
+    f = rt_remove(&dev->free_ranges, f_start);
+    if (f_start < start) {
+        f->len = start - f_start;
+        rt_insert(&dev->free_ranges, f);
+        f = NULL;
+    }
+    if (start + len < f_end) {
+        sim_range_t *n = f ? f : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
+        n->start = start + len;
+        n->len = f_end - (start + len);
+        rt_insert(&dev->free_ranges, n);
+        f = NULL;
+    }
+    if (f)
+        spare_give(c, f);
+    return true;
+}
+
+/* Give [start, start + len) back to dev's free ranges, merged with free
+ * neighbours. Without a spare node the range is dropped (lost address space,
+ * never corruption). */
+static void window_release(sim_ctx_t *c, sim_device_t *dev, uint64_t start, uint64_t len)
+{
+    uint64_t end = start + len;
+    sim_range_t *prev = rt_find_le(dev->free_ranges, start);
+    if (prev && prev->start + prev->len == start) {
+        start = prev->start;
+        prev = rt_remove(&dev->free_ranges, start);
+    } else {
+        prev = NULL;
+    }
+    sim_range_t *next = rt_find_ge(dev->free_ranges, end);
+    if (next && next->start == end) {
+        end += next->len;
+        next = rt_remove(&dev->free_ranges, next->start);
+    } else {
+        next = NULL;
+    }
+    sim_range_t *n = prev ? prev : next ? next : spare_take(c, 0, 0, SIM_RANGE_FREE, NULL);
+    if (prev && next)
+        spare_give(c, next);
+    if (!n)
+        return;
+    n->start = start;
+    n->len = end - start;
+    rt_insert(&dev->free_ranges, n);
+}
+
+/* Clip [start, start + len) to dev's window; false if they do not meet. */
+static bool window_clip(const sim_device_t *dev, uint64_t start, uint64_t len, uint64_t *cs,
+                        uint64_t *cl)
+{
+    uint64_t lo = start > dev->window_start ? start : dev->window_start;
+    uint64_t hi = start + len < dev->window_end ? start + len : dev->window_end;
+    if (lo >= hi)
+        return false;
+    *cs = lo;
+    *cl = hi - lo;
+    return true;
+}
+
+/* The live range overlapping [start, start + len), if any. */
+static sim_range_t *live_overlap(sim_ctx_t *c, uint64_t start, uint64_t len)
+{
+    sim_range_t *n = rt_find_le(c->live, start + len - 1);
+    return n && n->start + n->len > start ? n : NULL;
+}
+
+/*
+ * Choose the address of a new live range of size bytes on device (address-only
+ * mode): the next list entry, else the deterministic rule with alignment
+ * align. Inserts the live node (kind, data). spare_need() spares must be
+ * reserved. Returns CCA_OK, CCA_ERR_BACKEND (list entry overlaps),
+ * CCA_ERR_OUT_OF_MEMORY (window exhausted).
+ */
+static cca_status_t place_range(sim_ctx_t *c, cca_backend_op_t op, int device, uint64_t size,
+                                uint64_t align, int kind, void *data, uint64_t *addr)
+{
+    sim_device_t *dev = &c->devices[device];
+    uint64_t start, len;
+    if (c->addr_next < c->addr_count) {
+        start = c->addr_list[c->addr_next];
+        len = size;
+        if (start + len < start)
+            return cca_backend_error(CCA_ERR_BACKEND, 0,
+                                     "sim: %s: address 0x%llx from the address list cannot "
+                                     "hold %llu bytes",
+                                     cca_backend_op_name(op), (unsigned long long)start,
+                                     (unsigned long long)size);
+        sim_range_t *o = live_overlap(c, start, len);
+        if (o)
+            return cca_backend_error(CCA_ERR_BACKEND, 0,
+                                     "sim: %s: address 0x%llx (+%llu bytes) from the address "
+                                     "list overlaps the live range at 0x%llx (+%llu bytes)",
+                                     cca_backend_op_name(op), (unsigned long long)start,
+                                     (unsigned long long)len, (unsigned long long)o->start,
+                                     (unsigned long long)o->len);
+        for (int d = 0; d < c->device_count; d++) {
+            uint64_t cs, cl;
+            if (window_clip(&c->devices[d], start, len, &cs, &cl) &&
+                !window_carve(c, &c->devices[d], cs, cl))
+                return cca_backend_error(CCA_ERR_INTERNAL, 0,
+                                         "sim: %s: free ranges of device %d disagree with "
+                                         "the live ranges at 0x%llx",
+                                         cca_backend_op_name(op), d, (unsigned long long)cs);
+        }
+        c->addr_next++;
+    } else {
+        len = align_up(size, align);
+        sim_range_t *f = len >= size ? rt_first_fit(dev->free_ranges, len, align) : NULL;
+        if (!f)
+            return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                                     "CUDA error: out of memory (sim: %s: the simulated address "
+                                     "space of device %d has no free range of %llu bytes)",
+                                     cca_backend_op_name(op), device, (unsigned long long)size);
+        start = align_up(f->start, align);
+        window_carve(c, dev, start, len);
+    }
+    rt_insert(&c->live, spare_take(c, start, len, kind, data));
+    *addr = start;
+    return CCA_OK;
+}
+
+/* Remove the live range at start and give its address space back. */
+static void unplace_range(sim_ctx_t *c, uint64_t start)
+{
+    sim_range_t *n = rt_remove(&c->live, start);
+    if (!n)
+        return;
+    uint64_t len = n->len;
+    spare_give(c, n); /* first, so the windows can use it */
+    if (c->backed)
+        return;
+    for (int d = 0; d < c->device_count; d++) {
+        uint64_t cs, cl;
+        if (window_clip(&c->devices[d], start, len, &cs, &cl))
+            window_release(c, &c->devices[d], cs, cl);
+    }
+}
+
+/* ---- events (manual mode) ------------------------------------------------------ */
+
+static void event_unlink(sim_ctx_t *c, sim_event_t *e)
+{
+    sim_stream_t *s = e->stream;
+    if (!e->pending)
+        return;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        s->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        s->tail = e->prev;
+    e->prev = e->next = NULL;
+    e->stream = NULL;
+    e->pending = false;
+    c->pending_events--;
+}
+
+/* Complete the events of s recorded up to and including last (NULL: all). */
+static void stream_complete(sim_ctx_t *c, sim_stream_t *s, sim_event_t *last)
+{
+    while (s->head) {
+        sim_event_t *e = s->head;
+        event_unlink(c, e);
+        if (e == last)
+            break;
+    }
+}
+
+static void device_complete(sim_ctx_t *c, int device)
+{
+    sim_map_t *m = &c->devices[device].streams;
+    for (size_t i = 0; m->slots && i <= m->mask; i++)
+        if (m->slots[i].value)
+            stream_complete(c, m->slots[i].value, NULL);
+}
+
+/* ---- device, memory ---------------------------------------------------------------- */
+
+static cca_status_t sim_device_count(void *ctx, int *count)
+{
+    sim_ctx_t *c = ctx;
+    *count = c->device_count;
+    return CCA_OK;
+}
+
+static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *props)
+{
+    sim_ctx_t *c = ctx;
+    if (device < 0 || device >= c->device_count)
+        return cca_backend_error(CCA_ERR_BACKEND, SIM_CUDA_INVALID_VALUE,
+                                 "sim: device_props: invalid device ordinal %d", device);
+    memset(props, 0, sizeof(*props));
+    snprintf(props->name, sizeof(props->name), "cca simulated device %d", device);
+    props->total_memory = c->devices[device].total;
+    return CCA_OK;
+}
+
+static cca_status_t sim_get_device(void *ctx, int *device)
+{
+    sim_ctx_t *c = ctx;
+    intptr_t v = (intptr_t)pthread_getspecific(c->current);
+    *device = v > 0 ? (int)(v - 1) : 0;
+    return CCA_OK;
+}
+
+static cca_status_t sim_set_device(void *ctx, int device)
+{
+    sim_ctx_t *c = ctx;
+    if (device < 0 || device >= c->device_count)
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                                 "sim: set_device: invalid device ordinal %d (the backend has "
+                                 "%d devices)",
+                                 device, c->device_count);
+    if (pthread_setspecific(c->current, (void *)(intptr_t)(device + 1)) != 0)
+        return cca_backend_error(CCA_ERR_BACKEND, 0, "sim: set_device: host out of memory");
+    return CCA_OK;
+}
+
+static cca_status_t sim_mem_get_info(void *ctx, int device, size_t *free_bytes, size_t *total)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_MEM_GET_INFO);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_MEM_GET_INFO, device);
+        goto out_unlock;
+    }
+    sim_device_t *dev = &c->devices[device];
+    size_t limit = device_limit(dev);
+    *free_bytes = dev->used < limit ? limit - dev->used : 0;
+    *total = dev->total;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
+{
+    sim_ctx_t *c = ctx;
+    sim_alloc_t *rec = NULL;
+    uint64_t addr = 0;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_MALLOC);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_MALLOC, device);
+        goto out_unlock;
+    }
+    if (!ptr || size == 0) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: malloc: invalid argument (size %zu)", size);
+        goto out_unlock;
+    }
+    st = check_capacity(c, CCA_OP_MALLOC, device, size);
+    if (st != CCA_OK)
+        goto out_unlock;
+    rec = calloc(1, sizeof(*rec));
+    if (!rec || !map_reserve(&c->allocs) || !spare_reserve(c, spare_need(c))) {
+        st = host_oom(CCA_OP_MALLOC);
+        goto out_free_rec;
+    }
+    if (c->backed) {
+        void *mem = NULL;
+        if (posix_memalign(&mem, SIM_SMALL_ALIGN, size) != 0) {
+            st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                                   "CUDA error: out of memory (sim: backed malloc of %zu bytes "
+                                   "on device %d: host memory exhausted)",
+                                   size, device);
+            goto out_free_rec;
+        }
+        addr = (uint64_t)(uintptr_t)mem;
+    } else {
+        uint64_t align = size >= SIM_LARGE_ALIGN ? SIM_LARGE_ALIGN : SIM_SMALL_ALIGN;
+        st = place_range(c, CCA_OP_MALLOC, device, size, align, SIM_RANGE_ALLOC, rec, &addr);
+        if (st != CCA_OK)
+            goto out_free_rec;
+    }
+    rec->addr = addr;
+    rec->size = size;
+    rec->device = device;
+    rec->serial = ++c->next_serial;
+    map_put(&c->allocs, addr, rec);
+    c->devices[device].used += size;
+    *ptr = (void *)(uintptr_t)addr;
+    goto out_unlock;
+out_free_rec:
+    free(rec);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_free(void *ctx, int device, void *ptr)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_FREE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_FREE, device);
+        goto out_unlock;
+    }
+    if (!ptr)
+        goto out_unlock; /* cudaFree(NULL) does nothing */
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    sim_alloc_t *rec = map_get(&c->allocs, addr);
+    if (!rec || rec->device != device) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: free: invalid argument (%p is not a live allocation of "
+                               "device %d)",
+                               ptr, device);
+        goto out_unlock;
+    }
+    /* cudaFree synchronizes the device */
+    device_complete(c, device);
+    spare_reserve(c, spare_need(c)); /* best effort: see window_release */
+    map_remove(&c->allocs, addr);
+    if (c->backed)
+        free(ptr);
+    else
+        unplace_range(c, addr);
+    c->devices[device].used -= rec->size;
+    free(rec);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- streams and events ---------------------------------------------------------- */
+
+static cca_status_t sim_stream_synchronize(void *ctx, int device, cca_stream_t stream)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_STREAM_SYNCHRONIZE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_STREAM_SYNCHRONIZE, device);
+        goto out_unlock;
+    }
+    sim_stream_t *s = map_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
+    if (s)
+        stream_complete(c, s, NULL);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_device_synchronize(void *ctx, int device)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_DEVICE_SYNCHRONIZE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_DEVICE_SYNCHRONIZE, device);
+        goto out_unlock;
+    }
+    device_complete(c, device);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_CREATE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_EVENT_CREATE, device);
+        goto out_unlock;
+    }
+    if (!event) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: event_create: NULL output pointer");
+        goto out_unlock;
+    }
+    sim_event_t *e = calloc(1, sizeof(*e));
+    if (!e || !map_reserve(&c->events)) {
+        free(e);
+        st = host_oom(CCA_OP_EVENT_CREATE);
+        goto out_unlock;
+    }
+    e->device = device;
+    map_put(&c->events, (uint64_t)(uintptr_t)e, e);
+    *event = e;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* The live event of handle on device, or NULL after recording the error. */
+static sim_event_t *find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
+                               cca_status_t *st)
+{
+    sim_event_t *e = map_get(&c->events, (uint64_t)(uintptr_t)event);
+    if (e && e->device == device)
+        return e;
+    *st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                            "sim: %s: %p is not a live event of device %d",
+                            cca_backend_op_name(op), (void *)event, device);
+    return NULL;
+}
+
+static cca_status_t sim_event_destroy(void *ctx, int device, cca_event_t event)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_DESTROY);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_event_t *e = find_event(c, CCA_OP_EVENT_DESTROY, device, event, &st);
+    if (!e)
+        goto out_unlock;
+    event_unlink(c, e);
+    map_remove(&c->events, (uint64_t)(uintptr_t)e);
+    free(e);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, cca_stream_t stream)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_RECORD);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_event_t *e = find_event(c, CCA_OP_EVENT_RECORD, device, event, &st);
+    if (!e || !c->manual_events)
+        goto out_unlock;
+    sim_map_t *streams = &c->devices[device].streams;
+    uint64_t key = (uint64_t)(uintptr_t)stream;
+    sim_stream_t *s = map_get(streams, key);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || !map_reserve(streams)) {
+            free(s);
+            st = host_oom(CCA_OP_EVENT_RECORD);
+            goto out_unlock;
+        }
+        map_put(streams, key, s);
+    }
+    event_unlink(c, e); /* re-recording re-arms the event */
+    e->stream = s;
+    e->pending = true;
+    e->prev = s->tail;
+    e->next = NULL;
+    if (s->tail)
+        s->tail->next = e;
+    else
+        s->head = e;
+    s->tail = e;
+    c->pending_events++;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_QUERY);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_event_t *e = find_event(c, CCA_OP_EVENT_QUERY, device, event, &st);
+    if (e && e->pending)
+        st = CCA_ERR_NOT_READY; /* a state, not a failure: nothing recorded */
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_event_synchronize(void *ctx, int device, cca_event_t event)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_SYNCHRONIZE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_event_t *e = find_event(c, CCA_OP_EVENT_SYNCHRONIZE, device, event, &st);
+    if (e && e->pending)
+        stream_complete(c, e->stream, e);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_t stream,
+                                              int *status)
+{
+    sim_ctx_t *c = ctx;
+    (void)stream;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_STREAM_CAPTURE_STATUS);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_STREAM_CAPTURE_STATUS, device);
+        goto out_unlock;
+    }
+    *status = CCA_CAPTURE_NONE;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- virtual memory ---------------------------------------------------------------- */
+
+static cca_status_t vmm_invalid(cca_backend_op_t op, const char *why, const void *addr,
+                                size_t size)
+{
+    return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                             "sim: %s: invalid argument (%p, %zu bytes): %s",
+                             cca_backend_op_name(op), addr, size, why);
+}
+
+/* The reservation of device holding [addr, addr + size), or NULL. */
+static sim_resv_t *find_resv(sim_ctx_t *c, int device, uint64_t addr, uint64_t size)
+{
+    if (size == 0 || addr + size < addr)
+        return NULL;
+    sim_range_t *n = rt_find_le(c->live, addr);
+    if (!n || n->kind != SIM_RANGE_RESV || addr + size > n->start + n->len)
+        return NULL;
+    sim_resv_t *r = n->data;
+    return r->device == device ? r : NULL;
+}
+
+static cca_status_t sim_vmm_granularity(void *ctx, int device, size_t *granularity)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_GRANULARITY);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_VMM_GRANULARITY, device);
+        goto out_unlock;
+    }
+    *granularity = c->granularity;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_vmm_reserve(void *ctx, int device, size_t size, void **addr)
+{
+    sim_ctx_t *c = ctx;
+    sim_resv_t *r = NULL;
+    uint64_t base = 0;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_RESERVE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_VMM_RESERVE, device);
+        goto out_unlock;
+    }
+    if (!addr || size == 0 || size % c->granularity != 0) {
+        st = vmm_invalid(CCA_OP_VMM_RESERVE, "size must be a non-zero multiple of the granularity",
+                         NULL, size);
+        goto out_unlock;
+    }
+    r = calloc(1, sizeof(*r));
+    if (!r || !spare_reserve(c, spare_need(c))) {
+        st = host_oom(CCA_OP_VMM_RESERVE);
+        goto out_free_resv;
+    }
+    if (c->backed) {
+        void *mem = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) {
+            st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                                   "CUDA error: out of memory (sim: vmm_reserve of %zu bytes: "
+                                   "mmap failed)",
+                                   size);
+            goto out_free_resv;
+        }
+        base = (uint64_t)(uintptr_t)mem;
+        rt_insert(&c->live, spare_take(c, base, size, SIM_RANGE_RESV, r));
+    } else {
+        uint64_t align = size >= SIM_LARGE_ALIGN ? SIM_LARGE_ALIGN : SIM_SMALL_ALIGN;
+        if (align < c->granularity)
+            align = c->granularity;
+        st = place_range(c, CCA_OP_VMM_RESERVE, device, size, align, SIM_RANGE_RESV, r, &base);
+        if (st != CCA_OK)
+            goto out_free_resv;
+    }
+    r->addr = base;
+    r->size = size;
+    r->device = device;
+    c->live_reservations++;
+    *addr = (void *)(uintptr_t)base;
+    goto out_unlock;
+out_free_resv:
+    free(r);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_vmm_free(void *ctx, int device, void *addr, size_t size)
+{
+    sim_ctx_t *c = ctx;
+    uint64_t base = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_FREE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_VMM_FREE, device);
+        goto out_unlock;
+    }
+    sim_resv_t *r = find_resv(c, device, base, size);
+    if (!r || r->addr != base || r->size != size) {
+        st = vmm_invalid(CCA_OP_VMM_FREE, "not a live reservation of this device", addr, size);
+        goto out_unlock;
+    }
+    if (r->mapping_count) {
+        st = vmm_invalid(CCA_OP_VMM_FREE, "the reservation still has mappings", addr, size);
+        goto out_unlock;
+    }
+    spare_reserve(c, spare_need(c)); /* best effort: see window_release */
+    unplace_range(c, base);
+    if (c->backed)
+        munmap(addr, size);
+    free(r);
+    c->live_reservations--;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_handle_t *handle)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_CREATE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_VMM_CREATE, device);
+        goto out_unlock;
+    }
+    if (!handle || size == 0 || size % c->granularity != 0) {
+        st = vmm_invalid(CCA_OP_VMM_CREATE, "size must be a non-zero multiple of the granularity",
+                         NULL, size);
+        goto out_unlock;
+    }
+    st = check_capacity(c, CCA_OP_VMM_CREATE, device, size);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_phys_t *p = calloc(1, sizeof(*p));
+    if (!p || !map_reserve(&c->phys)) {
+        free(p);
+        st = host_oom(CCA_OP_VMM_CREATE);
+        goto out_unlock;
+    }
+    p->id = ++c->next_serial;
+    p->device = device;
+    p->size = size;
+    map_put(&c->phys, p->id, p);
+    c->devices[device].used += size;
+    c->live_handles++;
+    *handle = p->id;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* Free a physical handle's memory once it is released and unmapped. */
+static void phys_maybe_free(sim_ctx_t *c, sim_phys_t *p)
+{
+    if (!p->released || p->map_count)
+        return;
+    map_remove(&c->phys, p->id);
+    c->devices[p->device].used -= p->size;
+    free(p);
+}
+
+static cca_status_t sim_vmm_release(void *ctx, int device, cca_phys_handle_t handle)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_RELEASE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_phys_t *p = map_get(&c->phys, handle);
+    if (!p || p->released || p->device != device) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: vmm_release: invalid argument (handle %llu is not a live "
+                               "physical handle of device %d)",
+                               (unsigned long long)handle, device);
+        goto out_unlock;
+    }
+    p->released = true;
+    c->live_handles--;
+    phys_maybe_free(c, p);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
+                                cca_phys_handle_t handle)
+{
+    sim_ctx_t *c = ctx;
+    uint64_t start = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_MAP);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_resv_t *r = find_resv(c, device, start, size);
+    if (!r) {
+        st = vmm_invalid(CCA_OP_VMM_MAP, "not inside a live reservation of this device", addr,
+                         size);
+        goto out_unlock;
+    }
+    if ((start - r->addr) % c->granularity || size % c->granularity) {
+        st = vmm_invalid(CCA_OP_VMM_MAP, "offset and size must be multiples of the granularity",
+                         addr, size);
+        goto out_unlock;
+    }
+    sim_phys_t *p = map_get(&c->phys, handle);
+    if (!p || p->released || p->device != device || p->size < size) {
+        st = vmm_invalid(CCA_OP_VMM_MAP,
+                         "the handle is not a live physical handle of this device holding "
+                         "at least size bytes",
+                         addr, size);
+        goto out_unlock;
+    }
+    sim_range_t *o = rt_find_le(r->mapped, start + size - 1);
+    if (o && o->start + o->len > start) {
+        st = vmm_invalid(CCA_OP_VMM_MAP, "the range overlaps a mapped range", addr, size);
+        goto out_unlock;
+    }
+    if (!spare_reserve(c, 1)) {
+        st = host_oom(CCA_OP_VMM_MAP);
+        goto out_unlock;
+    }
+    if (c->backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0) {
+        st = cca_backend_error(CCA_ERR_BACKEND, 0, "sim: vmm_map: mprotect of %p (%zu bytes) failed",
+                               addr, size);
+        goto out_unlock;
+    }
+    rt_insert(&r->mapped, spare_take(c, start, size, SIM_RANGE_MAPPING, p));
+    r->mapping_count++;
+    p->map_count++;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* True if [start, start + size) is exactly a run of adjacent mappings of r. */
+static bool mappings_exact(sim_resv_t *r, uint64_t start, uint64_t size)
+{
+    uint64_t end = start + size, at = start;
+    sim_range_t *m;
+    while ((m = rt_find_ge(r->mapped, at)) && m->start == at) {
+        at += m->len;
+        if (at >= end)
+            return at == end;
+    }
+    return false;
+}
+
+static cca_status_t sim_vmm_unmap(void *ctx, int device, void *addr, size_t size)
+{
+    sim_ctx_t *c = ctx;
+    uint64_t start = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_UNMAP);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_resv_t *r = find_resv(c, device, start, size);
+    if (!r || !mappings_exact(r, start, size)) {
+        st = vmm_invalid(CCA_OP_VMM_UNMAP, "the range is not exactly a run of mapped ranges", addr,
+                         size);
+        goto out_unlock;
+    }
+    for (uint64_t at = start; at < start + size;) {
+        sim_range_t *m = rt_remove(&r->mapped, at);
+        sim_phys_t *p = m->data;
+        at += m->len;
+        spare_give(c, m);
+        r->mapping_count--;
+        p->map_count--;
+        phys_maybe_free(c, p);
+    }
+    if (c->backed) {
+        mprotect(addr, size, PROT_NONE);
+        madvise(addr, size, MADV_DONTNEED);
+    }
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t size)
+{
+    sim_ctx_t *c = ctx;
+    uint64_t start = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_SET_ACCESS);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_resv_t *r = find_resv(c, device, start, size);
+    if (!r) {
+        st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "not inside a live reservation of this device",
+                         addr, size);
+        goto out_unlock;
+    }
+    /* walk from the mapping holding start; later ones must follow without gaps */
+    sim_range_t *m = rt_find_le(r->mapped, start);
+    uint64_t at = start, end = start + size;
+    while (m && m->start <= at && m->start + m->len > at) {
+        at = m->start + m->len;
+        if (at >= end)
+            goto out_unlock;
+        m = rt_find_ge(r->mapped, at);
+    }
+    st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "the range is not entirely mapped", addr, size);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- host memory -------------------------------------------------------------------- */
+
+static cca_status_t host_invalid(cca_backend_op_t op, const char *why, const void *ptr)
+{
+    return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                             "sim: %s: invalid argument (%p): %s", cca_backend_op_name(op), ptr,
+                             why);
+}
+
+static cca_status_t sim_host_alloc(void *ctx, size_t size, void **ptr)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_ALLOC);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (!ptr || size == 0) {
+        st = host_invalid(CCA_OP_HOST_ALLOC, "size must be non-zero", NULL);
+        goto out_unlock;
+    }
+    sim_host_t *h = calloc(1, sizeof(*h));
+    void *mem = NULL;
+    if (!h || !map_reserve(&c->host) || posix_memalign(&mem, 4096, size) != 0) {
+        free(h);
+        st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                               "CUDA error: out of memory (sim: host_alloc of %zu bytes)", size);
+        goto out_unlock;
+    }
+    h->ptr = mem;
+    h->size = size;
+    map_put(&c->host, (uint64_t)(uintptr_t)mem, h);
+    c->live_host++;
+    *ptr = mem;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_host_free(void *ctx, void *ptr)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_FREE);
+    if (st != CCA_OK || !ptr)
+        goto out_unlock; /* cudaFreeHost(NULL) does nothing */
+    sim_host_t *h = map_get(&c->host, (uint64_t)(uintptr_t)ptr);
+    if (!h || h->registered) {
+        st = host_invalid(CCA_OP_HOST_FREE, "not memory from host_alloc", ptr);
+        goto out_unlock;
+    }
+    map_remove(&c->host, (uint64_t)(uintptr_t)ptr);
+    free(h->ptr);
+    free(h);
+    c->live_host--;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_host_register(void *ctx, void *ptr, size_t size, void **device_ptr)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_REGISTER);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (!ptr || size == 0 || !device_ptr) {
+        st = host_invalid(CCA_OP_HOST_REGISTER, "NULL pointer or size 0", ptr);
+        goto out_unlock;
+    }
+    if (map_get(&c->host, (uint64_t)(uintptr_t)ptr)) {
+        st = host_invalid(CCA_OP_HOST_REGISTER, "host memory already registered", ptr);
+        goto out_unlock;
+    }
+    sim_host_t *h = calloc(1, sizeof(*h));
+    if (!h || !map_reserve(&c->host)) {
+        free(h);
+        st = host_oom(CCA_OP_HOST_REGISTER);
+        goto out_unlock;
+    }
+    h->ptr = ptr;
+    h->size = size;
+    h->registered = true;
+    map_put(&c->host, (uint64_t)(uintptr_t)ptr, h);
+    c->live_host++;
+    *device_ptr = ptr;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_host_unregister(void *ctx, void *ptr)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_HOST_UNREGISTER);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_host_t *h = map_get(&c->host, (uint64_t)(uintptr_t)ptr);
+    if (!h || !h->registered) {
+        st = host_invalid(CCA_OP_HOST_UNREGISTER, "host memory not registered", ptr);
+        goto out_unlock;
+    }
+    map_remove(&c->host, (uint64_t)(uintptr_t)ptr);
+    free(h);
+    c->live_host--;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- IPC ---------------------------------------------------------------------------- */
+
+/* Layout of a handle: magic[8], backend id, device, pointer, serial, check. */
+typedef struct sim_ipc_fields {
+    uint64_t backend_id;
+    uint64_t device;
+    uint64_t ptr;
+    uint64_t serial;
+} sim_ipc_fields_t;
+
+static uint64_t ipc_check(const sim_ipc_fields_t *f)
+{
+    return hash_u64(f->backend_id ^ hash_u64(f->device ^ hash_u64(f->ptr ^ hash_u64(f->serial))));
+}
+
+static cca_status_t sim_ipc_get_handle(void *ctx, int device, void *ptr, cca_ipc_handle_t *handle)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_IPC_GET);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_alloc_t *rec = map_get(&c->allocs, (uint64_t)(uintptr_t)ptr);
+    if (!rec || rec->device != device || !handle) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: ipc_get_handle: invalid argument (%p is not a live "
+                               "allocation of device %d)",
+                               ptr, device);
+        goto out_unlock;
+    }
+    sim_ipc_fields_t f = {c->ipc_id, (uint64_t)device, rec->addr, rec->serial};
+    uint64_t check = ipc_check(&f);
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle->bytes, ipc_magic, sizeof(ipc_magic));
+    memcpy(handle->bytes + 8, &f, sizeof(f));
+    memcpy(handle->bytes + 8 + sizeof(f), &check, sizeof(check));
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_ipc_open(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr)
+{
+    sim_ctx_t *c = ctx;
+    sim_ipc_fields_t f;
+    uint64_t check;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_IPC_OPEN);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_IPC_OPEN, device);
+        goto out_unlock;
+    }
+    if (!handle || !ptr || memcmp(handle->bytes, ipc_magic, sizeof(ipc_magic)) != 0)
+        goto out_invalid;
+    memcpy(&f, handle->bytes + 8, sizeof(f));
+    memcpy(&check, handle->bytes + 8 + sizeof(f), sizeof(check));
+    if (check != ipc_check(&f) || f.backend_id != c->ipc_id)
+        goto out_invalid;
+    sim_alloc_t *rec = map_get(&c->allocs, f.ptr);
+    if (!rec || rec->serial != f.serial || (uint64_t)rec->device != f.device)
+        goto out_invalid;
+    uintptr_t opens = (uintptr_t)map_get(&c->ipc_opens, f.ptr);
+    if (opens) {
+        map_remove(&c->ipc_opens, f.ptr);
+    } else if (!map_reserve(&c->ipc_opens)) {
+        st = host_oom(CCA_OP_IPC_OPEN);
+        goto out_unlock;
+    }
+    map_put(&c->ipc_opens, f.ptr, (void *)(opens + 1));
+    *ptr = (void *)(uintptr_t)f.ptr;
+    goto out_unlock;
+out_invalid:
+    st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                           "sim: ipc_open: invalid argument (corrupt or stale IPC handle)");
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
+{
+    sim_ctx_t *c = ctx;
+    uint64_t key = (uint64_t)(uintptr_t)ptr;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_IPC_CLOSE);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = bad_device(c, CCA_OP_IPC_CLOSE, device);
+        goto out_unlock;
+    }
+    uintptr_t opens = (uintptr_t)map_remove(&c->ipc_opens, key);
+    if (!opens) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: ipc_close: invalid argument (%p is not an open IPC "
+                               "mapping)",
+                               ptr);
+        goto out_unlock;
+    }
+    if (opens > 1)
+        map_put(&c->ipc_opens, key, (void *)(opens - 1)); /* the slot just freed */
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- creation and destruction ------------------------------------------------------ */
+
+static void release_live_range(sim_range_t *n, void *arg)
+{
+    sim_ctx_t *c = arg;
+    if (n->kind != SIM_RANGE_RESV)
+        return;
+    sim_resv_t *r = n->data;
+    rt_destroy(r->mapped, NULL, NULL);
+    if (c->backed)
+        munmap((void *)(uintptr_t)r->addr, r->size);
+    free(r);
+}
+
+static void sim_destroy(void *ctx)
+{
+    sim_ctx_t *c = ctx;
+    if (!c)
+        return;
+    for (size_t i = 0; c->allocs.slots && i <= c->allocs.mask; i++) {
+        sim_alloc_t *a = c->allocs.slots[i].value;
+        if (!a)
+            continue;
+        if (c->backed)
+            free((void *)(uintptr_t)a->addr);
+        free(a);
+    }
+    for (size_t i = 0; c->phys.slots && i <= c->phys.mask; i++)
+        free(c->phys.slots[i].value);
+    for (size_t i = 0; c->events.slots && i <= c->events.mask; i++)
+        free(c->events.slots[i].value);
+    for (size_t i = 0; c->host.slots && i <= c->host.mask; i++) {
+        sim_host_t *h = c->host.slots[i].value;
+        if (h && !h->registered)
+            free(h->ptr);
+        free(h);
+    }
+    rt_destroy(c->live, release_live_range, c);
+    for (int d = 0; d < c->device_count; d++) {
+        sim_map_t *m = &c->devices[d].streams;
+        for (size_t i = 0; m->slots && i <= m->mask; i++)
+            free(m->slots[i].value);
+        map_free(m);
+        rt_destroy(c->devices[d].free_ranges, NULL, NULL);
+    }
+    while (c->spare) {
+        sim_range_t *r = c->spare;
+        c->spare = r->right;
+        free(r);
+    }
+    map_free(&c->allocs);
+    map_free(&c->phys);
+    map_free(&c->events);
+    map_free(&c->host);
+    map_free(&c->ipc_opens);
+    free(c->addr_list);
+    pthread_key_delete(c->current);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* Append count addresses to the list (lock held or not yet shared). */
+static cca_status_t append_addresses(sim_ctx_t *c, const uint64_t *addresses, size_t count)
+{
+    if (count && !addresses)
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0, "sim: address list is NULL");
+    if (count && c->backed)
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0,
+                                 "sim: an address list cannot be used in backed mode (device "
+                                 "pointers are host pointers there)");
+    for (size_t i = 0; i < count; i++)
+        if (addresses[i] == 0)
+            return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0,
+                                     "sim: address list entry %zu is 0", i);
+    if (count > c->addr_cap - c->addr_count) {
+        size_t cap = c->addr_cap ? c->addr_cap : 64;
+        while (cap - c->addr_count < count) {
+            if (cap > SIZE_MAX / 2 / sizeof(uint64_t))
+                return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0,
+                                         "sim: address list: out of host memory");
+            cap *= 2;
+        }
+        uint64_t *list = realloc(c->addr_list, cap * sizeof(uint64_t));
+        if (!list)
+            return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0,
+                                         "sim: address list: out of host memory");
+        c->addr_list = list;
+        c->addr_cap = cap;
+    }
+    if (count)
+        memcpy(c->addr_list + c->addr_count, addresses, count * sizeof(uint64_t));
+    c->addr_count += count;
+    return CCA_OK;
+}
+
+static cca_status_t sim_invalid_config(const char *why)
+{
+    return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0, "sim: invalid configuration: %s", why);
+}
+
+cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **backend)
+{
+    cca_sim_config_t cfg;
+    cca_status_t st;
+    if (!backend)
+        return sim_invalid_config("backend output pointer is NULL");
+    if (config)
+        cfg = *config;
+    else
+        memset(&cfg, 0, sizeof(cfg));
+    if (cfg.devices == 0)
+        cfg.devices = 1;
+    if (cfg.total_memory == 0)
+        cfg.total_memory = SIM_DEFAULT_TOTAL;
+    if (cfg.memory_cap == 0)
+        cfg.memory_cap = cfg.total_memory;
+    if (cfg.granularity == 0)
+        cfg.granularity = SIM_LARGE_ALIGN;
+    if (cfg.devices < 0 || cfg.devices > SIM_MAX_DEVICES)
+        return sim_invalid_config("devices must be between 1 and 16");
+    if (cfg.total_memory > SIM_MAX_TOTAL)
+        return sim_invalid_config("total_memory must be at most 16 TiB");
+    if ((cfg.granularity & (cfg.granularity - 1)) || cfg.granularity < SIM_SMALL_ALIGN ||
+        cfg.granularity > ((size_t)1 << 30) ||
+        (cfg.backed && cfg.granularity % (size_t)sysconf(_SC_PAGESIZE)))
+        return sim_invalid_config("granularity must be a power of two between 512 bytes (the "
+                                  "page size in backed mode) and 1 GiB");
+    if (cfg.backed && cfg.address_count)
+        return sim_invalid_config("an address list cannot be used in backed mode");
+
+    sim_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0, "sim: out of host memory");
+    if (pthread_key_create(&c->current, NULL) != 0) {
+        free(c);
+        return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0, "sim: no thread-local key left");
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    c->device_count = cfg.devices;
+    c->backed = cfg.backed;
+    c->manual_events = cfg.manual_events;
+    c->granularity = cfg.granularity;
+    c->prio_state = 0x9e3779b9u;
+    c->ipc_id = hash_u64(atomic_fetch_add(&sim_instances, 1) + 1 + (uint64_t)getpid());
+    uint64_t window = SIM_WINDOW_MIN;
+    while (window < 2 * (uint64_t)cfg.total_memory)
+        window += SIM_WINDOW_MIN;
+    for (int d = 0; d < cfg.devices; d++) {
+        sim_device_t *dev = &c->devices[d];
+        dev->total = cfg.total_memory;
+        dev->cap = cfg.memory_cap;
+        dev->window_start = SIM_WINDOW_BASE + (uint64_t)d * window;
+        dev->window_end = dev->window_start + window;
+        if (cfg.backed)
+            continue;
+        if (!spare_reserve(c, 1)) {
+            st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0, "sim: out of host memory");
+            goto out_destroy;
+        }
+        rt_insert(&dev->free_ranges,
+                  spare_take(c, dev->window_start, window, SIM_RANGE_FREE, NULL));
+    }
+    st = append_addresses(c, cfg.addresses, cfg.address_count);
+    if (st != CCA_OK)
+        goto out_destroy;
+
+    cca_backend_t *b = &c->backend;
+    b->name = "sim";
+    b->ctx = c;
+    b->device_count = sim_device_count;
+    b->device_props = sim_device_props;
+    b->get_device = sim_get_device;
+    b->set_device = sim_set_device;
+    b->mem_get_info = sim_mem_get_info;
+    b->malloc = sim_malloc;
+    b->free = sim_free;
+    b->stream_synchronize = sim_stream_synchronize;
+    b->device_synchronize = sim_device_synchronize;
+    b->event_create = sim_event_create;
+    b->event_destroy = sim_event_destroy;
+    b->event_record = sim_event_record;
+    b->event_query = sim_event_query;
+    b->event_synchronize = sim_event_synchronize;
+    b->stream_capture_status = sim_stream_capture_status;
+    b->vmm_granularity = sim_vmm_granularity;
+    b->vmm_reserve = sim_vmm_reserve;
+    b->vmm_free = sim_vmm_free;
+    b->vmm_create = sim_vmm_create;
+    b->vmm_release = sim_vmm_release;
+    b->vmm_map = sim_vmm_map;
+    b->vmm_unmap = sim_vmm_unmap;
+    b->vmm_set_access = sim_vmm_set_access;
+    b->host_alloc = sim_host_alloc;
+    b->host_free = sim_host_free;
+    b->host_register = sim_host_register;
+    b->host_unregister = sim_host_unregister;
+    b->ipc_get_handle = sim_ipc_get_handle;
+    b->ipc_open = sim_ipc_open;
+    b->ipc_close = sim_ipc_close;
+    b->destroy = sim_destroy;
+    *backend = b;
+    return CCA_OK;
+out_destroy:
+    sim_destroy(c);
+    return st;
+}
+
+/* ---- test and replay controls --------------------------------------------------- */
+
+/* The simulated backend behind b, or NULL if b is not one. */
+static sim_ctx_t *sim_of(cca_backend_t *b)
+{
+    return b && b->destroy == sim_destroy ? b->ctx : NULL;
+}
+
+static cca_status_t not_sim(const char *fn)
+{
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the backend is not a simulated backend", fn);
+}
+
+cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, uint64_t nth,
+                                  bool persistent, cca_status_t status)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if ((int)op < 0 || op >= CCA_OP_COUNT)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_inject_fault: unknown operation %d",
+                         (int)op);
+    if (nth && status == CCA_OK)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_sim_inject_fault: an injected fault needs a failure status");
+    pthread_mutex_lock(&c->lock);
+    sim_fault_t *f = &c->faults[op];
+    memset(f, 0, sizeof(*f));
+    f->countdown = nth;
+    f->persistent = persistent;
+    f->status = status;
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
+void cca_sim_clear_faults(cca_backend_t *backend)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    memset(c->faults, 0, sizeof(c->faults));
+    pthread_mutex_unlock(&c->lock);
+}
+
+uint64_t cca_sim_call_count(cca_backend_t *backend, cca_backend_op_t op)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c || (int)op < 0 || op >= CCA_OP_COUNT)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    uint64_t n = c->calls[op];
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+cca_status_t cca_sim_usage(cca_backend_t *backend, cca_sim_usage_t *usage)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (!usage)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_usage: usage is NULL");
+    pthread_mutex_lock(&c->lock);
+    memset(usage, 0, sizeof(*usage));
+    for (int d = 0; d < c->device_count; d++)
+        usage->device_bytes[d] = c->devices[d].used;
+    usage->live_allocations = c->allocs.count;
+    usage->live_events = c->events.count;
+    usage->live_reservations = c->live_reservations;
+    usage->live_handles = c->live_handles;
+    usage->live_host = c->live_host;
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_sim_complete_stream(cca_backend_t *backend, int device, cca_stream_t stream,
+                                     bool all)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (device < -1 || device >= c->device_count || (device == -1 && !all))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_sim_complete_stream: invalid device %d (-1 only with all)", device);
+    pthread_mutex_lock(&c->lock);
+    if (device == -1) {
+        for (int d = 0; d < c->device_count; d++)
+            device_complete(c, d);
+    } else if (all) {
+        device_complete(c, device);
+    } else {
+        sim_stream_t *s = map_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
+        if (s)
+            stream_complete(c, s, NULL);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
+uint64_t cca_sim_pending_events(cca_backend_t *backend)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    uint64_t n = c->pending_events;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+cca_status_t cca_sim_set_cap(cca_backend_t *backend, int device, size_t cap)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (device < 0 || device >= c->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_set_cap: invalid device %d", device);
+    pthread_mutex_lock(&c->lock);
+    c->devices[device].cap = cap ? cap : c->devices[device].total;
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addresses, size_t count)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = append_addresses(c, addresses, count);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
