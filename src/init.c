@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "host.h"
 #include "nvml.h"
 
 cca_state_t *cca_state;
@@ -45,6 +46,7 @@ static cca_status_t check_supported(const cca_settings_t *s)
 
 static void destroy_state(cca_state_t *S, int devices_ready)
 {
+    host_global_shutdown();
     if (S->ptrmap)
         alloc_shutdown_uncached();
     for (int d = 0; d < devices_ready; d++)
@@ -108,6 +110,9 @@ static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *se
             goto out_destroy;
         devices_ready++;
     }
+    st = host_global_init(backend, settings);
+    if (st != CCA_OK)
+        goto out_destroy;
     atomic_store_explicit(&initialized, true, memory_order_release);
     return CCA_OK;
 
@@ -278,6 +283,11 @@ cca_status_t cca_set_settings(const char *text)
     st = check_supported(&next);
     if (st != CCA_OK)
         return st;
+    if (host_global()) {
+        st = host_apply_settings(host_global(), &next);
+        if (st != CCA_OK)
+            return st;
+    }
     lock_world(true);
     bool fraction_changed =
         next.per_process_memory_fraction != cca_state->settings.per_process_memory_fraction;
