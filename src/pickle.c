@@ -1079,8 +1079,8 @@ static cca_status_t rd_line(reader_t *r, size_t op_off, int op, const char **sta
 /* Text INT/LONG: a decimal that fits in int64 or uint64 ("I01"/"I00" are True/False). */
 static cca_status_t rd_text_int(reader_t *r, size_t op_off, int op)
 {
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     cca_status_t st = rd_line(r, op_off, op, &s, &len);
     if (st)
         return st;
@@ -1156,6 +1156,8 @@ static cca_status_t rd_append(reader_t *r, size_t op_off, int op, pv_node_t *lis
 {
     if (list->kind != PV_LIST)
         return rd_error(r, op_off, "%s on a %s, not a list", op_name(op), pv_kind_name(list->kind));
+    if (r->sp == from)
+        return CCA_OK; /* an empty APPENDS */
     if (!list_reserve(r->doc, list, r->sp - from))
         return rd_oom();
     memcpy(list->v.seq.items + list->v.seq.len, r->stack + from, (r->sp - from) * sizeof(pv_node_t *));
@@ -1173,7 +1175,7 @@ static cca_status_t rd_run(reader_t *r)
         size_t op_off = r->pos;
         int op = r->data[r->pos++];
         const uint8_t *arg = r->data + r->pos;
-        size_t mark;
+        size_t mark = 0;
         switch (op) {
         case OP_PROTO:
             if ((st = rd_need(r, op_off, op, 1)))
