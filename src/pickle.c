@@ -1156,6 +1156,8 @@ static cca_status_t rd_append(reader_t *r, size_t op_off, int op, pv_node_t *lis
 {
     if (list->kind != PV_LIST)
         return rd_error(r, op_off, "%s on a %s, not a list", op_name(op), pv_kind_name(list->kind));
+    if (r->sp == from)
+        return CCA_OK; /* an empty APPENDS */
     if (!list_reserve(r->doc, list, r->sp - from))
         return rd_oom();
     memcpy(list->v.seq.items + list->v.seq.len, r->stack + from, (r->sp - from) * sizeof(pv_node_t *));
