@@ -82,21 +82,30 @@ static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
 
 static inline void stats_lock(cca_device_t *dev)
 {
-    pthread_mutex_lock(&dev->stats_lock);
+    cca_spin_lock(&dev->stats_lock);
 }
 
 static inline void stats_unlock(cca_device_t *dev)
 {
-    pthread_mutex_unlock(&dev->stats_lock);
+    cca_spin_unlock(&dev->stats_lock);
 }
 
 /* ---- block structs ---------------------------------------------------------- */
 
+/* A block struct from the stream pool's spares, or a new one (pool lock held). */
 static cca_block_t *block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size)
 {
-    cca_block_t *b = calloc(1, sizeof(*b));
-    if (!b)
-        return NULL;
+    cca_stream_pool_t *sp = pool->owner;
+    cca_block_t *b = sp->spare_blocks;
+    if (b) {
+        sp->spare_blocks = b->bin_next;
+        sp->spare_count--;
+        memset(b, 0, sizeof(*b));
+    } else {
+        b = calloc(1, sizeof(*b));
+        if (!b)
+            return NULL;
+    }
     b->addr = addr;
     b->size = size;
     b->pool = pool;
@@ -106,11 +115,19 @@ static cca_block_t *block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t ad
     return b;
 }
 
+/* Give a block struct back to its stream pool's spares (pool lock held). */
 static void block_delete(cca_block_t *b)
 {
     if (b->stream_uses != b->stream_uses_inline)
         free(b->stream_uses);
-    free(b);
+    cca_stream_pool_t *sp = b->pool->owner;
+    if (sp->spare_count >= 4096) {
+        free(b);
+        return;
+    }
+    b->bin_next = sp->spare_blocks;
+    sp->spare_blocks = b;
+    sp->spare_count++;
 }
 
 static inline bool block_is_split(const cca_block_t *b)
@@ -154,7 +171,7 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     cca_stream_pool_t *sp = calloc(1, sizeof(*sp));
     if (!sp)
         return NULL;
-    pthread_mutex_init(&sp->lock, NULL);
+    cca_spin_init(&sp->lock);
     sp->stream = stream;
     sp->device = dev;
     sp->small.owner = sp;
@@ -329,7 +346,7 @@ static size_t try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *b
  * with free neighbours, put it in its bin, update the statistics (stream
  * pool lock held).
  */
-static void free_block(cca_device_t *dev, cca_block_t *block)
+static void free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
 {
     cca_pool_t *pool = block->pool;
     trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
@@ -355,6 +372,13 @@ static void free_block(cca_device_t *dev, cca_block_t *block)
     int type = pool_stat_type(pool->is_small);
     stats_lock(dev);
     cca_device_stats_t *st = &dev->stats;
+    if (program_free) {
+        /* the program's free and the block's return in one statistics update */
+        stat2_dec(st->allocation, type, 1);
+        stat2_dec(st->allocated_bytes, type, (int64_t)original_size);
+        if (original_size >= cca_state->settings.max_split_size)
+            stat_decrease(&st->oversize_allocations, 1);
+    }
     if (net_blocks > 0)
         stat2_inc(st->inactive_split, type, net_blocks);
     else if (net_blocks < 0)
@@ -467,11 +491,11 @@ static void event_done(cca_device_t *dev, cca_block_t *block, cca_stream_pool_t 
 {
     cca_stream_pool_t *sp = block->pool->owner;
     if (sp != held)
-        pthread_mutex_lock(&sp->lock);
+        cca_spin_lock(&sp->lock);
     if (--block->event_count == 0)
-        free_block(dev, block);
+        free_block(dev, block, false);
     if (sp != held)
-        pthread_mutex_unlock(&sp->lock);
+        cca_spin_unlock(&sp->lock);
 }
 
 /*
@@ -606,7 +630,7 @@ static cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca
 {
     cca_status_t result = CCA_OK;
     if (pool->owner != held)
-        pthread_mutex_lock(&pool->owner->lock);
+        cca_spin_lock(&pool->owner->lock);
     cca_block_t *b = bins_best_fit(&pool->bins, 0);
     while (b) {
         cca_block_t *next = bins_next(&pool->bins, b);
@@ -618,7 +642,7 @@ static cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca
         b = next;
     }
     if (pool->owner != held)
-        pthread_mutex_unlock(&pool->owner->lock);
+        cca_spin_unlock(&pool->owner->lock);
     return result;
 }
 
@@ -691,7 +715,7 @@ static void garbage_collect_cached_blocks(cca_device_t *dev, cca_stream_pool_t *
         return;
     for (size_t i = 0; i < n; i++)
         if (pools[i] != held)
-            pthread_mutex_lock(&pools[i]->lock);
+            cca_spin_lock(&pools[i]->lock);
     size_t total_age = 0;
     int64_t freeable = 0;
     for (size_t i = 0; i < n; i++)
@@ -726,7 +750,7 @@ static void garbage_collect_cached_blocks(cca_device_t *dev, cca_stream_pool_t *
     }
     for (size_t i = 0; i < n; i++)
         if (pools[i] != held)
-            pthread_mutex_unlock(&pools[i]->lock);
+            cca_spin_unlock(&pools[i]->lock);
     free(pools);
 }
 
@@ -935,19 +959,19 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     cca_status_t st;
 
     if (cca_state->free_callback_count && trigger_free_memory_callbacks()) {
-        pthread_mutex_lock(&sp->lock);
+        cca_spin_lock(&sp->lock);
         block = get_free_block(dev, pool, size, true);
         if (block) {
             st = alloc_found_block(dev, pool, &block, size, orig_size);
-            pthread_mutex_unlock(&sp->lock);
+            cca_spin_unlock(&sp->lock);
             *out = block;
             return st;
         }
-        pthread_mutex_unlock(&sp->lock);
+        cca_spin_unlock(&sp->lock);
     }
 
     pthread_mutex_lock(&dev->lock);
-    pthread_mutex_lock(&sp->lock);
+    cca_spin_lock(&sp->lock);
     /* Another thread may have freed into this pool meanwhile. */
     block = get_free_block(dev, pool, size, false);
     if (!block) {
@@ -962,7 +986,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
             st = rs == CCA_OK ? alloc_block(dev, pool, alloc_size, true, &block) : rs;
         }
         if (st != CCA_OK) {
-            pthread_mutex_unlock(&sp->lock);
+            cca_spin_unlock(&sp->lock);
             pthread_mutex_unlock(&dev->lock);
             if (st == CCA_ERR_OUT_OF_MEMORY)
                 return raise_oom(dev, size, alloc_size, sp->stream);
@@ -971,7 +995,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     }
     pthread_mutex_unlock(&dev->lock);
     st = alloc_found_block(dev, pool, &block, size, orig_size);
-    pthread_mutex_unlock(&sp->lock);
+    cca_spin_unlock(&sp->lock);
     *out = block;
     return st;
 }
@@ -1010,13 +1034,13 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
     size_t rsize = alloc_round_size(&S->settings, size);
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
-    pthread_mutex_lock(&sp->lock);
+    cca_spin_lock(&sp->lock);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
         st = alloc_found_block(dev, pool, &block, rsize, size);
-        pthread_mutex_unlock(&sp->lock);
+        cca_spin_unlock(&sp->lock);
     } else {
-        pthread_mutex_unlock(&sp->lock);
+        cca_spin_unlock(&sp->lock);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
     if (st == CCA_OK)
@@ -1065,23 +1089,23 @@ cca_status_t cca_free(void *ptr)
     cca_device_t *dev = sp->device;
     int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
-    pthread_mutex_lock(&sp->lock);
+    cca_spin_lock(&sp->lock);
     block->allocated = false;
-    stats_lock(dev);
-    stat2_dec(dev->stats.allocation, type, 1);
-    stat2_dec(dev->stats.allocated_bytes, type, (int64_t)block->size);
-    if (block->size >= S->settings.max_split_size)
-        stat_decrease(&dev->stats.oversize_allocations, 1);
-    stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
-    if (block->stream_use_count) {
+    if (!block->stream_use_count) {
+        free_block(dev, block, true);
+    } else {
+        stats_lock(dev);
+        stat2_dec(dev->stats.allocation, type, 1);
+        stat2_dec(dev->stats.allocated_bytes, type, (int64_t)block->size);
+        if (block->size >= S->settings.max_split_size)
+            stat_decrease(&dev->stats.oversize_allocations, 1);
+        stats_unlock(dev);
         st = insert_events(dev, block);
         if (block->event_count == 0)
-            free_block(dev, block);
-    } else {
-        free_block(dev, block);
+            free_block(dev, block, false);
     }
-    pthread_mutex_unlock(&sp->lock);
+    cca_spin_unlock(&sp->lock);
     return st;
 }
 
@@ -1100,7 +1124,7 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
     if (stream == sp->stream)
         return CCA_OK;
     cca_status_t st = CCA_OK;
-    pthread_mutex_lock(&sp->lock);
+    cca_spin_lock(&sp->lock);
     bool present = false;
     for (uint32_t i = 0; i < block->stream_use_count && !present; i++)
         present = block->stream_uses[i] == stream;
@@ -1121,7 +1145,7 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
         block->stream_uses[block->stream_use_count++] = stream;
     }
 out_unlock:
-    pthread_mutex_unlock(&sp->lock);
+    cca_spin_unlock(&sp->lock);
     return st;
 }
 
@@ -1195,9 +1219,9 @@ static void for_each_pool_locked(cca_device_t *dev, void (*fn)(cca_stream_pool_t
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
         if (!sp)
             continue;
-        pthread_mutex_lock(&sp->lock);
+        cca_spin_lock(&sp->lock);
         fn(sp, arg);
-        pthread_mutex_unlock(&sp->lock);
+        cca_spin_unlock(&sp->lock);
     }
 }
 
@@ -1256,7 +1280,7 @@ cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size)
         return CCA_OK;
     }
     cca_stream_pool_t *sp = block->pool->owner;
-    pthread_mutex_lock(&sp->lock);
+    cca_spin_lock(&sp->lock);
     cca_block_t *b = block;
     while (b->prev)
         b = b->prev;
@@ -1264,7 +1288,7 @@ cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size)
     size_t total = 0;
     for (; b; b = b->next)
         total += b->size;
-    pthread_mutex_unlock(&sp->lock);
+    cca_spin_unlock(&sp->lock);
     if (base)
         *base = (void *)b0;
     if (size)
@@ -1446,7 +1470,7 @@ cca_status_t alloc_device_init(cca_device_t *dev, int index, size_t total_memory
     if (!dev->pool_table)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
     pthread_mutex_init(&dev->lock, NULL);
-    pthread_mutex_init(&dev->stats_lock, NULL);
+    cca_spin_init(&dev->stats_lock);
     pthread_mutex_init(&dev->events_lock, NULL);
     double fraction = cca_state->settings.per_process_memory_fraction;
     if (fraction > 0.0) {
@@ -1493,7 +1517,9 @@ void alloc_device_shutdown(cca_device_t *dev)
         cca_block_t *b = seg->head;
         while (b) {
             cca_block_t *nb = b->next;
-            block_delete(b);
+            if (b->stream_uses != b->stream_uses_inline)
+                free(b->stream_uses);
+            free(b);
             b = nb;
         }
         free(seg);
@@ -1502,13 +1528,16 @@ void alloc_device_shutdown(cca_device_t *dev)
     for (size_t i = 0; i < dev->pool_table_cap; i++) {
         cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
         if (sp) {
-            pthread_mutex_destroy(&sp->lock);
+            while (sp->spare_blocks) {
+                cca_block_t *b = sp->spare_blocks;
+                sp->spare_blocks = b->bin_next;
+                free(b);
+            }
             free(sp);
         }
     }
     free(dev->pool_table);
     pthread_mutex_destroy(&dev->lock);
-    pthread_mutex_destroy(&dev->stats_lock);
     pthread_mutex_destroy(&dev->events_lock);
     atomic_fetch_add(&state_generation, 1);
 }

@@ -90,11 +90,13 @@ typedef struct cca_pool {
 } cca_pool_t;
 
 typedef struct cca_stream_pool {
-    pthread_mutex_t lock;       /* guards both pools' bins and their blocks */
+    cca_spinlock_t lock;        /* guards both pools' bins, their blocks, the spares */
     cca_stream_t stream;
     struct cca_device *device;
     cca_pool_t small;
     cca_pool_t large;
+    cca_block_t *spare_blocks;  /* recycled block structs (linked by bin_next) */
+    size_t spare_count;
 } cca_stream_pool_t;
 
 /* A pending record_stream event. */
@@ -149,7 +151,7 @@ typedef struct cca_device {
     size_t events_created;      /* live events owned (pooled + pending) */
 
     /* stats */
-    pthread_mutex_t stats_lock;
+    cca_spinlock_t stats_lock;
     cca_device_stats_t stats;
 } cca_device_t;
 
@@ -205,8 +207,19 @@ cca_block_t *bins_prev(const cca_bins_t *bins, const cca_block_t *b);
 /* ---- stats.c --------------------------------------------------------------- */
 
 /* Bit set of stat types to update: always ALL, plus the pool's kind. */
-void stat_increase(cca_stat_t *stat, int64_t amount);
-void stat_decrease(cca_stat_t *stat, int64_t amount);
+static inline void stat_increase(cca_stat_t *stat, int64_t amount)
+{
+    stat->current += amount;
+    if (stat->current > stat->peak)
+        stat->peak = stat->current;
+    stat->allocated += amount;
+}
+
+static inline void stat_decrease(cca_stat_t *stat, int64_t amount)
+{
+    stat->current -= amount;
+    stat->freed += amount;
+}
 /* Append the memory_summary text for stats. */
 void stats_format_summary(const cca_device_stats_t *stats, int device, bool abbreviated,
                           cca_strbuf_t *out);

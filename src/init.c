@@ -258,9 +258,9 @@ static void lock_world(bool lock)
             cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
             if (sp) {
                 if (lock)
-                    pthread_mutex_lock(&sp->lock);
+                    cca_spin_lock(&sp->lock);
                 else
-                    pthread_mutex_unlock(&sp->lock);
+                    cca_spin_unlock(&sp->lock);
             }
         }
         if (!lock)

@@ -65,6 +65,35 @@ void cca_assert_fail(const char *expr, const char *file, int line, const char *f
 #define cca_assert_expensive(x) ((void)0)
 #endif
 
+/* ---- spinlock.c: a small lock for short critical sections on hot paths ---- */
+
+#include <stdatomic.h>
+
+typedef struct cca_spinlock {
+    atomic_int locked;
+} cca_spinlock_t;
+
+#define CCA_SPINLOCK_INIT {0}
+
+void cca_spin_lock_slow(cca_spinlock_t *l);
+
+static inline void cca_spin_init(cca_spinlock_t *l)
+{
+    atomic_init(&l->locked, 0);
+}
+
+static inline void cca_spin_lock(cca_spinlock_t *l)
+{
+    if (!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+        return;
+    cca_spin_lock_slow(l);
+}
+
+static inline void cca_spin_unlock(cca_spinlock_t *l)
+{
+    atomic_store_explicit(&l->locked, 0, memory_order_release);
+}
+
 /* ---- util.c ------------------------------------------------------------------- */
 
 /* A growable string buffer that never allocates through cca. */

@@ -11,7 +11,7 @@
 #define PTRMAP_SHARDS 64
 
 typedef struct ptrmap_shard {
-    pthread_mutex_t lock;
+    cca_spinlock_t lock;
     cca_block_t **buckets; /* chained through map_next */
     size_t cap;            /* power of two */
     size_t count;
@@ -36,7 +36,7 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out)
     if (!m)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory creating the pointer map");
     for (int i = 0; i < PTRMAP_SHARDS; i++)
-        pthread_mutex_init(&m->shards[i].lock, NULL);
+        cca_spin_init(&m->shards[i].lock);
     *out = m;
     return CCA_OK;
 }
@@ -47,7 +47,6 @@ void ptrmap_destroy(struct cca_ptrmap *m)
         return;
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         free(m->shards[i].buckets);
-        pthread_mutex_destroy(&m->shards[i].lock);
     }
     free(m);
 }
@@ -78,16 +77,16 @@ bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
 {
     uint64_t h = hash_addr(block->addr);
     ptrmap_shard_t *s = &m->shards[h & (PTRMAP_SHARDS - 1)];
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     if (s->count >= s->cap && !shard_grow(s) && s->cap == 0) {
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
         return false;
     }
     size_t j = (size_t)(h >> 6) & (s->cap - 1);
     block->map_next = s->buckets[j];
     s->buckets[j] = block;
     s->count++;
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
     return true;
 }
 
@@ -96,7 +95,7 @@ cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
     uint64_t h = hash_addr(addr);
     ptrmap_shard_t *s = &m->shards[h & (PTRMAP_SHARDS - 1)];
     cca_block_t *found = NULL;
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     if (s->cap) {
         cca_block_t **link = &s->buckets[(size_t)(h >> 6) & (s->cap - 1)];
         while (*link && (*link)->addr != addr)
@@ -108,7 +107,7 @@ cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
             s->count--;
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
     return found;
 }
 
@@ -117,14 +116,14 @@ cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr)
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         ptrmap_shard_t *s = &m->shards[i];
         cca_block_t *found = NULL;
-        pthread_mutex_lock(&s->lock);
+        cca_spin_lock(&s->lock);
         for (size_t j = 0; j < s->cap && !found; j++)
             for (cca_block_t *b = s->buckets[j]; b; b = b->map_next)
                 if (addr >= b->addr && addr < b->addr + b->size) {
                     found = b;
                     break;
                 }
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
         if (found)
             return found;
     }
@@ -135,7 +134,7 @@ void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), vo
 {
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         ptrmap_shard_t *s = &m->shards[i];
-        pthread_mutex_lock(&s->lock);
+        cca_spin_lock(&s->lock);
         for (size_t j = 0; j < s->cap; j++) {
             cca_block_t *next;
             for (cca_block_t *b = s->buckets[j]; b; b = next) {
@@ -143,7 +142,7 @@ void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), vo
                 fn(b, arg);
             }
         }
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
     }
 }
 
@@ -151,9 +150,9 @@ size_t ptrmap_count(struct cca_ptrmap *m)
 {
     size_t n = 0;
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
-        pthread_mutex_lock(&m->shards[i].lock);
+        cca_spin_lock(&m->shards[i].lock);
         n += m->shards[i].count;
-        pthread_mutex_unlock(&m->shards[i].lock);
+        cca_spin_unlock(&m->shards[i].lock);
     }
     return n;
 }

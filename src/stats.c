@@ -33,20 +33,6 @@
     X(num_device_free, "num_device_free")                                    \
     X(max_split_size, "max_split_size")
 
-void stat_increase(cca_stat_t *stat, int64_t amount)
-{
-    stat->current += amount;
-    if (stat->current > stat->peak)
-        stat->peak = stat->current;
-    stat->allocated += amount;
-}
-
-void stat_decrease(cca_stat_t *stat, int64_t amount)
-{
-    stat->current -= amount;
-    stat->freed += amount;
-}
-
 static const char *const pool_names[CCA_STAT_TYPES] = {"all", "small_pool", "large_pool"};
 
 /* Static key strings: "<name>.<pool>.<field>" for every combination. */
