@@ -72,6 +72,10 @@ typedef struct host_class {
     host_block_t *head;
     size_t count; /* blocks in the list */
     size_t odd;   /* blocks whose size is not exactly 2^index (page-rounded) */
+    /* accumulated active statistics of this class's blocks (kept here, under
+     * the lock the hot path takes anyway, so that it adds no shared counter) */
+    int64_t taken, taken_bytes;       /* handed to callers */
+    int64_t returned, returned_bytes; /* available again (or released) after free */
 } host_class_t;
 
 /* One shard of the pointer map: chained hash table. */
@@ -90,10 +94,10 @@ typedef struct host_event {
     struct host_event *next;
 } host_event_t;
 
-/* A statistic updated without a lock (the hot path). */
-typedef struct host_atomic_stat {
-    _Atomic int64_t current, peak, allocated, freed;
-} host_atomic_stat_t;
+/* The current value and peak of a statistic, updated without a lock. */
+typedef struct host_gauge {
+    _Atomic int64_t current, peak;
+} host_gauge_t;
 
 struct host_alloc {
     cca_backend_t *backend;
@@ -137,9 +141,9 @@ struct host_alloc {
     cca_stat_t allocations, allocated_bytes;
     int64_t num_host_alloc, num_host_free;
     cca_duration_stat_t alloc_time, free_time; /* us */
-    /* hot-path statistics */
-    _Alignas(64) host_atomic_stat_t active_requests;
-    host_atomic_stat_t active_bytes;
+    /* hot-path statistics: current and exact peak (accumulated: per class) */
+    _Alignas(64) host_gauge_t active_requests;
+    host_gauge_t active_bytes;
 
     /* background event thread */
     pthread_mutex_t bg_lock;
@@ -187,10 +191,9 @@ static void stat_decrease(cca_stat_t *s, int64_t amount)
     s->freed += amount;
 }
 
-static void astat_increase(host_atomic_stat_t *s, int64_t amount)
+static void gauge_add(host_gauge_t *s, int64_t amount)
 {
     int64_t now = atomic_fetch_add_explicit(&s->current, amount, memory_order_relaxed) + amount;
-    atomic_fetch_add_explicit(&s->allocated, amount, memory_order_relaxed);
     int64_t peak = atomic_load_explicit(&s->peak, memory_order_relaxed);
     while (now > peak && !atomic_compare_exchange_weak_explicit(&s->peak, &peak, now,
                                                                 memory_order_relaxed,
@@ -198,18 +201,9 @@ static void astat_increase(host_atomic_stat_t *s, int64_t amount)
     }
 }
 
-static void astat_decrease(host_atomic_stat_t *s, int64_t amount)
+static void gauge_sub(host_gauge_t *s, int64_t amount)
 {
     atomic_fetch_sub_explicit(&s->current, amount, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->freed, amount, memory_order_relaxed);
-}
-
-static void astat_read(host_atomic_stat_t *s, cca_stat_t *out)
-{
-    out->current = atomic_load(&s->current);
-    out->peak = atomic_load(&s->peak);
-    out->allocated = atomic_load(&s->allocated);
-    out->freed = atomic_load(&s->freed);
 }
 
 static void duration_add(cca_duration_stat_t *d, int64_t us)
@@ -382,11 +376,16 @@ static cca_status_t raise_unknown(host_alloc_t *h, const void *ptr, const char *
 /* Free lists                                                                */
 /* ------------------------------------------------------------------------ */
 
-static void class_push(host_alloc_t *h, host_block_t *b)
+/* Cache b in its class; returned: b comes back from a caller (counted as such). */
+static void class_push(host_alloc_t *h, host_block_t *b, bool returned)
 {
     size_t index = ceil_log2(b->size);
     host_class_t *c = &h->classes[index];
     pthread_mutex_lock(&c->lock);
+    if (returned) {
+        c->returned++;
+        c->returned_bytes += (int64_t)b->size;
+    }
     b->free_next = c->head;
     c->head = b;
     c->count++;
@@ -421,9 +420,26 @@ static host_block_t *class_take(host_alloc_t *h, size_t size)
         c->count--;
         if (found->size != (size_t)1 << index)
             c->odd--;
+        c->taken++;
+        c->taken_bytes += (int64_t)found->size;
     }
     pthread_mutex_unlock(&c->lock);
     return found;
+}
+
+/* Count a block handed out (taken) or returned outside the free-list operations. */
+static void class_count(host_alloc_t *h, size_t size, bool taken)
+{
+    host_class_t *c = &h->classes[ceil_log2(size)];
+    pthread_mutex_lock(&c->lock);
+    if (taken) {
+        c->taken++;
+        c->taken_bytes += (int64_t)size;
+    } else {
+        c->returned++;
+        c->returned_bytes += (int64_t)size;
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -642,13 +658,16 @@ static cca_status_t block_release(host_alloc_t *h, host_block_t *b)
  */
 static void block_available(host_alloc_t *h, host_block_t *b)
 {
-    astat_decrease(&h->active_requests, 1);
-    astat_decrease(&h->active_bytes, (int64_t)b->size);
+    size_t size = b->size;
+    gauge_sub(&h->active_requests, 1);
+    gauge_sub(&h->active_bytes, (int64_t)size);
     if (b->origin != HOST_ORIGIN_RESERVE &&
-        b->size > atomic_load_explicit(&h->max_cached, memory_order_relaxed) &&
-        block_release(h, b) == CCA_OK)
+        size > atomic_load_explicit(&h->max_cached, memory_order_relaxed) &&
+        block_release(h, b) == CCA_OK) {
+        class_count(h, size, false);
         return;
-    class_push(h, b);
+    }
+    class_push(h, b, true);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -931,8 +950,8 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
     host_block_t *b = class_take(h, rounded);
     if (b) {
         atomic_store_explicit(&b->allocated, true, memory_order_release);
-        astat_increase(&h->active_requests, 1);
-        astat_increase(&h->active_bytes, (int64_t)b->size);
+        gauge_add(&h->active_requests, 1);
+        gauge_add(&h->active_bytes, (int64_t)b->size);
         *ptr = b->ptr;
         return CCA_OK;
     }
@@ -969,8 +988,9 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
     stat_increase(&h->allocations, 1);
     stat_increase(&h->allocated_bytes, (int64_t)rounded);
     pthread_mutex_unlock(&h->stats_lock);
-    astat_increase(&h->active_requests, 1);
-    astat_increase(&h->active_bytes, (int64_t)rounded);
+    class_count(h, rounded, true);
+    gauge_add(&h->active_requests, 1);
+    gauge_add(&h->active_bytes, (int64_t)rounded);
     *ptr = mem;
     return CCA_OK;
 
@@ -1173,7 +1193,7 @@ cca_status_t host_empty_cache(host_alloc_t *h)
             b->free_next = NULL;
             cca_status_t status = block_release(h, b);
             if (status != CCA_OK) {
-                class_push(h, b);
+                class_push(h, b, false);
                 if (first_error == CCA_OK)
                     first_error = status;
             }
@@ -1199,8 +1219,19 @@ cca_status_t host_get_stats(host_alloc_t *h, cca_host_stats_t *stats)
     stats->host_alloc_time = h->alloc_time;
     stats->host_free_time = h->free_time;
     pthread_mutex_unlock(&h->stats_lock);
-    astat_read(&h->active_requests, &stats->active_requests);
-    astat_read(&h->active_bytes, &stats->active_bytes);
+    for (size_t i = 0; i < HOST_CLASSES; i++) {
+        host_class_t *c = &h->classes[i];
+        pthread_mutex_lock(&c->lock);
+        stats->active_requests.allocated += c->taken;
+        stats->active_requests.freed += c->returned;
+        stats->active_bytes.allocated += c->taken_bytes;
+        stats->active_bytes.freed += c->returned_bytes;
+        pthread_mutex_unlock(&c->lock);
+    }
+    stats->active_requests.current = atomic_load(&h->active_requests.current);
+    stats->active_requests.peak = atomic_load(&h->active_requests.peak);
+    stats->active_bytes.current = atomic_load(&h->active_bytes.current);
+    stats->active_bytes.peak = atomic_load(&h->active_bytes.peak);
     return CCA_OK;
 }
 
@@ -1213,10 +1244,12 @@ void host_reset_accumulated_stats(host_alloc_t *h)
     memset(&h->alloc_time, 0, sizeof(h->alloc_time));
     memset(&h->free_time, 0, sizeof(h->free_time));
     pthread_mutex_unlock(&h->stats_lock);
-    atomic_store(&h->active_requests.allocated, 0);
-    atomic_store(&h->active_requests.freed, 0);
-    atomic_store(&h->active_bytes.allocated, 0);
-    atomic_store(&h->active_bytes.freed, 0);
+    for (size_t i = 0; i < HOST_CLASSES; i++) {
+        host_class_t *c = &h->classes[i];
+        pthread_mutex_lock(&c->lock);
+        c->taken = c->taken_bytes = c->returned = c->returned_bytes = 0;
+        pthread_mutex_unlock(&c->lock);
+    }
 }
 
 void host_reset_peak_stats(host_alloc_t *h)

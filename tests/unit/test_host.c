@@ -436,6 +436,45 @@ TEST(register_mode_eight_threads)
     register_mode(8);
 }
 
+/* host_register of a backend whose device address differs from the host address. */
+static cca_backend_t *real_backend;
+
+static cca_status_t register_elsewhere(void *ctx, void *ptr, size_t size, void **device_ptr)
+{
+    void *dev = NULL;
+    cca_status_t st = real_backend->host_register(ctx, ptr, size, &dev);
+    if (st == CCA_OK)
+        *device_ptr = (char *)dev + 4096;
+    return st;
+}
+
+TEST(register_mode_address_mismatch)
+{
+    cca_sim_config_t cfg = {0};
+    if (cca_sim_create(&cfg, &real_backend) != CCA_OK)
+        return;
+    cca_backend_t wrapped = *real_backend;
+    wrapped.host_register = register_elsewhere;
+    cca_settings_t s = defaults();
+    s.pinned_use_cuda_host_register = true;
+    host_alloc_t *h;
+    if (host_create(&wrapped, &s, &h) == CCA_OK) {
+        void *p = NULL;
+        expect_status(host_malloc(h, &p, 64 * KiB), CCA_ERR_NOT_SUPPORTED);
+        expect_contains(cca_last_error()->message, "pinned_use_cuda_host_register");
+        expect_eq_ptr(p, NULL);
+        cca_sim_usage_t u;
+        expect_ok(cca_sim_usage(real_backend, &u));
+        expect_eq_u64(u.live_host, 0); /* unregistered again (and freed: ASan) */
+        cca_host_stats_t st;
+        expect_ok(host_get_stats(h, &st));
+        expect_stat(st.allocations, 0, 0, 0, 0);
+        expect_eq_i64(st.num_host_alloc, 0);
+        host_destroy(h);
+    }
+    real_backend->destroy(real_backend->ctx);
+}
+
 TEST(modes_switch_at_run_time)
 {
     fixture_t f;
@@ -1011,6 +1050,7 @@ int main(void)
     RUN(reserve_segment);
     RUN(register_mode_one_thread);
     RUN(register_mode_eight_threads);
+    RUN(register_mode_address_mismatch);
     RUN(modes_switch_at_run_time);
     RUN(stats_after_each_operation);
     RUN(empty_cache_returns_everything);
