@@ -21,11 +21,20 @@ __attribute__((weak)) cca_status_t cca_init(void)
 
 #define MiB ((size_t)1024 * 1024)
 
+static bool use_cuda; /* --backend cuda: real pinned memory */
+
 static cca_backend_t *make_backend(void)
 {
     cca_sim_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
     cca_backend_t *be = NULL;
+    if (use_cuda) {
+        if (cca_cuda_create(&be) != CCA_OK) {
+            fprintf(stderr, "cca_cuda_create: %s\n", cca_last_error()->message);
+            return NULL;
+        }
+        return be;
+    }
     if (cca_sim_create(&cfg, &be) != CCA_OK) {
         fprintf(stderr, "cca_sim_create: %s\n", cca_last_error()->message);
         return NULL;
@@ -108,7 +117,17 @@ out_backend:
 
 int main(int argc, char **argv)
 {
-    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            use_cuda = !strcmp(argv[++i], "cuda");
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--backend sim|cuda]\n", argv[0]);
+            return 2;
+        }
+    }
     cca_backend_t *be = make_backend();
     if (!be)
         return 1;
@@ -119,7 +138,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "host_create: %s\n", cca_last_error()->message);
         return 1;
     }
-    printf("pinned host allocator, simulated backend (CPU only)\n\n");
+    printf(use_cuda ? "pinned host allocator, CUDA backend\n\n"
+                    : "pinned host allocator, simulated backend (CPU only)\n\n");
     printf("| cached alloc + free pair | ns |\n|---|---|\n");
     const size_t sizes[] = {512, 1 * MiB, 64 * MiB};
     const char *names[] = {"512 B", "1 MiB", "64 MiB"};

@@ -3,7 +3,7 @@
  * can use (memset + memcpy round trips on streams), stream-ordered reuse,
  * record_stream holding a block while a consumer stream is held by a host
  * function, out-of-memory under a memory fraction, empty_cache giving memory
- * back to the device, 8 threads on 8 streams, uncached mode, expandable
+ * back to the device, 8 threads on 8 streams, uncached mode,
  * segments, the backend's virtual memory, IPC and host memory operations.
  * Each test starts from a fresh cca_init and ends with cca_shutdown.
  * Exits 77 (skipped) when no GPU is usable.
@@ -335,33 +335,6 @@ TEST(uncached_mode)
     teardown();
 }
 
-TEST(expandable_segments)
-{
-    if (!setup("expandable_segments:True"))
-        return;
-    cudaStream_t s = new_stream();
-    void *blocks[6];
-    const size_t sizes[] = {512, MiB, 3 * MiB, 25 * MiB, 64 * MiB, 7 * MiB + 123};
-    for (int i = 0; i < 6; i++) {
-        blocks[i] = NULL;
-        expect_ok(cca_malloc(&blocks[i], sizes[i], (cca_stream_t)s));
-        if (blocks[i])
-            expect_eq_u64(fill_and_check(blocks[i], sizes[i], 0x70 + i, s), 0);
-    }
-    /* Every block still holds its own value after the others were written. */
-    for (int i = 0; i < 6; i++) {
-        unsigned char byte = 0;
-        if (!blocks[i])
-            continue;
-        expect_true(cudaMemcpy(&byte, blocks[i], 1, cudaMemcpyDeviceToHost) == cudaSuccess);
-        expect_eq_u64(byte, 0x70 + i);
-        expect_ok(cca_free(blocks[i]));
-    }
-    expect_ok(cca_empty_cache());
-    cudaStreamDestroy(s);
-    teardown();
-}
-
 TEST(backend_virtual_memory)
 {
     if (!setup(NULL))
@@ -483,7 +456,6 @@ int main(void)
     RUN(empty_cache_returns_memory);
     RUN(eight_threads_eight_streams);
     RUN(uncached_mode);
-    RUN(expandable_segments);
     RUN(backend_virtual_memory);
     RUN(ipc_handle_of_allocation);
     RUN(host_memory);
