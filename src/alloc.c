@@ -80,6 +80,10 @@ static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
     stat_decrease(&arr[type], amount);
 }
 
+#ifdef CCA_DIAG_NO_STATS_LOCK
+static inline void stats_lock(cca_device_t *dev) { (void)dev; }
+static inline void stats_unlock(cca_device_t *dev) { (void)dev; }
+#else
 static inline void stats_lock(cca_device_t *dev)
 {
     cca_spin_lock(&dev->stats_lock);
@@ -89,6 +93,33 @@ static inline void stats_unlock(cca_device_t *dev)
 {
     cca_spin_unlock(&dev->stats_lock);
 }
+#endif
+
+/*
+ * The statistics an allocation or free updates. With exact_peak_stats (the
+ * default) they are the device's, under its stats lock, so every peak is
+ * exact. Without it each stream pool keeps its own, under the pool lock it
+ * already holds: no cache line is shared between streams on the fast path;
+ * device values are summed on read and peaks sampled (stats_sample_locked).
+ */
+static inline cca_device_stats_t *op_stats_begin(cca_stream_pool_t *sp)
+{
+    cca_device_t *dev = sp->device;
+    if (dev->exact_stats) {
+        stats_lock(dev);
+        return &dev->stats;
+    }
+    return &sp->stats;
+}
+
+static inline void op_stats_end(cca_stream_pool_t *sp)
+{
+    if (sp->device->exact_stats)
+        stats_unlock(sp->device);
+}
+
+static void device_stats_read(cca_device_t *dev, cca_device_stats_t *out);
+static void device_stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held);
 
 /* ---- block structs ---------------------------------------------------------- */
 
@@ -385,8 +416,7 @@ static void free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         net_bytes += (int64_t)block->size;
     }
     int type = pool_stat_type(pool->is_small);
-    stats_lock(dev);
-    cca_device_stats_t *st = &dev->stats;
+    cca_device_stats_t *st = op_stats_begin(pool->owner);
     if (program_free) {
         /* the program's free and the block's return in one statistics update */
         stat2_dec(st->allocation, type, 1);
@@ -405,7 +435,7 @@ static void free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     stat2_dec(st->active, type, 1);
     stat2_dec(st->active_bytes, type, (int64_t)original_size);
     stat2_dec(st->requested_bytes, type, (int64_t)requested);
-    stats_unlock(dev);
+    op_stats_end(pool->owner);
 }
 
 /* ---- record_stream events ------------------------------------------------- */
@@ -898,8 +928,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
             pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
         bins_insert(&pool->bins, remaining);
     }
-    stats_lock(dev);
-    cca_device_stats_t *st = &dev->stats;
+    cca_device_stats_t *st = op_stats_begin(pool->owner);
     if (remaining) {
         if (already_split) {
             stat2_dec(st->inactive_split_bytes, type, (int64_t)block->size);
@@ -918,7 +947,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     stat2_inc(st->requested_bytes, type, (int64_t)orig_size);
     if (block->size >= s->max_split_size)
         stat_increase(&st->oversize_allocations, 1);
-    stats_unlock(dev);
+    op_stats_end(pool->owner);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     *blockp = block;
     return CCA_OK;
@@ -933,9 +962,11 @@ static cca_status_t raise_oom(cca_device_t *dev, size_t size, size_t alloc_size,
     be->mem_get_info(be->ctx, dev->index, &device_free, &device_total);
     stats_lock(dev);
     dev->stats.num_ooms++;
-    int64_t allocated = dev->stats.allocated_bytes[CCA_STAT_ALL].current;
-    int64_t reserved = dev->stats.reserved_bytes[CCA_STAT_ALL].current;
     stats_unlock(dev);
+    cca_device_stats_t now;
+    device_stats_read(dev, &now);
+    int64_t allocated = now.allocated_bytes[CCA_STAT_ALL].current;
+    int64_t reserved = now.reserved_bytes[CCA_STAT_ALL].current;
     trace_record_oom(dev->index, device_free, size, stream);
 
     char s_alloc[32], s_total[32], s_free[32], s_allowed[32], s_used[32], s_cached[32];
@@ -1010,6 +1041,10 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     }
     pthread_mutex_unlock(&dev->lock);
     st = alloc_found_block(dev, pool, &block, size, orig_size);
+    if (!dev->exact_stats) {
+        cca_device_stats_t sample;
+        device_stats_read_held(dev, &sample, sp);
+    }
     cca_spin_unlock(&sp->lock);
     *out = block;
     return st;
@@ -1110,12 +1145,12 @@ cca_status_t cca_free(void *ptr)
     if (!block->stream_use_count) {
         free_block(dev, block, true);
     } else {
-        stats_lock(dev);
-        stat2_dec(dev->stats.allocation, type, 1);
-        stat2_dec(dev->stats.allocated_bytes, type, (int64_t)block->size);
+        cca_device_stats_t *os = op_stats_begin(sp);
+        stat2_dec(os->allocation, type, 1);
+        stat2_dec(os->allocated_bytes, type, (int64_t)block->size);
         if (block->size >= S->settings.max_split_size)
-            stat_decrease(&dev->stats.oversize_allocations, 1);
-        stats_unlock(dev);
+            stat_decrease(&os->oversize_allocations, 1);
+        op_stats_end(sp);
         st = insert_events(dev, block);
         if (block->event_count == 0)
             free_block(dev, block, false);
@@ -1364,6 +1399,92 @@ static cca_status_t device_arg(int device, cca_device_t **dev)
     return CCA_OK;
 }
 
+/* Add the per-operation statistics of src into dst (current, allocated, freed). */
+static void stats_add_ops(cca_device_stats_t *dst, const cca_device_stats_t *src)
+{
+    cca_stat_t *d[] = {dst->allocation, dst->allocated_bytes, dst->active, dst->active_bytes,
+                       dst->requested_bytes, dst->inactive_split, dst->inactive_split_bytes};
+    const cca_stat_t *s[] = {src->allocation, src->allocated_bytes, src->active, src->active_bytes,
+                             src->requested_bytes, src->inactive_split, src->inactive_split_bytes};
+    for (size_t k = 0; k < sizeof(d) / sizeof(d[0]); k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            d[k][t].current += s[k][t].current;
+            d[k][t].allocated += s[k][t].allocated;
+            d[k][t].freed += s[k][t].freed;
+        }
+    dst->oversize_allocations.current += src->oversize_allocations.current;
+    dst->oversize_allocations.allocated += src->oversize_allocations.allocated;
+    dst->oversize_allocations.freed += src->oversize_allocations.freed;
+}
+
+/* Raise the sampled peaks of dev->stats to the sums in now (stats lock held). */
+static void stats_raise_peaks(cca_device_stats_t *dev_stats, const cca_device_stats_t *now)
+{
+    cca_stat_t *d[] = {dev_stats->allocation, dev_stats->allocated_bytes, dev_stats->active,
+                       dev_stats->active_bytes, dev_stats->requested_bytes,
+                       dev_stats->inactive_split, dev_stats->inactive_split_bytes};
+    const cca_stat_t *s[] = {now->allocation, now->allocated_bytes, now->active, now->active_bytes,
+                             now->requested_bytes, now->inactive_split, now->inactive_split_bytes};
+    for (size_t k = 0; k < sizeof(d) / sizeof(d[0]); k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++)
+            if (s[k][t].current > d[k][t].peak)
+                d[k][t].peak = s[k][t].current;
+    if (now->oversize_allocations.current > dev_stats->oversize_allocations.peak)
+        dev_stats->oversize_allocations.peak = now->oversize_allocations.current;
+}
+
+/*
+ * The device's statistics: in exact mode a copy; otherwise the sum of the
+ * stream pools' with the peaks raised to the sums seen now. held: a stream
+ * pool lock the caller holds (its pool is read without locking again).
+ */
+static void device_stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
+{
+    if (dev->exact_stats) {
+        stats_lock(dev);
+        *out = dev->stats;
+        stats_unlock(dev);
+        return;
+    }
+    cca_device_stats_t sum;
+    memset(&sum, 0, sizeof(sum));
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        if (sp != held)
+            cca_spin_lock(&sp->lock);
+        stats_add_ops(&sum, &sp->stats);
+        if (sp != held)
+            cca_spin_unlock(&sp->lock);
+    }
+    stats_lock(dev);
+    stats_raise_peaks(&dev->stats, &sum);
+    cca_device_stats_t base = dev->stats;
+    stats_unlock(dev);
+    /* segment-level values and counters come from the device, the rest from the sum */
+    cca_device_stats_t result = base;
+    cca_stat_t *r[] = {result.allocation, result.allocated_bytes, result.active, result.active_bytes,
+                       result.requested_bytes, result.inactive_split, result.inactive_split_bytes};
+    const cca_stat_t *s[] = {sum.allocation, sum.allocated_bytes, sum.active, sum.active_bytes,
+                             sum.requested_bytes, sum.inactive_split, sum.inactive_split_bytes};
+    for (size_t k = 0; k < sizeof(r) / sizeof(r[0]); k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            r[k][t].current = s[k][t].current;
+            r[k][t].allocated = s[k][t].allocated;
+            r[k][t].freed = s[k][t].freed;
+        }
+    result.oversize_allocations.current = sum.oversize_allocations.current;
+    result.oversize_allocations.allocated = sum.oversize_allocations.allocated;
+    result.oversize_allocations.freed = sum.oversize_allocations.freed;
+    *out = result;
+}
+
+static void device_stats_read(cca_device_t *dev, cca_device_stats_t *out)
+{
+    device_stats_read_held(dev, out, NULL);
+}
+
 cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
 {
     cca_device_t *dev = NULL;
@@ -1372,9 +1493,7 @@ cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
         return st;
     if (!stats)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_device_stats: stats is NULL");
-    stats_lock(dev);
-    *stats = dev->stats;
-    stats_unlock(dev);
+    device_stats_read(dev, stats);
     size_t mss = cca_state->settings.max_split_size;
     stats->max_split_size = mss == SIZE_MAX ? -1 : (int64_t)mss;
     return CCA_OK;
@@ -1401,6 +1520,16 @@ cca_status_t cca_reset_accumulated_stats(int device)
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
+    pthread_mutex_lock(&dev->lock);
+    for (size_t i = 0; i < dev->pool_table_cap && !dev->exact_stats; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        cca_spin_lock(&sp->lock);
+        reset_accumulated(&sp->stats.allocation[0], STATS_ARRAY_COUNT);
+        reset_accumulated(&sp->stats.oversize_allocations, 1);
+        cca_spin_unlock(&sp->lock);
+    }
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
     reset_accumulated(&s->allocation[0], STATS_ARRAY_COUNT);
@@ -1409,6 +1538,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
     s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
     s->num_device_alloc = s->num_device_free = 0;
     stats_unlock(dev);
+    pthread_mutex_unlock(&dev->lock);
     return CCA_OK;
 }
 
@@ -1418,11 +1548,27 @@ cca_status_t cca_reset_peak_stats(int device)
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
+    cca_device_stats_t now;
+    if (!dev->exact_stats)
+        device_stats_read(dev, &now);
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
     reset_peak(&s->allocation[0], STATS_ARRAY_COUNT);
     reset_peak(&s->oversize_allocations, 1);
     reset_peak(&s->oversize_segments, 1);
+    if (!dev->exact_stats) {
+        /* sampled peaks restart from the current sums */
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            s->allocation[t].peak = now.allocation[t].current;
+            s->allocated_bytes[t].peak = now.allocated_bytes[t].current;
+            s->active[t].peak = now.active[t].current;
+            s->active_bytes[t].peak = now.active_bytes[t].current;
+            s->requested_bytes[t].peak = now.requested_bytes[t].current;
+            s->inactive_split[t].peak = now.inactive_split[t].current;
+            s->inactive_split_bytes[t].peak = now.inactive_split_bytes[t].current;
+        }
+        s->oversize_allocations.peak = now.oversize_allocations.current;
+    }
     stats_unlock(dev);
     return CCA_OK;
 }
@@ -1486,6 +1632,7 @@ cca_status_t alloc_device_init(cca_device_t *dev, int index, size_t total_memory
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
     pthread_mutex_init(&dev->lock, NULL);
     cca_spin_init(&dev->stats_lock);
+    dev->exact_stats = cca_state->settings.exact_peak_stats;
     pthread_mutex_init(&dev->events_lock, NULL);
     double fraction = cca_state->settings.per_process_memory_fraction;
     if (fraction > 0.0) {

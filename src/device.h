@@ -97,6 +97,7 @@ typedef struct cca_stream_pool {
     cca_pool_t large;
     cca_block_t *spare_blocks;  /* recycled block structs (linked by bin_next) */
     size_t spare_count;
+    cca_device_stats_t stats;   /* per-operation statistics when !exact_stats (pool lock) */
 } cca_stream_pool_t;
 
 /* A pending record_stream event. */
@@ -151,6 +152,7 @@ typedef struct cca_device {
     size_t events_created;      /* live events owned (pooled + pending) */
 
     /* stats */
+    bool exact_stats;           /* settings.exact_peak_stats at init */
     cca_spinlock_t stats_lock;
     cca_device_stats_t stats;
 } cca_device_t;

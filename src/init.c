@@ -280,6 +280,9 @@ cca_status_t cca_set_settings(const char *text)
     if (next.backend != cca_state->settings.backend)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "the backend key can only be set before initialisation (CCA_ALLOC_CONF)");
+    if (next.exact_peak_stats != cca_state->settings.exact_peak_stats)
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "exact_peak_stats can only be set before initialisation (CCA_ALLOC_CONF)");
     st = check_supported(&next);
     if (st != CCA_OK)
         return st;

@@ -291,6 +291,11 @@ static const option_t options[CCA_SET_COUNT] = {
         .offset = FIELD(pinned_max_cached_size),
         .allowed = "an integer number of MiB",
         .doc = "freed pinned blocks larger than this are released instead of cached"},
+    [CCA_SET_EXACT_PEAK_STATS] = {
+        .default_value = true,
+        .name = "exact_peak_stats", .type = OPT_BOOL, .offset = FIELD(exact_peak_stats),
+        .allowed = BOOL_ALLOWED,
+        .doc = "False: per-stream statistics, peaks sampled on slow paths (scales across streams)"},
 };
 
 #define SETTING(s, opt, type) ((type *)(void *)((char *)(s) + (opt)->offset))

@@ -33,6 +33,7 @@ typedef enum cca_setting_key {
     CCA_SET_PINNED_RESERVE_SEGMENT_SIZE_MB,
     CCA_SET_PINNED_MAX_ROUND_THRESHOLD_MB,
     CCA_SET_PINNED_MAX_CACHED_SIZE_MB,
+    CCA_SET_EXACT_PEAK_STATS,
     CCA_SET_COUNT
 } cca_setting_key_t;
 
@@ -60,6 +61,7 @@ typedef struct cca_settings {
     size_t pinned_reserve_segment_size;  /* bytes; 0 = none */
     size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = always round (PyTorch) */
     size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = cache all (PyTorch) */
+    bool exact_peak_stats;               /* exact device-wide peaks (one stats lock per op) */
     cca_setting_source_t source[CCA_SET_COUNT];
 } cca_settings_t;
 
