@@ -4,6 +4,9 @@
  * cca's reader and by Python's pickle module, JSON, SVG), on the simulated
  * backend.
  */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -433,6 +436,84 @@ TEST(trackers_observers_annotations)
     expect_eq_i64(cca_record_annotation("ignored"), CCA_OK);
 }
 
+/* ---- consistency under concurrency ----------------------------------------------- */
+
+static atomic_bool churn_stop;
+
+/* Allocate and free on one stream (with a cross-stream use now and then) until told to stop. */
+static void *churn(void *arg)
+{
+    cca_stream_t stream = (cca_stream_t)arg;
+    uint64_t x = (uint64_t)(uintptr_t)arg * 2654435761u + 1;
+    void *held[16] = {0};
+    while (!atomic_load(&churn_stop)) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int slot = (int)((x >> 33) % 16);
+        if (held[slot]) {
+            cca_free(held[slot]);
+            held[slot] = NULL;
+        } else {
+            size_t size = (size_t)((x >> 40) % (3 * MiB)) + 1;
+            if (cca_malloc_device(&held[slot], size, 0, stream) != CCA_OK)
+                held[slot] = NULL;
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        cca_free(held[i]);
+    return NULL;
+}
+
+static void count_entry(const cca_trace_entry_t *e, void *arg)
+{
+    (void)e;
+    atomic_fetch_add((atomic_long *)arg, 1);
+}
+
+TEST(snapshot_consistent_under_concurrency)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK)
+        exit(1);
+    atomic_long tracked = 0;
+    cca_record_history(true, NULL, NULL, 4096, CCA_RECORD_CONTEXT_NEVER);
+    cca_attach_trace_tracker(count_entry, &tracked);
+    atomic_store(&churn_stop, false);
+    pthread_t threads[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        pthread_create(&threads[i], NULL, churn, (void *)(0x1000 * (i + 1)));
+    while (atomic_load(&tracked) < 2000)
+        sched_yield(); /* the threads are under way */
+    int bad = 0;
+    for (int round = 0; round < 200 && !bad; round++) {
+        cca_snapshot_t *s = take();
+        for (size_t i = 0; s && i < s->segment_count; i++) {
+            cca_segment_info_t *seg = &s->segments[i];
+            uint64_t next = seg->address, total = 0;
+            for (size_t j = 0; j < seg->block_count; j++) {
+                cca_block_info_t *b = &seg->blocks[j];
+                bad += b->address != next; /* blocks tile the segment */
+                if (j && b->state == CCA_BLOCK_INACTIVE && seg->blocks[j - 1].state == CCA_BLOCK_INACTIVE)
+                    bad++; /* free neighbours are always merged */
+                next += b->size;
+                total += b->size;
+            }
+            bad += total != seg->total_size;
+            bad += seg->allocated_size > seg->active_size || seg->active_size > seg->total_size;
+        }
+        cca_snapshot_free(s);
+    }
+    atomic_store(&churn_stop, true);
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    expect_eq_i64(bad, 0);
+    expect_true(atomic_load(&tracked) > 0);
+    cca_detach_trace_tracker(count_entry, &tracked);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
 /* ---- writers ------------------------------------------------------------------------ */
 
 static char tmpdir[64];
@@ -588,6 +669,7 @@ int main(void)
     RUN(history_ring_wraps);
     RUN(context_levels);
     RUN(trackers_observers_annotations);
+    RUN(snapshot_consistent_under_concurrency);
     RUN(dump_pickle_read_back_by_cca);
     RUN(dump_read_by_python_and_svg);
     cca_shutdown();
