@@ -235,6 +235,8 @@ cca_status_t snapshot_build(pv_doc_t **out)
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
         goto out_snapshot;
     }
+    /* a node that cannot be built raises; a raise anywhere in the tree fails the build */
+    cca_clear_error();
     pv_node_t *root = pv_new_dict(doc);
     pv_node_t *segments = pv_new_list(doc);
     pv_node_t *traces = pv_new_list(doc);
@@ -250,6 +252,8 @@ cca_status_t snapshot_build(pv_doc_t **out)
         st = add_settings(doc, root, &cca_state->settings);
     if (st == CCA_OK)
         st = pv_dict_set(doc, root, "external_annotations", annotations);
+    if (st == CCA_OK && cca_last_error()->status != CCA_OK)
+        st = cca_last_error()->status;
     if (st != CCA_OK) {
         if (st == CCA_ERR_OUT_OF_MEMORY && cca_last_error()->status != CCA_ERR_OUT_OF_MEMORY)
             st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
