@@ -351,6 +351,8 @@ typedef struct cca_replay_options {
     bool trace_addresses;    /**< hand out the trace's segment addresses, compare every alloc */
     bool ignore_fraction;    /**< do not apply the trace's per-process memory fraction */
     int device;              /**< which device_traces entry to replay */
+    const char *snapshot_path; /**< if set: dump a snapshot (with the replay's history) here at the end */
+    const char *svg_path;    /**< if set: draw the end state and the replay's history here (SVG) */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -389,12 +391,191 @@ typedef struct cca_replay_result {
  * lost) and leaves it shut down. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
  * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
  * An out-of-memory failure during the replay is counted, not returned.
+ * With snapshot_path or svg_path set, the history is cleared and recorded
+ * during the replay, written at its end, and left off afterwards; writing
+ * adds CCA_ERR_IO.
  */
 cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
                              cca_replay_result_t *result);
 
 /** Free what a replay result holds. */
 void cca_replay_result_free(cca_replay_result_t *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+
+/* ------------------------------------------------------------------------ */
+/* Observability: allocation history, trace trackers, snapshots             */
+/* ------------------------------------------------------------------------ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What a history entry records (PyTorch's TraceEntry::Action). Values are stable. */
+typedef enum cca_trace_action {
+    CCA_TRACE_ALLOC = 0,          /**< a block was handed to the program */
+    CCA_TRACE_FREE_REQUESTED = 1, /**< the program freed it */
+    CCA_TRACE_FREE_COMPLETED = 2, /**< its stream events completed: it is reusable */
+    CCA_TRACE_SEGMENT_ALLOC = 3,  /**< memory from the backend (cudaMalloc) */
+    CCA_TRACE_SEGMENT_FREE = 4,   /**< memory back to the backend (cudaFree) */
+    CCA_TRACE_SEGMENT_MAP = 5,    /**< an expandable segment mapped pages */
+    CCA_TRACE_SEGMENT_UNMAP = 6,  /**< an expandable segment unmapped pages */
+    CCA_TRACE_SNAPSHOT = 7,       /**< a snapshot was taken (size: active bytes) */
+    CCA_TRACE_OOM = 8,            /**< out of memory (addr: the device's free bytes) */
+    CCA_TRACE_USER_DEFINED = 9,   /**< an annotation (cca_record_annotation) */
+    CCA_TRACE_ACTION_COUNT = 10
+} cca_trace_action_t;
+
+/** Which entries carry the user context (PyTorch's RecordContext). */
+typedef enum cca_record_context {
+    CCA_RECORD_CONTEXT_NEVER = 0, /**< no context at all */
+    CCA_RECORD_CONTEXT_STATE = 1, /**< context of live allocations only (snapshot blocks) */
+    CCA_RECORD_CONTEXT_ALLOC = 2, /**< also on history entries, taken at allocation */
+    CCA_RECORD_CONTEXT_ALL = 3,   /**< also taken again at free (free_requested entries) */
+} cca_record_context_t;
+
+/** One history entry. */
+typedef struct cca_trace_entry {
+    cca_trace_action_t action;
+    int device;
+    uint64_t addr;        /**< block/segment address; CCA_TRACE_OOM: the device's free bytes */
+    size_t size;          /**< bytes (requested size for alloc/free entries) */
+    cca_stream_t stream;
+    int64_t time_us;      /**< wall clock, microseconds since the epoch */
+    const char *context;  /**< the user context, or NULL; an annotation's name */
+} cca_trace_entry_t;
+
+/**
+ * The user context: a callback returning a string (a stack, a tag), or NULL
+ * for none. cca copies the string at once. It is called outside cca's locks,
+ * at the start of cca_malloc (and of cca_free with CCA_RECORD_CONTEXT_ALL),
+ * so it may take its own locks, but it must not allocate through cca.
+ */
+typedef const char *(*cca_context_fn)(void *arg);
+
+/**
+ * Start or stop recording the allocation history into a ring of max_entries
+ * entries (0 counts as 1; the oldest are overwritten). when says which
+ * entries get the context of context_fn (required unless when is
+ * CCA_RECORD_CONTEXT_NEVER). Stopping clears the history. Calling it again
+ * while recording changes the settings and keeps the newest entries. Needs no
+ * initialisation; the history survives cca_shutdown. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (when out of range, or context_fn NULL with a
+ * level above NEVER), CCA_ERR_OUT_OF_MEMORY. Thread-safe.
+ */
+cca_status_t cca_record_history(bool enabled, cca_context_fn context_fn, void *context_arg,
+                                size_t max_entries, cca_record_context_t when);
+
+/** True while the history is recorded. */
+bool cca_history_enabled(void);
+
+/**
+ * Record a user_defined entry named name (copied) on every device (device 0
+ * before initialisation), for history and trackers. Does nothing when neither
+ * records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (name NULL),
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_record_annotation(const char *name);
+
+/**
+ * The recorded history, oldest first. *entries is one malloc'd block holding
+ * the entries and their context strings; free it with cca_history_free.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_history_get(cca_trace_entry_t **entries, size_t *count);
+void cca_history_free(cca_trace_entry_t *entries);
+
+/**
+ * A trace tracker is called with every entry as it is recorded, whether or
+ * not the history is recorded, inside cca's locks: it must be quick and must
+ * not call cca. entry->context is valid during the call only.
+ */
+typedef void (*cca_trace_tracker_fn)(const cca_trace_entry_t *entry, void *arg);
+
+/** Attach a tracker. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t cca_attach_trace_tracker(cca_trace_tracker_fn fn, void *arg);
+
+/** Detach a tracker attached with the same (fn, arg). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (not attached). */
+cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg);
+
+/** PyTorch's name of an action ("alloc", "free_requested", ...); "unknown" if out of range. */
+const char *cca_trace_action_name(cca_trace_action_t action);
+
+/** State of a block in a snapshot. */
+typedef enum cca_block_state {
+    CCA_BLOCK_INACTIVE = 0,            /**< free, cached */
+    CCA_BLOCK_ACTIVE_ALLOCATED = 1,    /**< held by the program */
+    CCA_BLOCK_ACTIVE_PENDING_FREE = 2, /**< freed, waiting for stream events */
+} cca_block_state_t;
+
+/** PyTorch's name of a state ("inactive", "active_allocated", "active_pending_free"). */
+const char *cca_block_state_name(cca_block_state_t state);
+
+/** One block of a segment (PyTorch's BlockInfo). */
+typedef struct cca_block_info {
+    uint64_t address;
+    size_t size;            /**< bytes */
+    size_t requested_size;  /**< bytes the program asked for (last allocation) */
+    cca_block_state_t state;
+    const char *context;    /**< the allocation's user context (active blocks), or NULL */
+} cca_block_info_t;
+
+/** One segment (PyTorch's SegmentInfo). */
+typedef struct cca_segment_info {
+    int device;
+    uint64_t address;
+    size_t total_size;      /**< bytes */
+    size_t allocated_size;  /**< bytes in allocated blocks */
+    size_t active_size;     /**< bytes in active blocks (allocated or pending) */
+    size_t requested_size;  /**< requested bytes of active blocks */
+    cca_stream_t stream;
+    bool is_large;          /**< large pool ("large"), else small ("small") */
+    bool is_expandable;
+    uint64_t owner_private_pool_id[2]; /**< (0, 0): the default pools */
+    size_t block_count;
+    cca_block_info_t *blocks; /**< in address order */
+} cca_segment_info_t;
+
+/** Every segment of every device, sorted by address. */
+typedef struct cca_snapshot {
+    size_t segment_count;
+    cca_segment_info_t *segments;
+} cca_snapshot_t;
+
+/**
+ * Take a consistent picture of every segment and block (each device is
+ * walked under its lock and all its stream pool locks) and record a
+ * snapshot history entry per device. Free it with cca_snapshot_free.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (out NULL), CCA_ERR_OUT_OF_MEMORY,
+ * or an init error.
+ */
+cca_status_t cca_snapshot(cca_snapshot_t **out);
+void cca_snapshot_free(cca_snapshot_t *snapshot);
+
+/**
+ * Write the allocator's state and history as PyTorch 2.11's snapshot pickle
+ * (torch.cuda.memory._snapshot(): segments, device_traces,
+ * allocator_settings, external_annotations), gzip-compressed when path ends
+ * in ".gz", for torch.cuda._memory_viz and cca replay. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_IO, CCA_ERR_OUT_OF_MEMORY, or an init error.
+ */
+cca_status_t cca_dump_snapshot(const char *path);
+/** The same content as JSON (indented). Same statuses. */
+cca_status_t cca_dump_snapshot_json(const char *path);
+/** A self-contained SVG: memory over time by allocation, and the segment map. Same statuses. */
+cca_status_t cca_dump_snapshot_svg(const char *path);
+
+/**
+ * Read a snapshot pickle (PyTorch's or cca's, .gz or not) and render it as
+ * JSON text (*text malloc'd; free it) or as an SVG file. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot),
+ * CCA_ERR_OUT_OF_MEMORY. Need no initialisation.
+ */
+cca_status_t cca_snapshot_file_to_json(const char *in_path, char **text);
+cca_status_t cca_snapshot_file_to_svg(const char *in_path, const char *svg_path);
 
 #ifdef __cplusplus
 }

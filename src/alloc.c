@@ -1084,6 +1084,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
     size_t rsize = alloc_round_size(&S->settings, size);
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
+    bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
     cca_spin_lock(&sp->lock);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
@@ -1093,6 +1094,8 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
         cca_spin_unlock(&sp->lock);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
+    if (context)
+        trace_context_release();
     if (st == CCA_OK)
         *ptr = (void *)block->addr;
     return st;
@@ -1139,6 +1142,7 @@ cca_status_t cca_free(void *ptr)
     cca_device_t *dev = sp->device;
     int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
+    bool context = trace_context_gather(CCA_RECORD_CONTEXT_ALL); /* outside the locks */
     cca_spin_lock(&sp->lock);
     block->allocated = false;
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
@@ -1156,6 +1160,8 @@ cca_status_t cca_free(void *ptr)
             free_block(dev, block, false);
     }
     cca_spin_unlock(&sp->lock);
+    if (context)
+        trace_context_release();
     return st;
 }
 

@@ -455,10 +455,18 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->events = n;
     r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
 
+    /* the pictures and snapshots show the replay's own history */
+    bool history = opt.snapshot_path || opt.svg_path;
+    if (history) {
+        cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+        st = cca_record_history(true, NULL, NULL, 2 * n + 64, CCA_RECORD_CONTEXT_NEVER);
+        if (st != CCA_OK)
+            goto out_events;
+    }
     cca_backend_t *sim = NULL;
     st = replay_init(root, ev, n, &opt, r, &sim);
     if (st != CCA_OK)
-        goto out_events;
+        goto out_history;
     uint64_t t1 = cca_now_ns();
     st = run_events(ev, n, opt.trace_addresses, sim, r);
     r->seconds = (double)(cca_now_ns() - t1) / 1e9;
@@ -478,9 +486,16 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     cca_memory_stats(0, r->memory_stats, CCA_MEMORY_STATS_COUNT);
     cca_memory_summary(0, false, &r->memory_summary);
     compare_expected(root, ev, n, r);
+    if (opt.snapshot_path)
+        st = cca_dump_snapshot(opt.snapshot_path);
+    if (st == CCA_OK && opt.svg_path)
+        st = cca_dump_snapshot_svg(opt.svg_path);
 
 out_shutdown:
     cca_shutdown();
+out_history:
+    if (history)
+        cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 out_events:
     free(ev);
 out_doc:

@@ -1,8 +1,18 @@
 /*
- * trace.c - the allocation-history ring buffer. Invariant: while recording
- * is on, entries hold the last `capacity` events in the order they happened
- * (a global sequence under one lock, so events of all devices interleave
- * correctly).
+ * trace.c - the allocation history: a ring buffer of entries, the user
+ * context attached to them, trace trackers, and annotations.
+ *
+ * Invariant: while recording is on, the ring holds the last `capacity`
+ * entries in the order they happened (one global sequence under trace_lock,
+ * so entries of all devices and threads interleave correctly). trace_lock is
+ * a leaf lock: it is taken inside the allocator's locks and takes none.
+ *
+ * The user context is gathered before the allocator takes any lock (the
+ * callback may need locks of its own), held in a thread-local reference, and
+ * picked up by the entries this thread records until it is released. The
+ * context of each live allocation (level STATE and up) is kept in a small
+ * table keyed by (device, address) until its free completes, for snapshots
+ * and for the free entries.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,9 +22,37 @@
 #include "trace_ring.h"
 
 atomic_bool cca_trace_active;
+atomic_int cca_trace_context_level;
+
+/* A live allocation's context. */
+typedef struct live_ctx {
+    int device;
+    uintptr_t addr;
+    trace_ctx_t *context;
+    struct live_ctx *next;
+} live_ctx_t;
+
+#define LIVE_BUCKETS 4096
+
+/* A registered tracker. */
+typedef struct tracker {
+    cca_trace_tracker_fn fn;
+    void *arg;
+} tracker_t;
 
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static trace_ring_t ring;
+static bool history_on;                /* recording into the ring */
+static cca_context_fn context_fn;      /* the user's context callback */
+static void *context_arg;
+static int context_level;              /* cca_record_context_t */
+static live_ctx_t *live[LIVE_BUCKETS]; /* contexts of live allocations */
+static tracker_t *trackers;
+static size_t tracker_count;
+
+/* The context gathered by this thread for its current call, or NULL. */
+static _Thread_local trace_ctx_t *thread_ctx;
+static _Thread_local int thread_ctx_level;
 
 static const char *const action_names[CCA_TRACE_ACTION_COUNT] = {
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
@@ -26,39 +64,247 @@ const char *trace_action_name(cca_trace_action_t action)
     return (unsigned)action < CCA_TRACE_ACTION_COUNT ? action_names[action] : "unknown";
 }
 
+const char *cca_trace_action_name(cca_trace_action_t action)
+{
+    return trace_action_name(action);
+}
+
+/* ---- context strings -------------------------------------------------------- */
+
+static trace_ctx_t *ctx_new(const char *text)
+{
+    size_t len = strlen(text);
+    trace_ctx_t *c = malloc(sizeof(*c) + len + 1);
+    if (!c)
+        return NULL;
+    atomic_init(&c->refs, 1);
+    memcpy(c->text, text, len + 1);
+    return c;
+}
+
+static trace_ctx_t *ctx_ref(trace_ctx_t *c)
+{
+    if (c)
+        atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    return c;
+}
+
+static void ctx_unref(trace_ctx_t *c)
+{
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        free(c);
+}
+
+bool trace_context_gather_slow(int level)
+{
+    pthread_mutex_lock(&trace_lock);
+    cca_context_fn fn = context_fn;
+    void *arg = context_arg;
+    int current = context_level;
+    pthread_mutex_unlock(&trace_lock);
+    if (!fn || current < level)
+        return false;
+    const char *text = fn(arg);
+    if (!text)
+        return false;
+    trace_ctx_t *c = ctx_new(text);
+    if (!c)
+        return false; /* the context is an aid: without memory, the entry goes without */
+    ctx_unref(thread_ctx);
+    thread_ctx = c;
+    thread_ctx_level = level;
+    return true;
+}
+
+void trace_context_release(void)
+{
+    ctx_unref(thread_ctx);
+    thread_ctx = NULL;
+}
+
+/* ---- the live-allocation table (trace_lock held) ------------------------------ */
+
+static size_t live_bucket(int device, uintptr_t addr)
+{
+    uint64_t x = (uint64_t)addr ^ ((uint64_t)(unsigned)device << 56);
+    x ^= x >> 29;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 32;
+    return (size_t)(x & (LIVE_BUCKETS - 1));
+}
+
+static live_ctx_t **live_find_locked(int device, uintptr_t addr)
+{
+    live_ctx_t **link = &live[live_bucket(device, addr)];
+    while (*link && !((*link)->device == device && (*link)->addr == addr))
+        link = &(*link)->next;
+    return link;
+}
+
+static void live_put_locked(int device, uintptr_t addr, trace_ctx_t *c)
+{
+    live_ctx_t **link = live_find_locked(device, addr);
+    if (*link) {
+        ctx_unref((*link)->context);
+        (*link)->context = ctx_ref(c);
+        return;
+    }
+    live_ctx_t *l = malloc(sizeof(*l));
+    if (!l)
+        return;
+    l->device = device;
+    l->addr = addr;
+    l->context = ctx_ref(c);
+    l->next = NULL;
+    *link = l;
+}
+
+static void live_clear_locked(void)
+{
+    for (size_t i = 0; i < LIVE_BUCKETS; i++) {
+        while (live[i]) {
+            live_ctx_t *l = live[i];
+            live[i] = l->next;
+            ctx_unref(l->context);
+            free(l);
+        }
+    }
+}
+
+char *trace_block_context(int device, uintptr_t addr)
+{
+    char *copy = NULL;
+    pthread_mutex_lock(&trace_lock);
+    live_ctx_t *l = *live_find_locked(device, addr);
+    if (l && l->context)
+        copy = strdup(l->context->text);
+    pthread_mutex_unlock(&trace_lock);
+    return copy;
+}
+
+/* ---- recording ------------------------------------------------------------------ */
+
+static void update_active_locked(void)
+{
+    atomic_store_explicit(&cca_trace_active, history_on || tracker_count > 0, memory_order_relaxed);
+    atomic_store_explicit(&cca_trace_context_level, history_on && context_fn ? context_level : 0,
+                          memory_order_relaxed);
+}
+
+/* The context an entry carries (PyTorch's rules), as a borrowed pointer. */
+static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, uintptr_t addr)
+{
+    trace_ctx_t *own = thread_ctx;
+    if (own && action == CCA_TRACE_ALLOC && context_level >= CCA_RECORD_CONTEXT_STATE)
+        live_put_locked(device, addr, own);
+    if (context_level < CCA_RECORD_CONTEXT_ALLOC)
+        return NULL;
+    switch (action) {
+    case CCA_TRACE_FREE_REQUESTED:
+        if (own && thread_ctx_level >= CCA_RECORD_CONTEXT_ALL)
+            return own;
+        __attribute__((fallthrough)); /* else the allocation's context */
+    case CCA_TRACE_FREE_COMPLETED: {
+        live_ctx_t *l = *live_find_locked(device, addr);
+        return l ? l->context : NULL;
+    }
+    default:
+        return own;
+    }
+}
+
+/* Append one entry and call the trackers (trace_lock held). */
+static void record_locked(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
+                          cca_stream_t stream, trace_ctx_t *context)
+{
+    int64_t now = cca_wall_us();
+    if (tracker_count) {
+        cca_trace_entry_t pub = {action, device, (uint64_t)addr, size, stream, now,
+                                 context ? context->text : NULL};
+        for (size_t i = 0; i < tracker_count; i++)
+            trackers[i].fn(&pub, trackers[i].arg);
+    }
+    if (!history_on || !ring.capacity)
+        return;
+    trace_entry_t *e = &ring.entries[ring.next];
+    ctx_unref(e->context);
+    e->action = action;
+    e->device = device;
+    e->addr = addr;
+    e->size = size;
+    e->stream = stream;
+    e->time_us = now;
+    e->context = ctx_ref(context);
+    ring.next = (ring.next + 1) % ring.capacity;
+    if (ring.count < ring.capacity)
+        ring.count++;
+    ring.total++;
+}
+
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
                        cca_stream_t stream)
 {
     pthread_mutex_lock(&trace_lock);
-    if (ring.capacity) {
-        trace_entry_t *e = &ring.entries[ring.next];
-        e->action = action;
-        e->device = device;
-        e->addr = addr;
-        e->size = size;
-        e->stream = stream;
-        e->time_us = cca_wall_us();
-        ring.next = (ring.next + 1) % ring.capacity;
-        if (ring.count < ring.capacity)
-            ring.count++;
-        ring.total++;
+    trace_ctx_t *context = NULL;
+    live_ctx_t **link = NULL;
+    if (history_on && context_level > CCA_RECORD_CONTEXT_NEVER) {
+        context = entry_context_locked(device, action, addr);
+        if (action == CCA_TRACE_FREE_COMPLETED)
+            link = live_find_locked(device, addr);
+    }
+    record_locked(device, action, addr, size, stream, context);
+    if (link && *link) {
+        live_ctx_t *l = *link;
+        *link = l->next;
+        ctx_unref(l->context);
+        free(l);
     }
     pthread_mutex_unlock(&trace_lock);
+}
+
+/* ---- the ring ------------------------------------------------------------------- */
+
+static void ring_free_locked(void)
+{
+    for (size_t i = 0; i < ring.capacity; i++)
+        ctx_unref(ring.entries[i].context);
+    free(ring.entries);
+    memset(&ring, 0, sizeof(ring));
 }
 
 cca_status_t trace_enable(size_t capacity)
 {
     if (capacity == 0)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "history capacity must be > 0");
+        capacity = 1;
+    pthread_mutex_lock(&trace_lock);
+    if (ring.capacity == capacity) {
+        history_on = true;
+        update_active_locked();
+        pthread_mutex_unlock(&trace_lock);
+        return CCA_OK;
+    }
+    pthread_mutex_unlock(&trace_lock);
     trace_entry_t *entries = calloc(capacity, sizeof(*entries));
     if (!entries)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu history entries", capacity);
     pthread_mutex_lock(&trace_lock);
-    free(ring.entries);
-    memset(&ring, 0, sizeof(ring));
+    /* keep the newest entries that fit */
+    size_t keep = ring.count < capacity ? ring.count : capacity;
+    size_t first = ring.capacity ? (ring.next + ring.capacity - keep) % ring.capacity : 0;
+    for (size_t i = 0; i < keep; i++) {
+        trace_entry_t *src = &ring.entries[(first + i) % ring.capacity];
+        entries[i] = *src;
+        src->context = NULL;
+    }
+    uint64_t total = ring.total;
+    ring_free_locked();
     ring.entries = entries;
     ring.capacity = capacity;
-    atomic_store(&cca_trace_active, true);
+    ring.count = keep;
+    ring.next = keep % capacity;
+    ring.total = total;
+    history_on = true;
+    update_active_locked();
     pthread_mutex_unlock(&trace_lock);
     return CCA_OK;
 }
@@ -66,26 +312,146 @@ cca_status_t trace_enable(size_t capacity)
 void trace_disable(void)
 {
     pthread_mutex_lock(&trace_lock);
-    atomic_store(&cca_trace_active, false);
-    free(ring.entries);
-    memset(&ring, 0, sizeof(ring));
+    history_on = false;
+    context_fn = NULL;
+    context_arg = NULL;
+    context_level = CCA_RECORD_CONTEXT_NEVER;
+    ring_free_locked();
+    live_clear_locked();
+    update_active_locked();
     pthread_mutex_unlock(&trace_lock);
 }
 
-cca_status_t trace_copy(trace_entry_t **out, size_t *count)
+/* ---- public API --------------------------------------------------------------------- */
+
+cca_status_t cca_record_history(bool enabled, cca_context_fn fn, void *arg, size_t max_entries,
+                                cca_record_context_t when)
+{
+    if ((int)when < CCA_RECORD_CONTEXT_NEVER || (int)when > CCA_RECORD_CONTEXT_ALL)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_history: context level %d is not one of "
+                         "NEVER (0), STATE (1), ALLOC (2), ALL (3)", (int)when);
+    if (!enabled) {
+        trace_disable();
+        return CCA_OK;
+    }
+    if (when != CCA_RECORD_CONTEXT_NEVER && !fn)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_record_history: a context level above NEVER needs a context function");
+    cca_status_t st = trace_enable(max_entries);
+    if (st != CCA_OK)
+        return st;
+    pthread_mutex_lock(&trace_lock);
+    context_fn = when == CCA_RECORD_CONTEXT_NEVER ? NULL : fn;
+    context_arg = arg;
+    context_level = (int)when;
+    if (context_level == CCA_RECORD_CONTEXT_NEVER)
+        live_clear_locked();
+    update_active_locked();
+    pthread_mutex_unlock(&trace_lock);
+    return CCA_OK;
+}
+
+bool cca_history_enabled(void)
 {
     pthread_mutex_lock(&trace_lock);
+    bool on = history_on;
+    pthread_mutex_unlock(&trace_lock);
+    return on;
+}
+
+cca_status_t cca_record_annotation(const char *name)
+{
+    if (!name)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation: name is NULL");
+    if (!atomic_load_explicit(&cca_trace_active, memory_order_relaxed))
+        return CCA_OK;
+    trace_ctx_t *c = ctx_new(name);
+    if (!c)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
+    int devices = 1;
+    if (cca_is_initialized() && (cca_device_count(&devices) != CCA_OK || devices < 1))
+        devices = 1;
+    pthread_mutex_lock(&trace_lock);
+    for (int d = 0; d < devices; d++)
+        record_locked(d, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c);
+    pthread_mutex_unlock(&trace_lock);
+    ctx_unref(c);
+    return CCA_OK;
+}
+
+cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
+{
+    if (!out || !count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_history_get: entries and count are required");
+    pthread_mutex_lock(&trace_lock);
     size_t n = ring.count;
-    trace_entry_t *copy = malloc((n ? n : 1) * sizeof(*copy));
+    size_t first = ring.capacity ? (ring.next + ring.capacity - n) % ring.capacity : 0;
+    size_t bytes = (n ? n : 1) * sizeof(cca_trace_entry_t);
+    for (size_t i = 0; i < n; i++) {
+        const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
+        if (e->context)
+            bytes += strlen(e->context->text) + 1;
+    }
+    cca_trace_entry_t *copy = malloc(bytes);
     if (!copy) {
         pthread_mutex_unlock(&trace_lock);
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory copying the history");
     }
-    size_t first = (ring.next + ring.capacity - n) % (ring.capacity ? ring.capacity : 1);
-    for (size_t i = 0; i < n; i++)
-        copy[i] = ring.entries[(first + i) % ring.capacity];
+    char *strings = (char *)(copy + (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
+        copy[i] = (cca_trace_entry_t){e->action, e->device, (uint64_t)e->addr, e->size,
+                                      e->stream, e->time_us, NULL};
+        if (e->context) {
+            size_t len = strlen(e->context->text) + 1;
+            memcpy(strings, e->context->text, len);
+            copy[i].context = strings;
+            strings += len;
+        }
+    }
     pthread_mutex_unlock(&trace_lock);
     *out = copy;
     *count = n;
     return CCA_OK;
+}
+
+void cca_history_free(cca_trace_entry_t *entries)
+{
+    free(entries);
+}
+
+cca_status_t cca_attach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
+{
+    if (!fn)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_attach_trace_tracker: fn is NULL");
+    pthread_mutex_lock(&trace_lock);
+    tracker_t *list = realloc(trackers, (tracker_count + 1) * sizeof(*list));
+    if (!list) {
+        pthread_mutex_unlock(&trace_lock);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory attaching a trace tracker");
+    }
+    list[tracker_count++] = (tracker_t){fn, arg};
+    trackers = list;
+    update_active_locked();
+    pthread_mutex_unlock(&trace_lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
+{
+    pthread_mutex_lock(&trace_lock);
+    for (size_t i = 0; i < tracker_count; i++) {
+        if (trackers[i].fn == fn && trackers[i].arg == arg) {
+            memmove(&trackers[i], &trackers[i + 1], (tracker_count - i - 1) * sizeof(*trackers));
+            if (--tracker_count == 0) {
+                free(trackers);
+                trackers = NULL;
+            }
+            update_active_locked();
+            pthread_mutex_unlock(&trace_lock);
+            return CCA_OK;
+        }
+    }
+    pthread_mutex_unlock(&trace_lock);
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_detach_trace_tracker: no such tracker is attached");
 }

@@ -1,7 +1,8 @@
 /*
  * trace.h - the allocation history: what the allocator did, in order
- * (PyTorch's TraceEntry actions). Recording is off by default and then costs
- * one relaxed atomic load per event.
+ * (PyTorch's TraceEntry actions; cca_trace_action_t is in cca.h). Recording
+ * is off by default and then costs one relaxed atomic load per event, and
+ * one more per cca_malloc / cca_free for the user context.
  */
 #ifndef CCA_TRACE_H
 #define CCA_TRACE_H
@@ -10,21 +11,10 @@
 
 #include "internal.h"
 
-typedef enum cca_trace_action {
-    CCA_TRACE_ALLOC = 0,          /* block handed to the program */
-    CCA_TRACE_FREE_REQUESTED,     /* program freed it */
-    CCA_TRACE_FREE_COMPLETED,     /* its events completed: reusable */
-    CCA_TRACE_SEGMENT_ALLOC,      /* backend malloc */
-    CCA_TRACE_SEGMENT_FREE,       /* backend free */
-    CCA_TRACE_SEGMENT_MAP,        /* expandable segment mapped pages */
-    CCA_TRACE_SEGMENT_UNMAP,      /* expandable segment unmapped pages */
-    CCA_TRACE_SNAPSHOT,           /* a snapshot was taken */
-    CCA_TRACE_OOM,                /* out of memory; addr is the device's free bytes */
-    CCA_TRACE_USER_DEFINED,       /* an annotation */
-    CCA_TRACE_ACTION_COUNT
-} cca_trace_action_t;
-
+/* True while the history is recorded or a tracker is attached. */
 extern atomic_bool cca_trace_active;
+/* The cca_record_context_t level while the history is recorded, else NEVER. */
+extern atomic_int cca_trace_context_level;
 
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
                        cca_stream_t stream);
@@ -40,6 +30,22 @@ static inline void trace_record(int device, cca_trace_action_t action, uintptr_t
 static inline void trace_record_oom(int device, size_t device_free, size_t size, cca_stream_t stream)
 {
     trace_record(device, CCA_TRACE_OOM, (uintptr_t)device_free, size, stream);
+}
+
+bool trace_context_gather_slow(int level);
+void trace_context_release(void);
+
+/*
+ * Call the user's context function when the recording level is at least
+ * level, and keep the string for this thread's next entries (called with no
+ * allocator lock held). True if a context was gathered: the caller then calls
+ * trace_context_release() once its entries are recorded.
+ */
+static inline bool trace_context_gather(int level)
+{
+    if (atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) < level)
+        return false;
+    return trace_context_gather_slow(level);
 }
 
 /* Name of an action as PyTorch writes it ("alloc", "free_requested", ...). */

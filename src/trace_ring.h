@@ -7,6 +7,12 @@
 
 #include "trace.h"
 
+/* A user context string shared by ring entries, the live-block table and a thread. */
+typedef struct trace_ctx {
+    atomic_int refs;
+    char text[];
+} trace_ctx_t;
+
 typedef struct trace_entry {
     cca_trace_action_t action;
     int device;
@@ -14,6 +20,7 @@ typedef struct trace_entry {
     size_t size;          /* bytes */
     cca_stream_t stream;
     int64_t time_us;      /* wall clock */
+    trace_ctx_t *context; /* a reference, or NULL */
 } trace_entry_t;
 
 typedef struct trace_ring {
@@ -24,10 +31,11 @@ typedef struct trace_ring {
     uint64_t total;       /* entries ever recorded */
 } trace_ring_t;
 
-/* Start recording into a ring of capacity entries (replacing any earlier one). */
+/* Start recording into a ring of capacity entries (keeping the newest entries). */
 cca_status_t trace_enable(size_t capacity);
 void trace_disable(void);
-/* Copy the entries, oldest first; *out is malloc'd. */
-cca_status_t trace_copy(trace_entry_t **out, size_t *count);
+
+/* Copy of the live allocation's context at (device, addr), malloc'd; NULL if none. */
+char *trace_block_context(int device, uintptr_t addr);
 
 #endif /* CCA_TRACE_RING_H */

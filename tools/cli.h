@@ -9,5 +9,6 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cmd_settings(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_snapshot(int argc, char **argv);
 
 #endif /* CCA_CLI_H */

@@ -15,12 +15,14 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: cca replay TRACE [--settings STR] [--cap BYTES] [--total-memory BYTES]\n"
             "                        [--addresses trace|fresh] [--device N] [--no-fraction]\n"
-            "                        [--json] [--compare 'SETTINGS' ['SETTINGS'...]]\n"
+            "                        [--json] [--snapshot OUT.pickle[.gz]] [--svg OUT.svg]\n"
+            "                        [--compare 'SETTINGS' ['SETTINGS'...]]\n"
             "Replays TRACE (a PyTorch memory snapshot, .pickle or .pickle.gz) through cca on a\n"
             "simulated device. BYTES accept K/M/G/T suffixes. --addresses trace (the default\n"
             "without --settings) hands out PyTorch's segment addresses and compares every\n"
             "allocation with PyTorch's. --compare replays under each settings string and\n"
-            "prints a table.\n");
+            "prints a table. --snapshot writes the allocator's state at the end with the\n"
+            "history recorded during the replay (PyTorch's snapshot format); --svg draws them.\n");
 }
 
 static int parse_size(const char *text, size_t *out)
@@ -140,6 +142,7 @@ static int compare(const char *path, const cca_replay_options_t *base, char **se
         cca_replay_options_t opt = *base;
         opt.settings = settings[i];
         opt.trace_addresses = false;
+        opt.snapshot_path = opt.svg_path = NULL; /* one picture per replay: not with --compare */
         cca_replay_result_t r;
         cca_status_t st = cca_replay_file(path, &opt, &r);
         if (st != CCA_OK) {
@@ -177,6 +180,10 @@ int cmd_replay(int argc, char **argv)
         } else if (!strcmp(a, "--compare")) {
             compare_at = i + 1;
             break;
+        } else if (!strcmp(a, "--snapshot") && has_value) {
+            opt.snapshot_path = argv[++i];
+        } else if (!strcmp(a, "--svg") && has_value) {
+            opt.svg_path = argv[++i];
         } else if (!strcmp(a, "--settings") && has_value) {
             opt.settings = argv[++i];
         } else if ((!strcmp(a, "--cap") || !strcmp(a, "--total-memory")) && has_value) {

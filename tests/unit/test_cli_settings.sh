@@ -45,7 +45,7 @@ if run defaults 0; then
     elif [ "$(grep -c ' (default)$' "$tmp/out")" -ne 17 ]; then fail "not every key is a default"
     elif [ -s "$tmp/err" ]; then fail "unexpected stderr"
     elif [ "$(head -n 1 "$tmp/out" | cut -d' ' -f1)" != backend ]; then fail "first line is not backend"
-    elif [ "$(tail -n 1 "$tmp/out" | cut -d' ' -f1)" != pinned_max_cached_size_mb ]; then fail "last line"
+    elif [ "$(tail -n 1 "$tmp/out" | cut -d' ' -f1)" != exact_peak_stats ]; then fail "last line"
     else ok; fi
 fi
 

@@ -1,0 +1,156 @@
+/*
+ * snapshot.c - cca_snapshot(): every segment and block of every device, as
+ * PyTorch's SegmentInfo / BlockInfo.
+ *
+ * Invariant: a device is walked with its lock and every one of its stream
+ * pool locks held, so the picture of a device is one instant of it (no block
+ * is split, merged, handed out or freed while it is read). The snapshot
+ * owns copies of everything it reports; nothing points into the allocator.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "trace.h"
+#include "trace_ring.h"
+
+static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
+
+const char *cca_block_state_name(cca_block_state_t state)
+{
+    return (unsigned)state < 3 ? state_names[state] : "unknown";
+}
+
+void cca_snapshot_free(cca_snapshot_t *snap)
+{
+    if (!snap)
+        return;
+    for (size_t i = 0; i < snap->segment_count; i++) {
+        cca_segment_info_t *seg = &snap->segments[i];
+        for (size_t j = 0; j < seg->block_count; j++)
+            free((char *)seg->blocks[j].context);
+        free(seg->blocks);
+    }
+    free(snap->segments);
+    free(snap);
+}
+
+static void lock_pools(cca_device_t *dev, bool lock)
+{
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        if (lock)
+            cca_spin_lock(&sp->lock);
+        else
+            cca_spin_unlock(&sp->lock);
+    }
+}
+
+/* Fill one segment's record (device and pool locks held). False: out of memory. */
+static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, bool contexts,
+                             cca_segment_info_t *out)
+{
+    size_t n = 0;
+    for (const cca_block_t *b = seg->head; b; b = b->next)
+        n++;
+    memset(out, 0, sizeof(*out));
+    out->blocks = calloc(n ? n : 1, sizeof(*out->blocks));
+    if (!out->blocks)
+        return false;
+    out->device = dev->index;
+    out->address = seg->base;
+    out->stream = seg->stream;
+    out->is_large = !seg->is_small;
+    out->is_expandable = false;
+    out->block_count = n;
+    size_t i = 0;
+    for (const cca_block_t *b = seg->head; b; b = b->next, i++) {
+        cca_block_info_t *bi = &out->blocks[i];
+        bool pending = !b->allocated && (b->event_count > 0 || b->stream_use_count > 0);
+        bi->address = b->addr;
+        bi->size = b->size;
+        bi->requested_size = b->requested_size;
+        bi->state = b->allocated ? CCA_BLOCK_ACTIVE_ALLOCATED
+                    : pending    ? CCA_BLOCK_ACTIVE_PENDING_FREE
+                                 : CCA_BLOCK_INACTIVE;
+        out->total_size += b->size;
+        if (b->allocated)
+            out->allocated_size += b->size;
+        if (bi->state != CCA_BLOCK_INACTIVE) {
+            out->active_size += b->size;
+            out->requested_size += b->requested_size;
+            if (contexts)
+                bi->context = trace_block_context(dev->index, b->addr);
+        }
+    }
+    return true;
+}
+
+static int segment_order(const void *a, const void *b)
+{
+    const cca_segment_info_t *x = a, *y = b;
+    if (x->device != y->device)
+        return x->device < y->device ? -1 : 1;
+    return x->address < y->address ? -1 : x->address > y->address;
+}
+
+/* Append the segments of one device to snap; record its snapshot entry. */
+static cca_status_t snapshot_device(cca_device_t *dev, cca_snapshot_t *snap, size_t *cap)
+{
+    cca_status_t st = CCA_OK;
+    bool contexts = atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >=
+                    CCA_RECORD_CONTEXT_STATE;
+    size_t total_active = 0;
+    pthread_mutex_lock(&dev->lock);
+    lock_pools(dev, true);
+    if (snap->segment_count + dev->segment_count > *cap) {
+        size_t want = snap->segment_count + dev->segment_count;
+        cca_segment_info_t *list = realloc(snap->segments, (want ? want : 1) * sizeof(*list));
+        if (!list) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+            goto out_unlock;
+        }
+        snap->segments = list;
+        *cap = want;
+    }
+    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
+        cca_segment_info_t *out = &snap->segments[snap->segment_count];
+        if (!snapshot_segment(dev, seg, contexts, out)) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+            goto out_unlock;
+        }
+        snap->segment_count++;
+        total_active += out->active_size;
+    }
+    trace_record(dev->index, CCA_TRACE_SNAPSHOT, 0, total_active, NULL);
+out_unlock:
+    lock_pools(dev, false);
+    pthread_mutex_unlock(&dev->lock);
+    return st;
+}
+
+cca_status_t cca_snapshot(cca_snapshot_t **out)
+{
+    if (!out)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_snapshot: out is NULL");
+    cca_status_t st = cca_init();
+    if (st != CCA_OK)
+        return st;
+    cca_snapshot_t *snap = calloc(1, sizeof(*snap));
+    if (!snap)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+    size_t cap = 0;
+    for (int d = 0; d < cca_state->device_count; d++) {
+        st = snapshot_device(&cca_state->devices[d], snap, &cap);
+        if (st != CCA_OK) {
+            cca_snapshot_free(snap);
+            return st;
+        }
+    }
+    if (snap->segment_count > 1)
+        qsort(snap->segments, snap->segment_count, sizeof(*snap->segments), segment_order);
+    *out = snap;
+    return CCA_OK;
+}

@@ -1,0 +1,681 @@
+/*
+ * test_snapshot.c - snapshots, the allocation history and its user context,
+ * trace trackers, annotations, and the snapshot writers (pickle read back by
+ * cca's reader and by Python's pickle module, JSON, SVG), on the simulated
+ * backend.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "harness.h"
+#include "pickle.h"
+
+#define MiB ((size_t)1 << 20)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+static cca_backend_t *sim;
+
+static void setup(size_t memory)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = memory ? memory : 8ull << 30;
+    cfg.manual_events = true;
+    cca_shutdown();
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        printf("cannot set up the simulated backend: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static void *xmalloc_dev(size_t size, int device, cca_stream_t stream)
+{
+    void *p = NULL;
+    if (cca_malloc_device(&p, size, device, stream) != CCA_OK)
+        printf("  cca_malloc_device(%zu) failed: %s\n", size, cca_last_error()->message);
+    return p;
+}
+
+static cca_snapshot_t *take(void)
+{
+    cca_snapshot_t *s = NULL;
+    if (cca_snapshot(&s) != CCA_OK)
+        printf("  cca_snapshot failed: %s\n", cca_last_error()->message);
+    return s;
+}
+
+/* ---- snapshots -------------------------------------------------------------------- */
+
+TEST(snapshot_split_blocks)
+{
+    setup(0);
+    void *a = xmalloc_dev(1000, 0, S1);
+    void *b = xmalloc_dev(3000, 0, S1);
+    cca_snapshot_t *s = take();
+    expect_eq_u64(s->segment_count, 1);
+    cca_segment_info_t *seg = &s->segments[0];
+    expect_eq_i64(seg->device, 0);
+    expect_eq_u64(seg->address, (uintptr_t)a);
+    expect_eq_u64(seg->total_size, CCA_SMALL_BUFFER);
+    expect_eq_u64(seg->allocated_size, 1024 + 3072);
+    expect_eq_u64(seg->active_size, 1024 + 3072);
+    expect_eq_u64(seg->requested_size, 1000 + 3000);
+    expect_true(seg->stream == S1);
+    expect_false(seg->is_large);
+    expect_false(seg->is_expandable);
+    expect_eq_u64(seg->owner_private_pool_id[0], 0);
+    expect_eq_u64(seg->owner_private_pool_id[1], 0);
+    expect_eq_u64(seg->block_count, 3);
+    expect_eq_u64(seg->blocks[0].address, (uintptr_t)a);
+    expect_eq_u64(seg->blocks[0].size, 1024);
+    expect_eq_u64(seg->blocks[0].requested_size, 1000);
+    expect_eq_i64(seg->blocks[0].state, CCA_BLOCK_ACTIVE_ALLOCATED);
+    expect_eq_u64(seg->blocks[1].address, (uintptr_t)b);
+    expect_eq_u64(seg->blocks[1].size, 3072);
+    expect_eq_u64(seg->blocks[2].size, CCA_SMALL_BUFFER - 4096);
+    expect_eq_i64(seg->blocks[2].state, CCA_BLOCK_INACTIVE);
+    expect_true(seg->blocks[0].context == NULL);
+    cca_snapshot_free(s);
+    cca_free(a);
+    s = take();
+    expect_eq_u64(s->segments[0].block_count, 3);
+    expect_eq_i64(s->segments[0].blocks[0].state, CCA_BLOCK_INACTIVE);
+    expect_eq_u64(s->segments[0].allocated_size, 3072);
+    expect_eq_u64(s->segments[0].requested_size, 3000);
+    cca_snapshot_free(s);
+    cca_free(b);
+    s = take();
+    expect_eq_u64(s->segments[0].block_count, 1); /* merged back into one block */
+    expect_eq_u64(s->segments[0].active_size, 0);
+    cca_snapshot_free(s);
+    expect_eq_str(cca_block_state_name(CCA_BLOCK_ACTIVE_PENDING_FREE), "active_pending_free");
+    expect_eq_str(cca_block_state_name(CCA_BLOCK_INACTIVE), "inactive");
+    expect_eq_str(cca_block_state_name((cca_block_state_t)9), "unknown");
+}
+
+TEST(snapshot_pending_free)
+{
+    setup(0);
+    void *a = xmalloc_dev(5 * MiB, 0, S1);
+    expect_eq_i64(cca_record_stream(a, S2), CCA_OK);
+    expect_eq_i64(cca_free(a), CCA_OK);
+    cca_snapshot_t *s = take();
+    expect_eq_u64(s->segment_count, 1);
+    cca_segment_info_t *seg = &s->segments[0];
+    expect_true(seg->is_large);
+    expect_eq_u64(seg->total_size, 20 * MiB);
+    expect_eq_i64(seg->blocks[0].state, CCA_BLOCK_ACTIVE_PENDING_FREE);
+    expect_eq_u64(seg->allocated_size, 0);
+    expect_eq_u64(seg->active_size, 5 * MiB);
+    expect_eq_u64(seg->requested_size, 5 * MiB);
+    cca_snapshot_free(s);
+    cca_sim_complete_stream(sim, 0, S2, false);
+    expect_eq_i64(alloc_process_events(), CCA_OK);
+    s = take();
+    expect_eq_u64(s->segments[0].block_count, 1);
+    expect_eq_i64(s->segments[0].blocks[0].state, CCA_BLOCK_INACTIVE);
+    expect_eq_u64(s->segments[0].active_size, 0);
+    cca_snapshot_free(s);
+}
+
+TEST(snapshot_streams_and_devices_sorted)
+{
+    setup(0);
+    void *p[4] = {xmalloc_dev(100, 0, S1), xmalloc_dev(100, 0, S2), xmalloc_dev(2 * MiB, 1, S1),
+                  xmalloc_dev(100, 1, NULL)};
+    cca_snapshot_t *s = take();
+    expect_eq_u64(s->segment_count, 4);
+    size_t per_device[2] = {0, 0};
+    for (size_t i = 0; i < s->segment_count; i++) {
+        cca_segment_info_t *seg = &s->segments[i];
+        per_device[seg->device]++;
+        if (i > 0) {
+            cca_segment_info_t *prev = &s->segments[i - 1];
+            expect_true(prev->device < seg->device ||
+                        (prev->device == seg->device && prev->address < seg->address));
+        }
+        /* each segment holds exactly the allocation made on its (device, stream) */
+        expect_eq_u64(seg->blocks[0].state, CCA_BLOCK_ACTIVE_ALLOCATED);
+        for (int k = 0; k < 4; k++)
+            if ((uintptr_t)p[k] == seg->address)
+                expect_true(seg->stream == (k == 0 ? S1 : k == 1 ? S2 : k == 2 ? S1 : NULL));
+    }
+    expect_eq_u64(per_device[0], 2);
+    expect_eq_u64(per_device[1], 2);
+    cca_snapshot_free(s);
+    for (int k = 0; k < 4; k++)
+        cca_free(p[k]);
+    expect_eq_i64(cca_snapshot(NULL), CCA_ERR_INVALID_ARGUMENT);
+    cca_snapshot_free(NULL);
+}
+
+/* ---- history ------------------------------------------------------------------------ */
+
+static cca_trace_entry_t *history(size_t *n)
+{
+    cca_trace_entry_t *e = NULL;
+    *n = 0;
+    if (cca_history_get(&e, n) != CCA_OK)
+        printf("  cca_history_get failed\n");
+    return e;
+}
+
+TEST(history_order_and_fields)
+{
+    setup(0);
+    size_t n;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, 0); /* off by default */
+    cca_history_free(e);
+    expect_false(cca_history_enabled());
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_true(cca_history_enabled());
+    void *a = xmalloc_dev(1000, 1, S1);
+    expect_eq_i64(cca_record_stream(a, S2), CCA_OK);
+    cca_free(a);
+    cca_sim_complete_stream(sim, 1, S2, false);
+    alloc_process_events();
+    cca_empty_cache();
+    e = history(&n);
+    cca_trace_action_t want[] = {CCA_TRACE_SEGMENT_ALLOC, CCA_TRACE_ALLOC, CCA_TRACE_FREE_REQUESTED,
+                                 CCA_TRACE_FREE_COMPLETED, CCA_TRACE_SEGMENT_FREE};
+    expect_eq_u64(n, 5);
+    for (size_t i = 0; i < n && i < 5; i++) {
+        expect_eq_i64(e[i].action, want[i]);
+        expect_eq_i64(e[i].device, 1);
+        expect_eq_u64(e[i].addr, (uintptr_t)a);
+        expect_true(e[i].stream == S1);
+        expect_true(e[i].context == NULL);
+        if (i)
+            expect_true(e[i].time_us >= e[i - 1].time_us);
+    }
+    expect_eq_u64(e[0].size, CCA_SMALL_BUFFER);
+    expect_eq_u64(e[1].size, 1000); /* requested bytes */
+    expect_eq_u64(e[2].size, 1000);
+    expect_eq_u64(e[4].size, CCA_SMALL_BUFFER);
+    cca_history_free(e);
+    expect_eq_str(cca_trace_action_name(CCA_TRACE_FREE_COMPLETED), "free_completed");
+    expect_eq_str(cca_trace_action_name(CCA_TRACE_USER_DEFINED), "user_defined");
+    expect_eq_str(cca_trace_action_name(CCA_TRACE_ACTION_COUNT), "unknown");
+    /* disabling clears */
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    void *b = xmalloc_dev(100, 0, S1);
+    cca_free(b);
+    e = history(&n);
+    expect_eq_u64(n, 0);
+    cca_history_free(e);
+    expect_eq_i64(cca_history_get(NULL, &n), CCA_ERR_INVALID_ARGUMENT);
+}
+
+TEST(history_ring_wraps)
+{
+    setup(0);
+    cca_record_history(true, NULL, NULL, 3, CCA_RECORD_CONTEXT_NEVER);
+    void *keep = xmalloc_dev(100, 0, S1); /* segment_alloc + alloc */
+    uintptr_t addrs[4];
+    for (int i = 0; i < 4; i++) {
+        void *p = xmalloc_dev(512 * (size_t)(i + 1), 0, S1);
+        addrs[i] = (uintptr_t)p;
+        cca_free(p);
+    }
+    size_t n;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, 3);
+    /* the newest three: alloc, free_requested, free_completed of the last one */
+    expect_eq_i64(e[0].action, CCA_TRACE_ALLOC);
+    expect_eq_i64(e[1].action, CCA_TRACE_FREE_REQUESTED);
+    expect_eq_i64(e[2].action, CCA_TRACE_FREE_COMPLETED);
+    for (size_t i = 0; i < n; i++) {
+        expect_eq_u64(e[i].addr, addrs[3]);
+        expect_eq_u64(e[i].size, 2048);
+    }
+    cca_history_free(e);
+    /* growing keeps the entries; shrinking keeps the newest */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 10, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    e = history(&n);
+    expect_eq_u64(n, 3);
+    cca_history_free(e);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 2, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    e = history(&n);
+    expect_eq_u64(n, 2);
+    expect_eq_i64(e[0].action, CCA_TRACE_FREE_REQUESTED);
+    expect_eq_i64(e[1].action, CCA_TRACE_FREE_COMPLETED);
+    cca_history_free(e);
+    /* 0 entries counts as 1 */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    cca_free(keep);
+    e = history(&n);
+    expect_eq_u64(n, 1);
+    expect_eq_i64(e[0].action, CCA_TRACE_FREE_COMPLETED);
+    expect_eq_u64(e[0].addr, (uintptr_t)keep);
+    cca_history_free(e);
+}
+
+static int context_calls;
+
+static const char *context_fn(void *arg)
+{
+    static char buf[64];
+    snprintf(buf, sizeof(buf), "%s-%d\nframe two", (const char *)arg, ++context_calls);
+    return buf;
+}
+
+/* One malloc, a snapshot, a free; then the history. */
+static cca_trace_entry_t *context_round(cca_record_context_t when, char **block_context, size_t *n)
+{
+    setup(0);
+    context_calls = 0;
+    expect_eq_i64(cca_record_history(true, context_fn, "ctx", 100, when), CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1);
+    cca_snapshot_t *s = take();
+    const char *bc = s->segments[0].blocks[0].context;
+    *block_context = bc ? strdup(bc) : NULL;
+    cca_snapshot_free(s);
+    cca_free(a);
+    return history(n);
+}
+
+TEST(context_levels)
+{
+    char *bc;
+    size_t n;
+    cca_trace_entry_t *e = context_round(CCA_RECORD_CONTEXT_NEVER, &bc, &n);
+    expect_eq_i64(context_calls, 0);
+    expect_true(bc == NULL);
+    for (size_t i = 0; i < n; i++)
+        expect_true(e[i].context == NULL);
+    cca_history_free(e);
+
+    e = context_round(CCA_RECORD_CONTEXT_STATE, &bc, &n);
+    expect_eq_i64(context_calls, 1); /* at malloc only */
+    expect_true(bc && !strcmp(bc, "ctx-1\nframe two"));
+    for (size_t i = 0; i < n; i++)
+        expect_true(e[i].context == NULL);
+    free(bc);
+    cca_history_free(e);
+
+    /* segment_alloc, alloc, snapshot x2, free_requested, free_completed */
+    e = context_round(CCA_RECORD_CONTEXT_ALLOC, &bc, &n);
+    expect_eq_i64(context_calls, 1);
+    expect_eq_u64(n, 6);
+    expect_eq_str(e[0].context ? e[0].context : "", "ctx-1\nframe two");
+    expect_eq_str(e[1].context ? e[1].context : "", "ctx-1\nframe two");
+    expect_true(e[2].context == NULL && e[2].action == CCA_TRACE_SNAPSHOT);
+    expect_eq_i64(e[4].action, CCA_TRACE_FREE_REQUESTED);
+    expect_eq_str(e[4].context ? e[4].context : "", "ctx-1\nframe two"); /* the allocation's */
+    expect_eq_str(e[5].context ? e[5].context : "", "ctx-1\nframe two");
+    free(bc);
+    cca_history_free(e);
+
+    e = context_round(CCA_RECORD_CONTEXT_ALL, &bc, &n);
+    expect_eq_i64(context_calls, 2); /* at malloc and at free */
+    expect_eq_u64(n, 6);
+    expect_eq_str(e[4].context ? e[4].context : "", "ctx-2\nframe two"); /* the free's own */
+    expect_eq_str(e[5].context ? e[5].context : "", "ctx-1\nframe two");
+    free(bc);
+    cca_history_free(e);
+
+    /* the block's context is gone once it is free */
+    cca_snapshot_t *s = take();
+    expect_true(s->segments[0].blocks[0].context == NULL);
+    cca_snapshot_free(s);
+
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 10, CCA_RECORD_CONTEXT_ALLOC),
+                  CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_record_history(true, context_fn, NULL, 10, (cca_record_context_t)7),
+                  CCA_ERR_INVALID_ARGUMENT);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
+/* ---- trackers, observers, annotations, snapshot entries ---------------------------- */
+
+typedef struct seen {
+    int count;
+    cca_trace_action_t last;
+    char last_context[32];
+} seen_t;
+
+static void tracker(const cca_trace_entry_t *e, void *arg)
+{
+    seen_t *s = arg;
+    s->count++;
+    s->last = e->action;
+    snprintf(s->last_context, sizeof(s->last_context), "%s", e->context ? e->context : "");
+}
+
+static int oom_calls;
+static size_t oom_size;
+
+static void oom_observer(int device, size_t alloc_size, size_t total, size_t device_free, void *arg)
+{
+    (void)device, (void)total, (void)device_free, (void)arg;
+    oom_calls++;
+    oom_size = alloc_size;
+}
+
+TEST(trackers_observers_annotations)
+{
+    setup(64 * MiB);
+    seen_t s = {0};
+    expect_eq_i64(cca_attach_trace_tracker(tracker, &s), CCA_OK);
+    /* trackers see entries with the history off */
+    void *a = xmalloc_dev(1000, 0, S1);
+    expect_eq_i64(s.count, 2);
+    expect_eq_i64(s.last, CCA_TRACE_ALLOC);
+    cca_free(a);
+    expect_eq_i64(s.count, 4);
+    expect_eq_i64(s.last, CCA_TRACE_FREE_COMPLETED);
+    size_t n;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, 0);
+    cca_history_free(e);
+
+    /* OOM: an oom entry (addr: the device's free bytes) and the observer */
+    cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER);
+    expect_eq_i64(cca_attach_oom_observer(oom_observer, NULL), CCA_OK);
+    void *big = NULL;
+    expect_eq_i64(cca_malloc_device(&big, 100 * MiB, 0, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_eq_i64(oom_calls, 1);
+    expect_eq_u64(oom_size, 100 * MiB);
+    expect_eq_i64(s.last, CCA_TRACE_OOM);
+    size_t free_bytes = 0;
+    cca_mem_get_info(0, &free_bytes, NULL);
+    e = history(&n);
+    expect_true(n >= 1);
+    if (n >= 1) {
+        expect_eq_i64(e[n - 1].action, CCA_TRACE_OOM);
+        expect_eq_u64(e[n - 1].size, 100 * MiB);
+        expect_eq_u64(e[n - 1].addr, free_bytes);
+    }
+    cca_history_free(e);
+
+    /* annotations: one user_defined entry per device, the name as context */
+    int before = s.count;
+    expect_eq_i64(cca_record_annotation("phase one"), CCA_OK);
+    expect_eq_i64(s.count, before + 2);
+    expect_eq_str(s.last_context, "phase one");
+    expect_eq_i64(cca_record_annotation(NULL), CCA_ERR_INVALID_ARGUMENT);
+
+    /* a snapshot records one snapshot entry per device with its active bytes */
+    void *b = xmalloc_dev(4096, 1, S1);
+    cca_snapshot_t *snap = take();
+    cca_snapshot_free(snap);
+    e = history(&n);
+    expect_true(n >= 2);
+    if (n >= 2) {
+        expect_eq_i64(e[n - 2].action, CCA_TRACE_SNAPSHOT);
+        expect_eq_i64(e[n - 2].device, 0);
+        expect_eq_u64(e[n - 2].size, 0);
+        expect_eq_i64(e[n - 1].action, CCA_TRACE_SNAPSHOT);
+        expect_eq_i64(e[n - 1].device, 1);
+        expect_eq_u64(e[n - 1].size, 4096);
+        expect_eq_i64(e[n - 5].action, CCA_TRACE_USER_DEFINED);
+        expect_eq_str(e[n - 5].context ? e[n - 5].context : "", "phase one");
+    }
+    cca_history_free(e);
+    cca_free(b);
+
+    expect_eq_i64(cca_detach_trace_tracker(tracker, &s), CCA_OK);
+    expect_eq_i64(cca_detach_trace_tracker(tracker, &s), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_attach_trace_tracker(NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    before = s.count;
+    void *c = xmalloc_dev(1000, 0, S1);
+    cca_free(c);
+    expect_eq_i64(s.count, before);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    /* with neither history nor trackers, an annotation records nothing */
+    expect_eq_i64(cca_record_annotation("ignored"), CCA_OK);
+}
+
+/* ---- consistency under concurrency ----------------------------------------------- */
+
+static atomic_bool churn_stop;
+
+/* Allocate and free on one stream (with a cross-stream use now and then) until told to stop. */
+static void *churn(void *arg)
+{
+    cca_stream_t stream = (cca_stream_t)arg;
+    uint64_t x = (uint64_t)(uintptr_t)arg * 2654435761u + 1;
+    void *held[16] = {0};
+    while (!atomic_load(&churn_stop)) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int slot = (int)((x >> 33) % 16);
+        if (held[slot]) {
+            cca_free(held[slot]);
+            held[slot] = NULL;
+        } else {
+            size_t size = (size_t)((x >> 40) % (3 * MiB)) + 1;
+            if (cca_malloc_device(&held[slot], size, 0, stream) != CCA_OK)
+                held[slot] = NULL;
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        cca_free(held[i]);
+    return NULL;
+}
+
+static void count_entry(const cca_trace_entry_t *e, void *arg)
+{
+    (void)e;
+    atomic_fetch_add((atomic_long *)arg, 1);
+}
+
+TEST(snapshot_consistent_under_concurrency)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK)
+        exit(1);
+    atomic_long tracked = 0;
+    cca_record_history(true, NULL, NULL, 4096, CCA_RECORD_CONTEXT_NEVER);
+    cca_attach_trace_tracker(count_entry, &tracked);
+    atomic_store(&churn_stop, false);
+    pthread_t threads[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        pthread_create(&threads[i], NULL, churn, (void *)(0x1000 * (i + 1)));
+    while (atomic_load(&tracked) < 2000)
+        sched_yield(); /* the threads are under way */
+    int bad = 0;
+    for (int round = 0; round < 200 && !bad; round++) {
+        cca_snapshot_t *s = take();
+        for (size_t i = 0; s && i < s->segment_count; i++) {
+            cca_segment_info_t *seg = &s->segments[i];
+            uint64_t next = seg->address, total = 0;
+            for (size_t j = 0; j < seg->block_count; j++) {
+                cca_block_info_t *b = &seg->blocks[j];
+                bad += b->address != next; /* blocks tile the segment */
+                if (j && b->state == CCA_BLOCK_INACTIVE && seg->blocks[j - 1].state == CCA_BLOCK_INACTIVE)
+                    bad++; /* free neighbours are always merged */
+                next += b->size;
+                total += b->size;
+            }
+            bad += total != seg->total_size;
+            bad += seg->allocated_size > seg->active_size || seg->active_size > seg->total_size;
+        }
+        cca_snapshot_free(s);
+    }
+    atomic_store(&churn_stop, true);
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    expect_eq_i64(bad, 0);
+    expect_true(atomic_load(&tracked) > 0);
+    cca_detach_trace_tracker(count_entry, &tracked);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
+/* ---- writers ------------------------------------------------------------------------ */
+
+static char tmpdir[64];
+
+static void path_in_tmp(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+/* A scripted state with every block state, a context and an annotation. */
+static void scripted_state(void **keep)
+{
+    setup(0);
+    context_calls = 0;
+    cca_record_history(true, context_fn, "tag", 1000, CCA_RECORD_CONTEXT_ALLOC);
+    keep[0] = xmalloc_dev(1000, 0, S1);
+    keep[1] = xmalloc_dev(5 * MiB, 0, S2);
+    void *pending = xmalloc_dev(3000, 0, S1);
+    cca_record_stream(pending, S2);
+    cca_free(pending);
+    keep[2] = xmalloc_dev(2 * MiB, 1, NULL);
+    cca_record_annotation("step 1");
+}
+
+static const pv_node_t *key(const pv_node_t *d, const char *k)
+{
+    const pv_node_t *v = pv_dict_get(d, k);
+    if (!v)
+        HARNESS_FAIL("missing key %s", k);
+    return v;
+}
+
+TEST(dump_pickle_read_back_by_cca)
+{
+    void *keep[3];
+    scripted_state(keep);
+    char path[128];
+    path_in_tmp(path, sizeof(path), "snap.pickle.gz");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *root = pv_doc_root(doc);
+    const pv_node_t *segs = key(root, "segments");
+    expect_eq_u64(pv_len(segs), 3);
+    size_t states[3] = {0, 0, 0};
+    for (size_t i = 0; i < pv_len(segs); i++) {
+        const pv_node_t *seg = pv_at(segs, i);
+        expect_eq_i64(pv_kind(key(seg, "segment_pool_id")), PV_TUPLE);
+        expect_eq_i64(pv_kind(key(seg, "is_expandable")), PV_BOOL);
+        const pv_node_t *blocks = key(seg, "blocks");
+        for (size_t j = 0; j < pv_len(blocks); j++) {
+            const pv_node_t *st = key(pv_at(blocks, j), "state");
+            states[0] += pv_str_eq(st, "active_allocated");
+            states[1] += pv_str_eq(st, "active_pending_free");
+            states[2] += pv_str_eq(st, "inactive");
+        }
+    }
+    expect_eq_u64(states[0], 3);
+    expect_eq_u64(states[1], 1);
+    expect_true(states[2] >= 2);
+    const pv_node_t *traces = key(root, "device_traces");
+    expect_eq_u64(pv_len(traces), 2);
+    const pv_node_t *t0 = pv_at(traces, 0);
+    const pv_node_t *first = pv_at(t0, 0);
+    expect_true(pv_str_eq(key(first, "action"), "segment_alloc"));
+    expect_true(pv_str_eq(key(first, "compile_context"), "N/A"));
+    const pv_node_t *frames = key(first, "frames");
+    expect_eq_u64(pv_len(frames), 2); /* two lines of context, two frames */
+    expect_true(pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"), "tag-1"));
+    expect_true(pv_str_eq(pv_dict_get(pv_at(frames, 1), "filename"), "frame two"));
+    const pv_node_t *ann = key(root, "external_annotations");
+    expect_eq_u64(pv_len(ann), 2);
+    expect_true(pv_str_eq(pv_dict_get(pv_at(ann, 0), "name"), "step 1"));
+    const pv_node_t *as = key(root, "allocator_settings");
+    int64_t mss = 0;
+    expect_true(pv_get_int(key(as, "max_split_size"), &mss) && mss == -1);
+    pv_doc_free(doc);
+
+    /* JSON of the same content */
+    path_in_tmp(path, sizeof(path), "snap.json");
+    expect_eq_i64(cca_dump_snapshot_json(path), CCA_OK);
+    FILE *f = fopen(path, "r");
+    char head[64] = "";
+    expect_true(f && fgets(head, sizeof(head), f));
+    if (f)
+        fclose(f);
+    expect_eq_str(head, "{\n");
+
+    /* errors */
+    expect_eq_i64(cca_dump_snapshot(NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_dump_snapshot_json(""), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_dump_snapshot("/nonexistent-dir/x.pickle"), CCA_ERR_IO);
+    expect_eq_i64(cca_dump_snapshot_svg("/nonexistent-dir/x.svg"), CCA_ERR_IO);
+    char *text = NULL;
+    expect_eq_i64(cca_snapshot_file_to_json("/nonexistent-file.pickle", &text), CCA_ERR_IO);
+    expect_eq_i64(cca_snapshot_file_to_json(path, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_snapshot_file_to_json(path, &text), CCA_ERR_FORMAT); /* JSON is no pickle */
+    for (int k = 0; k < 3; k++)
+        cca_free(keep[k]);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
+TEST(dump_read_by_python_and_svg)
+{
+    void *keep[3];
+    scripted_state(keep);
+    char pk[128], svg[128], svg2[128], cmd[4096];
+    path_in_tmp(pk, sizeof(pk), "py.pickle");
+    path_in_tmp(svg, sizeof(svg), "live.svg");
+    path_in_tmp(svg2, sizeof(svg2), "file.svg");
+    expect_eq_i64(cca_dump_snapshot(pk), CCA_OK);
+    expect_eq_i64(cca_dump_snapshot_svg(svg), CCA_OK);
+    expect_eq_i64(cca_snapshot_file_to_svg(pk, svg2), CCA_OK);
+    expect_eq_i64(cca_snapshot_file_to_svg(pk, NULL), CCA_ERR_INVALID_ARGUMENT);
+    /* Python's pickle reads it with PyTorch's keys and types; the SVGs parse as XML */
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"\n"
+             "import pickle, gzip, xml.etree.ElementTree as ET\n"
+             "me = pickle.load(open('%s', 'rb'))\n"
+             "ref = pickle.load(gzip.open('%s/tests/data/traces/two_stream_pipeline_default.pickle.gz'))\n"
+             "sig = lambda d: {k: type(v) for k, v in d.items()}\n"
+             "assert set(ref) - {'cca_meta'} <= set(me), set(me)\n"
+             "assert sig(me['segments'][0]) == sig(ref['segments'][0])\n"
+             "assert sig(me['segments'][0]['blocks'][0]) == sig(ref['segments'][0]['blocks'][0])\n"
+             "assert sig(me['allocator_settings']) == sig(ref['allocator_settings'])\n"
+             "e = [x for x in me['device_traces'][0] if x['action'] == 'alloc'][0]\n"
+             "assert sig({k: v for k, v in e.items() if k != 'frames'}) == sig(ref['device_traces'][0][1])\n"
+             "assert e['frames'][0] == {'filename': 'tag-1', 'line': 0, 'name': ''}, e\n"
+             "assert me['segments'][0]['segment_pool_id'] == (0, 0)\n"
+             "for p in ('%s', '%s'):\n"
+             "    r = ET.parse(p).getroot()\n"
+             "    assert r.tag.endswith('svg') and len(list(r.iter())) > 10\n"
+             "\"",
+             pk, CCA_SOURCE_DIR, svg, svg2);
+    int rc = system(cmd);
+    expect_eq_i64(rc, 0);
+    for (int k = 0; k < 3; k++)
+        cca_free(keep[k]);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/cca_test_snapshot_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        printf("cannot create a temporary directory\n");
+        return 1;
+    }
+    RUN(snapshot_split_blocks);
+    RUN(snapshot_pending_free);
+    RUN(snapshot_streams_and_devices_sorted);
+    RUN(history_order_and_fields);
+    RUN(history_ring_wraps);
+    RUN(context_levels);
+    RUN(trackers_observers_annotations);
+    RUN(snapshot_consistent_under_concurrency);
+    RUN(dump_pickle_read_back_by_cca);
+    RUN(dump_read_by_python_and_svg);
+    cca_shutdown();
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        printf("could not remove %s\n", tmpdir);
+    return harness_done();
+}
