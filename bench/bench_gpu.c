@@ -157,13 +157,16 @@ static void *worker_main(void *arg)
 int main(int argc, char **argv)
 {
     const char *backend = "cuda";
+    const char *name = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
             backend = argv[++i];
+        } else if (!strcmp(argv[i], "--name") && i + 1 < argc) {
+            name = argv[++i];
         } else if (!strcmp(argv[i], "--quick")) {
             scale_div = 10;
         } else {
-            fprintf(stderr, "usage: %s [--backend cuda|sim] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--backend cuda|sim] [--quick] [--name LABEL]\n", argv[0]);
             return 2;
         }
     }
@@ -180,6 +183,8 @@ int main(int argc, char **argv)
 #endif
     if (!use_cuda)
         allocator_name = "cca-sim";
+    if (name)
+        allocator_name = name;
     setenv("CCA_BACKEND", backend, 1);
     cca_status_t st = cca_init();
     if (st != CCA_OK)

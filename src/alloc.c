@@ -1222,6 +1222,9 @@ static cca_status_t uncached_malloc(cca_device_t *dev, size_t size, cca_stream_t
             return raise_oom(dev, size, size, stream);
         return st;
     }
+    stats_lock(dev);
+    dev->stats.num_device_alloc++;
+    stats_unlock(dev);
     block->addr = (uintptr_t)p;
     block->size = size;
     block->requested_size = size;
@@ -1245,6 +1248,10 @@ static cca_status_t uncached_free(cca_block_t *block)
         ptrmap_insert(cca_state->ptrmap, block);
         return st;
     }
+    cca_device_t *dev = &cca_state->devices[block->device];
+    stats_lock(dev);
+    dev->stats.num_device_free++;
+    stats_unlock(dev);
     free(block);
     return CCA_OK;
 }

@@ -1,6 +1,8 @@
 /*
  * ptrmap.c - the pointer map: live blocks by address, in shards that each
- * have their own lock, so frees on different streams rarely meet.
+ * have their own lock. A shard is chosen by the 2 MiB region of the address,
+ * so the blocks of one segment (which belongs to one stream) share a shard
+ * and threads on different streams rarely touch the same lock.
  * Invariant: a block is in the map exactly while it is allocated.
  */
 #include <pthread.h>
@@ -8,7 +10,7 @@
 
 #include "device.h"
 
-#define PTRMAP_SHARDS 64
+#define PTRMAP_SHARDS 256
 
 typedef struct ptrmap_shard {
     cca_spinlock_t lock;
@@ -21,6 +23,13 @@ typedef struct ptrmap_shard {
 struct cca_ptrmap {
     ptrmap_shard_t shards[PTRMAP_SHARDS];
 };
+
+static inline size_t shard_of(uintptr_t addr)
+{
+    uint64_t x = (uint64_t)addr >> 21;
+    x *= 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 56) & (PTRMAP_SHARDS - 1);
+}
 
 static inline uint64_t hash_addr(uintptr_t addr)
 {
@@ -76,7 +85,7 @@ static bool shard_grow(ptrmap_shard_t *s)
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
 {
     uint64_t h = hash_addr(block->addr);
-    ptrmap_shard_t *s = &m->shards[h & (PTRMAP_SHARDS - 1)];
+    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
     cca_spin_lock(&s->lock);
     if (s->count >= s->cap && !shard_grow(s) && s->cap == 0) {
         cca_spin_unlock(&s->lock);
@@ -93,7 +102,7 @@ bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
 {
     uint64_t h = hash_addr(addr);
-    ptrmap_shard_t *s = &m->shards[h & (PTRMAP_SHARDS - 1)];
+    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
     cca_block_t *found = NULL;
     cca_spin_lock(&s->lock);
     if (s->cap) {

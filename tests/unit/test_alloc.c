@@ -593,6 +593,10 @@ TEST(uncached_mode)
     expect_status(cca_free((char *)b + 1), CCA_ERR_INVALID_POINTER);
     expect_ok(cca_free(b));
     expect_status(cca_free(b), CCA_ERR_INVALID_POINTER);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_device_alloc, 2);
+    expect_eq_i64(s.num_device_free, 2);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
 }
 
 TEST(backend_fault_is_clean)
