@@ -1039,12 +1039,13 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
             return st;
         }
     }
-    pthread_mutex_unlock(&dev->lock);
     st = alloc_found_block(dev, pool, &block, size, orig_size);
-    if (!dev->exact_stats) {
+    if (!dev->exact_stats && st == CCA_OK) {
+        /* sample the peaks; other pools' locks may only be taken under the device lock */
         cca_device_stats_t sample;
         device_stats_read_held(dev, &sample, sp);
     }
+    pthread_mutex_unlock(&dev->lock);
     cca_spin_unlock(&sp->lock);
     *out = block;
     return st;
