@@ -20,7 +20,8 @@ demo: build
 	@sh scripts/demo.sh
 
 bench: build
-	@./build/bench/bench_cpu
+	@./build/bench/bench_gpu --backend sim
+	@./build/bench/bench_host
 
 fuzz:
 	@sh scripts/fuzz.sh

@@ -581,4 +581,27 @@ cca_status_t cca_snapshot_file_to_svg(const char *in_path, const char *svg_path)
 }
 #endif
 
+/* ------------------------------------------------------------------------ */
+/* PyTorch pluggable allocator entry points                                 */
+/* ------------------------------------------------------------------------ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * The allocation function torch.cuda.memory.CUDAPluggableAllocator expects:
+ * `void *alloc(ssize_t size, int device, cudaStream_t stream)` (ptrdiff_t
+ * has ssize_t's ABI). Returns NULL on failure, after writing cca's error
+ * message (PyTorch's OOM text) to the output sink; PyTorch then raises.
+ */
+void *cca_torch_malloc(ptrdiff_t size, int device, cca_stream_t stream);
+
+/** The matching `void free(void *ptr, ssize_t size, int device, cudaStream_t stream)`. */
+void cca_torch_free(void *ptr, ptrdiff_t size, int device, cca_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
 #endif /* CCA_H */

@@ -88,6 +88,9 @@ memcheck() {
     [ $rc -eq 77 ] && return 0 # skipped: no GPU
     return $rc
 }
+run_torch() {
+    python3 "$root/tests/cuda/torch_pluggable.py" "$root/build-gpu-release/libcca.so"
+}
 run_anchor() {
     OUT="$logs" bash "$root/.anchor/run.sh"
 }
@@ -105,7 +108,7 @@ run_bench_host() {
 }
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -138,6 +141,8 @@ else
         failed_steps+=(memcheck)
     fi
 fi
+
+run_step torch-pluggable "$(left 220)" run_torch
 
 if [ -f "$root/.anchor/run.sh" ]; then
     run_step anchor "$(left 70)" run_anchor
