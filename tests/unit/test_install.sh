@@ -1,0 +1,69 @@
+#!/bin/sh
+# make install's products are usable: install the build this test belongs to
+# into a temporary prefix, then build and run a small C program against it
+# with pkg-config and with CMake's find_package(cca).
+set -u
+cli=$1
+build=$(cd "$(dirname "$cli")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL $*"; exit 1; }
+
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; fail install; }
+for f in include/cca.h include/cca_backend.h lib/libcca.a lib/libcca.so bin/cca \
+         lib/pkgconfig/cca.pc lib/cmake/cca/ccaConfig.cmake; do
+    [ -e "$tmp/prefix/$f" ] || fail "missing $f"
+done
+"$tmp/prefix/bin/cca" settings >/dev/null || fail "installed cca settings"
+
+cat >"$tmp/app.c" <<'EOC'
+#include <cca.h>
+#include <cca_backend.h>
+#include <stdio.h>
+int main(void)
+{
+    cca_backend_t *sim;
+    cca_sim_config_t cfg = {0};
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK)
+        return 1;
+    void *p = NULL;
+    if (cca_malloc(&p, 4096, NULL) != CCA_OK || !p || cca_free(p) != CCA_OK)
+        return 2;
+    cca_shutdown();
+    puts("app ok");
+    return 0;
+}
+EOC
+# a sanitized build's library needs the sanitizer runtimes in the program too
+san=""
+if nm "$tmp/prefix/lib/libcca.a" 2>/dev/null | grep -q __asan_; then san="-fsanitize=address,undefined"; fi
+if nm "$tmp/prefix/lib/libcca.a" 2>/dev/null | grep -q __tsan_; then san="-fsanitize=thread"; fi
+
+if ! command -v pkg-config >/dev/null 2>&1; then
+    echo "note: pkg-config is not installed; checking the .pc file by hand"
+    grep -q '^Libs: -L${libdir} -lcca' "$tmp/prefix/lib/pkgconfig/cca.pc" || fail "cca.pc content"
+    flags="-I$tmp/prefix/include -L$tmp/prefix/lib -lcca"
+else
+PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --exists cca || fail "pkg-config does not find cca"
+flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs cca)
+fi
+# shellcheck disable=SC2086
+cc $san "$tmp/app.c" -o "$tmp/app_pc" $flags -Wl,-rpath,"$tmp/prefix/lib" \
+    >"$tmp/cc.log" 2>&1 || { cat "$tmp/cc.log"; fail "pkg-config build"; }
+"$tmp/app_pc" | grep -q "app ok" || fail "pkg-config program"
+
+mkdir -p "$tmp/proj"
+cat >"$tmp/proj/CMakeLists.txt" <<'EOC'
+cmake_minimum_required(VERSION 3.20)
+project(app C)
+find_package(cca REQUIRED)
+add_executable(app ../app.c)
+target_link_libraries(app PRIVATE cca::cca_static)
+EOC
+cmake -S "$tmp/proj" -B "$tmp/proj/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_C_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >"$tmp/cmake.log" 2>&1 \
+    || { cat "$tmp/cmake.log"; fail "find_package(cca)"; }
+cmake --build "$tmp/proj/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "CMake build"; }
+"$tmp/proj/build/app" | grep -q "app ok" || fail "CMake program"
+echo "ok   install, pkg-config and find_package"
+echo "1 passed, 0 failed"
