@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "device.h"
 #include "trace.h"
 
@@ -1021,6 +1022,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     }
     if (st == CCA_OK)
         *ptr = (void *)block->addr;
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1082,6 +1084,7 @@ cca_status_t cca_free(void *ptr)
         free_block(dev, block);
     }
     pthread_mutex_unlock(&sp->lock);
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1122,6 +1125,7 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
     }
 out_unlock:
     pthread_mutex_unlock(&sp->lock);
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1171,6 +1175,27 @@ static cca_status_t uncached_free(cca_block_t *block)
 
 /* ---- cache control and queries ------------------------------------------------- */
 
+/*
+ * Give the device's pooled (idle) events back to the backend, so an emptied
+ * cache holds no backend resource. Returns CCA_OK or the backend's error (that
+ * event stays pooled).
+ */
+static cca_status_t destroy_pooled_events(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&dev->events_lock);
+    while (dev->event_pool_count) {
+        st = be->event_destroy(be->ctx, dev->index, dev->event_pool[dev->event_pool_count - 1]);
+        if (st != CCA_OK)
+            break;
+        dev->event_pool_count--;
+        dev->events_created--;
+    }
+    pthread_mutex_unlock(&dev->events_lock);
+    return st;
+}
+
 cca_status_t cca_empty_cache(void)
 {
     cca_status_t st = cca_init();
@@ -1181,10 +1206,13 @@ cca_status_t cca_empty_cache(void)
         cca_device_t *dev = &cca_state->devices[d];
         pthread_mutex_lock(&dev->lock);
         st = release_cached_blocks_locked(dev, NULL);
+        if (st == CCA_OK)
+            st = destroy_pooled_events(dev);
         pthread_mutex_unlock(&dev->lock);
         if (st != CCA_OK && result == CCA_OK)
             result = st;
     }
+    cca_assert_expensive(alloc_is_valid());
     return result;
 }
 
@@ -1289,6 +1317,7 @@ cca_status_t cca_set_memory_fraction(double fraction, int device)
     dev->allowed_memory_maximum = (size_t)(fraction * (double)dev->total_memory);
     dev->set_fraction = true;
     pthread_mutex_unlock(&dev->lock);
+    cca_assert_expensive(alloc_is_valid());
     return CCA_OK;
 }
 
