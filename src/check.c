@@ -189,11 +189,18 @@ static void check_pool(check_ctx_t *c, cca_device_t *dev, cca_pool_t *pool)
     const cca_bins_t *bins = &pool->bins;
     size_t count = 0;
     const cca_block_t *last = NULL;
+    /* Only the bins the bitmap marks are walked: a block in an unmarked bin is
+     * then met in no bin, which the per-block check reports. */
     for (unsigned bin = 0; bin < CCA_BIN_COUNT && !c->failed; bin++) {
-        bool bit = (bins->words[bin >> 6] >> (bin & 63)) & 1;
-        if (bit != (bins->heads[bin] != NULL))
-            fail(c, "device %d: bin %u: bitmap says %s but the list is %s", dev->index, bin,
-                 bit ? "non-empty" : "empty", bins->heads[bin] ? "non-empty" : "empty");
+        uint64_t word = bins->words[bin >> 6] >> (bin & 63);
+        if (!word) {
+            bin |= 63; /* rest of this word is empty */
+            continue;
+        }
+        if (!(word & 1))
+            continue;
+        if (!bins->heads[bin])
+            fail(c, "device %d: bin %u: bitmap says non-empty but the list is empty", dev->index, bin);
         const cca_block_t *prev = NULL;
         for (const cca_block_t *b = bins->heads[bin]; b && !c->failed; b = b->bin_next) {
             count++;
@@ -300,19 +307,38 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
     compare_stat(c, dev->index, "requested_bytes", st->requested_bytes, e->requested);
 }
 
-/* Lock (or unlock) a device and all its stream pools, in the allocator's order. */
-static void lock_device(cca_device_t *dev, bool lock)
+/* A device's stream pools, listed once with its lock held. */
+typedef struct pool_list {
+    cca_stream_pool_t **pools;
+    size_t count;
+} pool_list_t;
+
+/*
+ * Lock a device and all its stream pools, in the allocator's order, and list
+ * the pools (the device lock keeps the table fixed); or unlock them. False:
+ * no host memory for the list (nothing is left locked).
+ */
+static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
 {
-    if (lock)
+    if (lock) {
         pthread_mutex_lock(&dev->lock);
-    for (size_t i = 0; i < dev->pool_table_cap; i++) {
-        cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
-        if (!sp)
-            continue;
+        list->count = 0;
+        list->pools = malloc((dev->pool_count + 1) * sizeof(*list->pools));
+        if (!list->pools) {
+            pthread_mutex_unlock(&dev->lock);
+            return false;
+        }
+        for (size_t i = 0; i < dev->pool_table_cap && list->count < dev->pool_count; i++) {
+            cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
+            if (sp)
+                list->pools[list->count++] = sp;
+        }
+    }
+    for (size_t i = 0; i < list->count; i++) {
         if (lock)
-            pthread_mutex_lock(&sp->lock);
+            pthread_mutex_lock(&list->pools[i]->lock);
         else
-            pthread_mutex_unlock(&sp->lock);
+            pthread_mutex_unlock(&list->pools[i]->lock);
     }
     if (lock) {
         pthread_mutex_lock(&dev->events_lock);
@@ -321,7 +347,10 @@ static void lock_device(cca_device_t *dev, bool lock)
         pthread_mutex_unlock(&dev->stats_lock);
         pthread_mutex_unlock(&dev->events_lock);
         pthread_mutex_unlock(&dev->lock);
+        free(list->pools);
+        list->pools = NULL;
     }
+    return true;
 }
 
 cca_status_t alloc_check_invariants(char *why, size_t why_len)
@@ -334,8 +363,12 @@ cca_status_t alloc_check_invariants(char *why, size_t why_len)
     check_ctx_t c;
     memset(&c, 0, sizeof(c));
     size_t pooled_allocated = 0;
-    for (int d = 0; d < S->device_count; d++)
-        lock_device(&S->devices[d], true);
+    pool_list_t lists[CCA_MAX_DEVICES];
+    int locked = 0;
+    while (locked < S->device_count && lock_device(&S->devices[locked], &lists[locked], true))
+        locked++;
+    if (locked < S->device_count)
+        fail(&c, "out of host memory checking invariants");
     for (int d = 0; d < S->device_count && !c.failed; d++) {
         cca_device_t *dev = &S->devices[d];
         expected_stats_t e;
@@ -346,10 +379,8 @@ cca_status_t alloc_check_invariants(char *why, size_t why_len)
             break;
         if (c.seen_count)
             qsort(c.seen, c.seen_count, sizeof(*c.seen), by_block);
-        for (size_t i = 0; i < dev->pool_table_cap && !c.failed; i++) {
-            cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
-            if (!sp)
-                continue;
+        for (size_t i = 0; i < lists[d].count && !c.failed; i++) {
+            cca_stream_pool_t *sp = lists[d].pools[i];
             if (sp->device != dev)
                 fail(&c, "device %d: stream pool %p belongs to another device", d, (void *)sp->stream);
             check_pool(&c, dev, &sp->small);
@@ -375,8 +406,8 @@ cca_status_t alloc_check_invariants(char *why, size_t why_len)
         if (S->no_caching && pooled_allocated)
             fail(&c, "uncached mode, yet %zu pooled blocks are allocated", pooled_allocated);
     }
-    for (int d = S->device_count - 1; d >= 0; d--)
-        lock_device(&S->devices[d], false);
+    for (int d = locked - 1; d >= 0; d--)
+        lock_device(&S->devices[d], &lists[d], false);
     if (!c.failed && host_global() && !host_is_valid(host_global()))
         fail(&c, "the pinned host allocator's free lists, map or counters disagree");
     free(c.seen);
