@@ -104,7 +104,7 @@ static size_t pick_size(uint64_t *rng)
     return 10 * MiB + rng_next(rng) % (6 * MiB);         /* large pool, own segments */
 }
 
-static int ops_per_thread = 1500;
+static int ops_per_thread = 3000;
 
 static void *worker(void *arg)
 {
