@@ -586,7 +586,7 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
     dev->stats.num_device_free++;
     stat2_dec(dev->stats.segment, type, 1);
     stat2_dec(dev->stats.reserved_bytes, type, (int64_t)block->size);
-    if (block->size >= cca_state->settings.max_split_size)
+    if (seg->oversize)
         stat_decrease(&dev->stats.oversize_segments, 1);
     stats_unlock(dev);
     bins_remove(&block->pool->bins, block);
@@ -777,7 +777,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
     stats_lock(dev);
     stat2_inc(dev->stats.segment, type, 1);
     stat2_inc(dev->stats.reserved_bytes, type, (int64_t)alloc_size);
-    if (alloc_size >= cca_state->settings.max_split_size)
+    seg->oversize = alloc_size >= cca_state->settings.max_split_size;
+    if (seg->oversize)
         stat_increase(&dev->stats.oversize_segments, 1);
     dev->stats.num_device_alloc++;
     stats_unlock(dev);
@@ -878,7 +879,8 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     stat2_inc(st->active, type, 1);
     stat2_inc(st->active_bytes, type, (int64_t)block->size);
     stat2_inc(st->requested_bytes, type, (int64_t)orig_size);
-    if (block->size >= s->max_split_size)
+    block->oversize = block->size >= s->max_split_size;
+    if (block->oversize)
         stat_increase(&st->oversize_allocations, 1);
     stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
@@ -1072,7 +1074,7 @@ cca_status_t cca_free(void *ptr)
     stats_lock(dev);
     stat2_dec(dev->stats.allocation, type, 1);
     stat2_dec(dev->stats.allocated_bytes, type, (int64_t)block->size);
-    if (block->size >= S->settings.max_split_size)
+    if (block->oversize)
         stat_decrease(&dev->stats.oversize_allocations, 1);
     stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);

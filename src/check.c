@@ -14,7 +14,8 @@
  *  - statistics (current values) equal what the structures imply: segments
  *    and reserved bytes per pool kind, allocations and allocated bytes,
  *    active blocks (allocated + waiting for events) and bytes, inactive split
- *    blocks and bytes (free blocks of split segments), requested bytes;
+ *    blocks and bytes (free blocks of split segments), requested bytes,
+ *    oversize allocations and segments;
  *  - the pointer map holds exactly the allocated blocks (and the uncached
  *    allocations of CCA_NO_CACHING mode);
  *  - the pinned host allocator's own check (host_is_valid).
@@ -80,6 +81,7 @@ typedef struct expected_stats {
     int64_t active[CCA_STAT_TYPES], active_bytes[CCA_STAT_TYPES];
     int64_t inactive_split[CCA_STAT_TYPES], inactive_split_bytes[CCA_STAT_TYPES];
     int64_t requested[CCA_STAT_TYPES];
+    int64_t oversize_allocations, oversize_segments;
 } expected_stats_t;
 
 static void add2(int64_t *arr, int type, int64_t v)
@@ -110,6 +112,7 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
         int type = seg->is_small ? CCA_STAT_SMALL_POOL : CCA_STAT_LARGE_POOL;
         add2(e->segment, type, 1);
         add2(e->reserved, type, (int64_t)seg->size);
+        e->oversize_segments += seg->oversize;
         reserved += seg->size;
         const cca_block_t *b = seg->head;
         if (!b || b->prev || b->addr != seg->base) {
@@ -148,6 +151,7 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
             if (b->allocated) {
                 add2(e->allocation, type, 1);
                 add2(e->allocated_bytes, type, (int64_t)b->size);
+                e->oversize_allocations += b->oversize;
             }
             if (!b->in_bin) {
                 add2(e->active, type, 1);
@@ -305,6 +309,14 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
     compare_stat(c, dev->index, "inactive_split_bytes", st->inactive_split_bytes,
                  e->inactive_split_bytes);
     compare_stat(c, dev->index, "requested_bytes", st->requested_bytes, e->requested);
+    if (st->oversize_allocations.current != e->oversize_allocations)
+        fail(c, "device %d: oversize_allocations.current is %" PRId64 " but %" PRId64
+             " allocated blocks were counted oversize", dev->index, st->oversize_allocations.current,
+             e->oversize_allocations);
+    if (st->oversize_segments.current != e->oversize_segments)
+        fail(c, "device %d: oversize_segments.current is %" PRId64 " but %" PRId64
+             " segments were counted oversize", dev->index, st->oversize_segments.current,
+             e->oversize_segments);
 }
 
 /* A device's stream pools, listed once with its lock held. */

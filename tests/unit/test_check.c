@@ -147,10 +147,38 @@ TEST(empty_cache_releases_events)
     cca_shutdown();
 }
 
+/* Oversize statistics stay right when max_split_size changes at run time
+ * (they used to be decremented by the new threshold and go negative). */
+TEST(oversize_stats_across_settings_change)
+{
+    setup(false);
+    void *a, *b;
+    cca_device_stats_t s;
+    expect_ok(cca_malloc(&a, 30 * MiB, NULL));      /* not oversize: no limit */
+    expect_ok(cca_set_settings("max_split_size_mb:20"));
+    expect_ok(cca_malloc(&b, 25 * MiB, S1));        /* oversize now */
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.oversize_allocations.current, 1);
+    expect_eq_i64(s.oversize_segments.current, 1);
+    expect_ok(cca_free(a));
+    expect_valid();
+    expect_ok(cca_set_settings("max_split_size_mb:200"));
+    expect_ok(cca_free(b));
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.oversize_allocations.current, 0);
+    expect_valid();
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.oversize_segments.current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(valid_states);
     RUN(detects_corruption);
     RUN(empty_cache_releases_events);
+    RUN(oversize_stats_across_settings_change);
     return harness_done();
 }
