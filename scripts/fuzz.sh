@@ -1,38 +1,49 @@
 #!/bin/sh
-# Builds every tests/fuzz/fuzz_<name>.c as a libFuzzer binary (clang,
-# -fsanitize=fuzzer,address,undefined) and runs each for FUZZ_SECONDS
-# (default 60) on a copy of its corpus (tests/fuzz/corpus/<name>/), printing
-# the executions. Crash inputs land in build-fuzz/artifacts/<name>/; add them
-# to the corpus once fixed. Exits non-zero if any target fails.
+# Builds the libFuzzer targets (clang, ASan+UBSan, coverage instrumentation)
+# in build-fuzz and runs every tests/fuzz/fuzz_<name>.c for FUZZ_SECONDS
+# seconds each (default 60), seeded with tests/fuzz/corpus/<name>/. New
+# inputs go to build-fuzz/corpus/<name>/ (the committed corpus is not
+# touched); crashes to build-fuzz/crashes/<name>/. To keep an interesting
+# input, copy it into tests/fuzz/corpus/<name>/ (or run with -merge=1).
+# Ends with one line per target: executions, and whether it crashed.
 set -u
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-CC_FUZZ=${CC_FUZZ:-$(command -v clang-14 || command -v clang)}
+CC=${CC:-clang-14}
+command -v "$CC" >/dev/null 2>&1 || CC=clang
+SECONDS_EACH=${FUZZ_SECONDS:-60}
+JOBS=${FUZZ_JOBS:-2}
 dir=build-fuzz
-[ -n "$CC_FUZZ" ] || { echo "fuzz: clang not found"; exit 1; }
-flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC_FUZZ" \
-  -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  -DCCA_LIBFUZZER=ON -DCCA_WITH_CUDA=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
-status=0
+if ! CC=$CC cmake -S . -B $dir -DCMAKE_BUILD_TYPE=Debug -DCCA_SANITIZE=ON -DCCA_LIBFUZZER=ON \
+      "-DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -fsanitize-coverage-ignorelist=$PWD/tests/fuzz/coverage-ignore.txt" >$dir.configure.log 2>&1; then
+  cat $dir.configure.log; echo "configure of $dir failed"; exit 1
+fi
+targets=""
 for src in tests/fuzz/fuzz_*.c; do
-  [ -e "$src" ] || continue
-  name=$(basename "$src" .c)
-  short=${name#fuzz_}
-  if ! cmake --build "$dir" -j 2 --target "$name" >"$dir.build.log" 2>&1; then
-    cat "$dir.build.log"; echo "fuzz: build of $name failed"; status=1; continue
-  fi
-  work="$dir/corpus/$short"
-  art="$dir/artifacts/$short"
-  mkdir -p "$work" "$art"
-  [ -d "tests/fuzz/corpus/$short" ] && cp -n "tests/fuzz/corpus/$short"/* "$work"/ 2>/dev/null
-  log="$dir/$name.log"
-  ASAN_OPTIONS=detect_leaks=1 "$dir/fuzz/$name" -max_total_time="$FUZZ_SECONDS" -timeout=10 \
-    -rss_limit_mb=2048 -artifact_prefix="$art/" -print_final_stats=1 "$work" >"$log" 2>&1
+  targets="$targets $(basename "$src" .c)"
+done
+# shellcheck disable=SC2086
+if ! cmake --build $dir -j "$JOBS" --target $targets >$dir.build.log 2>&1; then
+  cat $dir.build.log; echo "build of $dir failed"; exit 1
+fi
+status=0
+summary=""
+for t in $targets; do
+  name=${t#fuzz_}
+  mkdir -p "$dir/corpus/$name" "$dir/crashes/$name"
+  log="$dir/$t.log"
+  CCA_BACKEND=sim ASAN_OPTIONS=detect_leaks=1 "$dir/fuzz/$t" -max_total_time="$SECONDS_EACH" \
+    -print_final_stats=1 -artifact_prefix="$dir/crashes/$name/" \
+    "$dir/corpus/$name" "tests/fuzz/corpus/$name" >"$log" 2>&1
   rc=$?
-  runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
-  echo "$name: ${runs:-?} executions in ${FUZZ_SECONDS}s, exit $rc"
+  execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
   if [ $rc -ne 0 ]; then
-    tail -40 "$log"; echo "fuzz: $name failed; inputs in $art/"; status=1
+    status=1
+    tail -40 "$log"
+    summary="$summary
+$t: CRASHED after ${execs:-?} executions (see $log)"
+  else
+    summary="$summary
+$t: ${execs:-?} executions in ${SECONDS_EACH}s, no crash"
   fi
 done
+echo "$summary"
 exit $status

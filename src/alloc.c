@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "device.h"
 #include "trace.h"
 
@@ -155,6 +156,7 @@ static cca_block_t *block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t ad
     b->device = 0;
     b->allocated = false;
     b->in_bin = false;
+    b->oversize = false;
     b->stream_use_count = 0;
     b->stream_use_cap = CCA_INLINE_STREAMS;
     b->stream_uses = b->stream_uses_inline;
@@ -421,7 +423,7 @@ static void free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         /* the program's free and the block's return in one statistics update */
         stat2_dec(st->allocation, type, 1);
         stat2_dec(st->allocated_bytes, type, (int64_t)original_size);
-        if (original_size >= cca_state->settings.max_split_size)
+        if (block->oversize)
             stat_decrease(&st->oversize_allocations, 1);
     }
     if (net_blocks > 0)
@@ -654,7 +656,7 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
     dev->stats.num_device_free++;
     stat2_dec(dev->stats.segment, type, 1);
     stat2_dec(dev->stats.reserved_bytes, type, (int64_t)block->size);
-    if (block->size >= cca_state->settings.max_split_size)
+    if (seg->oversize)
         stat_decrease(&dev->stats.oversize_segments, 1);
     stats_unlock(dev);
     bins_remove(&block->pool->bins, block);
@@ -845,7 +847,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
     stats_lock(dev);
     stat2_inc(dev->stats.segment, type, 1);
     stat2_inc(dev->stats.reserved_bytes, type, (int64_t)alloc_size);
-    if (alloc_size >= cca_state->settings.max_split_size)
+    seg->oversize = alloc_size >= cca_state->settings.max_split_size;
+    if (seg->oversize)
         stat_increase(&dev->stats.oversize_segments, 1);
     dev->stats.num_device_alloc++;
     stats_unlock(dev);
@@ -945,7 +948,8 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     stat2_inc(st->active, type, 1);
     stat2_inc(st->active_bytes, type, (int64_t)block->size);
     stat2_inc(st->requested_bytes, type, (int64_t)orig_size);
-    if (block->size >= s->max_split_size)
+    block->oversize = block->size >= s->max_split_size;
+    if (block->oversize)
         stat_increase(&st->oversize_allocations, 1);
     op_stats_end(pool->owner);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
@@ -1099,6 +1103,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
         trace_context_release();
     if (st == CCA_OK)
         *ptr = (void *)block->addr;
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1153,7 +1158,7 @@ cca_status_t cca_free(void *ptr)
         cca_device_stats_t *os = op_stats_begin(sp);
         stat2_dec(os->allocation, type, 1);
         stat2_dec(os->allocated_bytes, type, (int64_t)block->size);
-        if (block->size >= S->settings.max_split_size)
+        if (block->oversize)
             stat_decrease(&os->oversize_allocations, 1);
         op_stats_end(sp);
         st = insert_events(dev, block);
@@ -1163,6 +1168,7 @@ cca_status_t cca_free(void *ptr)
     cca_spin_unlock(&sp->lock);
     if (context)
         trace_context_release();
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1203,6 +1209,7 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
     }
 out_unlock:
     cca_spin_unlock(&sp->lock);
+    cca_assert_expensive(alloc_is_valid());
     return st;
 }
 
@@ -1259,6 +1266,27 @@ static cca_status_t uncached_free(cca_block_t *block)
 
 /* ---- cache control and queries ------------------------------------------------- */
 
+/*
+ * Give the device's pooled (idle) events back to the backend, so an emptied
+ * cache holds no backend resource. Returns CCA_OK or the backend's error (that
+ * event stays pooled).
+ */
+static cca_status_t destroy_pooled_events(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&dev->events_lock);
+    while (dev->event_pool_count) {
+        st = be->event_destroy(be->ctx, dev->index, dev->event_pool[dev->event_pool_count - 1]);
+        if (st != CCA_OK)
+            break;
+        dev->event_pool_count--;
+        dev->events_created--;
+    }
+    pthread_mutex_unlock(&dev->events_lock);
+    return st;
+}
+
 cca_status_t cca_empty_cache(void)
 {
     cca_status_t st = cca_init();
@@ -1269,10 +1297,13 @@ cca_status_t cca_empty_cache(void)
         cca_device_t *dev = &cca_state->devices[d];
         pthread_mutex_lock(&dev->lock);
         st = release_cached_blocks_locked(dev, NULL);
+        if (st == CCA_OK)
+            st = destroy_pooled_events(dev);
         pthread_mutex_unlock(&dev->lock);
         if (st != CCA_OK && result == CCA_OK)
             result = st;
     }
+    cca_assert_expensive(alloc_is_valid());
     return result;
 }
 
@@ -1377,6 +1408,7 @@ cca_status_t cca_set_memory_fraction(double fraction, int device)
     dev->allowed_memory_maximum = (size_t)(fraction * (double)dev->total_memory);
     dev->set_fraction = true;
     pthread_mutex_unlock(&dev->lock);
+    cca_assert_expensive(alloc_is_valid());
     return CCA_OK;
 }
 

@@ -55,6 +55,7 @@ typedef struct cca_block {
     int16_t device;             /* device index (uncached mode) */
     bool allocated;             /* handed out to the caller */
     bool in_bin;                /* sitting in a free bin */
+    bool oversize;              /* counted in oversize_allocations (max_split_size may change) */
     uint32_t stream_use_count;  /* streams recorded with record_stream */
     uint32_t stream_use_cap;
     cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
@@ -67,6 +68,7 @@ typedef struct cca_segment {
     size_t size;                /* bytes */
     cca_stream_t stream;        /* allocation stream */
     bool is_small;              /* small-pool segment */
+    bool oversize;              /* counted in oversize_segments (max_split_size may change) */
     int64_t alloc_time_us;      /* when it was allocated */
     struct cca_block *head;     /* its first block */
     struct cca_segment *prev_seg, *next_seg; /* device's list of segments */

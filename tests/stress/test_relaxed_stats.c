@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "cca.h"
+#include "check.h"
 #include "cca_backend.h"
 #include "harness.h"
 
@@ -75,6 +76,10 @@ TEST(concurrent_slow_paths_and_reads)
     expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, (int64_t)THREADS * ROUNDS * LIVE);
     expect_true(s.allocated_bytes[CCA_STAT_ALL].peak > 0);
     expect_true(s.allocated_bytes[CCA_STAT_ALL].peak <= s.reserved_bytes[CCA_STAT_ALL].peak);
+    char why[512] = "";
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+    if (why[0])
+        printf("  %s\n", why);
     cca_shutdown();
 }
 
@@ -92,6 +97,10 @@ TEST(single_stream_relaxed_equals_exact)
             expect_ok(cca_malloc_device(&p[i], (size_t)(i + 1) << 20, 0, NULL));
         for (int i = 0; i < 10; i += 2)
             expect_ok(cca_free(p[i]));
+        char why[512] = "";
+        expect_ok(alloc_check_invariants(why, sizeof(why)));
+        if (why[0])
+            printf("  %s\n", why);
         cca_device_stats_t s;
         expect_ok(cca_get_device_stats(0, &s));
         expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 5);

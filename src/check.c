@@ -1,0 +1,465 @@
+/*
+ * check.c - the device caching allocator's invariant checker.
+ *
+ * With every lock of a device held it verifies, from scratch:
+ *  - segments: each is tiled exactly by its blocks (addresses contiguous
+ *    from the base, sizes summing to the segment size, back links right),
+ *    every block belongs to the segment's stream pool of the segment's kind;
+ *  - blocks: each is exactly one of allocated, waiting for its events, or
+ *    free; a free block sits in exactly one bin, the bin of its own pool,
+ *    bins are sorted by (size, address) and agree with their bitmaps; no two
+ *    free neighbours are left unmerged;
+ *  - events: the pending list's entries per block equal its event count, the
+ *    pending counter and the owned-event count agree;
+ *  - statistics (current values) equal what the structures imply: segments
+ *    and reserved bytes per pool kind, allocations and allocated bytes,
+ *    active blocks (allocated + waiting for events) and bytes, inactive split
+ *    blocks and bytes (free blocks of split segments), requested bytes,
+ *    oversize allocations and segments;
+ *  - the pointer map holds exactly the allocated blocks (and the uncached
+ *    allocations of CCA_NO_CACHING mode);
+ *  - the pinned host allocator's own check (host_is_valid).
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "host.h"
+
+/* A block seen in the segment walk, with what the other walks found. */
+typedef struct seen_block {
+    const cca_block_t *block;
+    uint32_t bin_visits;  /* times met in a bin */
+    uint32_t event_refs;  /* pending events naming it */
+    bool in_map;          /* found in the pointer map */
+} seen_block_t;
+
+typedef struct check_ctx {
+    char msg[512];        /* first violation */
+    bool failed;
+    seen_block_t *seen;   /* sorted by block pointer */
+    size_t seen_count, seen_cap;
+    size_t map_uncached;  /* uncached allocations in the pointer map */
+} check_ctx_t;
+
+static void fail(check_ctx_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void fail(check_ctx_t *c, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    c->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+    va_end(ap);
+}
+
+static int by_block(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const seen_block_t *)a)->block;
+    uintptr_t y = (uintptr_t)((const seen_block_t *)b)->block;
+    return x < y ? -1 : x > y;
+}
+
+static seen_block_t *seen_find(check_ctx_t *c, const cca_block_t *b)
+{
+    seen_block_t key = {.block = b};
+    if (!c->seen_count)
+        return NULL;
+    return bsearch(&key, c->seen, c->seen_count, sizeof(key), by_block);
+}
+
+/* Statistics recomputed from the structures. */
+typedef struct expected_stats {
+    int64_t segment[CCA_STAT_TYPES], reserved[CCA_STAT_TYPES];
+    int64_t allocation[CCA_STAT_TYPES], allocated_bytes[CCA_STAT_TYPES];
+    int64_t active[CCA_STAT_TYPES], active_bytes[CCA_STAT_TYPES];
+    int64_t inactive_split[CCA_STAT_TYPES], inactive_split_bytes[CCA_STAT_TYPES];
+    int64_t requested[CCA_STAT_TYPES];
+    int64_t oversize_allocations, oversize_segments;
+} expected_stats_t;
+
+static void add2(int64_t *arr, int type, int64_t v)
+{
+    arr[CCA_STAT_ALL] += v;
+    arr[type] += v;
+}
+
+static const char *const type_names[CCA_STAT_TYPES] = {"all", "small_pool", "large_pool"};
+
+static void compare_stat(check_ctx_t *c, int dev, const char *name, const cca_stat_t *have,
+                         const int64_t *want)
+{
+    for (int t = 0; t < CCA_STAT_TYPES; t++)
+        if (have[t].current != want[t])
+            fail(c, "device %d: %s.%s.current is %" PRId64 " but the structures imply %" PRId64,
+                 dev, name, type_names[t], have[t].current, want[t]);
+}
+
+/* Walk the segments: tiling, pool membership, per-block state; fill seen[]. */
+static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *e)
+{
+    size_t nseg = 0, reserved = 0;
+    for (cca_segment_t *seg = dev->segments; seg && !c->failed; seg = seg->next_seg) {
+        nseg++;
+        if (seg->next_seg && seg->next_seg->prev_seg != seg)
+            fail(c, "device %d: segment list back link broken at 0x%" PRIxPTR, dev->index, seg->base);
+        int type = seg->is_small ? CCA_STAT_SMALL_POOL : CCA_STAT_LARGE_POOL;
+        add2(e->segment, type, 1);
+        add2(e->reserved, type, (int64_t)seg->size);
+        e->oversize_segments += seg->oversize;
+        reserved += seg->size;
+        const cca_block_t *b = seg->head;
+        if (!b || b->prev || b->addr != seg->base) {
+            fail(c, "device %d: segment 0x%" PRIxPTR ": its head block is missing or not at the base",
+                 dev->index, seg->base);
+            break;
+        }
+        bool split = b->next != NULL;
+        uintptr_t expect_addr = seg->base;
+        size_t total = 0;
+        for (; b && !c->failed; b = b->next) {
+            if (b->addr != expect_addr)
+                fail(c, "device %d: segment 0x%" PRIxPTR ": block at 0x%" PRIxPTR
+                     " should start at 0x%" PRIxPTR " (gap or overlap)",
+                     dev->index, seg->base, b->addr, expect_addr);
+            if (b->size == 0 || b->size % CCA_MIN_BLOCK_SIZE)
+                fail(c, "device %d: block 0x%" PRIxPTR " has size %zu, not a positive multiple of %zu",
+                     dev->index, b->addr, b->size, CCA_MIN_BLOCK_SIZE);
+            if (b->next && b->next->prev != b)
+                fail(c, "device %d: block 0x%" PRIxPTR ": next->prev does not point back",
+                     dev->index, b->addr);
+            if (b->segment != seg)
+                fail(c, "device %d: block 0x%" PRIxPTR " names another segment", dev->index, b->addr);
+            if (!b->pool || b->pool->is_small != seg->is_small || !b->pool->owner ||
+                b->pool->owner->stream != seg->stream || b->pool->owner->device != dev)
+                fail(c, "device %d: block 0x%" PRIxPTR " is not in its segment's pool (stream %p, %s)",
+                     dev->index, b->addr, (void *)seg->stream, seg->is_small ? "small" : "large");
+            int states = (int)b->allocated + (int)b->in_bin + (int)(b->event_count > 0);
+            if (states != 1)
+                fail(c, "device %d: block 0x%" PRIxPTR " is in %d states (allocated %d, free %d, "
+                     "events %u); it must be in exactly one",
+                     dev->index, b->addr, states, b->allocated, b->in_bin, b->event_count);
+            if (b->in_bin && b->next && b->next->in_bin)
+                fail(c, "device %d: free neighbours 0x%" PRIxPTR " and 0x%" PRIxPTR " are not merged",
+                     dev->index, b->addr, b->next->addr);
+            if (b->allocated) {
+                add2(e->allocation, type, 1);
+                add2(e->allocated_bytes, type, (int64_t)b->size);
+                e->oversize_allocations += b->oversize;
+            }
+            if (!b->in_bin) {
+                add2(e->active, type, 1);
+                add2(e->active_bytes, type, (int64_t)b->size);
+                add2(e->requested, type, (int64_t)b->requested_size);
+            } else if (split) {
+                add2(e->inactive_split, type, 1);
+                add2(e->inactive_split_bytes, type, (int64_t)b->size);
+            }
+            if (c->seen_count == c->seen_cap) {
+                size_t cap = c->seen_cap ? c->seen_cap * 2 : 256;
+                seen_block_t *more = realloc(c->seen, cap * sizeof(*more));
+                if (!more) {
+                    fail(c, "out of host memory checking invariants");
+                    return;
+                }
+                c->seen = more;
+                c->seen_cap = cap;
+            }
+            c->seen[c->seen_count++] = (seen_block_t){.block = b};
+            expect_addr = b->addr + b->size;
+            total += b->size;
+        }
+        if (!c->failed && total != seg->size)
+            fail(c, "device %d: segment 0x%" PRIxPTR ": blocks sum to %zu bytes, segment has %zu",
+                 dev->index, seg->base, total, seg->size);
+    }
+    if (!c->failed && nseg != dev->segment_count)
+        fail(c, "device %d: %zu segments listed, segment_count says %zu", dev->index, nseg,
+             dev->segment_count);
+    if (!c->failed && reserved != dev->total_allocated_memory)
+        fail(c, "device %d: segments hold %zu bytes, total_allocated_memory says %zu", dev->index,
+             reserved, dev->total_allocated_memory);
+}
+
+/* Walk one pool's bins directly: order, bitmaps, membership; count bin visits. */
+static void check_pool(check_ctx_t *c, cca_device_t *dev, cca_pool_t *pool)
+{
+    const cca_bins_t *bins = &pool->bins;
+    size_t count = 0;
+    const cca_block_t *last = NULL;
+    /* Only the bins the bitmap marks are walked: a block in an unmarked bin is
+     * then met in no bin, which the per-block check reports. */
+    for (unsigned bin = 0; bin < CCA_BIN_COUNT && !c->failed; bin++) {
+        uint64_t word = bins->words[bin >> 6] >> (bin & 63);
+        if (!word) {
+            bin |= 63; /* rest of this word is empty */
+            continue;
+        }
+        if (!(word & 1))
+            continue;
+        if (!bins->heads[bin])
+            fail(c, "device %d: bin %u: bitmap says non-empty but the list is empty", dev->index, bin);
+        const cca_block_t *prev = NULL;
+        for (const cca_block_t *b = bins->heads[bin]; b && !c->failed; b = b->bin_next) {
+            count++;
+            if (b->bin_prev != prev)
+                fail(c, "device %d: bin %u: back link broken at block 0x%" PRIxPTR, dev->index, bin,
+                     b->addr);
+            if (b->bin != bin || !b->in_bin || b->pool != pool)
+                fail(c, "device %d: block 0x%" PRIxPTR " in bin %u of stream %p's %s pool belongs "
+                     "elsewhere (bin %u, in_bin %d, pool %s)",
+                     dev->index, b->addr, bin, (void *)pool->owner->stream,
+                     pool->is_small ? "small" : "large", b->bin, b->in_bin,
+                     b->pool == pool ? "same" : "other");
+            if (last && (last->size > b->size || (last->size == b->size && last->addr >= b->addr)))
+                fail(c, "device %d: bins out of (size, address) order at block 0x%" PRIxPTR,
+                     dev->index, b->addr);
+            seen_block_t *s = seen_find(c, b);
+            if (!s)
+                fail(c, "device %d: free block %p (0x%" PRIxPTR ") is in a bin but tiles no segment",
+                     dev->index, (const void *)b, b->addr);
+            else
+                s->bin_visits++;
+            prev = b;
+            last = b;
+        }
+    }
+    for (unsigned w = 0; w < CCA_BIN_WORDS && !c->failed; w++)
+        if (((bins->summary >> w) & 1) != (bins->words[w] != 0))
+            fail(c, "device %d: bin summary bit %u disagrees with its word", dev->index, w);
+    if (!c->failed && count != bins->count)
+        fail(c, "device %d: stream %p %s pool: %zu blocks in bins, count says %zu", dev->index,
+             (void *)pool->owner->stream, pool->is_small ? "small" : "large", count, bins->count);
+}
+
+/* Pending events: each names a waiting block; list, counters agree. */
+static void check_events(check_ctx_t *c, cca_device_t *dev)
+{
+    size_t n = 0;
+    const cca_pending_event_t *last = NULL;
+    for (const cca_pending_event_t *pe = dev->events_head; pe && !c->failed; pe = pe->next) {
+        n++;
+        last = pe;
+        seen_block_t *s = seen_find(c, pe->block);
+        if (!s)
+            fail(c, "device %d: a pending event names a block that tiles no segment", dev->index);
+        else
+            s->event_refs++;
+    }
+    if (c->failed)
+        return;
+    if (dev->events_tail != last)
+        fail(c, "device %d: events_tail is not the last pending event", dev->index);
+    size_t counted = atomic_load(&dev->pending_event_count);
+    if (counted != n)
+        fail(c, "device %d: %zu pending events listed, pending_event_count says %zu", dev->index, n,
+             counted);
+    if (dev->events_created != n + dev->event_pool_count)
+        fail(c, "device %d: %zu events owned, but %zu pending + %zu pooled", dev->index,
+             dev->events_created, n, dev->event_pool_count);
+}
+
+static void map_visit(cca_block_t *b, void *arg)
+{
+    check_ctx_t *c = arg;
+    if (!b->pool) {
+        c->map_uncached++;
+        return;
+    }
+    seen_block_t *s = seen_find(c, b); /* NULL: a block of another device */
+    if (s && b->allocated)
+        s->in_map = true;
+}
+
+/* Cross-check the walks and the statistics of one device (all its locks held). */
+static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats_t *e)
+{
+    for (size_t i = 0; i < c->seen_count && !c->failed; i++) {
+        const seen_block_t *s = &c->seen[i];
+        const cca_block_t *b = s->block;
+        if (b->in_bin && s->bin_visits != 1)
+            fail(c, "device %d: free block 0x%" PRIxPTR " is in %u bins, must be in exactly one",
+                 dev->index, b->addr, s->bin_visits);
+        if (!b->in_bin && s->bin_visits)
+            fail(c, "device %d: block 0x%" PRIxPTR " is in a bin but not marked free", dev->index,
+                 b->addr);
+        if (s->event_refs != b->event_count)
+            fail(c, "device %d: block 0x%" PRIxPTR " counts %u events, %u are pending", dev->index,
+                 b->addr, b->event_count, s->event_refs);
+        if (b->allocated && !s->in_map)
+            fail(c, "device %d: allocated block 0x%" PRIxPTR " is missing from the pointer map",
+                 dev->index, b->addr);
+    }
+    if (c->failed)
+        return;
+    /* Without exact_peak_stats the per-operation statistics live in the stream pools. */
+    cca_device_stats_t view = dev->stats;
+    if (!dev->exact_stats) {
+        cca_stat_t *v[] = {view.allocation, view.allocated_bytes, view.active, view.active_bytes,
+                           view.requested_bytes, view.inactive_split, view.inactive_split_bytes};
+        for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
+            for (int t = 0; t < CCA_STAT_TYPES; t++)
+                v[k][t].current = 0;
+        view.oversize_allocations.current = 0;
+        for (size_t i = 0; i < dev->pool_table_cap; i++) {
+            cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
+            if (!sp)
+                continue;
+            const cca_device_stats_t *ps = &sp->stats;
+            const cca_stat_t *pv[] = {ps->allocation, ps->allocated_bytes, ps->active,
+                                      ps->active_bytes, ps->requested_bytes, ps->inactive_split,
+                                      ps->inactive_split_bytes};
+            for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
+                for (int t = 0; t < CCA_STAT_TYPES; t++)
+                    v[k][t].current += pv[k][t].current;
+            view.oversize_allocations.current += ps->oversize_allocations.current;
+        }
+    }
+    const cca_device_stats_t *st = &view;
+    compare_stat(c, dev->index, "segment", st->segment, e->segment);
+    compare_stat(c, dev->index, "reserved_bytes", st->reserved_bytes, e->reserved);
+    compare_stat(c, dev->index, "allocation", st->allocation, e->allocation);
+    compare_stat(c, dev->index, "allocated_bytes", st->allocated_bytes, e->allocated_bytes);
+    compare_stat(c, dev->index, "active", st->active, e->active);
+    compare_stat(c, dev->index, "active_bytes", st->active_bytes, e->active_bytes);
+    compare_stat(c, dev->index, "inactive_split", st->inactive_split, e->inactive_split);
+    compare_stat(c, dev->index, "inactive_split_bytes", st->inactive_split_bytes,
+                 e->inactive_split_bytes);
+    compare_stat(c, dev->index, "requested_bytes", st->requested_bytes, e->requested);
+    if (st->oversize_allocations.current != e->oversize_allocations)
+        fail(c, "device %d: oversize_allocations.current is %" PRId64 " but %" PRId64
+             " allocated blocks were counted oversize", dev->index, st->oversize_allocations.current,
+             e->oversize_allocations);
+    if (st->oversize_segments.current != e->oversize_segments)
+        fail(c, "device %d: oversize_segments.current is %" PRId64 " but %" PRId64
+             " segments were counted oversize", dev->index, st->oversize_segments.current,
+             e->oversize_segments);
+}
+
+/* A device's stream pools, listed once with its lock held. */
+typedef struct pool_list {
+    cca_stream_pool_t **pools;
+    size_t count;
+} pool_list_t;
+
+/*
+ * Lock a device and all its stream pools, in the allocator's order, and list
+ * the pools (the device lock keeps the table fixed); or unlock them. False:
+ * no host memory for the list (nothing is left locked).
+ */
+static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
+{
+    if (lock) {
+        pthread_mutex_lock(&dev->lock);
+        list->count = 0;
+        list->pools = malloc((dev->pool_count + 1) * sizeof(*list->pools));
+        if (!list->pools) {
+            pthread_mutex_unlock(&dev->lock);
+            return false;
+        }
+        for (size_t i = 0; i < dev->pool_table_cap && list->count < dev->pool_count; i++) {
+            cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
+            if (sp)
+                list->pools[list->count++] = sp;
+        }
+    }
+    for (size_t i = 0; i < list->count; i++) {
+        if (lock)
+            cca_spin_lock(&list->pools[i]->lock);
+        else
+            cca_spin_unlock(&list->pools[i]->lock);
+    }
+    if (lock) {
+        pthread_mutex_lock(&dev->events_lock);
+        cca_spin_lock(&dev->stats_lock);
+    } else {
+        cca_spin_unlock(&dev->stats_lock);
+        pthread_mutex_unlock(&dev->events_lock);
+        pthread_mutex_unlock(&dev->lock);
+        free(list->pools);
+        list->pools = NULL;
+    }
+    return true;
+}
+
+cca_status_t alloc_check_invariants(char *why, size_t why_len)
+{
+    if (why && why_len)
+        why[0] = '\0';
+    if (!cca_is_initialized())
+        return CCA_OK;
+    cca_state_t *S = cca_state;
+    check_ctx_t c;
+    memset(&c, 0, sizeof(c));
+    size_t pooled_allocated = 0;
+    pool_list_t lists[CCA_MAX_DEVICES];
+    int locked = 0;
+    while (locked < S->device_count && lock_device(&S->devices[locked], &lists[locked], true))
+        locked++;
+    if (locked < S->device_count)
+        fail(&c, "out of host memory checking invariants");
+    for (int d = 0; d < S->device_count && !c.failed; d++) {
+        cca_device_t *dev = &S->devices[d];
+        expected_stats_t e;
+        memset(&e, 0, sizeof(e));
+        c.seen_count = 0;
+        check_segments(&c, dev, &e);
+        if (c.failed)
+            break;
+        if (c.seen_count)
+            qsort(c.seen, c.seen_count, sizeof(*c.seen), by_block);
+        for (size_t i = 0; i < lists[d].count && !c.failed; i++) {
+            cca_stream_pool_t *sp = lists[d].pools[i];
+            if (sp->device != dev)
+                fail(&c, "device %d: stream pool %p belongs to another device", d, (void *)sp->stream);
+            check_pool(&c, dev, &sp->small);
+            check_pool(&c, dev, &sp->large);
+        }
+        if (!c.failed)
+            check_events(&c, dev);
+        if (c.failed)
+            break;
+        /* The map is shared by every device: count this device's blocks in it. */
+        c.map_uncached = 0;
+        ptrmap_for_each(S->ptrmap, map_visit, &c);
+        for (size_t i = 0; i < c.seen_count; i++)
+            pooled_allocated += c.seen[i].block->allocated;
+        check_device(&c, dev, &e);
+    }
+    if (!c.failed) {
+        /* Every map entry must be an allocated block of some device, or uncached. */
+        size_t in_map = ptrmap_count(S->ptrmap);
+        if (in_map != pooled_allocated + c.map_uncached)
+            fail(&c, "the pointer map holds %zu blocks, but %zu are allocated (+ %zu uncached)",
+                 in_map, pooled_allocated, c.map_uncached);
+        if (S->no_caching && pooled_allocated)
+            fail(&c, "uncached mode, yet %zu pooled blocks are allocated", pooled_allocated);
+    }
+    for (int d = locked - 1; d >= 0; d--)
+        lock_device(&S->devices[d], &lists[d], false);
+    if (!c.failed && host_global() && !host_is_valid(host_global()))
+        fail(&c, "the pinned host allocator's free lists, map or counters disagree");
+    free(c.seen);
+    if (!c.failed)
+        return CCA_OK;
+    if (why && why_len)
+        snprintf(why, why_len, "%s", c.msg);
+    if (!strcmp(c.msg, "out of host memory checking invariants"))
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s", c.msg);
+    return cca_raise(CCA_ERR_INTERNAL, "allocator invariant violated: %s", c.msg);
+}
+
+bool alloc_is_valid(void)
+{
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) == CCA_OK)
+        return true;
+    cca_outputf("cca: %s\n", why);
+    return false;
+}

@@ -1,0 +1,364 @@
+/*
+ * test_fault.c - fault loops. For each scenario and each backend operation
+ * the scenario calls, fail its 1st, 2nd, 3rd ... call, once and then
+ * persistently, until the scenario runs with no fault firing. Every step must
+ * end in success or a clean error status (a known status with a message),
+ * the invariants must hold after each step, and after freeing everything and
+ * emptying both caches the simulated backend must hold no byte, allocation,
+ * event or host block.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+
+#define MiB ((size_t)1 << 20)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+static cca_backend_t *sim;      /* the simulated backend (for the cca_sim_* calls) */
+static cca_backend_t wrapper;   /* what cca runs on: sim's table, destroy hooked */
+static cca_sim_usage_t final_usage; /* sim's usage when cca_shutdown destroyed it */
+
+/* Read the backend's usage as cca_shutdown destroys it: nothing may be left. */
+static void wrapper_destroy(void *ctx)
+{
+    cca_sim_usage(sim, &final_usage);
+    sim->destroy(ctx);
+}
+static void *held[256];      /* device pointers the scenario holds */
+static size_t nheld;
+static void *held_host[64];  /* host pointers */
+static size_t nheld_host;
+static const char *cur_scenario;
+static char cur_fault[128];
+static uint64_t steps_run, runs_run, faults_fired;
+
+/* Check one step's outcome and the invariants after it. */
+static void step_check(cca_status_t st, const char *what)
+{
+    steps_run++;
+    if (st != CCA_OK) {
+        bool known = st == CCA_ERR_OUT_OF_MEMORY || st == CCA_ERR_BACKEND || st == CCA_ERR_NOT_READY;
+        if (!known)
+            HARNESS_FAIL("%s [%s]: %s returned unexpected %s: %s", cur_scenario, cur_fault, what,
+                         cca_status_str(st), cca_last_error()->message);
+        if (cca_last_error()->status != st || !cca_last_error()->message[0])
+            HARNESS_FAIL("%s [%s]: %s returned %s without a message", cur_scenario, cur_fault, what,
+                         cca_status_str(st));
+    }
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("%s [%s]: after %s: %s", cur_scenario, cur_fault, what, why);
+}
+
+static void do_malloc(size_t size, int device, cca_stream_t stream)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc_device(&p, size, device, stream);
+    if (st == CCA_OK && p && nheld < 256)
+        held[nheld++] = p;
+    step_check(st, "cca_malloc");
+}
+
+/* Free the i-th held pointer; it stays held if the call failed and it is still live. */
+static void do_free(size_t i)
+{
+    if (i >= nheld)
+        return;
+    void *p = held[i];
+    cca_status_t st = cca_free(p);
+    if (st == CCA_OK || !ptrmap_find(cca_state->ptrmap, (uintptr_t)p, false))
+        held[i] = held[--nheld];
+    step_check(st, "cca_free");
+}
+
+static void do_record(size_t i, cca_stream_t stream)
+{
+    if (i < nheld)
+        step_check(cca_record_stream(held[i], stream), "cca_record_stream");
+}
+
+static void do_host_malloc(size_t size)
+{
+    void *p = NULL;
+    cca_status_t st = cca_host_malloc(&p, size);
+    if (st == CCA_OK && p && nheld_host < 64)
+        held_host[nheld_host++] = p;
+    step_check(st, "cca_host_malloc");
+}
+
+static void do_host_free(size_t i)
+{
+    if (i >= nheld_host)
+        return;
+    cca_status_t st = cca_host_free(held_host[i]);
+    if (st == CCA_OK)
+        held_host[i] = held_host[--nheld_host];
+    step_check(st, "cca_host_free");
+}
+
+/* ---- scenarios ---------------------------------------------------------------- */
+
+/* Allocations across both pools, three streams and two devices; frees; reuse. */
+static void scenario_burst(void)
+{
+    static const size_t sizes[] = {1000, 600 * 1024, 3 * MiB, 12 * MiB, 25 * MiB, 512};
+    cca_stream_t streams[] = {NULL, S1, S2};
+    for (int i = 0; i < 12; i++)
+        do_malloc(sizes[i % 6], i % 4 == 3, streams[i % 3]);
+    for (size_t i = 0; i < nheld; i += 2)
+        do_free(i);
+    for (int i = 0; i < 6; i++)
+        do_malloc(sizes[(i + 2) % 6] / 2 + 1, 0, streams[i % 3]);
+}
+
+/* Frees with pending record_stream events, partly completed, then reuse. */
+static void scenario_events(void)
+{
+    for (int i = 0; i < 6; i++)
+        do_malloc(i % 2 ? 4 * MiB : 8192, 0, NULL);
+    for (size_t i = 0; i < nheld; i++)
+        do_record(i, i % 2 ? S1 : S2);
+    do_record(0, S1);
+    for (size_t i = nheld; i-- > 2;)
+        do_free(i);
+    step_check(cca_sim_complete_stream(sim, 0, S1, false), "complete S1");
+    do_malloc(8192, 0, NULL);    /* processes events */
+    do_malloc(4 * MiB, 0, NULL);
+    step_check(cca_sim_complete_stream(sim, 0, NULL, true), "complete all");
+    step_check(alloc_process_events(), "process_events");
+    do_malloc(8192, 0, NULL);
+}
+
+/* The out-of-memory sequence: fraction cap, oversize release, release-all and retry. */
+static void scenario_oom(void)
+{
+    step_check(cca_set_memory_fraction(0.5, 0), "cca_set_memory_fraction"); /* 64 MiB of 128 */
+    do_malloc(30 * MiB, 0, NULL);
+    do_malloc(20 * MiB, 0, S1);
+    do_malloc(1000, 0, S1);
+    do_record(0, S2);
+    do_free(0);                      /* 30 MiB waits for S2 */
+    do_free(0);
+    do_malloc(40 * MiB, 0, NULL);    /* needs release of S1's cache + sync of the event */
+    do_malloc(60 * MiB, 0, NULL);    /* beyond the fraction: OOM */
+    step_check(cca_set_memory_fraction(1.0, 0), "cca_set_memory_fraction");
+    do_malloc(60 * MiB, 0, S2);      /* device cap 96 MiB: release and retry */
+}
+
+/* empty_cache with cached blocks on several streams and pending events. */
+static void scenario_empty_cache(void)
+{
+    do_malloc(1000, 0, NULL);
+    do_malloc(3 * MiB, 0, S1);
+    do_malloc(12 * MiB, 1, S2);
+    do_malloc(2000, 0, S2);
+    do_record(0, S1);
+    do_record(1, S2);
+    do_free(0);
+    do_free(0);
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    for (size_t i = nheld; i-- > 0;)
+        do_free(i);
+    step_check(cca_empty_cache(), "cca_empty_cache");
+}
+
+/* Run-time settings changes between allocations. */
+static void scenario_settings(void)
+{
+    do_malloc(30 * MiB, 0, NULL);
+    do_malloc(3 * MiB, 0, NULL);
+    do_free(0);
+    step_check(cca_set_settings("max_split_size_mb:20,roundup_power2_divisions:4"), "cca_set_settings");
+    do_malloc(25 * MiB, 0, NULL);
+    do_malloc(5 * MiB + 3, 0, NULL);
+    step_check(cca_set_settings("garbage_collection_threshold:0.5,per_process_memory_fraction:0.6"),
+               "cca_set_settings");
+    do_free(0);
+    do_malloc(40 * MiB, 0, S1);
+    do_malloc(40 * MiB, 0, S2);
+    step_check(cca_set_settings("pinned_max_cached_size_mb:1,pinned_max_round_threshold_mb:1"),
+               "cca_set_settings");
+    do_host_malloc(3 * MiB);
+    do_host_free(0);
+}
+
+/* The pinned host allocator: allocate, record events, free, reuse, empty. */
+static void scenario_host(void)
+{
+    do_host_malloc(1000);
+    do_host_malloc(5000);
+    do_host_malloc(2 * MiB);
+    if (nheld_host > 0)
+        step_check(cca_host_record_event(held_host[0], S1), "cca_host_record_event");
+    if (nheld_host > 1)
+        step_check(cca_host_record_event(held_host[1], S2), "cca_host_record_event");
+    do_host_free(0);
+    do_host_free(0);
+    do_host_malloc(1000);
+    step_check(cca_sim_complete_stream(sim, 0, NULL, true), "complete all");
+    do_host_malloc(900);
+    step_check(cca_host_empty_cache(), "cca_host_empty_cache");
+    for (size_t i = nheld_host; i-- > 0;)
+        do_host_free(i);
+}
+
+typedef struct scenario {
+    const char *name;
+    void (*run)(void);
+    const char *settings;
+    size_t cap; /* device memory cap, 0: none */
+} scenario_t;
+
+static const scenario_t scenarios[] = {
+    {"burst", scenario_burst, "", 0},
+    {"events", scenario_events, "", 0},
+    {"oom", scenario_oom, "max_split_size_mb:20", 96 * MiB},
+    {"empty_cache", scenario_empty_cache, "", 0},
+    {"settings", scenario_settings, "", 0},
+    {"host", scenario_host, "", 0},
+};
+
+static void setup(const scenario_t *sc)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = 128 * MiB;
+    cfg.memory_cap = sc->cap;
+    cfg.manual_events = true;
+    nheld = nheld_host = 0;
+    if (cca_sim_create(&cfg, &sim) != CCA_OK) {
+        printf("cannot create the simulated backend: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+    wrapper = *sim;
+    wrapper.destroy = wrapper_destroy;
+    if (cca_init_with_backend(&wrapper, sc->settings) != CCA_OK) {
+        printf("cannot set up %s: %s\n", sc->name, cca_last_error()->message);
+        exit(1);
+    }
+}
+
+/* Free everything, empty the caches, check nothing is left, shut down. */
+static void teardown(void)
+{
+    cca_sim_clear_faults(sim);
+    for (size_t i = nheld; i-- > 0;)
+        do_free(i);
+    for (size_t i = nheld_host; i-- > 0;)
+        do_host_free(i);
+    if (nheld || nheld_host)
+        HARNESS_FAIL("%s [%s]: %zu device and %zu host pointers could not be freed without faults",
+                     cur_scenario, cur_fault, nheld, nheld_host);
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    expect_ok(cca_sim_complete_stream(sim, 1, NULL, true));
+    cca_status_t st = cca_empty_cache();
+    if (st != CCA_OK)
+        HARNESS_FAIL("%s [%s]: empty_cache: %s", cur_scenario, cur_fault, cca_last_error()->message);
+    st = cca_host_empty_cache();
+    if (st != CCA_OK)
+        HARNESS_FAIL("%s [%s]: host_empty_cache: %s", cur_scenario, cur_fault, cca_last_error()->message);
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("%s [%s]: at the end: %s", cur_scenario, cur_fault, why);
+    /* Emptied caches: no device byte, allocation or host block; the device
+     * allocator owns no event (the host allocator keeps its event pool). */
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    size_t device_events = cca_state->devices[0].events_created + cca_state->devices[1].events_created;
+    if (u.device_bytes[0] || u.device_bytes[1] || u.live_allocations || u.live_host || device_events)
+        HARNESS_FAIL("%s [%s]: left behind: %zu + %zu bytes, %llu allocations, %zu device events, "
+                     "%llu host", cur_scenario, cur_fault, u.device_bytes[0], u.device_bytes[1],
+                     (unsigned long long)u.live_allocations, device_events,
+                     (unsigned long long)u.live_host);
+    memset(&final_usage, 0xff, sizeof(final_usage));
+    cca_shutdown();
+    /* After shutdown not even an event may be left. */
+    cca_sim_usage_t zero;
+    memset(&zero, 0, sizeof(zero));
+    if (memcmp(&final_usage, &zero, sizeof(zero)))
+        HARNESS_FAIL("%s [%s]: at shutdown the backend still held %llu allocations, %llu events, "
+                     "%llu host", cur_scenario, cur_fault, (unsigned long long)final_usage.live_allocations,
+                     (unsigned long long)final_usage.live_events,
+                     (unsigned long long)final_usage.live_host);
+}
+
+/* Run sc once with no fault; return the backend call counts it made. */
+static void baseline(const scenario_t *sc, uint64_t calls[CCA_OP_COUNT])
+{
+    cur_scenario = sc->name;
+    snprintf(cur_fault, sizeof(cur_fault), "no fault");
+    setup(sc);
+    uint64_t before[CCA_OP_COUNT];
+    for (int op = 0; op < CCA_OP_COUNT; op++)
+        before[op] = cca_sim_call_count(sim, (cca_backend_op_t)op);
+    sc->run();
+    for (int op = 0; op < CCA_OP_COUNT; op++)
+        calls[op] = cca_sim_call_count(sim, (cca_backend_op_t)op) - before[op];
+    cca_device_stats_t ds;
+    cca_get_device_stats(0, &ds);
+    printf("  %s: %lld ooms, %lld retries, %lld segment frees; calls:", sc->name,
+           (long long)ds.num_ooms, (long long)ds.num_alloc_retries, (long long)ds.num_device_free);
+    for (int op = 0; op < CCA_OP_COUNT; op++)
+        if (calls[op])
+            printf(" %s %llu", cca_backend_op_name((cca_backend_op_t)op), (unsigned long long)calls[op]);
+    printf("\n");
+    teardown();
+    runs_run++;
+}
+
+/* The loops over (operation, persistence, nth) of one scenario. */
+static void fault_loops(const scenario_t *sc)
+{
+    uint64_t calls[CCA_OP_COUNT];
+    baseline(sc, calls);
+    for (int op = 0; op < CCA_OP_COUNT; op++) {
+        if (!calls[op])
+            continue;
+        cca_status_t statuses[2] = {CCA_ERR_BACKEND, CCA_ERR_OUT_OF_MEMORY};
+        int nstatus = (op == CCA_OP_MALLOC || op == CCA_OP_HOST_ALLOC) ? 2 : 1;
+        for (int si = 0; si < nstatus; si++)
+            for (int persistent = 0; persistent < 2; persistent++)
+                for (uint64_t nth = 1;; nth++) {
+                    snprintf(cur_fault, sizeof(cur_fault), "%s call %llu %s -> %s",
+                             cca_backend_op_name((cca_backend_op_t)op), (unsigned long long)nth,
+                             persistent ? "and later" : "once", cca_status_str(statuses[si]));
+                    setup(sc);
+                    uint64_t before = cca_sim_call_count(sim, (cca_backend_op_t)op);
+                    cca_sim_inject_fault(sim, (cca_backend_op_t)op, nth, persistent, statuses[si]);
+                    sc->run();
+                    uint64_t made = cca_sim_call_count(sim, (cca_backend_op_t)op) - before;
+                    teardown();
+                    runs_run++;
+                    if (made < nth)
+                        break; /* the scenario completed without the fault firing */
+                    faults_fired += persistent ? made - nth + 1 : 1;
+                }
+    }
+}
+
+TEST(fault_burst) { fault_loops(&scenarios[0]); }
+TEST(fault_events) { fault_loops(&scenarios[1]); }
+TEST(fault_oom) { fault_loops(&scenarios[2]); }
+TEST(fault_empty_cache) { fault_loops(&scenarios[3]); }
+TEST(fault_settings) { fault_loops(&scenarios[4]); }
+TEST(fault_host) { fault_loops(&scenarios[5]); }
+
+int main(void)
+{
+    cca_register_output(NULL, NULL);
+    RUN(fault_burst);
+    RUN(fault_events);
+    RUN(fault_oom);
+    RUN(fault_empty_cache);
+    RUN(fault_settings);
+    RUN(fault_host);
+    printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
+           (unsigned long long)runs_run, (unsigned long long)faults_fired,
+           (unsigned long long)steps_run);
+    return harness_done();
+}

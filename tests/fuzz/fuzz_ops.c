@@ -1,0 +1,393 @@
+/*
+ * fuzz_ops.c - libFuzzer target: random operation sequences on the device
+ * allocator over a simulated backend (2 devices, manual events, 256 MiB
+ * each). The first byte picks the mode:
+ *  - odd: general mode: allocations of every size class on 4 streams and 2
+ *    devices, frees, record_stream, completion of a stream's events,
+ *    empty_cache, memory fraction, run-time settings changes; after every
+ *    operation the invariant checker must pass;
+ *  - even: model mode: allocations, frees and empty_cache on one stream of
+ *    one device with the default settings, each also run through an
+ *    independent reference model of PyTorch's policy below (rounding, pools,
+ *    segment sizes, best fit by (size, address), splitting, merging, the
+ *    release-and-retry on a full device); the address of every allocation
+ *    served from the cache, the reserved and allocated bytes and every
+ *    out-of-memory failure must match the model.
+ * At the end everything is freed, the cache emptied, and the backend must
+ * hold no byte, allocation or event. Any violation aborts.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+
+#define MiB ((size_t)1 << 20)
+#define DEVICE_MEMORY (256 * MiB)
+#define MAX_LIVE 256
+#define MAX_OPS 512
+
+#define CHECK(x, ...)                                                          \
+    do {                                                                       \
+        if (!(x)) {                                                            \
+            fprintf(stderr, "fuzz_ops: check failed: %s (line %d): ", #x, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fprintf(stderr, "\n");                                             \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
+
+/* ---- the reference model (one stream, default settings) ------------------------- */
+
+typedef struct mblock {
+    uintptr_t addr;
+    size_t size;
+    bool free;
+    bool small;   /* pool kind of its segment */
+    int seg;      /* index into model.segs */
+} mblock_t;
+
+typedef struct mseg {
+    uintptr_t base;
+    size_t size;
+    bool small;
+    bool live;
+} mseg_t;
+
+static struct {
+    mblock_t *blocks; /* sorted by address */
+    size_t n, cap;
+    mseg_t segs[4096];
+    size_t nsegs;
+    size_t reserved, allocated;
+} model;
+
+static void model_reset(void)
+{
+    free(model.blocks);
+    memset(&model, 0, sizeof(model));
+}
+
+static size_t model_round(size_t size)
+{
+    return size < 512 ? 512 : (size + 511) / 512 * 512;
+}
+
+static size_t model_segment_size(size_t rsize)
+{
+    if (rsize <= MiB)
+        return 2 * MiB;
+    if (rsize < 10 * MiB)
+        return 20 * MiB;
+    return (rsize + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+}
+
+static void model_insert_at(size_t i, mblock_t b)
+{
+    if (model.n == model.cap) {
+        model.cap = model.cap ? model.cap * 2 : 64;
+        model.blocks = realloc(model.blocks, model.cap * sizeof(*model.blocks));
+        CHECK(model.blocks, "out of memory");
+    }
+    memmove(&model.blocks[i + 1], &model.blocks[i], (model.n - i) * sizeof(*model.blocks));
+    model.blocks[i] = b;
+    model.n++;
+}
+
+static void model_remove_at(size_t i)
+{
+    memmove(&model.blocks[i], &model.blocks[i + 1], (model.n - i - 1) * sizeof(*model.blocks));
+    model.n--;
+}
+
+static size_t model_find(uintptr_t addr)
+{
+    for (size_t i = 0; i < model.n; i++)
+        if (model.blocks[i].addr == addr)
+            return i;
+    return SIZE_MAX;
+}
+
+static bool model_whole_segment(size_t i)
+{
+    const mblock_t *b = &model.blocks[i];
+    return b->addr == model.segs[b->seg].base && b->size == model.segs[b->seg].size;
+}
+
+/* Release every free block that is a whole segment (PyTorch's release_cached_blocks). */
+static void model_release_cached(void)
+{
+    for (size_t i = 0; i < model.n;) {
+        if (model.blocks[i].free && model_whole_segment(i)) {
+            model.segs[model.blocks[i].seg].live = false;
+            model.reserved -= model.blocks[i].size;
+            model_remove_at(i);
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Best fit by (size, address) among the free blocks of the pool; SIZE_MAX if none. */
+static size_t model_best_fit(size_t rsize, bool small)
+{
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < model.n; i++) {
+        const mblock_t *b = &model.blocks[i];
+        if (!b->free || b->small != small || b->size < rsize)
+            continue;
+        if (best == SIZE_MAX || b->size < model.blocks[best].size)
+            best = i; /* blocks are in address order: ties keep the lower address */
+    }
+    return best;
+}
+
+/* Allocate: i is the chosen free block; split per PyTorch's rule. Returns its address. */
+static uintptr_t model_take(size_t i, size_t rsize)
+{
+    mblock_t *b = &model.blocks[i];
+    size_t remaining = b->size - rsize;
+    bool split = b->small ? remaining >= 512 : remaining > MiB;
+    if (split) {
+        mblock_t rest = *b;
+        rest.addr = b->addr + rsize;
+        rest.size = remaining;
+        rest.free = true;
+        b->size = rsize;
+        model_insert_at(i + 1, rest);
+        b = &model.blocks[i];
+    }
+    b->free = false;
+    model.allocated += b->size;
+    return b->addr;
+}
+
+static void model_free(uintptr_t addr)
+{
+    size_t i = model_find(addr);
+    CHECK(i != SIZE_MAX && !model.blocks[i].free, "model: free of unknown block");
+    model.blocks[i].free = true;
+    model.allocated -= model.blocks[i].size;
+    if (i + 1 < model.n && model.blocks[i + 1].free && model.blocks[i + 1].seg == model.blocks[i].seg) {
+        model.blocks[i].size += model.blocks[i + 1].size;
+        model_remove_at(i + 1);
+    }
+    if (i > 0 && model.blocks[i - 1].free && model.blocks[i - 1].seg == model.blocks[i].seg) {
+        model.blocks[i - 1].size += model.blocks[i].size;
+        model_remove_at(i);
+    }
+}
+
+/* ---- driver ----------------------------------------------------------------------- */
+
+static cca_backend_t *sim;
+static void *live[MAX_LIVE];
+static size_t nlive;
+static const cca_stream_t streams[4] = {NULL, (cca_stream_t)0x1000, (cca_stream_t)0x2000,
+                                        (cca_stream_t)0x3000};
+static const char *const settings_choices[] = {
+    "max_split_size_mb:40",
+    "roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.5",
+    "max_split_size_mb:40,max_non_split_rounding_mb:40",
+};
+
+typedef struct reader {
+    const uint8_t *data;
+    size_t size, pos;
+} reader_t;
+
+static uint8_t next_byte(reader_t *r)
+{
+    return r->pos < r->size ? r->data[r->pos++] : 0;
+}
+
+/* A size from every class: tiny, small pool, large pool sharing 20 MiB segments, own segments. */
+static size_t next_size(reader_t *r)
+{
+    uint8_t cls = next_byte(r);
+    size_t v = (size_t)next_byte(r) << 8 | next_byte(r);
+    switch (cls % 5) {
+    case 0: return 1 + v % 2048;
+    case 1: return 1 + v * 16;                        /* up to 1 MiB */
+    case 2: return MiB + 1 + v * 128;                 /* 1 .. 9 MiB */
+    case 3: return 10 * MiB + v * 512;                /* 10 .. 42 MiB */
+    default: return (size_t)(1 + cls % 8) * 512 * (1 + v % 64);
+    }
+}
+
+static void check_invariants(const char *after)
+{
+    char why[512];
+    CHECK(alloc_check_invariants(why, sizeof(why)) == CCA_OK, "after %s: %s", after, why);
+}
+
+static int64_t stat_all(const cca_stat_t *s)
+{
+    return s[CCA_STAT_ALL].current;
+}
+
+static void model_alloc(size_t size)
+{
+    size_t rsize = model_round(size);
+    bool small = rsize <= MiB;
+    size_t i = model_best_fit(rsize, small);
+    bool fresh = i == SIZE_MAX;
+    bool expect_oom = false;
+    size_t segsize = model_segment_size(rsize);
+    if (fresh && model.reserved + segsize > DEVICE_MEMORY) {
+        model_release_cached();
+        expect_oom = model.reserved + segsize > DEVICE_MEMORY;
+    }
+    void *p = NULL;
+    cca_status_t st = cca_malloc_device(&p, size, 0, NULL);
+    if (expect_oom) {
+        CHECK(st == CCA_ERR_OUT_OF_MEMORY, "model predicts OOM for %zu bytes, cca says %s", size,
+              cca_status_str(st));
+        return;
+    }
+    CHECK(st == CCA_OK, "model predicts success for %zu bytes: %s", size, cca_last_error()->message);
+    if (fresh) {
+        uintptr_t base = (uintptr_t)p;
+        for (size_t k = 0; k < model.nsegs; k++)
+            CHECK(!model.segs[k].live || base + segsize <= model.segs[k].base ||
+                  base >= model.segs[k].base + model.segs[k].size,
+                  "new segment at %p overlaps a live one", p);
+        CHECK(model.nsegs < 4096, "too many segments");
+        model.segs[model.nsegs] = (mseg_t){base, segsize, small, true};
+        size_t at = 0;
+        while (at < model.n && model.blocks[at].addr < base)
+            at++;
+        model_insert_at(at, (mblock_t){base, segsize, true, small, (int)model.nsegs});
+        model.nsegs++;
+        model.reserved += segsize;
+        i = at;
+    }
+    uintptr_t want = model_take(i, rsize);
+    CHECK((uintptr_t)p == want, "alloc of %zu bytes: cca gave %p, the model 0x%lx", size, p,
+          (unsigned long)want);
+    live[nlive++] = p;
+}
+
+static void compare_with_model(void)
+{
+    cca_device_stats_t s;
+    CHECK(cca_get_device_stats(0, &s) == CCA_OK, "stats");
+    CHECK(stat_all(s.reserved_bytes) == (int64_t)model.reserved, "reserved: cca %lld, model %zu",
+          (long long)stat_all(s.reserved_bytes), model.reserved);
+    CHECK(stat_all(s.allocated_bytes) == (int64_t)model.allocated, "allocated: cca %lld, model %zu",
+          (long long)stat_all(s.allocated_bytes), model.allocated);
+}
+
+static void run_model(reader_t *r)
+{
+    for (int op = 0; op < MAX_OPS && r->pos < r->size; op++) {
+        uint8_t code = next_byte(r) % 8;
+        if (code < 4 || nlive == 0) {
+            if (nlive < MAX_LIVE)
+                model_alloc(next_size(r));
+        } else if (code < 7) {
+            size_t i = next_byte(r) % nlive;
+            CHECK(cca_free(live[i]) == CCA_OK, "free: %s", cca_last_error()->message);
+            model_free((uintptr_t)live[i]);
+            live[i] = live[--nlive];
+        } else {
+            CHECK(cca_empty_cache() == CCA_OK, "empty_cache: %s", cca_last_error()->message);
+            model_release_cached();
+        }
+        check_invariants("a model-mode operation");
+        compare_with_model();
+    }
+}
+
+static void run_general(reader_t *r)
+{
+    for (int op = 0; op < MAX_OPS && r->pos < r->size; op++) {
+        uint8_t code = next_byte(r) % 10;
+        const char *what = "?";
+        if (code < 4 || nlive == 0) {
+            what = "cca_malloc";
+            uint8_t where = next_byte(r);
+            size_t size = next_size(r);
+            void *p = NULL;
+            cca_status_t st = cca_malloc_device(&p, size, where & 1, streams[(where >> 1) & 3]);
+            CHECK(st == CCA_OK || st == CCA_ERR_OUT_OF_MEMORY, "malloc: %s", cca_last_error()->message);
+            if (st == CCA_OK && nlive < MAX_LIVE)
+                live[nlive++] = p;
+            else if (st == CCA_OK)
+                CHECK(cca_free(p) == CCA_OK, "free");
+        } else if (code < 7) {
+            what = "cca_free";
+            size_t i = next_byte(r) % nlive;
+            CHECK(cca_free(live[i]) == CCA_OK, "free: %s", cca_last_error()->message);
+            live[i] = live[--nlive];
+        } else if (code == 7) {
+            what = "cca_record_stream";
+            size_t i = next_byte(r) % nlive;
+            CHECK(cca_record_stream(live[i], streams[next_byte(r) & 3]) == CCA_OK, "record_stream: %s",
+                  cca_last_error()->message);
+        } else if (code == 8) {
+            uint8_t b = next_byte(r);
+            if (b & 1) {
+                what = "complete events";
+                CHECK(cca_sim_complete_stream(sim, (b >> 1) & 1, streams[(b >> 2) & 3], b >= 0xc0) == CCA_OK,
+                      "complete");
+                CHECK(alloc_process_events() == CCA_OK, "process_events");
+            } else {
+                what = "cca_empty_cache";
+                CHECK(cca_empty_cache() == CCA_OK, "empty_cache: %s", cca_last_error()->message);
+            }
+        } else {
+            uint8_t b = next_byte(r);
+            if (b & 1) {
+                what = "cca_set_memory_fraction";
+                double fraction = (double)(1 + (b >> 2)) / 64.0;
+                CHECK(cca_set_memory_fraction(fraction, (b >> 1) & 1) == CCA_OK, "fraction");
+            } else {
+                what = "cca_set_settings";
+                CHECK(cca_set_settings(settings_choices[(b >> 1) & 3]) == CCA_OK, "settings: %s",
+                      cca_last_error()->message);
+            }
+        }
+        check_invariants(what);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    reader_t r = {data, size, 1};
+    bool model_mode = (data[0] & 1) == 0;
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = DEVICE_MEMORY;
+    cfg.manual_events = true;
+    cca_shutdown();
+    CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim");
+    CHECK(cca_init_with_backend(sim, "") == CCA_OK, "init: %s", cca_last_error()->message);
+    nlive = 0;
+    model_reset();
+    if (model_mode)
+        run_model(&r);
+    else
+        run_general(&r);
+    for (size_t i = 0; i < nlive; i++)
+        CHECK(cca_free(live[i]) == CCA_OK, "final free: %s", cca_last_error()->message);
+    nlive = 0;
+    CHECK(cca_sim_complete_stream(sim, 0, NULL, true) == CCA_OK, "complete");
+    CHECK(cca_sim_complete_stream(sim, 1, NULL, true) == CCA_OK, "complete");
+    CHECK(cca_empty_cache() == CCA_OK, "final empty_cache: %s", cca_last_error()->message);
+    check_invariants("the final empty_cache");
+    cca_sim_usage_t u;
+    CHECK(cca_sim_usage(sim, &u) == CCA_OK, "usage");
+    CHECK(u.device_bytes[0] == 0 && u.device_bytes[1] == 0 && u.live_allocations == 0 &&
+          u.live_events == 0,
+          "left behind: %zu + %zu bytes, %llu allocations, %llu events", u.device_bytes[0],
+          u.device_bytes[1], (unsigned long long)u.live_allocations, (unsigned long long)u.live_events);
+    cca_shutdown();
+    model_reset();
+    return 0;
+}

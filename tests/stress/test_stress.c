@@ -1,0 +1,238 @@
+/*
+ * test_stress.c - a deterministic multi-threaded stress test of the device
+ * allocator on a backed simulated device: 16 worker threads on 16 streams
+ * allocate blocks of both pools, fill them with a pattern and hand them
+ * through a shared queue, so most frees happen on another thread than the
+ * allocation; blocks are recorded on other streams before free, and a
+ * completer thread completes the streams' events. Workers also empty the
+ * cache and read the statistics. Each block's pattern is checked before it
+ * is freed (a block handed out twice, or reused before its events, shows up
+ * as a corrupted pattern). At the end the invariants hold and, once
+ * everything is freed and the cache emptied, the backend holds nothing.
+ * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+
+#define THREADS 16
+#define STREAMS 16
+#define QUEUE_CAP 128
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static cca_backend_t *sim;
+static cca_stream_t streams[STREAMS];
+
+typedef struct item {
+    unsigned char *ptr;
+    size_t size;
+    uint64_t token;   /* the pattern's seed */
+} item_t;
+
+static struct {
+    pthread_mutex_t lock;
+    item_t items[QUEUE_CAP];
+    size_t count;
+} queue = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static atomic_bool stop_completer;
+static atomic_uint_fast64_t ops_done, bad_patterns, errors, cross_frees;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The bytes checked: the whole block when small, else both ends. */
+static void pattern(item_t *it, bool write, const char *where)
+{
+    size_t n = it->size < 16 * KiB ? it->size : 4 * KiB;
+    uint64_t s = it->token;
+    bool bad = false;
+    for (int end = 0; end < 2 && !bad; end++) {
+        unsigned char *p = end ? it->ptr + it->size - n : it->ptr;
+        for (size_t i = 0; i < n; i++) {
+            unsigned char v = (unsigned char)(s >> ((i & 7) * 8)) ^ (unsigned char)(i >> 3);
+            if (write)
+                p[i] = v;
+            else if (p[i] != v) {
+                bad = true;
+                break;
+            }
+        }
+        if (it->size < 16 * KiB)
+            break;
+    }
+    if (bad) {
+        atomic_fetch_add(&bad_patterns, 1);
+        printf("  pattern of block %p (%zu bytes) corrupted %s\n", (void *)it->ptr, it->size, where);
+    }
+}
+
+static void check_and_free(item_t *it, uint64_t *rng)
+{
+    pattern(it, false, "before free");
+    if (rng_next(rng) % 4 == 0 &&
+        cca_record_stream(it->ptr, streams[rng_next(rng) % STREAMS]) != CCA_OK)
+        atomic_fetch_add(&errors, 1);
+    if (cca_free(it->ptr) != CCA_OK) {
+        atomic_fetch_add(&errors, 1);
+        printf("  free failed: %s\n", cca_last_error()->message);
+    }
+}
+
+static size_t pick_size(uint64_t *rng)
+{
+    uint64_t r = rng_next(rng) % 100;
+    if (r < 60)
+        return 1 + rng_next(rng) % (8 * KiB);           /* small pool, small blocks */
+    if (r < 85)
+        return 8 * KiB + rng_next(rng) % (1 * MiB);      /* small pool, up to 1 MiB */
+    if (r < 97)
+        return 1 * MiB + rng_next(rng) % (8 * MiB);      /* large pool, shared segments */
+    return 10 * MiB + rng_next(rng) % (6 * MiB);         /* large pool, own segments */
+}
+
+static int ops_per_thread = 3000;
+
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    uint64_t rng = 0x5eed0000ull + (uint64_t)id;
+    cca_stream_t mine = streams[id % STREAMS];
+    for (int op = 0; op < ops_per_thread; op++) {
+        uint64_t r = rng_next(&rng) % 100;
+        if (r < 55) {
+            item_t it = {NULL, pick_size(&rng), rng_next(&rng)};
+            cca_status_t st = cca_malloc((void **)&it.ptr, it.size, mine);
+            if (st != CCA_OK) {
+                atomic_fetch_add(&errors, 1);
+                printf("  malloc(%zu) failed: %s\n", it.size, cca_last_error()->message);
+                continue;
+            }
+            pattern(&it, true, NULL);
+            pthread_mutex_lock(&queue.lock);
+            bool queued = queue.count < QUEUE_CAP;
+            if (queued)
+                queue.items[queue.count++] = it;
+            pthread_mutex_unlock(&queue.lock);
+            if (!queued)
+                check_and_free(&it, &rng);
+        } else if (r < 95) {
+            item_t it = {0};
+            pthread_mutex_lock(&queue.lock);
+            if (queue.count) {
+                size_t i = rng_next(&rng) % queue.count;
+                it = queue.items[i];
+                queue.items[i] = queue.items[--queue.count];
+            }
+            pthread_mutex_unlock(&queue.lock);
+            if (it.ptr) {
+                check_and_free(&it, &rng);
+                atomic_fetch_add(&cross_frees, 1);
+            }
+        } else if (r < 97) {
+            if (cca_empty_cache() != CCA_OK)
+                atomic_fetch_add(&errors, 1);
+        } else {
+            cca_device_stats_t s;
+            cca_stat_entry_t flat[CCA_MEMORY_STATS_COUNT];
+            if (cca_get_device_stats(0, &s) != CCA_OK ||
+                cca_memory_stats(0, flat, CCA_MEMORY_STATS_COUNT) != CCA_OK)
+                atomic_fetch_add(&errors, 1);
+            /* allocated never exceeds reserved (both read under one lock) */
+            if (s.allocated_bytes[CCA_STAT_ALL].current > s.reserved_bytes[CCA_STAT_ALL].current)
+                atomic_fetch_add(&errors, 1);
+        }
+        atomic_fetch_add(&ops_done, 1);
+    }
+    return NULL;
+}
+
+/* Completes the events recorded on the streams, one stream at a time. */
+static void *completer(void *arg)
+{
+    (void)arg;
+    uint64_t rng = 0xc0ffee;
+    while (!atomic_load(&stop_completer)) {
+        cca_sim_complete_stream(sim, 0, streams[rng_next(&rng) % STREAMS], false);
+        sched_yield();
+    }
+    return NULL;
+}
+
+TEST(threads_streams_events)
+{
+    const char *env = getenv("STRESS_OPS");
+    if (env && atoi(env) > 0)
+        ops_per_thread = atoi(env);
+    for (int i = 0; i < STREAMS; i++)
+        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 64ull << 30;
+    cfg.backed = true;
+    cfg.manual_events = true;
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+        return;
+    }
+    pthread_t workers[THREADS], comp;
+    pthread_create(&comp, NULL, completer, NULL);
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&workers[i], NULL, worker, (void *)(intptr_t)i);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(workers[i], NULL);
+    atomic_store(&stop_completer, true);
+    pthread_join(comp, NULL);
+
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("after the threads: %s", why);
+    uint64_t rng = 1;
+    while (queue.count) {
+        item_t it = queue.items[--queue.count];
+        check_and_free(&it, &rng);
+    }
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    expect_ok(cca_empty_cache());
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("at the end: %s", why);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.active[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, s.allocation[CCA_STAT_ALL].freed);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.device_bytes[0], 0);
+    expect_eq_u64(u.live_allocations, 0);
+    expect_eq_u64(u.live_events, 0);
+    expect_eq_u64(atomic_load(&bad_patterns), 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    expect_eq_u64(atomic_load(&ops_done), (uint64_t)THREADS * (uint64_t)ops_per_thread);
+    printf("stress: %d threads, %llu operations, %llu cross-thread frees, %lld allocations, "
+           "%lld segments\n",
+           THREADS, (unsigned long long)atomic_load(&ops_done),
+           (unsigned long long)atomic_load(&cross_frees),
+           (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated);
+    cca_shutdown();
+}
+
+int main(void)
+{
+    RUN(threads_streams_events);
+    return harness_done();
+}

@@ -1,0 +1,206 @@
+/*
+ * test_misuse.c - every misuse of the API gets its documented status, a
+ * message naming the problem, and changes nothing: statistics, simulated
+ * backend usage and the allocator's invariants are the same before and
+ * after.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+
+#define MiB ((size_t)1 << 20)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+
+static cca_backend_t *sim;
+static int cases;
+
+static void setup(void)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = 1ull << 30;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        printf("cannot set up: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+/* What must not change. */
+typedef struct snapshot {
+    cca_device_stats_t dev[2];
+    cca_sim_usage_t usage;
+    cca_host_stats_t host;
+    uint64_t calls[CCA_OP_COUNT];
+} snapshot_t;
+
+static void take(snapshot_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    cca_get_device_stats(0, &s->dev[0]);
+    cca_get_device_stats(1, &s->dev[1]);
+    cca_sim_usage(sim, &s->usage);
+    cca_host_get_stats(&s->host);
+    for (int op = 0; op < CCA_OP_COUNT; op++)
+        s->calls[op] = cca_sim_call_count(sim, (cca_backend_op_t)op);
+}
+
+/* Run call; expect status and a message containing needle; nothing changed. */
+#define MISUSE(call, want, needle)                                          \
+    do {                                                                      \
+        snapshot_t before_, after_;                                           \
+        take(&before_);                                                       \
+        cca_clear_error();                                                    \
+        expect_status(call, want);                                            \
+        expect_eq_i64(cca_last_error()->status, want);                        \
+        expect_contains(cca_last_error()->message, needle);                   \
+        take(&after_);                                                        \
+        if (memcmp(&before_.dev, &after_.dev, sizeof(before_.dev)))           \
+            HARNESS_FAIL("%s changed the device statistics", #call);          \
+        if (memcmp(&before_.usage, &after_.usage, sizeof(before_.usage)))     \
+            HARNESS_FAIL("%s changed the simulated backend's usage", #call);  \
+        if (memcmp(&before_.host, &after_.host, sizeof(before_.host)))        \
+            HARNESS_FAIL("%s changed the host statistics", #call);            \
+        if (memcmp(before_.calls, after_.calls, sizeof(before_.calls)))       \
+            HARNESS_FAIL("%s called the backend", #call);                     \
+        char why_[512];                                                       \
+        if (alloc_check_invariants(why_, sizeof(why_)) != CCA_OK)             \
+            HARNESS_FAIL("%s broke an invariant: %s", #call, why_);           \
+        cases++;                                                              \
+    } while (0)
+
+TEST(before_init)
+{
+    cca_shutdown();
+    int x;
+    expect_status(cca_free(&x), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "not initialised");
+    expect_false(cca_is_initialized());
+    expect_status(cca_record_stream(&x, S1), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "not initialised");
+    expect_false(cca_is_initialized());
+    expect_status(cca_get_base_allocation(&x, NULL, NULL), CCA_ERR_INVALID_POINTER);
+    expect_false(cca_is_initialized());
+    expect_ok(alloc_check_invariants(NULL, 0));
+    expect_false(cca_is_initialized());
+    cases += 3;
+}
+
+TEST(device_pointers)
+{
+    setup();
+    void *a, *b;
+    expect_ok(cca_malloc(&a, 4096, NULL));
+    expect_ok(cca_malloc(&b, 3 * MiB, S1));
+    int local;
+    MISUSE(cca_free(&local), CCA_ERR_INVALID_POINTER, "was not allocated by cca");
+    MISUSE(cca_free((char *)a + 512), CCA_ERR_INVALID_POINTER, "is inside the block");
+    MISUSE(cca_free((char *)b + 1), CCA_ERR_INVALID_POINTER, "is inside the block");
+    MISUSE(cca_record_stream(&local, S1), CCA_ERR_INVALID_POINTER, "was not allocated by cca");
+    MISUSE(cca_record_stream((char *)a + 8, S1), CCA_ERR_INVALID_POINTER, "is inside the block");
+    MISUSE(cca_record_stream(NULL, S1), CCA_ERR_INVALID_POINTER, "NULL");
+    MISUSE(cca_get_base_allocation(&local, NULL, NULL), CCA_ERR_INVALID_POINTER, "not allocated");
+    expect_ok(cca_free(a));
+    MISUSE(cca_free(a), CCA_ERR_INVALID_POINTER, "already freed");
+    MISUSE(cca_record_stream(a, S1), CCA_ERR_INVALID_POINTER, "already freed");
+    expect_ok(cca_empty_cache());
+    MISUSE(cca_free(a), CCA_ERR_INVALID_POINTER, "already freed");
+    /* freeing NULL is a documented no-op */
+    expect_ok(cca_free(NULL));
+    expect_ok(cca_free(b));
+    MISUSE(cca_free(b), CCA_ERR_INVALID_POINTER, "already freed");
+    cca_shutdown();
+}
+
+TEST(arguments)
+{
+    setup();
+    void *p = (void *)0x1;
+    MISUSE(cca_malloc(NULL, 100, NULL), CCA_ERR_INVALID_ARGUMENT, "ptr is NULL");
+    MISUSE(cca_malloc_device(&p, 100, 2, NULL), CCA_ERR_INVALID_ARGUMENT, "device 2 is out of range");
+    MISUSE(cca_malloc_device(&p, 100, -1, NULL), CCA_ERR_INVALID_ARGUMENT, "out of range");
+    expect_eq_ptr(p, (void *)0x1); /* out-parameter untouched */
+    /* 1 EB or more: PyTorch's out-of-memory error */
+    MISUSE(cca_malloc(&p, (size_t)1 << 60, NULL), CCA_ERR_OUT_OF_MEMORY, "more than 1EB");
+    MISUSE(cca_malloc(&p, SIZE_MAX, NULL), CCA_ERR_OUT_OF_MEMORY, "more than 1EB");
+    expect_eq_ptr(p, (void *)0x1);
+    MISUSE(cca_set_memory_fraction(1.5, 0), CCA_ERR_INVALID_ARGUMENT, "invalid fraction");
+    MISUSE(cca_set_memory_fraction(-0.1, 0), CCA_ERR_INVALID_ARGUMENT, "invalid fraction");
+    MISUSE(cca_set_memory_fraction(0.5, 7), CCA_ERR_INVALID_ARGUMENT, "device 7");
+    MISUSE(cca_get_device_stats(5, NULL), CCA_ERR_INVALID_ARGUMENT, "device 5");
+    MISUSE(cca_get_device_stats(0, NULL), CCA_ERR_INVALID_ARGUMENT, "stats is NULL");
+    MISUSE(cca_cache_info(9, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "device 9");
+    MISUSE(cca_memory_stats(0, NULL, 0), CCA_ERR_INVALID_ARGUMENT, "122");
+    MISUSE(cca_mem_get_info(-3, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "device -3");
+    MISUSE(cca_register_free_memory_callback(NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
+    /* size 0: success with NULL, nothing allocated */
+    snapshot_t before, after;
+    take(&before);
+    expect_ok(cca_malloc(&p, 0, NULL));
+    expect_eq_ptr(p, NULL);
+    take(&after);
+    expect_true(!memcmp(&before.dev, &after.dev, sizeof(before.dev)));
+    cases++;
+    cca_shutdown();
+}
+
+TEST(settings_strings)
+{
+    setup();
+    cca_settings_t saved = cca_state->settings;
+    MISUSE(cca_set_settings("max_split_size_mb:abc"), CCA_ERR_BAD_SETTINGS, "max_split_size_mb");
+    MISUSE(cca_set_settings("no_such_key:1"), CCA_ERR_BAD_SETTINGS, "no_such_key");
+    MISUSE(cca_set_settings("garbage_collection_threshold:1.5"), CCA_ERR_BAD_SETTINGS,
+           "garbage_collection_threshold");
+    MISUSE(cca_set_settings("roundup_power2_divisions:3"), CCA_ERR_BAD_SETTINGS,
+           "roundup_power2_divisions");
+    MISUSE(cca_set_settings("max_split_size_mb:20,,"), CCA_ERR_BAD_SETTINGS, "");
+    MISUSE(cca_set_settings("expandable_segments:True"), CCA_ERR_NOT_SUPPORTED, "expandable_segments");
+    expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
+    char *text = NULL;
+    expect_status(cca_settings_describe("max_split_size_mb:", &text), CCA_ERR_BAD_SETTINGS);
+    expect_eq_ptr(text, NULL);
+    cases++;
+    cca_shutdown();
+}
+
+TEST(host_pointers)
+{
+    setup();
+    void *h = NULL, *p = (void *)0x1;
+    expect_ok(cca_host_malloc(&h, 10000));
+    int local;
+    MISUSE(cca_host_malloc(NULL, 10), CCA_ERR_INVALID_ARGUMENT, "ptr is NULL");
+    MISUSE(cca_host_malloc(&p, (size_t)1 << 60), CCA_ERR_INVALID_ARGUMENT, "1 EB");
+    expect_eq_ptr(p, (void *)0x1);
+    MISUSE(cca_host_free(&local), CCA_ERR_INVALID_POINTER, "cca_host_free");
+    MISUSE(cca_host_free((char *)h + 16), CCA_ERR_INVALID_POINTER, "cca_host_free");
+    MISUSE(cca_host_record_event(&local, S1), CCA_ERR_INVALID_POINTER, "not allocated");
+    MISUSE(cca_host_record_event(NULL, S1), CCA_ERR_INVALID_POINTER, "NULL");
+    MISUSE(cca_host_get_stats(NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
+    /* a device pointer is not a host pointer, and the other way round */
+    void *d;
+    expect_ok(cca_malloc(&d, 4096, NULL));
+    MISUSE(cca_host_free(d), CCA_ERR_INVALID_POINTER, "cca_host_free");
+    MISUSE(cca_free(h), CCA_ERR_INVALID_POINTER, "not allocated by cca");
+    expect_ok(cca_free(d));
+    expect_ok(cca_host_free(h));
+    MISUSE(cca_host_free(h), CCA_ERR_INVALID_POINTER, "already freed");
+    expect_ok(cca_host_free(NULL));
+    cca_shutdown();
+}
+
+int main(void)
+{
+    RUN(before_init);
+    RUN(device_pointers);
+    RUN(arguments);
+    RUN(settings_strings);
+    RUN(host_pointers);
+    printf("misuse cases: %d\n", cases);
+    return harness_done();
+}
