@@ -149,8 +149,9 @@ cca_status_t cca_settings_describe(const char *settings, char **text);
 /**
  * Allocate size bytes on the current device for use on stream. Size 0
  * succeeds with *ptr = NULL. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (ptr
- * NULL, size >= 1 EB), CCA_ERR_OUT_OF_MEMORY (message as PyTorch's), or
- * CCA_ERR_BACKEND.
+ * NULL), CCA_ERR_OUT_OF_MEMORY (message as PyTorch's; also for sizes >= 1 EB,
+ * "Tried to allocate more than 1EB memory", as PyTorch), CCA_ERR_BACKEND, or
+ * an initialisation error (see cca_init).
  */
 cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream);
 
@@ -162,6 +163,8 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
  * reusable on its stream at once, or, if cca_record_stream() named other
  * streams, once the work queued on them at free time is done. Returns CCA_OK
  * or CCA_ERR_INVALID_POINTER (never allocated, inside a block, or freed twice).
+ * CCA_ERR_BACKEND means the pointer WAS freed, but recording a stream's event
+ * and then synchronizing that stream both failed (a broken CUDA context).
  */
 cca_status_t cca_free(void *ptr);
 

@@ -81,10 +81,6 @@ static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
     stat_decrease(&arr[type], amount);
 }
 
-#ifdef CCA_DIAG_NO_STATS_LOCK
-static inline void stats_lock(cca_device_t *dev) { (void)dev; }
-static inline void stats_unlock(cca_device_t *dev) { (void)dev; }
-#else
 static inline void stats_lock(cca_device_t *dev)
 {
     cca_spin_lock(&dev->stats_lock);
@@ -94,7 +90,6 @@ static inline void stats_unlock(cca_device_t *dev)
 {
     cca_spin_unlock(&dev->stats_lock);
 }
-#endif
 
 /*
  * The statistics an allocation or free updates. With exact_peak_stats (the
