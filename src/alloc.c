@@ -279,82 +279,89 @@ static cca_stream_pool_t **pools_sorted_locked(cca_device_t *dev, size_t *count)
 
 /* ---- free-memory callbacks and OOM observers ------------------------------- */
 
-cca_status_t cca_register_free_memory_callback(cca_free_memory_callback_fn fn, void *arg)
+/* The free-memory callbacks (oom false) or the OOM observers (oom true). */
+static void callback_list(bool oom, cca_callback_t ***list, size_t **count)
+{
+    *list = oom ? &cca_state->oom_observers : &cca_state->free_callbacks;
+    *count = oom ? &cca_state->oom_observer_count : &cca_state->free_callback_count;
+}
+
+/* Register (fn, arg) in a callback list. */
+static cca_status_t callbacks_add(bool oom, void *fn, void *arg, const char *what)
 {
     cca_status_t st = cca_init();
     if (st != CCA_OK)
         return st;
     if (!fn)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "free-memory callback is NULL");
-    cca_state_t *S = cca_state;
-    pthread_mutex_lock(&S->callbacks_lock);
-    cca_callback_t *list = realloc(S->free_callbacks, (S->free_callback_count + 1) * sizeof(*list));
-    if (!list) {
-        pthread_mutex_unlock(&S->callbacks_lock);
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory registering a callback");
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    cca_callback_t **list;
+    size_t *count;
+    callback_list(oom, &list, &count);
+    pthread_mutex_lock(&cca_state->callbacks_lock);
+    cca_callback_t *grown = realloc(*list, (*count + 1) * sizeof(*grown));
+    if (!grown) {
+        pthread_mutex_unlock(&cca_state->callbacks_lock);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory registering a %s", what);
     }
-    list[S->free_callback_count++] = (cca_callback_t){(void *)fn, arg};
-    S->free_callbacks = list;
-    pthread_mutex_unlock(&S->callbacks_lock);
+    grown[(*count)++] = (cca_callback_t){fn, arg};
+    *list = grown;
+    pthread_mutex_unlock(&cca_state->callbacks_lock);
     return CCA_OK;
+}
+
+/*
+ * Copy a callback list so it can be called with no lock held (callbacks may
+ * call cca). Uses local (16 entries) when it fits; the caller frees any other
+ * result. *n is 0 if out of host memory.
+ */
+static cca_callback_t *callbacks_copy(bool oom, cca_callback_t local[16], size_t *n)
+{
+    cca_callback_t **list;
+    size_t *count;
+    callback_list(oom, &list, &count);
+    pthread_mutex_lock(&cca_state->callbacks_lock);
+    *n = *count;
+    cca_callback_t *copy = *n <= 16 ? local : malloc(*n * sizeof(*copy));
+    if (!copy)
+        *n = 0;
+    else if (*n)
+        memcpy(copy, *list, *n * sizeof(*copy));
+    pthread_mutex_unlock(&cca_state->callbacks_lock);
+    return copy;
+}
+
+cca_status_t cca_register_free_memory_callback(cca_free_memory_callback_fn fn, void *arg)
+{
+    return callbacks_add(false, (void *)fn, arg, "free-memory callback");
 }
 
 cca_status_t cca_attach_oom_observer(cca_oom_observer_fn fn, void *arg)
 {
-    cca_status_t st = cca_init();
-    if (st != CCA_OK)
-        return st;
-    if (!fn)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "OOM observer is NULL");
-    cca_state_t *S = cca_state;
-    pthread_mutex_lock(&S->callbacks_lock);
-    cca_callback_t *list = realloc(S->oom_observers, (S->oom_observer_count + 1) * sizeof(*list));
-    if (!list) {
-        pthread_mutex_unlock(&S->callbacks_lock);
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory registering an observer");
-    }
-    list[S->oom_observer_count++] = (cca_callback_t){(void *)fn, arg};
-    S->oom_observers = list;
-    pthread_mutex_unlock(&S->callbacks_lock);
-    return CCA_OK;
+    return callbacks_add(true, (void *)fn, arg, "OOM observer");
 }
 
 /* Run every free-memory callback (no allocator lock held). True if any freed memory. */
 static bool trigger_free_memory_callbacks(void)
 {
-    cca_state_t *S = cca_state;
-    pthread_mutex_lock(&S->callbacks_lock);
-    size_t n = S->free_callback_count;
     cca_callback_t local[16];
-    cca_callback_t *list = n <= 16 ? local : malloc(n * sizeof(*list));
-    if (!list)
-        n = 0;
-    else if (n)
-        memcpy(list, S->free_callbacks, n * sizeof(*list));
-    pthread_mutex_unlock(&S->callbacks_lock);
+    size_t n;
+    cca_callback_t *list = callbacks_copy(false, local, &n);
     bool freed = false;
     for (size_t i = 0; i < n; i++)
         freed |= ((cca_free_memory_callback_fn)list[i].fn)(list[i].arg);
-    if (list != local)
+    if (list && list != local)
         free(list);
     return freed;
 }
 
 static void notify_oom_observers(int device, size_t alloc_size, size_t total, size_t device_free)
 {
-    cca_state_t *S = cca_state;
-    pthread_mutex_lock(&S->callbacks_lock);
-    size_t n = S->oom_observer_count;
     cca_callback_t local[16];
-    cca_callback_t *list = n <= 16 ? local : malloc(n * sizeof(*list));
-    if (!list)
-        n = 0;
-    else if (n)
-        memcpy(list, S->oom_observers, n * sizeof(*list));
-    pthread_mutex_unlock(&S->callbacks_lock);
+    size_t n;
+    cca_callback_t *list = callbacks_copy(true, local, &n);
     for (size_t i = 0; i < n; i++)
         ((cca_oom_observer_fn)list[i].fn)(device, alloc_size, total, device_free, list[i].arg);
-    if (list != local)
+    if (list && list != local)
         free(list);
 }
 
@@ -1441,13 +1448,12 @@ static cca_status_t device_arg(int device, cca_device_t **dev)
 }
 
 /* Add the per-operation statistics of src into dst (current, allocated, freed). */
-static void stats_add_ops(cca_device_stats_t *dst, const cca_device_stats_t *src)
+static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
 {
-    cca_stat_t *d[] = {dst->allocation, dst->allocated_bytes, dst->active, dst->active_bytes,
-                       dst->requested_bytes, dst->inactive_split, dst->inactive_split_bytes};
-    const cca_stat_t *s[] = {src->allocation, src->allocated_bytes, src->active, src->active_bytes,
-                             src->requested_bytes, src->inactive_split, src->inactive_split_bytes};
-    for (size_t k = 0; k < sizeof(d) / sizeof(d[0]); k++)
+    cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
+    stats_op_arrays(dst, d);
+    stats_op_arrays(src, s);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
         for (int t = 0; t < CCA_STAT_TYPES; t++) {
             d[k][t].current += s[k][t].current;
             d[k][t].allocated += s[k][t].allocated;
@@ -1458,26 +1464,11 @@ static void stats_add_ops(cca_device_stats_t *dst, const cca_device_stats_t *src
     dst->oversize_allocations.freed += src->oversize_allocations.freed;
 }
 
-/* Raise the sampled peaks of dev->stats to the sums in now (stats lock held). */
-static void stats_raise_peaks(cca_device_stats_t *dev_stats, const cca_device_stats_t *now)
-{
-    cca_stat_t *d[] = {dev_stats->allocation, dev_stats->allocated_bytes, dev_stats->active,
-                       dev_stats->active_bytes, dev_stats->requested_bytes,
-                       dev_stats->inactive_split, dev_stats->inactive_split_bytes};
-    const cca_stat_t *s[] = {now->allocation, now->allocated_bytes, now->active, now->active_bytes,
-                             now->requested_bytes, now->inactive_split, now->inactive_split_bytes};
-    for (size_t k = 0; k < sizeof(d) / sizeof(d[0]); k++)
-        for (int t = 0; t < CCA_STAT_TYPES; t++)
-            if (s[k][t].current > d[k][t].peak)
-                d[k][t].peak = s[k][t].current;
-    if (now->oversize_allocations.current > dev_stats->oversize_allocations.peak)
-        dev_stats->oversize_allocations.peak = now->oversize_allocations.current;
-}
-
 /*
- * The device's statistics: in exact mode a copy; otherwise the sum of the
- * stream pools' with the peaks raised to the sums seen now. held: a stream
- * pool lock the caller holds (its pool is read without locking again).
+ * The device's statistics: in exact mode a copy; otherwise the device's own
+ * (segments, counters, sampled peaks) with the per-operation values summed
+ * over the stream pools, the peaks first raised to those sums. held: a stream
+ * pool lock the caller holds (that pool is read without locking it again).
  */
 static void device_stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
 {
@@ -1499,26 +1490,28 @@ static void device_stats_read_held(cca_device_t *dev, cca_device_stats_t *out, c
         if (sp != held)
             cca_spin_unlock(&sp->lock);
     }
+    cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
     stats_lock(dev);
-    stats_raise_peaks(&dev->stats, &sum);
-    cca_device_stats_t base = dev->stats;
+    stats_op_arrays(&dev->stats, d);
+    stats_op_arrays(&sum, s);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++)
+            if (s[k][t].current > d[k][t].peak)
+                d[k][t].peak = s[k][t].current;
+    if (sum.oversize_allocations.current > dev->stats.oversize_allocations.peak)
+        dev->stats.oversize_allocations.peak = sum.oversize_allocations.current;
+    *out = dev->stats;
     stats_unlock(dev);
-    /* segment-level values and counters come from the device, the rest from the sum */
-    cca_device_stats_t result = base;
-    cca_stat_t *r[] = {result.allocation, result.allocated_bytes, result.active, result.active_bytes,
-                       result.requested_bytes, result.inactive_split, result.inactive_split_bytes};
-    const cca_stat_t *s[] = {sum.allocation, sum.allocated_bytes, sum.active, sum.active_bytes,
-                             sum.requested_bytes, sum.inactive_split, sum.inactive_split_bytes};
-    for (size_t k = 0; k < sizeof(r) / sizeof(r[0]); k++)
+    stats_op_arrays(out, d);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
         for (int t = 0; t < CCA_STAT_TYPES; t++) {
-            r[k][t].current = s[k][t].current;
-            r[k][t].allocated = s[k][t].allocated;
-            r[k][t].freed = s[k][t].freed;
+            d[k][t].current = s[k][t].current;
+            d[k][t].allocated = s[k][t].allocated;
+            d[k][t].freed = s[k][t].freed;
         }
-    result.oversize_allocations.current = sum.oversize_allocations.current;
-    result.oversize_allocations.allocated = sum.oversize_allocations.allocated;
-    result.oversize_allocations.freed = sum.oversize_allocations.freed;
-    *out = result;
+    out->oversize_allocations.current = sum.oversize_allocations.current;
+    out->oversize_allocations.allocated = sum.oversize_allocations.allocated;
+    out->oversize_allocations.freed = sum.oversize_allocations.freed;
 }
 
 static void device_stats_read(cca_device_t *dev, cca_device_stats_t *out)
@@ -1599,15 +1592,12 @@ cca_status_t cca_reset_peak_stats(int device)
     reset_peak(&s->oversize_segments, 1);
     if (!dev->exact_stats) {
         /* sampled peaks restart from the current sums */
-        for (int t = 0; t < CCA_STAT_TYPES; t++) {
-            s->allocation[t].peak = now.allocation[t].current;
-            s->allocated_bytes[t].peak = now.allocated_bytes[t].current;
-            s->active[t].peak = now.active[t].current;
-            s->active_bytes[t].peak = now.active_bytes[t].current;
-            s->requested_bytes[t].peak = now.requested_bytes[t].current;
-            s->inactive_split[t].peak = now.inactive_split[t].current;
-            s->inactive_split_bytes[t].peak = now.inactive_split_bytes[t].current;
-        }
+        cca_stat_t *d[CCA_OP_STAT_ARRAYS], *c[CCA_OP_STAT_ARRAYS];
+        stats_op_arrays(s, d);
+        stats_op_arrays(&now, c);
+        for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+            for (int t = 0; t < CCA_STAT_TYPES; t++)
+                d[k][t].peak = c[k][t].current;
         s->oversize_allocations.peak = now.oversize_allocations.current;
     }
     stats_unlock(dev);

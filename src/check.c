@@ -301,9 +301,9 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
     /* Without exact_peak_stats the per-operation statistics live in the stream pools. */
     cca_device_stats_t view = dev->stats;
     if (!dev->exact_stats) {
-        cca_stat_t *v[] = {view.allocation, view.allocated_bytes, view.active, view.active_bytes,
-                           view.requested_bytes, view.inactive_split, view.inactive_split_bytes};
-        for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
+        cca_stat_t *v[CCA_OP_STAT_ARRAYS], *pv[CCA_OP_STAT_ARRAYS];
+        stats_op_arrays(&view, v);
+        for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
             for (int t = 0; t < CCA_STAT_TYPES; t++)
                 v[k][t].current = 0;
         view.oversize_allocations.current = 0;
@@ -311,14 +311,11 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
             cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
             if (!sp)
                 continue;
-            const cca_device_stats_t *ps = &sp->stats;
-            const cca_stat_t *pv[] = {ps->allocation, ps->allocated_bytes, ps->active,
-                                      ps->active_bytes, ps->requested_bytes, ps->inactive_split,
-                                      ps->inactive_split_bytes};
-            for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
+            stats_op_arrays(&sp->stats, pv);
+            for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
                 for (int t = 0; t < CCA_STAT_TYPES; t++)
                     v[k][t].current += pv[k][t].current;
-            view.oversize_allocations.current += ps->oversize_allocations.current;
+            view.oversize_allocations.current += sp->stats.oversize_allocations.current;
         }
     }
     const cca_device_stats_t *st = &view;

@@ -229,6 +229,13 @@ void stats_format_summary(const cca_device_stats_t *stats, int device, bool abbr
                           cca_strbuf_t *out);
 /* Fill PyTorch's flat memory_stats list (sorted keys). */
 void stats_flatten(const cca_device_stats_t *stats, cca_stat_entry_t *out);
+/*
+ * The per-operation statistics (those a stream pool keeps when peaks are
+ * sampled): the CCA_OP_STAT_ARRAYS arrays of *stats, in a fixed order, plus
+ * oversize_allocations, which the caller handles by name.
+ */
+#define CCA_OP_STAT_ARRAYS 7
+void stats_op_arrays(cca_device_stats_t *stats, cca_stat_t *out[CCA_OP_STAT_ARRAYS]);
 /* PyTorch's format_size (used in the OOM message). */
 void stats_format_size(size_t size, char *buf, size_t buflen);
 

@@ -33,6 +33,17 @@
     X(num_device_free, "num_device_free")                                    \
     X(max_split_size, "max_split_size")
 
+void stats_op_arrays(cca_device_stats_t *stats, cca_stat_t *out[CCA_OP_STAT_ARRAYS])
+{
+    out[0] = stats->allocation;
+    out[1] = stats->allocated_bytes;
+    out[2] = stats->active;
+    out[3] = stats->active_bytes;
+    out[4] = stats->requested_bytes;
+    out[5] = stats->inactive_split;
+    out[6] = stats->inactive_split_bytes;
+}
+
 static const char *const pool_names[CCA_STAT_TYPES] = {"all", "small_pool", "large_pool"};
 
 /* Static key strings: "<name>.<pool>.<field>" for every combination. */
