@@ -1199,6 +1199,31 @@ cca_status_t host_empty_cache(host_alloc_t *h)
             }
         }
     }
+    /* The pooled events go back too: after freeing everything, nothing is left. */
+    host_event_t *events[CCA_MAX_DEVICES];
+    pthread_mutex_lock(&h->pool_lock);
+    for (int d = 0; d < CCA_MAX_DEVICES; d++) {
+        events[d] = h->pool[d];
+        h->pool[d] = NULL;
+    }
+    pthread_mutex_unlock(&h->pool_lock);
+    cca_backend_t *be = h->backend;
+    for (int d = 0; d < CCA_MAX_DEVICES; d++)
+        for (host_event_t *e = events[d], *next; e; e = next) {
+            next = e->next;
+            cca_status_t status = be->event_destroy(be->ctx, e->device, e->event);
+            if (status == CCA_OK) {
+                free(e);
+                continue;
+            }
+            /* keep it pooled (destroyed at shutdown) and report the failure */
+            if (first_error == CCA_OK)
+                first_error = status;
+            pthread_mutex_lock(&h->pool_lock);
+            e->next = h->pool[e->device];
+            h->pool[e->device] = e;
+            pthread_mutex_unlock(&h->pool_lock);
+        }
     return first_error;
 }
 

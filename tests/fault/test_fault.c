@@ -265,16 +265,16 @@ static void teardown(void)
     char why[512];
     if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
         HARNESS_FAIL("%s [%s]: at the end: %s", cur_scenario, cur_fault, why);
-    /* Emptied caches: no device byte, allocation or host block; the device
-     * allocator owns no event (the host allocator keeps its event pool). */
+    /* Emptied caches: no device byte, allocation, host block or event. */
     cca_sim_usage_t u;
     expect_ok(cca_sim_usage(sim, &u));
     size_t device_events = cca_state->devices[0].events_created + cca_state->devices[1].events_created;
-    if (u.device_bytes[0] || u.device_bytes[1] || u.live_allocations || u.live_host || device_events)
+    if (u.device_bytes[0] || u.device_bytes[1] || u.live_allocations || u.live_host || device_events ||
+        u.live_events)
         HARNESS_FAIL("%s [%s]: left behind: %zu + %zu bytes, %llu allocations, %zu device events, "
-                     "%llu host", cur_scenario, cur_fault, u.device_bytes[0], u.device_bytes[1],
-                     (unsigned long long)u.live_allocations, device_events,
-                     (unsigned long long)u.live_host);
+                     "%llu backend events, %llu host", cur_scenario, cur_fault, u.device_bytes[0],
+                     u.device_bytes[1], (unsigned long long)u.live_allocations, device_events,
+                     (unsigned long long)u.live_events, (unsigned long long)u.live_host);
     memset(&final_usage, 0xff, sizeof(final_usage));
     cca_shutdown();
     /* After shutdown not even an event may be left. */

@@ -738,6 +738,7 @@ static void event_fault(cca_backend_op_t op)
     expect_ok(cca_sim_complete_stream(f.be, 0, NULL, true));
     expect_ok(host_empty_cache(f.h));
     expect_eq_u64(usage(&f).live_host, 0);
+    expect_eq_u64(usage(&f).live_events, 0); /* pooled events went back too */
     fx_close(&f);
 }
 
