@@ -1,0 +1,61 @@
+#!/bin/sh
+# cca replay from the command line: the JSON object and its keys, the human
+# report, --compare's table, and clear errors with non-zero exits.
+set -u
+cca=$1
+trace=tests/data/traces/two_stream_pipeline_default.pickle.gz
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+if "$cca" replay "$trace" --json >"$tmp/out.json" 2>"$tmp/err" &&
+    python3 - "$tmp/out.json" <<'EOP'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("allocs", "segment_allocs", "segment_frees", "ooms", "peak_reserved_bytes",
+          "peak_allocated_bytes", "peak_requested_bytes", "address_mismatches",
+          "memory_stats", "memory_summary", "events_per_second"):
+    assert k in d, k
+assert len(d["memory_stats"]) == 122
+assert d["address_mismatches"] == 0
+assert d["allocs"] == d["expected"]["allocs"]
+assert d["peak_reserved_bytes"] == d["memory_stats"]["reserved_bytes.all.peak"]
+assert "cca CUDA memory summary" in d["memory_summary"]
+EOP
+then ok json; else fail json "$(cat "$tmp/err")"; fi
+
+if "$cca" replay "$trace" >"$tmp/out" 2>&1 && grep -q "address mismatches           0" "$tmp/out" &&
+    grep -q "memory_summary identical     yes" "$tmp/out"; then ok human
+else fail human "$(head -5 "$tmp/out")"; fi
+
+if "$cca" replay "$trace" --compare '' 'max_split_size_mb:64' 'roundup_power2_divisions:4' >"$tmp/cmp" 2>&1 &&
+    [ "$(grep -c 'MiB' "$tmp/cmp")" -eq 3 ] && grep -q '^(default)' "$tmp/cmp"; then ok compare
+else fail compare "$(cat "$tmp/cmp")"; fi
+
+if "$cca" replay "$trace" --compare 'bogus_key:1' >"$tmp/cmp2" 2>&1; then fail compare_error "exit 0"
+elif grep -q "Unrecognized key" "$tmp/cmp2"; then ok compare_error
+else fail compare_error "$(cat "$tmp/cmp2")"; fi
+
+"$cca" replay tests/data/traces/missing.pickle >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "cannot open" "$tmp/err"; then ok missing_file; else fail missing_file "rc $rc"; fi
+
+"$cca" replay "$trace" --settings 'max_split_size_mb:1' >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "max_split_size_mb" "$tmp/err"; then ok bad_settings; else fail bad_settings "rc $rc"; fi
+
+"$cca" replay "$trace" --cap 12Q >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--cap 12Q" "$tmp/err"; then ok bad_cap; else fail bad_cap "rc $rc"; fi
+
+# a 64 MiB device cannot hold what the trace needs: OOMs are counted, not fatal
+if "$cca" replay "$trace" --cap 64M --json >"$tmp/cap.json" 2>&1 &&
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['ooms'] > 0, d['ooms']" "$tmp/cap.json"; then
+    ok small_cap
+else fail small_cap "$(head -c 300 "$tmp/cap.json")"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
