@@ -145,7 +145,6 @@ static cca_block_t *block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t ad
     b->pool = pool;
     b->segment = seg;
     b->gc_count_base = 0;
-    b->alloc_time_us = 0;
     b->event_count = 0;
     b->bin = 0;
     b->device = 0;
@@ -838,7 +837,6 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
     seg->size = alloc_size;
     seg->stream = pool->owner->stream;
     seg->is_small = pool->is_small;
-    seg->alloc_time_us = cca_wall_us();
     seg->next_seg = dev->segments;
     if (dev->segments)
         dev->segments->prev_seg = seg;
@@ -1219,7 +1217,6 @@ out_unlock:
 
 static cca_status_t uncached_malloc(cca_device_t *dev, size_t size, cca_stream_t stream, void **ptr)
 {
-    (void)stream;
     cca_backend_t *be = cca_state->backend;
     cca_block_t *block = calloc(1, sizeof(*block));
     if (!block)

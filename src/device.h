@@ -49,7 +49,6 @@ typedef struct cca_block {
     struct cca_pool *pool;      /* stream pool (and kind) it belongs to */
     struct cca_segment *segment;/* the segment it tiles */
     int64_t gc_count_base;      /* pool's get_free_block count when it was cached */
-    int64_t alloc_time_us;      /* time of the last allocation (history) */
     uint32_t event_count;       /* outstanding record_stream events */
     uint16_t bin;               /* bin index while free */
     int16_t device;             /* device index (uncached mode) */
@@ -69,7 +68,6 @@ typedef struct cca_segment {
     cca_stream_t stream;        /* allocation stream */
     bool is_small;              /* small-pool segment */
     bool oversize;              /* counted in oversize_segments (max_split_size may change) */
-    int64_t alloc_time_us;      /* when it was allocated */
     struct cca_block *head;     /* its first block */
     struct cca_segment *prev_seg, *next_seg; /* device's list of segments */
 } cca_segment_t;
@@ -109,10 +107,6 @@ typedef struct cca_pending_event {
     cca_stream_t stream;        /* the stream it was recorded on */
     struct cca_pending_event *next;
 } cca_pending_event_t;
-
-typedef struct cca_stats_state {
-    cca_device_stats_t s;       /* guarded by the device's stats_lock */
-} cca_stats_state_t;
 
 /* A registered callback (free-memory callbacks, OOM observers). */
 typedef struct cca_callback {
