@@ -20,9 +20,9 @@
  * initialised), CCA_ERR_INTERNAL (an invariant failed; the message says
  * which), CCA_ERR_OUT_OF_MEMORY (no host memory for the check itself).
  */
-cca_status_t alloc_check_invariants(char *why, size_t why_len);
+cca_status_t device_check_invariants(char *why, size_t why_len);
 
-/* alloc_check_invariants(NULL, 0) == CCA_OK, for cca_assert_expensive. */
-bool alloc_is_valid(void);
+/* device_check_invariants(NULL, 0) == CCA_OK, for cca_assert_expensive. */
+bool device_is_valid(void);
 
 #endif /* CCA_CHECK_H */

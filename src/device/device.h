@@ -202,7 +202,7 @@ void bins_for_each(const cca_bins_t *bins, void (*fn)(cca_block_t *, void *), vo
 cca_block_t *bins_next(const cca_bins_t *bins, const cca_block_t *b);
 cca_block_t *bins_prev(const cca_bins_t *bins, const cca_block_t *b);
 
-/* ---- stats.c --------------------------------------------------------------- */
+/* ---- observe/stats_text.c: summary text and memory_stats keys --- */
 
 /* Bit set of stat types to update: always ALL, plus the pool's kind. */
 static inline void stat_increase(cca_stat_t *stat, int64_t amount)
@@ -235,17 +235,118 @@ void stats_format_size(size_t size, char *buf, size_t buflen);
 
 
 
-/* ---- alloc.c: entry points for init.c, replay and tests ------------------ */
+/* ---- helpers shared by the device allocator's files ------------------------- */
+
+static inline bool block_is_split(const cca_block_t *b)
+{
+    return b->prev || b->next;
+}
+
+static inline int pool_stat_type(bool is_small)
+{
+    return is_small ? CCA_STAT_SMALL_POOL : CCA_STAT_LARGE_POOL;
+}
+
+/* Update the ALL entry and the pool kind's entry of a statistic array. */
+static inline void stat2_inc(cca_stat_t *arr, int type, int64_t amount)
+{
+    stat_increase(&arr[CCA_STAT_ALL], amount);
+    stat_increase(&arr[type], amount);
+}
+
+static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
+{
+    stat_decrease(&arr[CCA_STAT_ALL], amount);
+    stat_decrease(&arr[type], amount);
+}
+
+static inline void stats_lock(cca_device_t *dev)
+{
+    cca_spin_lock(&dev->stats_lock);
+}
+
+static inline void stats_unlock(cca_device_t *dev)
+{
+    cca_spin_unlock(&dev->stats_lock);
+}
+
+/*
+ * The statistics an allocation or free updates. With exact_peak_stats (the
+ * default) they are the device's, under its stats lock, so every peak is
+ * exact. Without it each stream pool keeps its own, under the pool lock it
+ * already holds: no cache line is shared between streams on the fast path;
+ * device values are summed on read and peaks sampled (stats_read_held).
+ */
+static inline cca_device_stats_t *op_stats_begin(cca_stream_pool_t *sp)
+{
+    cca_device_t *dev = sp->device;
+    if (dev->exact_stats) {
+        stats_lock(dev);
+        return &dev->stats;
+    }
+    return &sp->stats;
+}
+
+static inline void op_stats_end(cca_stream_pool_t *sp)
+{
+    if (sp->device->exact_stats)
+        stats_unlock(sp->device);
+}
+
+/* ---- alloc.c: hot path, blocks, stream pools, device set-up -------------------- */
 
 size_t alloc_round_size(const cca_settings_t *s, size_t size);
 size_t alloc_segment_size(const cca_settings_t *s, size_t size);
-cca_status_t alloc_process_events(void);
+/* A block struct from the pool's spares or the heap, every field set (pool lock held). */
+cca_block_t *alloc_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size);
+/* Give a block struct back to its stream pool's spares (pool lock held). */
+void alloc_block_delete(cca_block_t *b);
+/* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
+cca_stream_pool_t **alloc_pools_sorted_locked(cca_device_t *dev, size_t *count);
+/* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
+void alloc_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
+/* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
+cca_status_t alloc_invalid_pointer(const char *what, const void *ptr);
 cca_status_t alloc_device_init(cca_device_t *dev, int index, size_t total_memory);
 void alloc_device_shutdown(cca_device_t *dev);
-void alloc_shutdown_uncached(void);
 
-/* ---- init.c ---------------------------------------------------------------- */
+/* ---- events.c: record_stream events ------------------------------------------- */
 
-/* Append the per-process memory use for the OOM message (NVML on CUDA). */
-void alloc_process_memory_info(int device, cca_strbuf_t *out);
+/* Record an event on every stream that used the block (stream pool lock held). */
+cca_status_t events_insert(cca_device_t *dev, cca_block_t *block);
+/* Reclaim blocks whose events completed (no stream pool lock held). */
+cca_status_t events_process(cca_device_t *dev);
+/* Wait for every pending event and reclaim its block; held: the pool lock the caller holds. */
+cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *held);
+/* Give the device's idle events back to the backend. */
+cca_status_t events_destroy_pooled(cca_device_t *dev);
+/* events_process on every device (replay, tests). */
+cca_status_t alloc_process_events(void);
+
+/* ---- release.c: release, garbage collection, out of memory ----------------------- */
+
+/* PyTorch's release_cached_blocks (device lock held; held: the pool lock the caller holds). */
+cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *held);
+/* Release oversize cached blocks covering size (device and pool locks held). */
+bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size);
+/* Age-based garbage collection (device lock held). */
+void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held);
+/* Run the free-memory callbacks (no lock held); true if any freed memory. */
+bool release_free_memory_callbacks(void);
+/* PyTorch's out-of-memory error, observers notified (no lock held). */
+cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size, cca_stream_t stream);
+
+/* ---- stats.c: statistics entry points ------------------------------------------ */
+
+/* The device's statistics (see stats.c); held: a stream pool lock the caller holds. */
+void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held);
+void stats_read(cca_device_t *dev, cca_device_stats_t *out);
+
+/* ---- uncached.c: CCA_NO_CACHING ------------------------------------------------- */
+
+cca_status_t uncached_malloc(cca_device_t *dev, size_t size, cca_stream_t stream, void **ptr);
+cca_status_t uncached_free(cca_block_t *block);
+/* Free every uncached allocation still live (shutdown). */
+void uncached_shutdown(void);
+
 #endif /* CCA_DEVICE_H */

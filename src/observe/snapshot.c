@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "state.h"
 #include "trace.h"
 #include "trace_ring.h"
 
@@ -135,7 +136,7 @@ cca_status_t cca_snapshot(cca_snapshot_t **out)
 {
     if (!out)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_snapshot: out is NULL");
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     cca_snapshot_t *snap = calloc(1, sizeof(*snap));

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "state.h"
 #include "pickle.h"
 #include "snapshot_io.h"
 
@@ -217,7 +218,7 @@ static cca_status_t add_settings(pv_doc_t *doc, pv_node_t *root, const cca_setti
 
 cca_status_t snapshot_build(pv_doc_t **out)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     /* history first: the snapshot entries this call records belong to the next dump (as PyTorch) */

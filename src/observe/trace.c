@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "state.h"
 #include "trace.h"
 #include "trace_ring.h"
 
@@ -368,8 +369,8 @@ cca_status_t cca_record_annotation(const char *name)
     trace_ctx_t *c = ctx_new(name);
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
-    int devices = 1;
-    if (cca_is_initialized() && (cca_device_count(&devices) != CCA_OK || devices < 1))
+    int devices = state_device_count();
+    if (devices < 1)
         devices = 1;
     pthread_mutex_lock(&trace_lock);
     for (int d = 0; d < devices; d++)

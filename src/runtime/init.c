@@ -1,250 +1,58 @@
 /*
- * init.c - bringing cca up and down: backend selection from the environment
- * (CCA_BACKEND, CCA_SIM_DEVICES, CCA_SIM_MEMORY), settings (CCA_ALLOC_CONF,
- * run-time strings), uncached mode (CCA_NO_CACHING), per-device state.
- * Invariant: cca_state is non-NULL exactly while cca is initialised.
+ * init.c - bringing cca up and down as a whole: the device allocator
+ * (device/state.c) composed with the pinned host allocator, and settings
+ * changed at run time, applied to both. This file sits above every
+ * allocator; nothing below calls into it.
  */
-#include <errno.h>
-#include <stdlib.h>
-#include <string.h>
+#include <pthread.h>
 
 #include "device.h"
 #include "host.h"
-#include "nvml.h"
+#include "state.h"
 
-cca_state_t *cca_state;
-static atomic_bool initialized;
-static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Serialises bringing the host allocator up and down. */
+static pthread_mutex_t host_init_lock = PTHREAD_MUTEX_INITIALIZER;
 
-bool cca_is_initialized(void)
+/* Bring the pinned host allocator up on the running device state. */
+static cca_status_t host_ensure(void)
 {
-    return atomic_load_explicit(&initialized, memory_order_acquire);
-}
-
-cca_backend_t *cca_current_backend(void)
-{
-    return cca_is_initialized() ? cca_state->backend : NULL;
-}
-
-const char *cca_backend_name(void)
-{
-    return cca_is_initialized() ? cca_state->backend->name : NULL;
-}
-
-/* Features the settings may ask for that this version does not provide. */
-static cca_status_t check_supported(const cca_settings_t *s)
-{
-    if (s->backend != CCA_BACKEND_NATIVE)
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "backend:cudaMallocAsync is not supported by this version of cca; "
-                         "use backend:native");
-    if (s->expandable_segments)
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "expandable_segments:True is not supported by this version of cca");
-    return CCA_OK;
-}
-
-static void destroy_state(cca_state_t *S, int devices_ready)
-{
-    host_global_shutdown();
-    if (S->ptrmap)
-        alloc_shutdown_uncached();
-    for (int d = 0; d < devices_ready; d++)
-        alloc_device_shutdown(&S->devices[d]);
-    ptrmap_destroy(S->ptrmap);
-    free(S->devices);
-    free(S->free_callbacks);
-    free(S->oom_observers);
-    pthread_mutex_destroy(&S->callbacks_lock);
-    if (S->backend && S->backend->destroy)
-        S->backend->destroy(S->backend->ctx);
-    free(S);
-}
-
-/* Bring cca up on backend with settings (init_lock held). Takes the backend. */
-static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *settings)
-{
-    cca_status_t st;
-    int devices_ready = 0;
-    cca_state_t *S = calloc(1, sizeof(*S));
-    if (!S) {
-        backend->destroy(backend->ctx);
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cca");
-    }
-    S->backend = backend;
-    S->settings = *settings;
-    pthread_mutex_init(&S->callbacks_lock, NULL);
-    const char *nc = getenv("CCA_NO_CACHING");
-    S->no_caching = nc && strcmp(nc, "0") != 0 && *nc;
-    cca_state = S; /* alloc_device_init reads the settings through it */
-
-    st = check_supported(settings);
-    if (st != CCA_OK)
-        goto out_destroy;
-    st = backend->device_count(backend->ctx, &S->device_count);
-    if (st != CCA_OK)
-        goto out_destroy;
-    if (S->device_count <= 0) {
-        st = cca_raise(CCA_ERR_NO_DEVICE,
-                       "the %s backend reports no device; to run without a GPU set CCA_BACKEND=sim",
-                       backend->name);
-        goto out_destroy;
-    }
-    if (S->device_count > CCA_MAX_DEVICES)
-        S->device_count = CCA_MAX_DEVICES;
-    st = ptrmap_create(&S->ptrmap);
-    if (st != CCA_OK)
-        goto out_destroy;
-    S->devices = calloc((size_t)S->device_count, sizeof(*S->devices));
-    if (!S->devices) {
-        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cca");
-        goto out_destroy;
-    }
-    for (int d = 0; d < S->device_count; d++) {
-        cca_device_props_t props;
-        st = backend->device_props(backend->ctx, d, &props);
-        if (st != CCA_OK)
-            goto out_destroy;
-        st = alloc_device_init(&S->devices[d], d, props.total_memory);
-        if (st != CCA_OK)
-            goto out_destroy;
-        devices_ready++;
-    }
-    st = host_global_init(backend, settings);
-    if (st != CCA_OK)
-        goto out_destroy;
-    atomic_store_explicit(&initialized, true, memory_order_release);
-    return CCA_OK;
-
-out_destroy:
-    cca_state = NULL;
-    destroy_state(S, devices_ready);
+    if (host_global())
+        return CCA_OK;
+    pthread_mutex_lock(&host_init_lock);
+    cca_status_t st = CCA_OK;
+    if (!host_global())
+        st = host_global_init(cca_state->backend, &cca_state->settings);
+    pthread_mutex_unlock(&host_init_lock);
     return st;
-}
-
-/* Settings from CCA_ALLOC_CONF over the defaults. */
-static cca_status_t settings_from_env(cca_settings_t *s)
-{
-    settings_default(s);
-    const char *conf = getenv("CCA_ALLOC_CONF");
-    return settings_parse(s, conf, CCA_SRC_ENVIRONMENT);
-}
-
-/* The backend CCA_BACKEND names (default cuda). */
-static cca_status_t backend_from_env(cca_backend_t **backend)
-{
-    const char *name = getenv("CCA_BACKEND");
-    if (!name || !*name || !strcmp(name, "cuda"))
-        return cca_cuda_create(backend);
-    if (strcmp(name, "sim") != 0)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
-                         "CCA_BACKEND=%s is not a backend: use cuda or sim", name);
-    cca_sim_config_t cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    const char *devices = getenv("CCA_SIM_DEVICES");
-    if (devices && *devices) {
-        char *end = NULL;
-        errno = 0;
-        long n = strtol(devices, &end, 10);
-        if (errno || *end || n < 1 || n > 16)
-            return cca_raise(CCA_ERR_INVALID_ARGUMENT,
-                             "CCA_SIM_DEVICES=%s: expected a number of devices from 1 to 16", devices);
-        cfg.devices = (int)n;
-    }
-    const char *memory = getenv("CCA_SIM_MEMORY");
-    if (memory && *memory && (!cca_parse_bytes(memory, &cfg.total_memory) || cfg.total_memory == 0))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
-                         "CCA_SIM_MEMORY=%s: expected a size such as 80G, 512M or 1073741824", memory);
-    return cca_sim_create(&cfg, backend);
 }
 
 cca_status_t cca_init(void)
 {
-    if (cca_is_initialized())
-        return CCA_OK;
-    pthread_mutex_lock(&init_lock);
-    cca_status_t st = CCA_OK;
-    if (!cca_is_initialized()) {
-        cca_settings_t settings;
-        cca_backend_t *backend = NULL;
-        st = settings_from_env(&settings);
-        if (st == CCA_OK)
-            st = backend_from_env(&backend);
-        if (st == CCA_OK)
-            st = init_locked(backend, &settings);
-    }
-    pthread_mutex_unlock(&init_lock);
-    return st;
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    return host_ensure();
 }
 
 cca_status_t cca_init_with_backend(cca_backend_t *backend, const char *settings_text)
 {
     if (!backend)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_init_with_backend: backend is NULL");
-    pthread_mutex_lock(&init_lock);
-    cca_status_t st;
-    if (cca_is_initialized()) {
-        st = cca_raise(CCA_ERR_BUSY, "cca is already initialised; call cca_shutdown first");
-        pthread_mutex_unlock(&init_lock);
+    cca_status_t st = state_init_with_backend(backend, settings_text);
+    if (st != CCA_OK)
         return st;
-    }
-    cca_settings_t settings;
-    if (settings_text) {
-        settings_default(&settings);
-        st = settings_parse(&settings, settings_text, CCA_SRC_ARGUMENT);
-    } else {
-        st = settings_from_env(&settings);
-    }
-    if (st == CCA_OK)
-        st = init_locked(backend, &settings);
-    else
-        backend->destroy(backend->ctx);
-    pthread_mutex_unlock(&init_lock);
+    st = host_ensure();
+    if (st != CCA_OK)
+        state_shutdown();
     return st;
 }
 
 void cca_shutdown(void)
 {
-    pthread_mutex_lock(&init_lock);
-    if (cca_is_initialized()) {
-        atomic_store_explicit(&initialized, false, memory_order_release);
-        cca_state_t *S = cca_state; /* device shutdown reaches the backend through it */
-        destroy_state(S, S->device_count);
-        cca_state = NULL;
-    }
-    pthread_mutex_unlock(&init_lock);
-}
-
-cca_status_t cca_device_count(int *count)
-{
-    cca_status_t st = cca_init();
-    if (st != CCA_OK)
-        return st;
-    if (!count)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_device_count: count is NULL");
-    *count = cca_state->device_count;
-    return CCA_OK;
-}
-
-cca_status_t cca_get_device(int *device)
-{
-    cca_status_t st = cca_init();
-    if (st != CCA_OK)
-        return st;
-    if (!device)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_device: device is NULL");
-    return cca_state->backend->get_device(cca_state->backend->ctx, device);
-}
-
-cca_status_t cca_set_device(int device)
-{
-    cca_status_t st = cca_init();
-    if (st != CCA_OK)
-        return st;
-    if (device < 0 || device >= cca_state->device_count)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_set_device: device %d is out of range (%d devices)",
-                         device, cca_state->device_count);
-    return cca_state->backend->set_device(cca_state->backend->ctx, device);
+    pthread_mutex_lock(&host_init_lock);
+    host_global_shutdown();
+    state_shutdown();
+    pthread_mutex_unlock(&host_init_lock);
 }
 
 /* Lock every device and stream pool, so settings change under no allocation. */
@@ -270,7 +78,7 @@ static void lock_world(bool lock)
 
 cca_status_t cca_set_settings(const char *text)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     cca_settings_t next = cca_state->settings;
@@ -283,7 +91,7 @@ cca_status_t cca_set_settings(const char *text)
     if (next.exact_peak_stats != cca_state->settings.exact_peak_stats)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "exact_peak_stats can only be set before initialisation (CCA_ALLOC_CONF)");
-    st = check_supported(&next);
+    st = state_check_supported(&next);
     if (st != CCA_OK)
         return st;
     if (host_global()) {
@@ -306,9 +114,3 @@ cca_status_t cca_set_settings(const char *text)
     return CCA_OK;
 }
 
-void alloc_process_memory_info(int device, cca_strbuf_t *out)
-{
-    /* Only a real GPU has processes to report; NVML is optional. */
-    if (cca_state && !strcmp(cca_state->backend->name, "cuda"))
-        nvml_process_usage(device, out);
-}

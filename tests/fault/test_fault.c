@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "runtime.h"
 #include "device.h"
 #include "harness.h"
 

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "runtime.h"
 #include "device.h"
 
 #define MiB ((size_t)1 << 20)

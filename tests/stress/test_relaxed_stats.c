@@ -10,6 +10,7 @@
 
 #include "cca.h"
 #include "check.h"
+#include "runtime.h"
 #include "cca_backend.h"
 #include "harness.h"
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "runtime.h"
 #include "device.h"
 #include "harness.h"
 

@@ -1,0 +1,424 @@
+/*
+ * release.c - giving memory back: release of cached segments (empty_cache,
+ * the out-of-memory retry sequence, oversize releases), age-based garbage
+ * collection, the out-of-memory error with its observers, free-memory
+ * callbacks, cache_info, the memory fraction and mem_get_info.
+ * Invariant: only unsplit free blocks (whole segments) go back to the
+ * backend, under the device lock and their stream pool's lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "nvml.h"
+#include "state.h"
+#include "trace.h"
+
+/* ---- free-memory callbacks and OOM observers ------------------------------- */
+
+/* The free-memory callbacks (oom false) or the OOM observers (oom true). */
+static void callback_list(bool oom, cca_callback_t ***list, size_t **count)
+{
+    *list = oom ? &cca_state->oom_observers : &cca_state->free_callbacks;
+    *count = oom ? &cca_state->oom_observer_count : &cca_state->free_callback_count;
+}
+
+/* Register (fn, arg) in a callback list. */
+static cca_status_t callbacks_add(bool oom, void *fn, void *arg, const char *what)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (!fn)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    cca_callback_t **list;
+    size_t *count;
+    callback_list(oom, &list, &count);
+    pthread_mutex_lock(&cca_state->callbacks_lock);
+    cca_callback_t *grown = realloc(*list, (*count + 1) * sizeof(*grown));
+    if (!grown) {
+        pthread_mutex_unlock(&cca_state->callbacks_lock);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory registering a %s", what);
+    }
+    grown[(*count)++] = (cca_callback_t){fn, arg};
+    *list = grown;
+    pthread_mutex_unlock(&cca_state->callbacks_lock);
+    return CCA_OK;
+}
+
+/*
+ * Copy a callback list so it can be called with no lock held (callbacks may
+ * call cca). Uses local (16 entries) when it fits; the caller frees any other
+ * result. *n is 0 if out of host memory.
+ */
+static cca_callback_t *callbacks_copy(bool oom, cca_callback_t local[16], size_t *n)
+{
+    cca_callback_t **list;
+    size_t *count;
+    callback_list(oom, &list, &count);
+    pthread_mutex_lock(&cca_state->callbacks_lock);
+    *n = *count;
+    cca_callback_t *copy = *n <= 16 ? local : malloc(*n * sizeof(*copy));
+    if (!copy)
+        *n = 0;
+    else if (*n)
+        memcpy(copy, *list, *n * sizeof(*copy));
+    pthread_mutex_unlock(&cca_state->callbacks_lock);
+    return copy;
+}
+
+cca_status_t cca_register_free_memory_callback(cca_free_memory_callback_fn fn, void *arg)
+{
+    return callbacks_add(false, (void *)fn, arg, "free-memory callback");
+}
+
+cca_status_t cca_attach_oom_observer(cca_oom_observer_fn fn, void *arg)
+{
+    return callbacks_add(true, (void *)fn, arg, "OOM observer");
+}
+
+/* Run every free-memory callback (no allocator lock held). True if any freed memory. */
+bool release_free_memory_callbacks(void)
+{
+    cca_callback_t local[16];
+    size_t n;
+    cca_callback_t *list = callbacks_copy(false, local, &n);
+    bool freed = false;
+    for (size_t i = 0; i < n; i++)
+        freed |= ((cca_free_memory_callback_fn)list[i].fn)(list[i].arg);
+    if (list && list != local)
+        free(list);
+    return freed;
+}
+
+static void notify_oom_observers(int device, size_t alloc_size, size_t total, size_t device_free)
+{
+    cca_callback_t local[16];
+    size_t n;
+    cca_callback_t *list = callbacks_copy(true, local, &n);
+    for (size_t i = 0; i < n; i++)
+        ((cca_oom_observer_fn)list[i].fn)(device, alloc_size, total, device_free, list[i].arg);
+    if (list && list != local)
+        free(list);
+}
+
+/* ---- segments --------------------------------------------------------------- */
+
+/* Release one unsplit free block's segment to the backend (device + pool locks held). */
+static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_segment_t *seg = block->segment;
+    cca_status_t st = be->free(be->ctx, dev->index, (void *)block->addr);
+    if (st != CCA_OK)
+        return st;
+    trace_record(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
+                 block->pool->owner->stream);
+    dev->total_allocated_memory -= block->size;
+    int type = pool_stat_type(block->pool->is_small);
+    stats_lock(dev);
+    dev->stats.num_device_free++;
+    stat2_dec(dev->stats.segment, type, 1);
+    stat2_dec(dev->stats.reserved_bytes, type, (int64_t)block->size);
+    if (seg->oversize)
+        stat_decrease(&dev->stats.oversize_segments, 1);
+    stats_unlock(dev);
+    bins_remove(&block->pool->bins, block);
+    if (seg->prev_seg)
+        seg->prev_seg->next_seg = seg->next_seg;
+    else
+        dev->segments = seg->next_seg;
+    if (seg->next_seg)
+        seg->next_seg->prev_seg = seg->prev_seg;
+    dev->segment_count--;
+    free(seg);
+    alloc_block_delete(block);
+    return CCA_OK;
+}
+
+/* Release every unsplit free block of a pool (device lock held, pool lock taken). */
+static cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held)
+{
+    cca_status_t result = CCA_OK;
+    if (pool->owner != held)
+        cca_spin_lock(&pool->owner->lock);
+    cca_block_t *b = bins_best_fit(&pool->bins, 0);
+    while (b) {
+        cca_block_t *next = bins_next(&pool->bins, b);
+        if (!block_is_split(b)) {
+            cca_status_t st = release_block(dev, b);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
+        }
+        b = next;
+    }
+    if (pool->owner != held)
+        cca_spin_unlock(&pool->owner->lock);
+    return result;
+}
+
+/* PyTorch's release_cached_blocks: sync events, release every unsplit cached block. */
+cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *held)
+{
+    cca_status_t st = events_synchronize_and_free(dev, held);
+    if (st != CCA_OK)
+        return st;
+    size_t n;
+    cca_stream_pool_t **pools = alloc_pools_sorted_locked(dev, &n);
+    if (!pools)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
+    cca_status_t result = CCA_OK;
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t i = 0; i < n; i++) {
+            st = release_pool_blocks(dev, kind == 0 ? &pools[i]->large : &pools[i]->small, held);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
+        }
+    free(pools);
+    return result;
+}
+
+/*
+ * Release oversize cached blocks of the request's pool, enough to cover the
+ * request (PyTorch's release_available_cached_blocks). Device and pool locks
+ * held. True if something suitable was released.
+ */
+bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size)
+{
+    const cca_settings_t *s = &cca_state->settings;
+    if (s->max_split_size == SIZE_MAX)
+        return false;
+    size_t key = size < s->max_split_size ? s->max_split_size : size;
+    cca_block_t *b = bins_best_fit(&pool->bins, key);
+    if (!b) {
+        size_t released = 0;
+        b = bins_largest(&pool->bins);
+        while (b && released < key && b->size >= s->max_split_size) {
+            cca_block_t *prev = bins_prev(&pool->bins, b);
+            size_t bsize = b->size;
+            if (!block_is_split(b)) {
+                if (release_block(dev, b) != CCA_OK)
+                    return false;
+                released += bsize;
+            }
+            b = prev;
+        }
+        return released >= key;
+    }
+    if (block_is_split(b))
+        return false; /* a split block is never a whole segment */
+    return release_block(dev, b) == CCA_OK;
+}
+
+/* Age-based garbage collection of unsplit large cached blocks (device lock held). */
+void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
+{
+    const cca_settings_t *s = &cca_state->settings;
+    size_t threshold = (size_t)(s->garbage_collection_threshold * (double)dev->allowed_memory_maximum);
+    if (dev->total_allocated_memory <= threshold)
+        return;
+    size_t target = dev->total_allocated_memory - threshold;
+    size_t reclaimed = 0;
+    int64_t calls = atomic_load_explicit(&dev->gc_calls_large, memory_order_relaxed);
+    size_t n;
+    cca_stream_pool_t **pools = alloc_pools_sorted_locked(dev, &n);
+    if (!pools)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (pools[i] != held)
+            cca_spin_lock(&pools[i]->lock);
+    size_t total_age = 0;
+    int64_t freeable = 0;
+    for (size_t i = 0; i < n; i++)
+        for (cca_block_t *b = bins_best_fit(&pools[i]->large.bins, 0); b;
+             b = bins_next(&pools[i]->large.bins, b))
+            if (!block_is_split(b)) {
+                total_age += (size_t)(calls - b->gc_count_base);
+                freeable++;
+            }
+    bool block_freed = true;
+    while (freeable > 0 && reclaimed < target && block_freed) {
+        double age_threshold = (double)total_age / (double)freeable;
+        block_freed = false;
+        for (size_t i = 0; i < n; i++) {
+            cca_bins_t *bins = &pools[i]->large.bins;
+            cca_block_t *b = bins_best_fit(bins, 0);
+            while (b) {
+                cca_block_t *next = bins_next(bins, b);
+                int64_t age = calls - b->gc_count_base;
+                if (!block_is_split(b) && (double)age >= age_threshold) {
+                    size_t bsize = b->size;
+                    if (release_block(dev, b) == CCA_OK) {
+                        block_freed = true;
+                        reclaimed += bsize;
+                        total_age -= (size_t)age;
+                        freeable--;
+                    }
+                }
+                b = next;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (pools[i] != held)
+            cca_spin_unlock(&pools[i]->lock);
+    free(pools);
+}
+
+/* Build PyTorch's out-of-memory message and notify observers (no lock held). */
+cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size,
+                              cca_stream_t stream)
+{
+    cca_backend_t *be = cca_state->backend;
+    size_t device_free = 0, device_total = dev->total_memory;
+    be->mem_get_info(be->ctx, dev->index, &device_free, &device_total);
+    stats_lock(dev);
+    dev->stats.num_ooms++;
+    stats_unlock(dev);
+    cca_device_stats_t now;
+    stats_read(dev, &now);
+    int64_t allocated = now.allocated_bytes[CCA_STAT_ALL].current;
+    int64_t reserved = now.reserved_bytes[CCA_STAT_ALL].current;
+    trace_record_oom(dev->index, device_free, size, stream);
+
+    char s_alloc[32], s_total[32], s_free[32], s_allowed[32], s_used[32], s_cached[32];
+    stats_format_size(alloc_size, s_alloc, sizeof(s_alloc));
+    stats_format_size(device_total, s_total, sizeof(s_total));
+    stats_format_size(device_free, s_free, sizeof(s_free));
+    stats_format_size(dev->allowed_memory_maximum, s_allowed, sizeof(s_allowed));
+    stats_format_size((size_t)allocated, s_used, sizeof(s_used));
+    stats_format_size((size_t)(reserved - allocated), s_cached, sizeof(s_cached));
+    char allowed_info[64] = "";
+    if (dev->set_fraction)
+        snprintf(allowed_info, sizeof(allowed_info), "%s allowed; ", s_allowed);
+    cca_strbuf_t proc;
+    sb_init(&proc);
+    if (!strcmp(cca_state->backend->name, "cuda"))
+        nvml_process_usage(dev->index, &proc); /* only a real GPU has processes to list */
+    notify_oom_observers(dev->index, alloc_size,
+                         dev->set_fraction ? dev->allowed_memory_maximum : device_total, device_free);
+    cca_status_t st = cca_raise(
+        CCA_ERR_OUT_OF_MEMORY,
+        "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
+        "is free. %s%sOf the allocated memory %s is allocated by cca, and %s is reserved by cca "
+        "but unallocated. If reserved but unallocated memory is large try setting "
+        "CCA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+        s_alloc, dev->index, s_total, s_free, proc.data ? proc.data : "", allowed_info, s_used,
+        s_cached);
+    sb_free(&proc);
+    return st;
+}
+
+cca_status_t cca_empty_cache(void)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    cca_status_t result = CCA_OK;
+    for (int d = 0; d < cca_state->device_count; d++) {
+        cca_device_t *dev = &cca_state->devices[d];
+        pthread_mutex_lock(&dev->lock);
+        st = release_cached_blocks_locked(dev, NULL);
+        if (st == CCA_OK)
+            st = events_destroy_pooled(dev);
+        pthread_mutex_unlock(&dev->lock);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
+    }
+    cca_assert_expensive(device_is_valid());
+    return result;
+}
+
+/* Apply fn to each stream pool of a device, with its lock held (device lock held). */
+static void for_each_pool_locked(cca_device_t *dev, void (*fn)(cca_stream_pool_t *, void *), void *arg)
+{
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        cca_spin_lock(&sp->lock);
+        fn(sp, arg);
+        cca_spin_unlock(&sp->lock);
+    }
+}
+
+typedef struct cache_info_acc {
+    size_t total;
+    size_t largest;
+} cache_info_acc_t;
+
+static void cache_info_block(cca_block_t *b, void *arg)
+{
+    cache_info_acc_t *acc = arg;
+    acc->total += b->size;
+    if (b->size > acc->largest)
+        acc->largest = b->size;
+}
+
+static void cache_info_pool(cca_stream_pool_t *sp, void *arg)
+{
+    bins_for_each(&sp->small.bins, cache_info_block, arg);
+    bins_for_each(&sp->large.bins, cache_info_block, arg);
+}
+
+cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info: device %d is out of range", device);
+    cca_device_t *dev = &cca_state->devices[device];
+    cache_info_acc_t acc = {0, 0};
+    pthread_mutex_lock(&dev->lock);
+    for_each_pool_locked(dev, cache_info_pool, &acc);
+    pthread_mutex_unlock(&dev->lock);
+    if (total_cached)
+        *total_cached = acc.total;
+    if (largest_block)
+        *largest_block = acc.largest;
+    return CCA_OK;
+}
+
+cca_status_t cca_set_memory_fraction(double fraction, int device)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_set_memory_fraction: device %d is out of range",
+                         device);
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_set_memory_fraction: invalid fraction %g, please set within [0, 1]",
+                         fraction);
+    cca_device_t *dev = &cca_state->devices[device];
+    pthread_mutex_lock(&dev->lock);
+    dev->allowed_memory_maximum = (size_t)(fraction * (double)dev->total_memory);
+    dev->set_fraction = true;
+    pthread_mutex_unlock(&dev->lock);
+    cca_assert_expensive(device_is_valid());
+    return CCA_OK;
+}
+
+cca_status_t cca_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_mem_get_info: device %d is out of range", device);
+    cca_backend_t *be = cca_state->backend;
+    size_t f = 0, t = 0;
+    st = be->mem_get_info(be->ctx, device, &f, &t);
+    if (st != CCA_OK)
+        return st;
+    if (free_bytes)
+        *free_bytes = f;
+    if (total_bytes)
+        *total_bytes = t;
+    return CCA_OK;
+}
+

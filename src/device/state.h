@@ -1,0 +1,28 @@
+/*
+ * state.h - what the rest of cca needs of the process-wide allocator state,
+ * and nothing more: whether it is up, bringing it up from the environment
+ * on first use, and the device count. Files outside src/device include this
+ * rather than device.h when that is all they need.
+ */
+#ifndef CCA_STATE_H
+#define CCA_STATE_H
+
+#include "internal.h"
+#include "settings.h"
+
+/* Initialise the device allocator from the environment if it is not up. */
+cca_status_t state_ensure(void);
+/*
+ * Initialise it on backend with settings_text (NULL: CCA_ALLOC_CONF). Takes
+ * the backend, also when initialisation fails; CCA_ERR_BUSY (backend not
+ * taken) if already initialised.
+ */
+cca_status_t state_init_with_backend(cca_backend_t *backend, const char *settings_text);
+/* Tear the device allocator down (no-op when it is not up). */
+void state_shutdown(void);
+/* Devices of the running allocator; 0 when it is not initialised. */
+int state_device_count(void);
+/* CCA_ERR_NOT_SUPPORTED for settings this version cannot honour. */
+cca_status_t state_check_supported(const cca_settings_t *s);
+
+#endif /* CCA_STATE_H */

@@ -1,0 +1,218 @@
+/*
+ * stats.c - the device statistics entry points: reading DeviceStats (exact,
+ * or summed over stream pools with sampled peaks without exact_peak_stats),
+ * resetting peaks and accumulated counters, memory_stats and memory_summary.
+ * Invariant: a read never changes a current value; in sampled mode it may
+ * only raise peaks to the current sums.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "state.h"
+#include "trace.h"
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+static cca_status_t device_arg(int device, cca_device_t **dev)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "device %d is out of range (%d devices)", device,
+                         cca_state->device_count);
+    *dev = &cca_state->devices[device];
+    return CCA_OK;
+}
+
+/* Add the per-operation statistics of src into dst (current, allocated, freed). */
+static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
+{
+    cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
+    stats_op_arrays(dst, d);
+    stats_op_arrays(src, s);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            d[k][t].current += s[k][t].current;
+            d[k][t].allocated += s[k][t].allocated;
+            d[k][t].freed += s[k][t].freed;
+        }
+    dst->oversize_allocations.current += src->oversize_allocations.current;
+    dst->oversize_allocations.allocated += src->oversize_allocations.allocated;
+    dst->oversize_allocations.freed += src->oversize_allocations.freed;
+}
+
+/*
+ * The device's statistics: in exact mode a copy; otherwise the device's own
+ * (segments, counters, sampled peaks) with the per-operation values summed
+ * over the stream pools, the peaks first raised to those sums. held: a stream
+ * pool lock the caller holds (that pool is read without locking it again).
+ */
+void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
+{
+    if (dev->exact_stats) {
+        stats_lock(dev);
+        *out = dev->stats;
+        stats_unlock(dev);
+        return;
+    }
+    cca_device_stats_t sum;
+    memset(&sum, 0, sizeof(sum));
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        if (sp != held)
+            cca_spin_lock(&sp->lock);
+        stats_add_ops(&sum, &sp->stats);
+        if (sp != held)
+            cca_spin_unlock(&sp->lock);
+    }
+    cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
+    stats_lock(dev);
+    stats_op_arrays(&dev->stats, d);
+    stats_op_arrays(&sum, s);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++)
+            if (s[k][t].current > d[k][t].peak)
+                d[k][t].peak = s[k][t].current;
+    if (sum.oversize_allocations.current > dev->stats.oversize_allocations.peak)
+        dev->stats.oversize_allocations.peak = sum.oversize_allocations.current;
+    *out = dev->stats;
+    stats_unlock(dev);
+    stats_op_arrays(out, d);
+    for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            d[k][t].current = s[k][t].current;
+            d[k][t].allocated = s[k][t].allocated;
+            d[k][t].freed = s[k][t].freed;
+        }
+    out->oversize_allocations.current = sum.oversize_allocations.current;
+    out->oversize_allocations.allocated = sum.oversize_allocations.allocated;
+    out->oversize_allocations.freed = sum.oversize_allocations.freed;
+}
+
+void stats_read(cca_device_t *dev, cca_device_stats_t *out)
+{
+    stats_read_held(dev, out, NULL);
+}
+
+cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
+{
+    cca_device_t *dev = NULL;
+    cca_status_t st = device_arg(device, &dev);
+    if (st != CCA_OK)
+        return st;
+    if (!stats)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_device_stats: stats is NULL");
+    stats_read(dev, stats);
+    size_t mss = cca_state->settings.max_split_size;
+    stats->max_split_size = mss == SIZE_MAX ? -1 : (int64_t)mss;
+    return CCA_OK;
+}
+
+static void reset_accumulated(cca_stat_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].allocated = s[i].freed = 0;
+}
+
+static void reset_peak(cca_stat_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].peak = s[i].current;
+}
+
+/* Visit every cca_stat_t of the struct (they are laid out first, contiguously). */
+#define STATS_ARRAY_COUNT (9 * CCA_STAT_TYPES)
+
+cca_status_t cca_reset_accumulated_stats(int device)
+{
+    cca_device_t *dev = NULL;
+    cca_status_t st = device_arg(device, &dev);
+    if (st != CCA_OK)
+        return st;
+    pthread_mutex_lock(&dev->lock);
+    for (size_t i = 0; i < dev->pool_table_cap && !dev->exact_stats; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        cca_spin_lock(&sp->lock);
+        reset_accumulated(&sp->stats.allocation[0], STATS_ARRAY_COUNT);
+        reset_accumulated(&sp->stats.oversize_allocations, 1);
+        cca_spin_unlock(&sp->lock);
+    }
+    stats_lock(dev);
+    cca_device_stats_t *s = &dev->stats;
+    reset_accumulated(&s->allocation[0], STATS_ARRAY_COUNT);
+    reset_accumulated(&s->oversize_allocations, 1);
+    reset_accumulated(&s->oversize_segments, 1);
+    s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
+    s->num_device_alloc = s->num_device_free = 0;
+    stats_unlock(dev);
+    pthread_mutex_unlock(&dev->lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_reset_peak_stats(int device)
+{
+    cca_device_t *dev = NULL;
+    cca_status_t st = device_arg(device, &dev);
+    if (st != CCA_OK)
+        return st;
+    cca_device_stats_t now;
+    if (!dev->exact_stats)
+        stats_read(dev, &now);
+    stats_lock(dev);
+    cca_device_stats_t *s = &dev->stats;
+    reset_peak(&s->allocation[0], STATS_ARRAY_COUNT);
+    reset_peak(&s->oversize_allocations, 1);
+    reset_peak(&s->oversize_segments, 1);
+    if (!dev->exact_stats) {
+        /* sampled peaks restart from the current sums */
+        cca_stat_t *d[CCA_OP_STAT_ARRAYS], *c[CCA_OP_STAT_ARRAYS];
+        stats_op_arrays(s, d);
+        stats_op_arrays(&now, c);
+        for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
+            for (int t = 0; t < CCA_STAT_TYPES; t++)
+                d[k][t].peak = c[k][t].current;
+        s->oversize_allocations.peak = now.oversize_allocations.current;
+    }
+    stats_unlock(dev);
+    return CCA_OK;
+}
+
+cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count)
+{
+    cca_device_stats_t stats;
+    cca_status_t st = cca_get_device_stats(device, &stats);
+    if (st != CCA_OK)
+        return st;
+    if (!out || count < CCA_MEMORY_STATS_COUNT)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_memory_stats: out must hold %d entries",
+                         CCA_MEMORY_STATS_COUNT);
+    stats_flatten(&stats, out);
+    return CCA_OK;
+}
+
+cca_status_t cca_memory_summary(int device, bool abbreviated, char **text)
+{
+    cca_device_stats_t stats;
+    cca_status_t st = cca_get_device_stats(device, &stats);
+    if (st != CCA_OK)
+        return st;
+    if (!text)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_memory_summary: text is NULL");
+    cca_strbuf_t sb;
+    sb_init(&sb);
+    stats_format_summary(&stats, device, abbreviated, &sb);
+    if (sb.failed || !sb.data) {
+        sb_free(&sb);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory formatting the summary");
+    }
+    *text = sb.data;
+    return CCA_OK;
+}
+
