@@ -293,22 +293,28 @@ static inline void op_stats_end(cca_stream_pool_t *sp)
         stats_unlock(sp->device);
 }
 
-/* ---- alloc.c: hot path, blocks, stream pools, device set-up -------------------- */
+/* ---- pool.c: blocks, stream pools, device set-up ------------------------------ */
+
+/* A block struct from the pool's spares or the heap, every field set (pool lock held). */
+cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size);
+/* Give a block struct back to its stream pool's spares (pool lock held). */
+void pool_block_delete(cca_block_t *b);
+/* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */
+cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream);
+/* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
+cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count);
+/* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
+void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
+/* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
+cca_status_t pool_invalid_pointer(const char *what, const void *ptr);
+/* Set a device's state up (cca_state->settings readable) and down. */
+cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory);
+void pool_device_shutdown(cca_device_t *dev);
+
+/* ---- alloc.c: the hot path ------------------------------------------------------ */
 
 size_t alloc_round_size(const cca_settings_t *s, size_t size);
 size_t alloc_segment_size(const cca_settings_t *s, size_t size);
-/* A block struct from the pool's spares or the heap, every field set (pool lock held). */
-cca_block_t *alloc_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size);
-/* Give a block struct back to its stream pool's spares (pool lock held). */
-void alloc_block_delete(cca_block_t *b);
-/* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
-cca_stream_pool_t **alloc_pools_sorted_locked(cca_device_t *dev, size_t *count);
-/* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
-void alloc_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
-/* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
-cca_status_t alloc_invalid_pointer(const char *what, const void *ptr);
-cca_status_t alloc_device_init(cca_device_t *dev, int index, size_t total_memory);
-void alloc_device_shutdown(cca_device_t *dev);
 
 /* ---- events.c: record_stream events ------------------------------------------- */
 
@@ -346,7 +352,5 @@ void stats_read(cca_device_t *dev, cca_device_stats_t *out);
 
 cca_status_t uncached_malloc(cca_device_t *dev, size_t size, cca_stream_t stream, void **ptr);
 cca_status_t uncached_free(cca_block_t *block);
-/* Free every uncached allocation still live (shutdown). */
-void uncached_shutdown(void);
 
 #endif /* CCA_DEVICE_H */

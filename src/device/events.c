@@ -115,7 +115,7 @@ static void event_done(cca_device_t *dev, cca_block_t *block, cca_stream_pool_t 
     if (sp != held)
         cca_spin_lock(&sp->lock);
     if (--block->event_count == 0)
-        alloc_free_block(dev, block, false);
+        pool_free_block(dev, block, false);
     if (sp != held)
         cca_spin_unlock(&sp->lock);
 }
@@ -221,7 +221,7 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_record_stream: pointer is NULL");
     cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
     if (!block)
-        return alloc_invalid_pointer("cca_record_stream", ptr);
+        return pool_invalid_pointer("cca_record_stream", ptr);
     if (!block->pool)
         return CCA_OK; /* uncached mode: memory is freed synchronously */
     cca_stream_pool_t *sp = block->pool->owner;

@@ -134,7 +134,7 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
         seg->next_seg->prev_seg = seg->prev_seg;
     dev->segment_count--;
     free(seg);
-    alloc_block_delete(block);
+    pool_block_delete(block);
     return CCA_OK;
 }
 
@@ -166,7 +166,7 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
     if (st != CCA_OK)
         return st;
     size_t n;
-    cca_stream_pool_t **pools = alloc_pools_sorted_locked(dev, &n);
+    cca_stream_pool_t **pools = pool_sorted_locked(dev, &n);
     if (!pools)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
     cca_status_t result = CCA_OK;
@@ -223,7 +223,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
     size_t reclaimed = 0;
     int64_t calls = atomic_load_explicit(&dev->gc_calls_large, memory_order_relaxed);
     size_t n;
-    cca_stream_pool_t **pools = alloc_pools_sorted_locked(dev, &n);
+    cca_stream_pool_t **pools = pool_sorted_locked(dev, &n);
     if (!pools)
         return;
     for (size_t i = 0; i < n; i++)

@@ -10,6 +10,15 @@
 #include "internal.h"
 #include "settings.h"
 
+/* ---- state.c -------------------------------------------------------------------- */
+
+/* Devices of the running allocator; 0 when it is not initialised. */
+int state_device_count(void);
+/* Mark the state up or down (setup.c, with cca_state set first). */
+void state_publish(bool up);
+
+/* ---- setup.c -------------------------------------------------------------------- */
+
 /* Initialise the device allocator from the environment if it is not up. */
 cca_status_t state_ensure(void);
 /*
@@ -20,8 +29,6 @@ cca_status_t state_ensure(void);
 cca_status_t state_init_with_backend(cca_backend_t *backend, const char *settings_text);
 /* Tear the device allocator down (no-op when it is not up). */
 void state_shutdown(void);
-/* Devices of the running allocator; 0 when it is not initialised. */
-int state_device_count(void);
 /* CCA_ERR_NOT_SUPPORTED for settings this version cannot honour. */
 cca_status_t state_check_supported(const cca_settings_t *s);
 

@@ -60,20 +60,3 @@ cca_status_t uncached_free(cca_block_t *block)
     free(block);
     return CCA_OK;
 }
-
-static void free_uncached_block(cca_block_t *b, void *arg)
-{
-    cca_backend_t *be = cca_state->backend;
-    (void)arg;
-    if (!b->pool) {
-        be->free(be->ctx, b->device, (void *)b->addr);
-        free(b);
-    }
-}
-
-/* Free every uncached allocation still live (shutdown; the map is destroyed next). */
-void uncached_shutdown(void)
-{
-    ptrmap_for_each(cca_state->ptrmap, free_uncached_block, NULL);
-}
-

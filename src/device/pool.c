@@ -1,0 +1,329 @@
+/*
+ * pool.c - the structures the device allocator is made of: block structs
+ * (recycled per stream pool), the stream pools of a device (an
+ * open-addressing table read without locks, a per-thread cache of the last
+ * one used), the return of a block to its pool (merging with free
+ * neighbours), and setting a device's pools up and down.
+ * Invariant: a stream pool, once created, lives until its device is shut
+ * down; a free block is merged with every free neighbour before it is binned.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "state.h"
+#include "trace.h"
+
+/* ---- block structs ---------------------------------------------------------- */
+
+/*
+ * A block struct from the stream pool's spares, or a new one (pool lock
+ * held). Every field is set here, explicitly (a memset of the whole struct
+ * showed up as the top cost of the split path): a new field must be too.
+ */
+cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size)
+{
+    cca_stream_pool_t *sp = pool->owner;
+    cca_block_t *b = sp->spare_blocks;
+    if (b) {
+        sp->spare_blocks = b->bin_next;
+        sp->spare_count--;
+    } else {
+        b = malloc(sizeof(*b));
+        if (!b)
+            return NULL;
+    }
+    b->addr = addr;
+    b->size = size;
+    b->requested_size = 0;
+    b->prev = b->next = NULL;
+    b->bin_prev = b->bin_next = NULL;
+    b->map_next = NULL;
+    b->pool = pool;
+    b->segment = seg;
+    b->gc_count_base = 0;
+    b->event_count = 0;
+    b->bin = 0;
+    b->device = 0;
+    b->allocated = false;
+    b->in_bin = false;
+    b->oversize = false;
+    b->stream_use_count = 0;
+    b->stream_use_cap = CCA_INLINE_STREAMS;
+    b->stream_uses = b->stream_uses_inline;
+    return b;
+}
+
+/* Give a block struct back to its stream pool's spares (pool lock held). */
+void pool_block_delete(cca_block_t *b)
+{
+    if (b->stream_uses != b->stream_uses_inline)
+        free(b->stream_uses);
+    cca_stream_pool_t *sp = b->pool->owner;
+    if (sp->spare_count >= 4096) {
+        free(b);
+        return;
+    }
+    b->bin_next = sp->spare_blocks;
+    sp->spare_blocks = b;
+    sp->spare_count++;
+}
+
+
+/* ---- stream pools --------------------------------------------------------- */
+
+static _Atomic uint64_t state_generation;
+static _Thread_local struct {
+    uint64_t generation;
+    cca_device_t *device;
+    cca_stream_t stream;
+    cca_stream_pool_t *pool;
+} pool_cache;
+
+static inline size_t stream_hash(cca_stream_t stream)
+{
+    uint64_t x = (uint64_t)(uintptr_t)stream;
+    x ^= x >> 31;
+    x *= 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 17);
+}
+
+static cca_stream_pool_t *pool_table_find(cca_device_t *dev, cca_stream_t stream)
+{
+    size_t mask = dev->pool_table_cap - 1;
+    for (size_t i = stream_hash(stream) & mask;; i = (i + 1) & mask) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp || sp->stream == stream)
+            return sp;
+    }
+}
+
+/* Create the pool of a stream (device lock held). */
+static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t stream)
+{
+    if ((dev->pool_count + 1) * 2 > dev->pool_table_cap)
+        return NULL; /* the table is sized generously at init; see pool_stream_get */
+    cca_stream_pool_t *sp = calloc(1, sizeof(*sp));
+    if (!sp)
+        return NULL;
+    cca_spin_init(&sp->lock);
+    sp->stream = stream;
+    sp->device = dev;
+    sp->small.owner = sp;
+    sp->small.is_small = true;
+    sp->large.owner = sp;
+    sp->large.is_small = false;
+    size_t mask = dev->pool_table_cap - 1;
+    size_t i = stream_hash(stream) & mask;
+    while (atomic_load_explicit(&dev->pool_table[i], memory_order_relaxed))
+        i = (i + 1) & mask;
+    atomic_store_explicit(&dev->pool_table[i], sp, memory_order_release);
+    dev->pool_count++;
+    return sp;
+}
+
+/* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */
+cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream)
+{
+    uint64_t gen = atomic_load_explicit(&state_generation, memory_order_relaxed);
+    if (pool_cache.generation == gen && pool_cache.device == dev && pool_cache.stream == stream)
+        return pool_cache.pool;
+    cca_stream_pool_t *sp = pool_table_find(dev, stream);
+    if (!sp) {
+        pthread_mutex_lock(&dev->lock);
+        sp = pool_table_find(dev, stream);
+        if (!sp)
+            sp = pool_create_locked(dev, stream);
+        pthread_mutex_unlock(&dev->lock);
+        if (!sp)
+            return NULL;
+    }
+    pool_cache.generation = gen;
+    pool_cache.device = dev;
+    pool_cache.stream = stream;
+    pool_cache.pool = sp;
+    return sp;
+}
+
+/* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
+cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count)
+{
+    cca_stream_pool_t **list = malloc((dev->pool_count + 1) * sizeof(*list));
+    size_t n = 0;
+    if (!list) {
+        *count = 0;
+        return NULL;
+    }
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        size_t j = n++;
+        while (j > 0 && (uintptr_t)list[j - 1]->stream > (uintptr_t)sp->stream) {
+            list[j] = list[j - 1];
+            j--;
+        }
+        list[j] = sp;
+    }
+    *count = n;
+    return list;
+}
+
+/* ---- freeing blocks into their pool ------------------------------------------ */
+
+/* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
+static size_t try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
+{
+    if (!src || !src->in_bin)
+        return 0;
+    bins_remove(bins, src);
+    if (dst->prev == src) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    size_t subsumed = src->size;
+    dst->size += subsumed;
+    if (!dst->prev)
+        dst->segment->head = dst;
+    pool_block_delete(src);
+    return subsumed;
+}
+
+/*
+ * Return a block whose program use and events are over to its pool: merge
+ * with free neighbours, put it in its bin, update the statistics (stream
+ * pool lock held).
+ */
+void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
+{
+    cca_pool_t *pool = block->pool;
+    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
+                 pool->owner->stream);
+    size_t original_size = block->size;
+    size_t requested = block->requested_size;
+    int64_t net_blocks = 0, net_bytes = 0;
+    cca_block_t *candidates[2] = {block->prev, block->next};
+    for (int i = 0; i < 2; i++) {
+        size_t subsumed = try_merge_blocks(block, candidates[i], &pool->bins);
+        if (subsumed) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)subsumed;
+        }
+    }
+    block->gc_count_base = atomic_load_explicit(
+        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    bins_insert(&pool->bins, block);
+    if (block_is_split(block)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)block->size;
+    }
+    int type = pool_stat_type(pool->is_small);
+    cca_device_stats_t *st = op_stats_begin(pool->owner);
+    if (program_free) {
+        /* the program's free and the block's return in one statistics update */
+        stat2_dec(st->allocation, type, 1);
+        stat2_dec(st->allocated_bytes, type, (int64_t)original_size);
+        if (block->oversize)
+            stat_decrease(&st->oversize_allocations, 1);
+    }
+    if (net_blocks > 0)
+        stat2_inc(st->inactive_split, type, net_blocks);
+    else if (net_blocks < 0)
+        stat2_dec(st->inactive_split, type, -net_blocks);
+    if (net_bytes > 0)
+        stat2_inc(st->inactive_split_bytes, type, net_bytes);
+    else if (net_bytes < 0)
+        stat2_dec(st->inactive_split_bytes, type, -net_bytes);
+    stat2_dec(st->active, type, 1);
+    stat2_dec(st->active_bytes, type, (int64_t)original_size);
+    stat2_dec(st->requested_bytes, type, (int64_t)requested);
+    op_stats_end(pool->owner);
+}
+
+cca_status_t pool_invalid_pointer(const char *what, const void *ptr)
+{
+    cca_block_t *inside = cca_state ? ptrmap_find_containing(cca_state->ptrmap, (uintptr_t)ptr) : NULL;
+    if (inside)
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "%s: pointer %p is inside the block at 0x%" PRIxPTR
+                         " (%zu bytes); pass the pointer cca_malloc returned",
+                         what, ptr, inside->addr, inside->size);
+    return cca_raise(CCA_ERR_INVALID_POINTER,
+                     "%s: pointer %p was not allocated by cca, or was already freed", what, ptr);
+}
+
+/* Set up the per-device state (called by init). */
+cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory)
+{
+    memset(dev, 0, sizeof(*dev));
+    dev->index = index;
+    dev->total_memory = total_memory;
+    dev->pool_table_cap = 8192;
+    dev->pool_table = calloc(dev->pool_table_cap, sizeof(*dev->pool_table));
+    if (!dev->pool_table)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
+    pthread_mutex_init(&dev->lock, NULL);
+    cca_spin_init(&dev->stats_lock);
+    dev->exact_stats = cca_state->settings.exact_peak_stats;
+    pthread_mutex_init(&dev->events_lock, NULL);
+    double fraction = cca_state->settings.per_process_memory_fraction;
+    if (fraction > 0.0) {
+        dev->set_fraction = true;
+        dev->allowed_memory_maximum = (size_t)(fraction * (double)total_memory);
+    }
+    atomic_fetch_add(&state_generation, 1);
+    return CCA_OK;
+}
+
+/* Tear down a device: give every segment and event back to the backend. */
+void pool_device_shutdown(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    while (dev->events_head) {
+        cca_pending_event_t *pe = dev->events_head;
+        dev->events_head = pe->next;
+        be->event_destroy(be->ctx, dev->index, pe->event);
+        free(pe);
+    }
+    for (size_t i = 0; i < dev->event_pool_count; i++)
+        be->event_destroy(be->ctx, dev->index, dev->event_pool[i]);
+    free(dev->event_pool);
+    cca_segment_t *seg = dev->segments;
+    while (seg) {
+        cca_segment_t *next = seg->next_seg;
+        be->free(be->ctx, dev->index, (void *)seg->base);
+        cca_block_t *b = seg->head;
+        while (b) {
+            cca_block_t *nb = b->next;
+            if (b->stream_uses != b->stream_uses_inline)
+                free(b->stream_uses);
+            free(b);
+            b = nb;
+        }
+        free(seg);
+        seg = next;
+    }
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
+        if (sp) {
+            while (sp->spare_blocks) {
+                cca_block_t *b = sp->spare_blocks;
+                sp->spare_blocks = b->bin_next;
+                free(b);
+            }
+            free(sp);
+        }
+    }
+    free(dev->pool_table);
+    pthread_mutex_destroy(&dev->lock);
+    pthread_mutex_destroy(&dev->events_lock);
+    atomic_fetch_add(&state_generation, 1);
+}
+
