@@ -1,8 +1,8 @@
 /*
  * alloc.c - the device caching allocator's entry points and hot path:
  * cca_malloc / cca_free, PyTorch's rounding, best fit in the stream's pool,
- * splitting and merging, new segments from the backend, the stream pools and
- * the per-device set-up. The record_stream events (events.c), the release /
+ * splitting, new segments from the backend. Blocks, stream pools and merging
+ * live in pool.c; the record_stream events (events.c), the release /
  * garbage-collection / out-of-memory sequence (release.c), the statistics
  * entry points (stats.c) and the uncached mode (uncached.c) have files of
  * their own.
