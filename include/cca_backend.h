@@ -71,11 +71,36 @@ typedef enum cca_backend_op {
     CCA_OP_IPC_GET,
     CCA_OP_IPC_OPEN,
     CCA_OP_IPC_CLOSE,
+    CCA_OP_CAN_ACCESS_PEER,
+    CCA_OP_ENABLE_PEER_ACCESS,
+    CCA_OP_MEMCPY_PEER,
+    CCA_OP_STREAM_CREATE,
+    CCA_OP_STREAM_DESTROY,
+    CCA_OP_STREAM_WAIT_EVENT,
+    CCA_OP_MALLOC_ASYNC,
+    CCA_OP_FREE_ASYNC,
+    CCA_OP_MEMPOOL_TRIM,
+    CCA_OP_MEMPOOL_GET_ATTR,
+    CCA_OP_MEMPOOL_SET_ATTR,
+    CCA_OP_MEMPOOL_SET_ACCESS,
     CCA_OP_COUNT
 } cca_backend_op_t;
 
 /** Name of a backend operation, e.g. "malloc". */
 const char *cca_backend_op_name(cca_backend_op_t op);
+
+/** Attributes of a device's stream-ordered memory pool (cudaMemPoolAttr). */
+typedef enum cca_mempool_attr {
+    CCA_MEMPOOL_RELEASE_THRESHOLD = 0,  /**< bytes kept reserved at synchronisation points */
+    CCA_MEMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES, /**< 0 or 1 */
+    CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC,       /**< 0 or 1 */
+    CCA_MEMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES, /**< 0 or 1 */
+    CCA_MEMPOOL_RESERVED_CURRENT,       /**< bytes reserved by the pool (read only) */
+    CCA_MEMPOOL_RESERVED_HIGH,          /**< its high-water mark (set: 0 resets it) */
+    CCA_MEMPOOL_USED_CURRENT,           /**< bytes allocated from the pool (read only) */
+    CCA_MEMPOOL_USED_HIGH,              /**< its high-water mark (set: 0 resets it) */
+    CCA_MEMPOOL_ATTR_COUNT
+} cca_mempool_attr_t;
 
 /** Stream capture states (cudaStreamCaptureStatus). */
 enum { CCA_CAPTURE_NONE = 0, CCA_CAPTURE_ACTIVE = 1, CCA_CAPTURE_INVALIDATED = 2 };
@@ -149,6 +174,39 @@ typedef struct cca_backend {
     cca_status_t (*ipc_open)(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr);
     cca_status_t (*ipc_close)(void *ctx, int device, void *ptr);
 
+    /** Peer access: *can_access = 1 if device can address peer's memory, else 0. */
+    cca_status_t (*can_access_peer)(void *ctx, int device, int peer, int *can_access);
+    /**
+     * Let device access peer's memory (cudaDeviceEnablePeerAccess from device).
+     * CCA_OK when it was already enabled; CCA_ERR_NOT_SUPPORTED when the pair cannot.
+     */
+    cca_status_t (*enable_peer_access)(void *ctx, int device, int peer);
+    /** Copy size bytes of device memory, possibly between devices, in stream order. */
+    cca_status_t (*memcpy_peer_async)(void *ctx, void *dst, int dst_device, const void *src,
+                                      int src_device, size_t size, cca_stream_t stream);
+
+    /** Streams: create a non-blocking stream on device; destroy one. */
+    cca_status_t (*stream_create)(void *ctx, int device, cca_stream_t *stream);
+    cca_status_t (*stream_destroy)(void *ctx, int device, cca_stream_t stream);
+    /** Make later work on stream wait for event (cudaStreamWaitEvent). */
+    cca_status_t (*stream_wait_event)(void *ctx, int device, cca_stream_t stream, cca_event_t event);
+
+    /**
+     * Stream-ordered allocation from the device's default memory pool
+     * (cudaMallocAsync): size (> 0) bytes usable in stream order on stream.
+     * Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY (error state cleared), CCA_ERR_BACKEND.
+     */
+    cca_status_t (*malloc_async)(void *ctx, int device, size_t size, cca_stream_t stream, void **ptr);
+    /** Free memory from malloc_async once the work queued on stream is done (cudaFreeAsync). */
+    cca_status_t (*free_async)(void *ctx, int device, void *ptr, cca_stream_t stream);
+    /** Release unused pool memory until at most keep_bytes stay reserved (cudaMemPoolTrimTo). */
+    cca_status_t (*mempool_trim)(void *ctx, int device, size_t keep_bytes);
+    /** Read or write an attribute of the device's default pool. */
+    cca_status_t (*mempool_get_attr)(void *ctx, int device, cca_mempool_attr_t attr, uint64_t *value);
+    cca_status_t (*mempool_set_attr)(void *ctx, int device, cca_mempool_attr_t attr, uint64_t value);
+    /** Give peer read/write access to device's pool memory (cudaMemPoolSetAccess). */
+    cca_status_t (*mempool_set_access)(void *ctx, int device, int peer);
+
     /** Release the backend's state (called once, at cca_shutdown). */
     void (*destroy)(void *ctx);
 } cca_backend_t;
@@ -177,6 +235,9 @@ typedef struct cca_sim_config {
     size_t granularity;     /**< VMM granularity (0 -> 2 MiB) */
     const uint64_t *addresses; /**< if set: malloc/vmm_reserve hand these out in order */
     size_t address_count;   /**< entries in addresses (copied at creation) */
+    bool ipc_shared;        /**< backed memory is shared memory another process can open
+                                 through an IPC handle (implies backed) */
+    bool no_peer_access;    /**< no device can access another's memory */
 } cca_sim_config_t;
 
 /** Create a simulated backend. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY. */

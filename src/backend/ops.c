@@ -32,6 +32,18 @@ static const char *const op_names[CCA_OP_COUNT] = {
     [CCA_OP_IPC_GET] = "ipc_get_handle",
     [CCA_OP_IPC_OPEN] = "ipc_open",
     [CCA_OP_IPC_CLOSE] = "ipc_close",
+    [CCA_OP_CAN_ACCESS_PEER] = "can_access_peer",
+    [CCA_OP_ENABLE_PEER_ACCESS] = "enable_peer_access",
+    [CCA_OP_MEMCPY_PEER] = "memcpy_peer_async",
+    [CCA_OP_STREAM_CREATE] = "stream_create",
+    [CCA_OP_STREAM_DESTROY] = "stream_destroy",
+    [CCA_OP_STREAM_WAIT_EVENT] = "stream_wait_event",
+    [CCA_OP_MALLOC_ASYNC] = "malloc_async",
+    [CCA_OP_FREE_ASYNC] = "free_async",
+    [CCA_OP_MEMPOOL_TRIM] = "mempool_trim",
+    [CCA_OP_MEMPOOL_GET_ATTR] = "mempool_get_attr",
+    [CCA_OP_MEMPOOL_SET_ATTR] = "mempool_set_attr",
+    [CCA_OP_MEMPOOL_SET_ACCESS] = "mempool_set_access",
 };
 
 /* Name of a backend operation; "unknown" for a value outside the enum. */

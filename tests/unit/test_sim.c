@@ -667,7 +667,23 @@ TEST(fault_every_op_counts)
     expect_status(b->ipc_get_handle(ctx, 0, p, &ih), CCA_ERR_BACKEND);
     expect_status(b->ipc_open(ctx, 0, &ih, &p), CCA_ERR_BACKEND);
     expect_status(b->ipc_close(ctx, 0, p), CCA_ERR_BACKEND);
+    int can = 0;
+    uint64_t v = 0;
+    cca_stream_t st = NULL;
+    expect_status(b->can_access_peer(ctx, 0, 0, &can), CCA_ERR_BACKEND);
+    expect_status(b->enable_peer_access(ctx, 0, 0), CCA_ERR_BACKEND);
+    expect_status(b->memcpy_peer_async(ctx, p, 0, p, 0, 0, NULL), CCA_ERR_BACKEND);
+    expect_status(b->stream_create(ctx, 0, &st), CCA_ERR_BACKEND);
+    expect_status(b->stream_destroy(ctx, 0, st), CCA_ERR_BACKEND);
+    expect_status(b->stream_wait_event(ctx, 0, st, e), CCA_ERR_BACKEND);
+    expect_status(b->malloc_async(ctx, 0, 1, NULL, &p), CCA_ERR_BACKEND);
+    expect_status(b->free_async(ctx, 0, p, NULL), CCA_ERR_BACKEND);
+    expect_status(b->mempool_trim(ctx, 0, 0), CCA_ERR_BACKEND);
+    expect_status(b->mempool_get_attr(ctx, 0, CCA_MEMPOOL_USED_CURRENT, &v), CCA_ERR_BACKEND);
+    expect_status(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_RELEASE_THRESHOLD, 0), CCA_ERR_BACKEND);
+    expect_status(b->mempool_set_access(ctx, 0, 0), CCA_ERR_BACKEND);
     expect_eq_ptr(p, NULL);
+    expect_eq_ptr(st, NULL);
     for (int op = 0; op < CCA_OP_COUNT; op++) {
         expect_eq_u64(cca_sim_call_count(b, (cca_backend_op_t)op), 1);
         expect_contains(cca_backend_op_name((cca_backend_op_t)op), "");
@@ -934,6 +950,114 @@ TEST(ipc_handles)
     b->destroy(b->ctx);
 }
 
+/* ---- several devices, streams, the stream-ordered pool --------------------------------- */
+
+TEST(peers_and_streams)
+{
+    cca_sim_config_t cfg = {.devices = 3, .backed = true, .manual_events = true};
+    cca_backend_t *b = make(&cfg);
+    void *ctx = b->ctx;
+    int can = -1;
+    expect_ok(b->can_access_peer(ctx, 0, 2, &can));
+    expect_eq_i64(can, 1);
+    expect_ok(b->can_access_peer(ctx, 1, 1, &can));
+    expect_eq_i64(can, 0);
+    expect_status(b->can_access_peer(ctx, 0, 3, &can), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(b->enable_peer_access(ctx, 0, 2));
+    expect_ok(b->enable_peer_access(ctx, 0, 2)); /* already enabled: success */
+    expect_status(b->enable_peer_access(ctx, 1, 1), CCA_ERR_INVALID_ARGUMENT);
+    char *x = xmalloc(b, 0, 4096), *y = xmalloc(b, 2, 4096);
+    memset(x, 0x3c, 4096);
+    expect_ok(b->memcpy_peer_async(ctx, y, 2, x, 0, 4096, NULL));
+    expect_eq_u64(y[4095], 0x3c);
+    cca_stream_t s1 = NULL, s2 = NULL;
+    expect_ok(b->stream_create(ctx, 1, &s1));
+    expect_ok(b->stream_create(ctx, 1, &s2));
+    expect_true(s1 != s2 && s1 != NULL);
+    cca_event_t e = NULL;
+    expect_ok(b->event_create(ctx, 0, &e));
+    expect_ok(b->event_record(ctx, 0, e, NULL));
+    expect_ok(b->stream_wait_event(ctx, 1, s1, e)); /* an event of another device */
+    expect_ok(b->event_destroy(ctx, 0, e));
+    expect_status(b->stream_wait_event(ctx, 1, s1, e), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(b->stream_destroy(ctx, 0, s1), CCA_ERR_INVALID_ARGUMENT); /* wrong device */
+    expect_ok(b->stream_destroy(ctx, 1, s1));
+    expect_status(b->stream_destroy(ctx, 1, s1), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(b->stream_destroy(ctx, 1, s2));
+    expect_ok(b->free(ctx, 0, x));
+    expect_ok(b->free(ctx, 2, y));
+    b->destroy(ctx);
+    cca_sim_config_t none = {.devices = 2, .no_peer_access = true};
+    b = make(&none);
+    expect_ok(b->can_access_peer(b->ctx, 0, 1, &can));
+    expect_eq_i64(can, 0);
+    expect_status(b->enable_peer_access(b->ctx, 0, 1), CCA_ERR_NOT_SUPPORTED);
+    expect_status(b->mempool_set_access(b->ctx, 0, 1), CCA_ERR_NOT_SUPPORTED);
+    b->destroy(b->ctx);
+}
+
+static uint64_t pool_attr(cca_backend_t *b, int device, cca_mempool_attr_t a)
+{
+    uint64_t v = 0;
+    expect_ok(b->mempool_get_attr(b->ctx, device, a, &v));
+    return v;
+}
+
+TEST(stream_ordered_pool_model)
+{
+    cca_sim_config_t cfg = {.devices = 2, .total_memory = 64 * MiB};
+    cca_backend_t *b = make(&cfg);
+    void *ctx = b->ctx;
+    void *p = NULL, *q = NULL;
+    cca_sim_usage_t u;
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RELEASE_THRESHOLD), 0); /* CUDA's default */
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC), 1);
+    /* grows in 2 MiB granules, counted in the device's memory */
+    expect_ok(b->malloc_async(ctx, 0, 3 * MiB, NULL, &p));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 4 * MiB);
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_USED_CURRENT), 3 * MiB);
+    expect_ok(cca_sim_usage(b, &u));
+    expect_eq_u64(u.device_bytes[0], 4 * MiB);
+    /* served from what the pool holds */
+    expect_ok(b->malloc_async(ctx, 0, MiB, NULL, &q));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 4 * MiB);
+    expect_status(b->free(ctx, 0, q), CCA_ERR_INVALID_ARGUMENT); /* not from malloc */
+    expect_ok(b->free_async(ctx, 0, q, NULL));
+    expect_status(b->free_async(ctx, 0, q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(b->free_async(ctx, 0, p, NULL));
+    /* kept until a synchronisation, then released down to the threshold */
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 4 * MiB);
+    expect_ok(b->stream_synchronize(ctx, 0, NULL));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 0);
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_HIGH), 4 * MiB);
+    /* a threshold keeps memory across synchronisations; trim gives it back */
+    expect_ok(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_RELEASE_THRESHOLD, UINT64_MAX));
+    expect_ok(b->malloc_async(ctx, 0, 10 * MiB, NULL, &p));
+    expect_ok(b->free_async(ctx, 0, p, NULL));
+    expect_ok(b->device_synchronize(ctx, 0));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 10 * MiB);
+    expect_ok(b->malloc_async(ctx, 0, 3 * MiB, NULL, &p));
+    expect_ok(b->mempool_trim(ctx, 0, 0));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_RESERVED_CURRENT), 4 * MiB); /* not below use */
+    /* the device's cap */
+    expect_status(b->malloc_async(ctx, 0, 62 * MiB, NULL, &q), CCA_ERR_OUT_OF_MEMORY);
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_USED_CURRENT), 3 * MiB);
+    /* high-water marks reset to the current values, and only with 0 */
+    expect_status(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_USED_HIGH, 5), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_USED_HIGH, 0));
+    expect_eq_u64(pool_attr(b, 0, CCA_MEMPOOL_USED_HIGH), 3 * MiB);
+    expect_status(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_USED_CURRENT, 0), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC, 2),
+                  CCA_ERR_INVALID_ARGUMENT);
+    expect_status(b->mempool_get_attr(ctx, 0, CCA_MEMPOOL_ATTR_COUNT, &(uint64_t){0}),
+                  CCA_ERR_INVALID_ARGUMENT);
+    expect_status(b->free_async(ctx, 1, p, NULL), CCA_ERR_INVALID_ARGUMENT); /* wrong device */
+    expect_ok(b->free_async(ctx, 0, p, NULL));
+    expect_ok(b->mempool_trim(ctx, 0, 0));
+    expect_no_leaks(b);
+    b->destroy(ctx);
+}
+
 /* ---- destroy with leaks, threads ---------------------------------------------------- */
 
 TEST(destroy_releases_leaked_resources)
@@ -1145,6 +1269,8 @@ int main(void)
     RUN(vmm_reserve_from_list_and_rule);
     RUN(host_memory);
     RUN(ipc_handles);
+    RUN(peers_and_streams);
+    RUN(stream_ordered_pool_model);
     RUN(destroy_releases_leaked_resources);
     RUN(threads_backed);
     RUN(threads_address_only_no_overlap);

@@ -614,6 +614,228 @@ static cca_status_t cuda_ipc_close(void *ctx, int device, void *ptr)
     return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaIpcCloseMemHandle");
 }
 
+/* ---- peer access and copies ----------------------------------------------------------------- */
+
+static cca_status_t cuda_can_access_peer(void *ctx, int device, int peer, int *can_access)
+{
+    (void)ctx;
+    int can = 0;
+    cudaError_t err = cudaDeviceCanAccessPeer(&can, device, peer);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaDeviceCanAccessPeer");
+    *can_access = can;
+    return CCA_OK;
+}
+
+/* cudaDeviceEnablePeerAccess from device; "already enabled" is success, as in PyTorch. */
+static cca_status_t cuda_enable_peer_access(void *ctx, int device, int peer)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+    leave_device(device, previous);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        return CCA_OK;
+    }
+    if (err == cudaErrorPeerAccessUnsupported) {
+        (void)cudaGetLastError();
+        return cca_backend_error(CCA_ERR_NOT_SUPPORTED, (long)err,
+                                 "device %d cannot access device %d's memory "
+                                 "(cudaDeviceEnablePeerAccess: %s)",
+                                 device, peer, cudaGetErrorString(err));
+    }
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaDeviceEnablePeerAccess");
+}
+
+static cca_status_t cuda_memcpy_peer_async(void *ctx, void *dst, int dst_device, const void *src,
+                                           int src_device, size_t size, cca_stream_t stream)
+{
+    (void)ctx;
+    cudaError_t err = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, size,
+                                          (cudaStream_t)stream);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaMemcpyPeerAsync");
+}
+
+/* ---- streams ------------------------------------------------------------------------------- */
+
+static cca_status_t cuda_stream_create(void *ctx, int device, cca_stream_t *stream)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaStream_t s = NULL;
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    leave_device(device, previous);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaStreamCreateWithFlags");
+    *stream = (cca_stream_t)s;
+    return CCA_OK;
+}
+
+static cca_status_t cuda_stream_destroy(void *ctx, int device, cca_stream_t stream)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaError_t err = cudaStreamDestroy((cudaStream_t)stream);
+    leave_device(device, previous);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaStreamDestroy");
+}
+
+static cca_status_t cuda_stream_wait_event(void *ctx, int device, cca_stream_t stream,
+                                           cca_event_t event)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaError_t err = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+    leave_device(device, previous);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaStreamWaitEvent");
+}
+
+/* ---- stream-ordered memory pool (cudaMallocAsync) -------------------------------------------- */
+
+/*
+ * The default stream infers its device from the current context, so both
+ * calls run with device current, as PyTorch's CUDAGuard does.
+ */
+static cca_status_t cuda_malloc_async(void *ctx, int device, size_t size, cca_stream_t stream,
+                                      void **ptr)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    void *p = NULL;
+    cudaError_t err = cudaMallocAsync(&p, size, (cudaStream_t)stream);
+    leave_device(device, previous);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMallocAsync");
+    *ptr = p;
+    return CCA_OK;
+}
+
+static cca_status_t cuda_free_async(void *ctx, int device, void *ptr, cca_stream_t stream)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaError_t err = cudaFreeAsync(ptr, (cudaStream_t)stream);
+    leave_device(device, previous);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaFreeAsync");
+}
+
+static cca_status_t default_pool(int device, cudaMemPool_t *pool)
+{
+    cudaError_t err = cudaDeviceGetDefaultMemPool(pool, device);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaDeviceGetDefaultMemPool");
+}
+
+static cca_status_t cuda_mempool_trim(void *ctx, int device, size_t keep_bytes)
+{
+    (void)ctx;
+    cudaMemPool_t pool;
+    cca_status_t st = default_pool(device, &pool);
+    if (st != CCA_OK)
+        return st;
+    cudaError_t err = cudaMemPoolTrimTo(pool, keep_bytes);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaMemPoolTrimTo");
+}
+
+/* The runtime's attribute and whether it holds a uint64_t (else an int). */
+static bool pool_attr(cca_mempool_attr_t attr, enum cudaMemPoolAttr *out, bool *is_u64)
+{
+    static const struct {
+        enum cudaMemPoolAttr attr;
+        bool is_u64;
+    } map[CCA_MEMPOOL_ATTR_COUNT] = {
+        [CCA_MEMPOOL_RELEASE_THRESHOLD] = {cudaMemPoolAttrReleaseThreshold, true},
+        [CCA_MEMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES] = {cudaMemPoolReuseFollowEventDependencies, false},
+        [CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC] = {cudaMemPoolReuseAllowOpportunistic, false},
+        [CCA_MEMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES] = {cudaMemPoolReuseAllowInternalDependencies, false},
+        [CCA_MEMPOOL_RESERVED_CURRENT] = {cudaMemPoolAttrReservedMemCurrent, true},
+        [CCA_MEMPOOL_RESERVED_HIGH] = {cudaMemPoolAttrReservedMemHigh, true},
+        [CCA_MEMPOOL_USED_CURRENT] = {cudaMemPoolAttrUsedMemCurrent, true},
+        [CCA_MEMPOOL_USED_HIGH] = {cudaMemPoolAttrUsedMemHigh, true},
+    };
+    if ((int)attr < 0 || attr >= CCA_MEMPOOL_ATTR_COUNT)
+        return false;
+    *out = map[attr].attr;
+    *is_u64 = map[attr].is_u64;
+    return true;
+}
+
+static cca_status_t cuda_mempool_get_attr(void *ctx, int device, cca_mempool_attr_t attr,
+                                          uint64_t *value)
+{
+    (void)ctx;
+    enum cudaMemPoolAttr a;
+    bool is_u64;
+    if (!pool_attr(attr, &a, &is_u64))
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0, "unknown memory pool attribute %d",
+                                 (int)attr);
+    cudaMemPool_t pool;
+    cca_status_t st = default_pool(device, &pool);
+    if (st != CCA_OK)
+        return st;
+    uint64_t v64 = 0;
+    int v32 = 0;
+    cudaError_t err = cudaMemPoolGetAttribute(pool, a, is_u64 ? (void *)&v64 : (void *)&v32);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMemPoolGetAttribute");
+    *value = is_u64 ? v64 : (uint64_t)v32;
+    return CCA_OK;
+}
+
+static cca_status_t cuda_mempool_set_attr(void *ctx, int device, cca_mempool_attr_t attr,
+                                          uint64_t value)
+{
+    (void)ctx;
+    enum cudaMemPoolAttr a;
+    bool is_u64;
+    if (!pool_attr(attr, &a, &is_u64))
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0, "unknown memory pool attribute %d",
+                                 (int)attr);
+    cudaMemPool_t pool;
+    cca_status_t st = default_pool(device, &pool);
+    if (st != CCA_OK)
+        return st;
+    uint64_t v64 = value;
+    int v32 = (int)value;
+    cudaError_t err = cudaMemPoolSetAttribute(pool, a, is_u64 ? (void *)&v64 : (void *)&v32);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaMemPoolSetAttribute");
+}
+
+/* cudaMallocAsync pools ignore cudaDeviceEnablePeerAccess: access is per pool. */
+static cca_status_t cuda_mempool_set_access(void *ctx, int device, int peer)
+{
+    (void)ctx;
+    cudaMemPool_t pool;
+    cca_status_t st = default_pool(device, &pool);
+    if (st != CCA_OK)
+        return st;
+    struct cudaMemAccessDesc desc;
+    memset(&desc, 0, sizeof(desc));
+    desc.location.type = cudaMemLocationTypeDevice;
+    desc.location.id = peer;
+    desc.flags = cudaMemAccessFlagsProtReadWrite;
+    cudaError_t err = cudaMemPoolSetAccess(pool, &desc, 1);
+    return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaMemPoolSetAccess");
+}
+
 /* ---- creation ---------------------------------------------------------------------------------- */
 
 static void cuda_destroy(void *ctx)
@@ -718,6 +940,18 @@ cca_status_t cca_cuda_create(cca_backend_t **backend)
     b->ipc_get_handle = cuda_ipc_get_handle;
     b->ipc_open = cuda_ipc_open;
     b->ipc_close = cuda_ipc_close;
+    b->can_access_peer = cuda_can_access_peer;
+    b->enable_peer_access = cuda_enable_peer_access;
+    b->memcpy_peer_async = cuda_memcpy_peer_async;
+    b->stream_create = cuda_stream_create;
+    b->stream_destroy = cuda_stream_destroy;
+    b->stream_wait_event = cuda_stream_wait_event;
+    b->malloc_async = cuda_malloc_async;
+    b->free_async = cuda_free_async;
+    b->mempool_trim = cuda_mempool_trim;
+    b->mempool_get_attr = cuda_mempool_get_attr;
+    b->mempool_set_attr = cuda_mempool_set_attr;
+    b->mempool_set_access = cuda_mempool_set_access;
     b->destroy = cuda_destroy;
     *backend = b;
     return CCA_OK;

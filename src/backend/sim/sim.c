@@ -38,13 +38,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "sim_containers.h"
+#include "sim_internal.h"
 
-#define SIM_MAX_DEVICES 16
 #define SIM_WINDOW_BASE ((uint64_t)0x7f0000000000ull)
 #define SIM_WINDOW_MIN ((uint64_t)1 << 40)
 #define SIM_MAX_TOTAL ((uint64_t)1 << 44)     /* 16 TiB per device */
@@ -52,8 +52,6 @@
 #define SIM_LARGE_ALIGN ((uint64_t)2 << 20)
 #define SIM_DEFAULT_TOTAL ((size_t)80 << 30)
 #define SIM_SPARE_MAX 64                      /* cached free tree nodes */
-#define SIM_CUDA_INVALID_VALUE 1              /* cudaErrorInvalidValue */
-#define SIM_CUDA_OUT_OF_MEMORY 2              /* cudaErrorMemoryAllocation */
 
 static const unsigned char ipc_magic[8] = {'c', 'c', 'a', 's', 'i', 'm', '1', 0};
 
@@ -62,96 +60,6 @@ static uint64_t align_up(uint64_t x, uint64_t align)
     return (x + align - 1) & ~(align - 1);
 }
 
-/* ---- records -------------------------------------------------------------------- */
-
-typedef struct sim_alloc {
-    uint64_t addr;   /* device pointer */
-    size_t size;     /* bytes requested */
-    int device;
-    uint64_t serial; /* distinguishes reuses of one address (IPC handles) */
-} sim_alloc_t;
-
-typedef struct sim_resv {
-    uint64_t addr;       /* base of the reservation */
-    size_t size;         /* bytes */
-    int device;
-    sim_range_t *mapped; /* mappings (kind SIM_RANGE_MAPPING, data = sim_phys_t) */
-    size_t mapping_count;
-} sim_resv_t;
-
-typedef struct sim_phys {
-    uint64_t id;        /* the handle */
-    int device;
-    size_t size;        /* bytes of device memory it holds */
-    uint64_t map_count; /* live mappings */
-    bool released;      /* vmm_release called; freed with its last mapping */
-} sim_phys_t;
-
-struct sim_stream;
-
-typedef struct sim_event {
-    int device;
-    bool pending;              /* recorded, not completed (manual mode) */
-    struct sim_stream *stream; /* stream it is pending on */
-    struct sim_event *prev, *next; /* in its stream's pending list, record order */
-} sim_event_t;
-
-typedef struct sim_stream {
-    sim_event_t *head, *tail; /* pending events, oldest first */
-} sim_stream_t;
-
-typedef struct sim_host {
-    void *ptr;
-    size_t size;
-    bool registered; /* host_register'ed (else host_alloc'ed) */
-} sim_host_t;
-
-typedef struct sim_fault {
-    uint64_t countdown; /* calls until the failure; 0 = no fault armed */
-    bool persistent;    /* keep failing once triggered */
-    bool failing;       /* a persistent fault triggered */
-    cca_status_t status;
-} sim_fault_t;
-
-typedef struct sim_device {
-    size_t total;             /* bytes */
-    size_t cap;               /* bytes; malloc fails beyond min(cap, total) */
-    size_t used;              /* bytes held by malloc and vmm_create */
-    uint64_t window_start;    /* address-only: this device's address window */
-    uint64_t window_end;
-    sim_range_t *free_ranges; /* free parts of the window */
-    sim_map_t streams;        /* stream handle -> sim_stream_t (manual events) */
-} sim_device_t;
-
-typedef struct sim_ctx {
-    cca_backend_t backend;  /* backend.ctx == this */
-    pthread_mutex_t lock;   /* guards everything below */
-    pthread_key_t current;  /* current device + 1 of the calling thread */
-    int device_count;
-    bool backed;
-    bool manual_events;
-    size_t granularity;     /* bytes */
-    sim_device_t devices[SIM_MAX_DEVICES];
-    sim_map_t allocs;       /* addr -> sim_alloc_t */
-    sim_map_t phys;         /* handle -> sim_phys_t */
-    sim_map_t events;       /* handle -> sim_event_t */
-    sim_map_t host;         /* host pointer -> sim_host_t */
-    sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
-    sim_map_t capturing;    /* stream handle -> (void *)1 while capturing */
-    sim_range_t *live;      /* live allocations (address-only) and reservations */
-    sim_range_t *spare;     /* cached nodes, linked through ->right */
-    size_t spare_count;
-    uint64_t *addr_list;    /* address list (replay) */
-    size_t addr_count, addr_cap, addr_next;
-    uint64_t next_serial;   /* allocation serials and physical handles */
-    uint32_t prio_state;    /* xorshift state for treap priorities */
-    uint64_t ipc_id;        /* identity of this backend in IPC handles */
-    uint64_t pending_events;
-    uint64_t live_reservations, live_handles, live_host;
-    uint64_t calls[CCA_OP_COUNT];
-    sim_fault_t faults[CCA_OP_COUNT];
-} sim_ctx_t;
-
 static atomic_uint_fast64_t sim_instances;
 
 static void sim_destroy(void *ctx);
@@ -159,7 +67,7 @@ static void sim_destroy(void *ctx);
 /* ---- helpers (lock held) ---------------------------------------------------------- */
 
 /* Count a call of op and fire its injected fault, if due. */
-static cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op)
+cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op)
 {
     sim_fault_t *f = &c->faults[op];
     c->calls[op]++;
@@ -174,7 +82,7 @@ fail:
                              cca_backend_op_name(op), (unsigned long long)c->calls[op]);
 }
 
-static cca_status_t bad_device(sim_ctx_t *c, cca_backend_op_t op, int device)
+cca_status_t sim_bad_device(sim_ctx_t *c, cca_backend_op_t op, int device)
 {
     return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                              "sim: %s: invalid device ordinal %d (the backend has %d devices)",
@@ -193,7 +101,7 @@ static size_t device_limit(const sim_device_t *dev)
 }
 
 /* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
-static cca_status_t check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size)
+cca_status_t sim_check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size)
 {
     sim_device_t *dev = &c->devices[device];
     size_t limit = device_limit(dev);
@@ -508,7 +416,7 @@ static cca_status_t sim_mem_get_info(void *ctx, int device, size_t *free_bytes, 
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_MEM_GET_INFO, device);
+        st = sim_bad_device(c, CCA_OP_MEM_GET_INFO, device);
         goto out_unlock;
     }
     sim_device_t *dev = &c->devices[device];
@@ -527,13 +435,12 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
 {
     sim_ctx_t *c = ctx;
     sim_alloc_t *rec = NULL;
-    uint64_t addr = 0;
     pthread_mutex_lock(&c->lock);
     cca_status_t st = sim_enter_locked(c, CCA_OP_MALLOC);
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_MALLOC, device);
+        st = sim_bad_device(c, CCA_OP_MALLOC, device);
         goto out_unlock;
     }
     if (!ptr || size == 0) {
@@ -541,27 +448,69 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
                                "sim: malloc: invalid argument (size %zu)", size);
         goto out_unlock;
     }
-    st = check_capacity(c, CCA_OP_MALLOC, device, size);
+    st = sim_check_capacity(c, CCA_OP_MALLOC, device, size);
     if (st != CCA_OK)
         goto out_unlock;
-    rec = calloc(1, sizeof(*rec));
+    st = sim_alloc_locked(c, CCA_OP_MALLOC, device, size, &rec);
+    if (st != CCA_OK)
+        goto out_unlock;
+    c->devices[device].used += size;
+    *ptr = (void *)(uintptr_t)rec->addr;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* Shared memory for ipc_shared mode: a memory file another process can open. */
+static cca_status_t shared_memory(size_t size, int device, int *fd_out, void **mem_out)
+{
+    int fd = memfd_create("cca-sim-device-memory", MFD_CLOEXEC);
+    void *mem = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
+        mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                                 "CUDA error: out of memory (sim: shared memory of %zu bytes "
+                                 "on device %d could not be made)",
+                                 size, device);
+    }
+    *fd_out = fd;
+    *mem_out = mem;
+    return CCA_OK;
+}
+
+cca_status_t sim_alloc_locked(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size,
+                              sim_alloc_t **out)
+{
+    uint64_t addr = 0;
+    cca_status_t st = CCA_OK;
+    sim_alloc_t *rec = calloc(1, sizeof(*rec));
     if (!rec || !simmap_reserve(&c->allocs) || !spare_reserve(c, spare_need(c))) {
-        st = host_oom(CCA_OP_MALLOC);
+        st = host_oom(op);
         goto out_free_rec;
     }
-    if (c->backed) {
+    rec->fd = -1;
+    if (c->ipc_shared) {
+        void *mem = NULL;
+        st = shared_memory(size, device, &rec->fd, &mem);
+        if (st != CCA_OK)
+            goto out_free_rec;
+        addr = (uint64_t)(uintptr_t)mem;
+    } else if (c->backed) {
         void *mem = NULL;
         if (posix_memalign(&mem, SIM_SMALL_ALIGN, size) != 0) {
             st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
-                                   "CUDA error: out of memory (sim: backed malloc of %zu bytes "
+                                   "CUDA error: out of memory (sim: backed %s of %zu bytes "
                                    "on device %d: host memory exhausted)",
-                                   size, device);
+                                   cca_backend_op_name(op), size, device);
             goto out_free_rec;
         }
         addr = (uint64_t)(uintptr_t)mem;
     } else {
         uint64_t align = size >= SIM_LARGE_ALIGN ? SIM_LARGE_ALIGN : SIM_SMALL_ALIGN;
-        st = place_range(c, CCA_OP_MALLOC, device, size, align, SIM_RANGE_ALLOC, rec, &addr);
+        st = place_range(c, op, device, size, align, SIM_RANGE_ALLOC, rec, &addr);
         if (st != CCA_OK)
             goto out_free_rec;
     }
@@ -570,14 +519,32 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
     rec->device = device;
     rec->serial = ++c->next_serial;
     simmap_put(&c->allocs, addr, rec);
-    c->devices[device].used += size;
-    *ptr = (void *)(uintptr_t)addr;
-    goto out_unlock;
+    *out = rec;
+    return CCA_OK;
 out_free_rec:
     free(rec);
-out_unlock:
-    pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+/* Release the memory behind a record (not the record, not the map entry). */
+static void alloc_memory_release(sim_ctx_t *c, sim_alloc_t *rec)
+{
+    if (rec->fd >= 0) {
+        munmap((void *)(uintptr_t)rec->addr, rec->size);
+        close(rec->fd);
+    } else if (c->backed) {
+        free((void *)(uintptr_t)rec->addr);
+    } else {
+        unplace_range(c, rec->addr);
+    }
+}
+
+void sim_alloc_release_locked(sim_ctx_t *c, sim_alloc_t *rec)
+{
+    spare_reserve(c, spare_need(c)); /* best effort: see window_release */
+    simmap_remove(&c->allocs, rec->addr);
+    alloc_memory_release(c, rec);
+    free(rec);
 }
 
 /* Free a malloc'd block; completes the device's events first, as cudaFree
@@ -590,30 +557,25 @@ static cca_status_t sim_free(void *ctx, int device, void *ptr)
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_FREE, device);
+        st = sim_bad_device(c, CCA_OP_FREE, device);
         goto out_unlock;
     }
     if (!ptr)
         goto out_unlock; /* cudaFree(NULL) does nothing */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     sim_alloc_t *rec = simmap_get(&c->allocs, addr);
-    if (!rec || rec->device != device) {
+    if (!rec || rec->device != device || rec->async) {
         st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
                                "sim: free: invalid argument (%p is not a live allocation of "
-                               "device %d)",
-                               ptr, device);
+                               "device %d%s)",
+                               ptr, device, rec && rec->async ? " from malloc: it is from malloc_async" : "");
         goto out_unlock;
     }
     /* cudaFree synchronizes the device */
     device_complete(c, device);
-    spare_reserve(c, spare_need(c)); /* best effort: see window_release */
-    simmap_remove(&c->allocs, addr);
-    if (c->backed)
-        free(ptr);
-    else
-        unplace_range(c, addr);
+    sim_pool_sync_locked(c, device);
     c->devices[device].used -= rec->size;
-    free(rec);
+    sim_alloc_release_locked(c, rec);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -631,12 +593,13 @@ static cca_status_t sim_stream_synchronize(void *ctx, int device, cca_stream_t s
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_STREAM_SYNCHRONIZE, device);
+        st = sim_bad_device(c, CCA_OP_STREAM_SYNCHRONIZE, device);
         goto out_unlock;
     }
     sim_stream_t *s = simmap_get(&c->devices[device].streams, (uint64_t)(uintptr_t)stream);
     if (s)
         stream_complete(c, s, NULL);
+    sim_pool_sync_locked(c, device);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -651,10 +614,11 @@ static cca_status_t sim_device_synchronize(void *ctx, int device)
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_DEVICE_SYNCHRONIZE, device);
+        st = sim_bad_device(c, CCA_OP_DEVICE_SYNCHRONIZE, device);
         goto out_unlock;
     }
     device_complete(c, device);
+    sim_pool_sync_locked(c, device);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -670,7 +634,7 @@ static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_EVENT_CREATE, device);
+        st = sim_bad_device(c, CCA_OP_EVENT_CREATE, device);
         goto out_unlock;
     }
     if (!event) {
@@ -693,8 +657,8 @@ out_unlock:
 }
 
 /* The live event of handle on device, or NULL after recording the error. */
-static sim_event_t *find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
-                               cca_status_t *st)
+sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
+                            cca_status_t *st)
 {
     sim_event_t *e = simmap_get(&c->events, (uint64_t)(uintptr_t)event);
     if (e && e->device == device)
@@ -714,7 +678,7 @@ static cca_status_t sim_event_destroy(void *ctx, int device, cca_event_t event)
     cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_DESTROY);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_event_t *e = find_event(c, CCA_OP_EVENT_DESTROY, device, event, &st);
+    sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_DESTROY, device, event, &st);
     if (!e)
         goto out_unlock;
     event_unlink(c, e);
@@ -735,7 +699,7 @@ static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, c
     cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_RECORD);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_event_t *e = find_event(c, CCA_OP_EVENT_RECORD, device, event, &st);
+    sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_RECORD, device, event, &st);
     if (!e || !c->manual_events)
         goto out_unlock;
     sim_map_t *streams = &c->devices[device].streams;
@@ -775,7 +739,7 @@ static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
     cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_QUERY);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_event_t *e = find_event(c, CCA_OP_EVENT_QUERY, device, event, &st);
+    sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_QUERY, device, event, &st);
     if (e && e->pending)
         st = CCA_ERR_NOT_READY; /* a state, not a failure: nothing recorded */
 out_unlock:
@@ -792,9 +756,11 @@ static cca_status_t sim_event_synchronize(void *ctx, int device, cca_event_t eve
     cca_status_t st = sim_enter_locked(c, CCA_OP_EVENT_SYNCHRONIZE);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_event_t *e = find_event(c, CCA_OP_EVENT_SYNCHRONIZE, device, event, &st);
+    sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_SYNCHRONIZE, device, event, &st);
     if (e && e->pending)
         stream_complete(c, e->stream, e);
+    if (e)
+        sim_pool_sync_locked(c, device);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -811,7 +777,7 @@ static cca_status_t sim_stream_capture_status(void *ctx, int device, cca_stream_
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_STREAM_CAPTURE_STATUS, device);
+        st = sim_bad_device(c, CCA_OP_STREAM_CAPTURE_STATUS, device);
         goto out_unlock;
     }
     *status = simmap_get(&c->capturing, (uint64_t)(uintptr_t)stream) ? CCA_CAPTURE_ACTIVE
@@ -852,7 +818,7 @@ static cca_status_t sim_vmm_granularity(void *ctx, int device, size_t *granulari
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_VMM_GRANULARITY, device);
+        st = sim_bad_device(c, CCA_OP_VMM_GRANULARITY, device);
         goto out_unlock;
     }
     *granularity = c->granularity;
@@ -874,7 +840,7 @@ static cca_status_t sim_vmm_reserve(void *ctx, int device, size_t size, void **a
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_VMM_RESERVE, device);
+        st = sim_bad_device(c, CCA_OP_VMM_RESERVE, device);
         goto out_unlock;
     }
     if (!addr || size == 0 || size % c->granularity != 0) {
@@ -930,7 +896,7 @@ static cca_status_t sim_vmm_free(void *ctx, int device, void *addr, size_t size)
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_VMM_FREE, device);
+        st = sim_bad_device(c, CCA_OP_VMM_FREE, device);
         goto out_unlock;
     }
     sim_resv_t *r = find_resv(c, device, base, size);
@@ -963,7 +929,7 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_VMM_CREATE, device);
+        st = sim_bad_device(c, CCA_OP_VMM_CREATE, device);
         goto out_unlock;
     }
     if (!handle || size == 0 || size % c->granularity != 0) {
@@ -971,7 +937,7 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
                          NULL, size);
         goto out_unlock;
     }
-    st = check_capacity(c, CCA_OP_VMM_CREATE, device, size);
+    st = sim_check_capacity(c, CCA_OP_VMM_CREATE, device, size);
     if (st != CCA_OK)
         goto out_unlock;
     sim_phys_t *p = calloc(1, sizeof(*p));
@@ -1276,17 +1242,56 @@ out_unlock:
 
 /* ---- IPC ---------------------------------------------------------------------------- */
 
-/* Layout of a handle: magic[8], backend id, device, pointer, serial, check. */
+/*
+ * Layout of a handle: magic[8], backend id, device, pointer, serial, the
+ * owner's process id and, in ipc_shared mode, its shared memory file (else
+ * -1), check. Another process opens the file through /proc/<pid>/fd/<fd> and
+ * maps it, as cudaIpcOpenMemHandle maps the owner's allocation.
+ */
 typedef struct sim_ipc_fields {
     uint64_t backend_id;
     uint64_t device;
     uint64_t ptr;
     uint64_t serial;
+    int64_t pid;
+    int64_t fd;
 } sim_ipc_fields_t;
+
+_Static_assert(8 + sizeof(sim_ipc_fields_t) + 8 <= sizeof(cca_ipc_handle_t), "sim IPC handle size");
 
 static uint64_t ipc_check(const sim_ipc_fields_t *f)
 {
-    return simmap_hash(f->backend_id ^ simmap_hash(f->device ^ simmap_hash(f->ptr ^ simmap_hash(f->serial))));
+    uint64_t h = simmap_hash(f->backend_id ^ simmap_hash(f->device ^ simmap_hash(f->ptr ^ simmap_hash(f->serial))));
+    return simmap_hash(h ^ simmap_hash((uint64_t)f->pid ^ simmap_hash((uint64_t)f->fd)));
+}
+
+/* Map the shared memory of another process's allocation (ipc_shared mode). */
+static cca_status_t ipc_open_foreign(sim_ctx_t *c, const sim_ipc_fields_t *f, void **ptr)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%lld/fd/%lld", (long long)f->pid, (long long)f->fd);
+    int fd = f->fd >= 0 ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size <= 0) {
+        if (fd >= 0)
+            close(fd);
+        return cca_backend_error(CCA_ERR_BACKEND, SIM_CUDA_INVALID_VALUE,
+                                 "sim: ipc_open: the memory of process %lld cannot be opened "
+                                 "(%s; it must be a simulated backend in ipc_shared mode, and "
+                                 "alive)",
+                                 (long long)f->pid, f->fd >= 0 ? path : "no shared memory file");
+    }
+    if (!simmap_reserve(&c->ipc_maps)) {
+        close(fd);
+        return host_oom(CCA_OP_IPC_OPEN);
+    }
+    void *mem = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED)
+        return cca_backend_error(CCA_ERR_BACKEND, 0, "sim: ipc_open: mmap of %s failed", path);
+    simmap_put(&c->ipc_maps, (uint64_t)(uintptr_t)mem, (void *)(uintptr_t)sb.st_size);
+    *ptr = mem;
+    return CCA_OK;
 }
 
 /* Encode (backend, device, pointer, serial) of a live allocation. Returns CCA_OK,
@@ -1306,7 +1311,8 @@ static cca_status_t sim_ipc_get_handle(void *ctx, int device, void *ptr, cca_ipc
                                ptr, device);
         goto out_unlock;
     }
-    sim_ipc_fields_t f = {c->ipc_id, (uint64_t)device, rec->addr, rec->serial};
+    sim_ipc_fields_t f = {c->ipc_id, (uint64_t)device, rec->addr, rec->serial, (int64_t)getpid(),
+                          (int64_t)rec->fd};
     uint64_t check = ipc_check(&f);
     memset(handle, 0, sizeof(*handle));
     memcpy(handle->bytes, ipc_magic, sizeof(ipc_magic));
@@ -1329,14 +1335,20 @@ static cca_status_t sim_ipc_open(void *ctx, int device, const cca_ipc_handle_t *
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_IPC_OPEN, device);
+        st = sim_bad_device(c, CCA_OP_IPC_OPEN, device);
         goto out_unlock;
     }
     if (!handle || !ptr || memcmp(handle->bytes, ipc_magic, sizeof(ipc_magic)) != 0)
         goto out_invalid;
     memcpy(&f, handle->bytes + 8, sizeof(f));
     memcpy(&check, handle->bytes + 8 + sizeof(f), sizeof(check));
-    if (check != ipc_check(&f) || f.backend_id != c->ipc_id)
+    if (check != ipc_check(&f))
+        goto out_invalid;
+    if (f.pid != (int64_t)getpid()) {
+        st = ipc_open_foreign(c, &f, ptr);
+        goto out_unlock;
+    }
+    if (f.backend_id != c->ipc_id)
         goto out_invalid;
     sim_alloc_t *rec = simmap_get(&c->allocs, f.ptr);
     if (!rec || rec->serial != f.serial || (uint64_t)rec->device != f.device)
@@ -1369,7 +1381,12 @@ static cca_status_t sim_ipc_close(void *ctx, int device, void *ptr)
     if (st != CCA_OK)
         goto out_unlock;
     if (device < 0 || device >= c->device_count) {
-        st = bad_device(c, CCA_OP_IPC_CLOSE, device);
+        st = sim_bad_device(c, CCA_OP_IPC_CLOSE, device);
+        goto out_unlock;
+    }
+    uintptr_t mapped = (uintptr_t)simmap_remove(&c->ipc_maps, key);
+    if (mapped) {
+        munmap(ptr, (size_t)mapped);
         goto out_unlock;
     }
     uintptr_t opens = (uintptr_t)simmap_remove(&c->ipc_opens, key);
@@ -1411,8 +1428,8 @@ static void sim_destroy(void *ctx)
         sim_alloc_t *a = c->allocs.slots[i].value;
         if (!a)
             continue;
-        if (c->backed)
-            free((void *)(uintptr_t)a->addr);
+        if (a->fd >= 0 || c->backed)
+            alloc_memory_release(c, a); /* address-only ranges go with the tree below */
         free(a);
     }
     for (size_t i = 0; c->phys.slots && i <= c->phys.mask; i++)
@@ -1443,6 +1460,12 @@ static void sim_destroy(void *ctx)
     simmap_free(&c->events);
     simmap_free(&c->host);
     simmap_free(&c->ipc_opens);
+    for (size_t i = 0; c->ipc_maps.slots && i <= c->ipc_maps.mask; i++)
+        if (c->ipc_maps.slots[i].value)
+            munmap((void *)(uintptr_t)c->ipc_maps.slots[i].key,
+                   (size_t)(uintptr_t)c->ipc_maps.slots[i].value);
+    simmap_free(&c->ipc_maps);
+    simmap_free(&c->created_streams);
     simmap_free(&c->capturing);
     free(c->addr_list);
     pthread_key_delete(c->current);
@@ -1516,6 +1539,8 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
         (cfg.backed && cfg.granularity % (size_t)sysconf(_SC_PAGESIZE)))
         return sim_invalid_config("granularity must be a power of two between 512 bytes (the "
                                   "page size in backed mode) and 1 GiB");
+    if (cfg.ipc_shared)
+        cfg.backed = true;
     if (cfg.backed && cfg.address_count)
         return sim_invalid_config("an address list cannot be used in backed mode");
 
@@ -1530,6 +1555,8 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
     c->device_count = cfg.devices;
     c->backed = cfg.backed;
     c->manual_events = cfg.manual_events;
+    c->ipc_shared = cfg.ipc_shared;
+    c->no_peer_access = cfg.no_peer_access;
     c->granularity = cfg.granularity;
     c->prio_state = 0x9e3779b9u;
     c->ipc_id = simmap_hash(atomic_fetch_add(&sim_instances, 1) + 1 + (uint64_t)getpid());
@@ -1588,6 +1615,7 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
     b->ipc_get_handle = sim_ipc_get_handle;
     b->ipc_open = sim_ipc_open;
     b->ipc_close = sim_ipc_close;
+    sim_multi_install(b);
     b->destroy = sim_destroy;
     *backend = b;
     return CCA_OK;

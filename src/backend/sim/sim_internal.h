@@ -1,0 +1,159 @@
+/*
+ * sim_internal.h - the simulated backend's state, shared by its files:
+ * sim.c (memory, address windows, events, virtual memory, host memory, IPC,
+ * creation and controls) and sim_multi.c (peer access, streams, the
+ * stream-ordered memory pool). One mutex per backend guards all of it.
+ */
+#ifndef CCA_SIM_INTERNAL_H
+#define CCA_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+#include "sim_containers.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_CUDA_INVALID_VALUE 1              /* cudaErrorInvalidValue */
+#define SIM_CUDA_OUT_OF_MEMORY 2              /* cudaErrorMemoryAllocation */
+#define SIM_POOL_GRANULE ((uint64_t)2 << 20)  /* the stream-ordered pool grows by this */
+
+/* ---- records -------------------------------------------------------------------- */
+
+typedef struct sim_alloc {
+    uint64_t addr;   /* device pointer */
+    size_t size;     /* bytes requested */
+    int device;
+    uint64_t serial; /* distinguishes reuses of one address (IPC handles) */
+    int fd;          /* ipc_shared mode: the shared memory file behind it, else -1 */
+    bool async;      /* from malloc_async (freed by free_async) */
+} sim_alloc_t;
+
+/* The stream-ordered pool of a device (cudaMallocAsync), modelled by its accounting. */
+typedef struct sim_pool {
+    uint64_t reserved;      /* bytes, multiple of SIM_POOL_GRANULE, counted in device used */
+    uint64_t reserved_high;
+    uint64_t used;          /* bytes allocated from the pool */
+    uint64_t used_high;
+    uint64_t threshold;     /* release threshold (bytes kept at synchronisations) */
+    uint64_t reuse[3];      /* the three reuse policies (0 or 1) */
+    bool peer_access[SIM_MAX_DEVICES]; /* cudaMemPoolSetAccess */
+} sim_pool_t;
+
+typedef struct sim_resv {
+    uint64_t addr;       /* base of the reservation */
+    size_t size;         /* bytes */
+    int device;
+    sim_range_t *mapped; /* mappings (kind SIM_RANGE_MAPPING, data = sim_phys_t) */
+    size_t mapping_count;
+} sim_resv_t;
+
+typedef struct sim_phys {
+    uint64_t id;        /* the handle */
+    int device;
+    size_t size;        /* bytes of device memory it holds */
+    uint64_t map_count; /* live mappings */
+    bool released;      /* vmm_release called; freed with its last mapping */
+} sim_phys_t;
+
+struct sim_stream;
+
+typedef struct sim_event {
+    int device;
+    bool pending;              /* recorded, not completed (manual mode) */
+    struct sim_stream *stream; /* stream it is pending on */
+    struct sim_event *prev, *next; /* in its stream's pending list, record order */
+} sim_event_t;
+
+typedef struct sim_stream {
+    sim_event_t *head, *tail; /* pending events, oldest first */
+} sim_stream_t;
+
+typedef struct sim_host {
+    void *ptr;
+    size_t size;
+    bool registered; /* host_register'ed (else host_alloc'ed) */
+} sim_host_t;
+
+typedef struct sim_fault {
+    uint64_t countdown; /* calls until the failure; 0 = no fault armed */
+    bool persistent;    /* keep failing once triggered */
+    bool failing;       /* a persistent fault triggered */
+    cca_status_t status;
+} sim_fault_t;
+
+typedef struct sim_device {
+    size_t total;             /* bytes */
+    size_t cap;               /* bytes; malloc fails beyond min(cap, total) */
+    size_t used;              /* bytes held by malloc and vmm_create */
+    uint64_t window_start;    /* address-only: this device's address window */
+    uint64_t window_end;
+    sim_range_t *free_ranges; /* free parts of the window */
+    sim_map_t streams;        /* stream handle -> sim_stream_t (manual events) */
+    sim_pool_t pool;          /* the stream-ordered pool */
+    bool peer_enabled[SIM_MAX_DEVICES]; /* enable_peer_access(this, p) was called */
+} sim_device_t;
+
+typedef struct sim_ctx {
+    cca_backend_t backend;  /* backend.ctx == this */
+    pthread_mutex_t lock;   /* guards everything below */
+    pthread_key_t current;  /* current device + 1 of the calling thread */
+    int device_count;
+    bool backed;
+    bool manual_events;
+    size_t granularity;     /* bytes */
+    sim_device_t devices[SIM_MAX_DEVICES];
+    sim_map_t allocs;       /* addr -> sim_alloc_t */
+    sim_map_t phys;         /* handle -> sim_phys_t */
+    sim_map_t events;       /* handle -> sim_event_t */
+    sim_map_t host;         /* host pointer -> sim_host_t */
+    sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
+    sim_map_t capturing;    /* stream handle -> (void *)1 while capturing */
+    sim_map_t created_streams; /* stream_create'd handles -> (void *)(device + 1) */
+    sim_map_t ipc_maps;     /* another process's memory mapped here -> its size (as pointer) */
+    uint64_t next_stream;   /* created stream handles */
+    bool ipc_shared;        /* backed memory in shared memory files */
+    bool no_peer_access;
+    sim_range_t *live;      /* live allocations (address-only) and reservations */
+    sim_range_t *spare;     /* cached nodes, linked through ->right */
+    size_t spare_count;
+    uint64_t *addr_list;    /* address list (replay) */
+    size_t addr_count, addr_cap, addr_next;
+    uint64_t next_serial;   /* allocation serials and physical handles */
+    uint32_t prio_state;    /* xorshift state for treap priorities */
+    uint64_t ipc_id;        /* identity of this backend in IPC handles */
+    uint64_t pending_events;
+    uint64_t live_reservations, live_handles, live_host;
+    uint64_t calls[CCA_OP_COUNT];
+    sim_fault_t faults[CCA_OP_COUNT];
+} sim_ctx_t;
+
+
+/* ---- sim.c: helpers for the other files (lock held) ---------------------------------- */
+
+/* Count a call of op and fire its injected fault, if due. */
+cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
+cca_status_t sim_bad_device(sim_ctx_t *c, cca_backend_op_t op, int device);
+/* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
+cca_status_t sim_check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size);
+/* The live event of handle on device, or NULL after recording the error in *st. */
+sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
+                            cca_status_t *st);
+/*
+ * A new allocation record of size bytes on device with its address (backed,
+ * shared or address-only), not counted in the device's used bytes. Returns
+ * CCA_OK, CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND.
+ */
+cca_status_t sim_alloc_locked(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size,
+                              sim_alloc_t **out);
+/* Give an allocation's memory and record back (not its used bytes). */
+void sim_alloc_release_locked(sim_ctx_t *c, sim_alloc_t *rec);
+
+/* ---- sim_multi.c ------------------------------------------------------------------- */
+
+/* Install the peer, stream and pool operations into the table. */
+void sim_multi_install(cca_backend_t *b);
+/* A synchronisation point of device: its pool gives back memory above its threshold. */
+void sim_pool_sync_locked(sim_ctx_t *c, int device);
+
+#endif /* CCA_SIM_INTERNAL_H */
