@@ -210,6 +210,115 @@ typedef void (*cca_oom_observer_fn)(int device, size_t alloc_size, size_t device
 cca_status_t cca_attach_oom_observer(cca_oom_observer_fn fn, void *arg);
 
 /* ------------------------------------------------------------------------ */
+/* Several devices: peer access                                             */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Whether device can address peer's memory directly (cudaDeviceCanAccessPeer).
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, can_access NULL),
+ * CCA_ERR_BACKEND, or an init error.
+ */
+cca_status_t cca_can_access_peer(int device, int peer, bool *can_access);
+
+/**
+ * Let device access peer's memory, as PyTorch's enablePeerAccess(dev,
+ * dev_to_access): cudaDeviceEnablePeerAccess from device (already enabled is
+ * success), and device joins peer's list of accessing devices, so memory cca
+ * maps for peer later (expandable segments, the cudaMallocAsync pool) is made
+ * accessible to device too. Idempotent. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (a device out of range, device == peer),
+ * CCA_ERR_NOT_SUPPORTED (the pair cannot access each other; nothing changed),
+ * CCA_ERR_BACKEND, or an init error.
+ */
+cca_status_t cca_enable_peer_access(int device, int peer);
+
+/**
+ * The devices that enabled access to device's memory, ascending: up to cap
+ * entries into peers (may be NULL when cap is 0); *count gets the total.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or an init error.
+ */
+cca_status_t cca_peer_access_list(int device, int *peers, size_t cap, size_t *count);
+
+/**
+ * Copy size bytes from src (memory of src_device) to dst (memory of
+ * dst_device) in the order of stream (cudaMemcpyPeerAsync). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND, or an init error.
+ */
+cca_status_t cca_memcpy_peer_async(void *dst, int dst_device, const void *src, int src_device,
+                                   size_t size, cca_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Several processes: IPC                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** Bytes of an IPC handle. */
+#define CCA_IPC_HANDLE_SIZE 160
+
+/**
+ * A handle to memory of another process, to be sent as bytes (a pipe, a
+ * socket, a file). It names the segment holding the block (the backend's
+ * handle of the segment) and the block's offset in it, as PyTorch shares
+ * blocks, plus a reference counter in shared memory of the producer.
+ */
+typedef struct cca_ipc_mem_handle {
+    unsigned char bytes[CCA_IPC_HANDLE_SIZE];
+} cca_ipc_mem_handle_t;
+
+/**
+ * Make a handle for the block at ptr (a pointer cca_malloc returned, still
+ * allocated), as torch's shareIpcHandle / _share_cuda_. The handle carries one
+ * reference: while it is not released by the process that opens it
+ * (cca_ipc_close), cca_free of ptr in this process defers the free, so
+ * neither the block nor its segment is reused or returned to the driver;
+ * cca_ipc_collect (also run on the out-of-memory path) completes deferred
+ * frees whose references are gone. Open each handle once, in one process;
+ * for several consumers make one handle each. The producer orders its own
+ * writes before the consumer's use (e.g. synchronizes its stream).
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER
+ * (not a live block, or inside one), CCA_ERR_NOT_SUPPORTED (the
+ * cudaMallocAsync backend, or a backend without IPC), CCA_ERR_OUT_OF_MEMORY,
+ * CCA_ERR_BACKEND, or an init error. Thread-safe.
+ */
+cca_status_t cca_ipc_get_handle(void *ptr, cca_ipc_mem_handle_t *handle);
+
+/**
+ * Open a handle made by another process: *ptr gets the block's address in
+ * this process and *size (may be NULL) its size. Opening several blocks of
+ * one segment maps the segment once (CUDA allows one mapping per process);
+ * it is unmapped when the last of them is closed. Opens on the handle's
+ * device index. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, a corrupt
+ * handle, a handle of this very process, or one already opened here),
+ * CCA_ERR_NOT_SUPPORTED (the cudaMallocAsync backend, as PyTorch),
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND (e.g. the producer's memory is
+ * gone), or an init error. Thread-safe.
+ */
+cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, void **ptr, size_t *size);
+
+/**
+ * Close a pointer from cca_ipc_open, after the work using it is done (the
+ * caller synchronizes): releases the handle's reference in the producer and
+ * unmaps the segment after its last open block. Returns CCA_OK,
+ * CCA_ERR_INVALID_POINTER (not open), CCA_ERR_BACKEND (the unmap failed; the
+ * reference is still released). Thread-safe.
+ */
+cca_status_t cca_ipc_close(void *ptr);
+
+/**
+ * Release the reference of a handle that will not be opened (a send that
+ * failed, a consumer that is gone): from the producer or any process.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL or corrupt handle),
+ * CCA_ERR_BACKEND (the producer's counters cannot be reached). Thread-safe.
+ */
+cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle);
+
+/**
+ * Complete the frees this process deferred because other processes held
+ * references (torch.cuda.ipc_collect); *pending (may be NULL) gets the number
+ * still waiting. Returns CCA_OK, or the first error of a completed free.
+ */
+cca_status_t cca_ipc_collect(size_t *pending);
+
+/* ------------------------------------------------------------------------ */
 /* Statistics                                                               */
 /* ------------------------------------------------------------------------ */
 

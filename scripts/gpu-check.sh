@@ -2,8 +2,11 @@
 # gpu-check.sh - check cca on a machine with a GPU, PyTorch and the CUDA toolkit,
 # and compare it with the anchors in one run:
 #   1. build cca (Release; and Debug without ASan, for compute-sanitizer);
-#   2. run the GPU test suite (ctest -L cuda);
+#   2. run the GPU test suite (ctest -L cuda; with two GPUs it includes peer
+#      access and two processes sharing memory, test_cuda_multigpu);
 #   3. run each GPU test binary under compute-sanitizer --tool memcheck;
+#   3b. with two GPUs: two-rank NCCL data-parallel training on cca against
+#      the native run (tests/cuda/torch_ddp.py);
 #   4. run the anchor benchmark (.anchor/run.sh: PyTorch native, PyTorch
 #      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu;
 #   5. print one comparison table.
@@ -91,6 +94,10 @@ memcheck() {
 run_torch() {
     python3 "$root/tests/cuda/torch_pluggable.py" "$root/build-gpu-release/libcca.so"
 }
+# Two ranks of torch.distributed (NCCL) on cca against the native run; needs 2 GPUs.
+run_torch_ddp() {
+    python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
+}
 run_anchor() {
     OUT="$logs" bash "$root/.anchor/run.sh"
 }
@@ -108,7 +115,7 @@ run_bench_host() {
 }
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -143,6 +150,12 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
+gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "${gpu_count:-0}" -ge 2 ]; then
+    run_step torch-ddp-2gpu "$(left 150)" run_torch_ddp
+else
+    echo "== torch-ddp-2gpu: skipped (${gpu_count:-0} GPU)"
+fi
 
 if [ -f "$root/.anchor/run.sh" ]; then
     run_step anchor "$(left 70)" run_anchor

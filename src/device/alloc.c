@@ -19,8 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "device.h"
+#include "shared.h"
 #include "state.h"
 #include "trace.h"
 
@@ -222,6 +224,45 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     return CCA_OK;
 }
 
+/*
+ * Complete the frees deferred for other processes whose references are gone
+ * (PyTorch's "cuda_ipc_collect" free-memory callback, run first). True if a
+ * block was freed. No lock held.
+ */
+static bool collect_shared_blocks(void)
+{
+    uintptr_t ready[64];
+    bool freed = false;
+    size_t n;
+    do {
+        n = shared_take_collectable(ready, 64);
+        for (size_t i = 0; i < n; i++)
+            freed |= cca_free((void *)ready[i]) == CCA_OK;
+    } while (n == 64);
+    return freed;
+}
+
+cca_status_t cca_ipc_collect(size_t *pending)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    uintptr_t ready[64];
+    cca_status_t result = CCA_OK;
+    size_t n;
+    do {
+        n = shared_take_collectable(ready, 64);
+        for (size_t i = 0; i < n; i++) {
+            st = cca_free((void *)ready[i]);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
+        }
+    } while (n == 64);
+    if (pending)
+        *pending = shared_pending();
+    return result;
+}
+
 /* The slow path: the stream pool had no fitting block. */
 static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_pool_t *pool,
                                 size_t size, size_t orig_size, cca_block_t **out)
@@ -230,7 +271,11 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     cca_block_t *block = NULL;
     cca_status_t st;
 
-    if (cca_state->free_callback_count && release_free_memory_callbacks()) {
+    bool freed = atomic_load_explicit(&shared_block_count, memory_order_relaxed) &&
+                 collect_shared_blocks();
+    if (cca_state->free_callback_count)
+        freed |= release_free_memory_callbacks();
+    if (freed) {
         cca_spin_lock(&sp->lock);
         block = get_free_block(dev, pool, size, true);
         if (block) {
@@ -295,6 +340,8 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     if (size >= CCA_MAX_REQUEST)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY,
                          "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    if (async_enabled())
+        return async_malloc(device, size, stream, ptr);
     cca_device_t *dev = &S->devices[device];
     if (S->no_caching)
         return uncached_malloc(dev, size, stream, ptr);
@@ -345,6 +392,19 @@ cca_status_t cca_free(void *ptr)
         return CCA_OK;
     if (!cca_is_initialized())
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_free: pointer %p: cca is not initialised", ptr);
+    if (async_enabled())
+        return async_free(ptr);
+    switch (shared_check_free((uintptr_t)ptr)) {
+    case SHARED_FREE_DEFERRED:
+        return CCA_OK; /* another process maps it: freed by cca_ipc_collect */
+    case SHARED_FREE_TWICE:
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "cca_free: pointer %p was freed already (its free waits until the "
+                         "processes it was shared with close it)",
+                         ptr);
+    case SHARED_FREE_NOW:
+        break;
+    }
     cca_state_t *S = cca_state;
     cca_block_t *block = ptrmap_find(S->ptrmap, (uintptr_t)ptr, true);
     if (!block)
@@ -383,6 +443,8 @@ cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size)
 {
     if (!cca_is_initialized())
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_get_base_allocation: cca is not initialised");
+    if (async_enabled())
+        return async_get_base_allocation(ptr, base, size);
     cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
     if (!block)
         block = ptrmap_find_containing(cca_state->ptrmap, (uintptr_t)ptr);

@@ -151,6 +151,10 @@ typedef struct cca_device {
     bool exact_stats;           /* settings.exact_peak_stats at init */
     cca_spinlock_t stats_lock;
     cca_device_stats_t stats;
+
+    /* bit p: device p may access this device's memory; ranges mapped later get
+     * its access (peer.c; bits only added, under the device lock) */
+    _Atomic uint64_t peer_mask;
 } cca_device_t;
 
 /* The allocator, one per process. */
@@ -347,6 +351,16 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
 /* The device's statistics (see stats.c); held: a stream pool lock the caller holds. */
 void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held);
 void stats_read(cca_device_t *dev, cca_device_stats_t *out);
+
+/* ---- peer.c: peer access ------------------------------------------------------- */
+
+/* The devices that may access dev's memory (bit p: device p). Lock-free read. */
+static inline uint64_t device_peer_mask(cca_device_t *dev)
+{
+    return atomic_load_explicit(&dev->peer_mask, memory_order_acquire);
+}
+/* Give every device of dev's peer mask access to a mapped range (dev->lock held). */
+cca_status_t peer_set_access_locked(cca_device_t *dev, void *addr, size_t size);
 
 /* ---- uncached.c: CCA_NO_CACHING ------------------------------------------------- */
 

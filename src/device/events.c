@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "device.h"
 #include "state.h"
@@ -219,6 +220,8 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_record_stream: cca is not initialised");
     if (!ptr)
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_record_stream: pointer is NULL");
+    if (async_enabled())
+        return async_record_stream(ptr, stream);
     cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
     if (!block)
         return pool_invalid_pointer("cca_record_stream", ptr);

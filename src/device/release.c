@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "device.h"
 #include "nvml.h"
@@ -316,6 +317,8 @@ cca_status_t cca_empty_cache(void)
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
+    if (async_enabled())
+        return async_empty_cache();
     cca_status_t result = CCA_OK;
     for (int d = 0; d < cca_state->device_count; d++) {
         cca_device_t *dev = &cca_state->devices[d];
@@ -370,6 +373,8 @@ cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_bl
         return st;
     if (device < 0 || device >= cca_state->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info: device %d is out of range", device);
+    if (async_enabled())
+        return async_cache_info(device, total_cached, largest_block);
     cca_device_t *dev = &cca_state->devices[device];
     cache_info_acc_t acc = {0, 0};
     pthread_mutex_lock(&dev->lock);
@@ -394,6 +399,8 @@ cca_status_t cca_set_memory_fraction(double fraction, int device)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_set_memory_fraction: invalid fraction %g, please set within [0, 1]",
                          fraction);
+    if (async_enabled())
+        return async_set_memory_fraction(fraction, device);
     cca_device_t *dev = &cca_state->devices[device];
     pthread_mutex_lock(&dev->lock);
     dev->allowed_memory_maximum = (size_t)(fraction * (double)dev->total_memory);

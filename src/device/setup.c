@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "device.h"
+#include "shared.h"
 #include "state.h"
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -29,10 +31,6 @@ static void free_uncached_block(cca_block_t *b, void *arg)
 /* Features the settings may ask for that this version does not provide. */
 cca_status_t state_check_supported(const cca_settings_t *s)
 {
-    if (s->backend != CCA_BACKEND_NATIVE)
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "backend:cudaMallocAsync is not supported by this version of cca; "
-                         "use backend:native");
     if (s->expandable_segments)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "expandable_segments:True is not supported by this version of cca");
@@ -41,6 +39,8 @@ cca_status_t state_check_supported(const cca_settings_t *s)
 
 static void destroy_state(cca_state_t *S, int devices_ready)
 {
+    async_shutdown(S->backend);
+    shared_shutdown();
     if (S->ptrmap)
         ptrmap_for_each(S->ptrmap, free_uncached_block, S->backend);
     for (int d = 0; d < devices_ready; d++)
@@ -103,6 +103,11 @@ static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *se
         if (st != CCA_OK)
             goto out_destroy;
         devices_ready++;
+    }
+    if (settings->backend == CCA_BACKEND_ASYNC) {
+        st = async_init(S->device_count);
+        if (st != CCA_OK)
+            goto out_destroy;
     }
     state_publish(true);
     return CCA_OK;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "device.h"
 #include "state.h"
@@ -107,6 +108,8 @@ cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
         return st;
     if (!stats)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_device_stats: stats is NULL");
+    if (async_enabled())
+        return async_get_device_stats(device, stats);
     stats_read(dev, stats);
     size_t mss = cca_state->settings.max_split_size;
     stats->max_split_size = mss == SIZE_MAX ? -1 : (int64_t)mss;
@@ -134,6 +137,8 @@ cca_status_t cca_reset_accumulated_stats(int device)
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
+    if (async_enabled())
+        return async_reset_accumulated_stats(device);
     pthread_mutex_lock(&dev->lock);
     for (size_t i = 0; i < dev->pool_table_cap && !dev->exact_stats; i++) {
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
@@ -162,6 +167,8 @@ cca_status_t cca_reset_peak_stats(int device)
     cca_status_t st = device_arg(device, &dev);
     if (st != CCA_OK)
         return st;
+    if (async_enabled())
+        return async_reset_peak_stats(device);
     cca_device_stats_t now;
     if (!dev->exact_stats)
         stats_read(dev, &now);

@@ -139,6 +139,12 @@ cca_status_t cca_snapshot(cca_snapshot_t **out)
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
+    if (cca_state->settings.backend == CCA_BACKEND_ASYNC)
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "Calling snapshot with backend:cudaMallocAsync is not meaningful. (For "
+                         "backend:native, snapshot returns a detailed summary of all blocks tracked "
+                         "by the allocator, but the cudaMallocAsync backend does not track "
+                         "individual blocks.)");
     cca_snapshot_t *snap = calloc(1, sizeof(*snap));
     if (!snap)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");

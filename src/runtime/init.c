@@ -8,6 +8,8 @@
 
 #include "device.h"
 #include "host.h"
+#include "ipc.h"
+#include "shmcount.h"
 #include "state.h"
 
 /* Serialises bringing the host allocator up and down. */
@@ -51,7 +53,10 @@ void cca_shutdown(void)
 {
     pthread_mutex_lock(&host_init_lock);
     host_global_shutdown();
+    if (cca_is_initialized())
+        ipc_shutdown(); /* mappings of other processes' memory, before the backend goes */
     state_shutdown();
+    shmcount_shutdown();
     pthread_mutex_unlock(&host_init_lock);
 }
 

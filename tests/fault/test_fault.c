@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "runtime.h"
 #include "device.h"
@@ -72,7 +73,9 @@ static void do_free(size_t i)
         return;
     void *p = held[i];
     cca_status_t st = cca_free(p);
-    if (st == CCA_OK || !ptrmap_find(cca_state->ptrmap, (uintptr_t)p, false))
+    bool live = async_enabled() ? async_get_base_allocation(p, NULL, NULL) == CCA_OK
+                                : ptrmap_find(cca_state->ptrmap, (uintptr_t)p, false) != NULL;
+    if (st == CCA_OK || !live)
         held[i] = held[--nheld];
     step_check(st, "cca_free");
 }
@@ -208,6 +211,71 @@ static void scenario_host(void)
         do_host_free(i);
 }
 
+/* Peer access between the two devices and copies; allocations on both. */
+static void scenario_peer(void)
+{
+    do_malloc(4 * MiB, 0, NULL);
+    do_malloc(4 * MiB, 1, S1);
+    step_check(cca_enable_peer_access(1, 0), "cca_enable_peer_access");
+    step_check(cca_enable_peer_access(0, 1), "cca_enable_peer_access");
+    if (nheld == 2)
+        step_check(cca_memcpy_peer_async(held[1], 1, held[0], 0, MiB, S1), "cca_memcpy_peer_async");
+    do_free(0);
+    do_malloc(1000, 1, NULL);
+}
+
+/* Blocks shared through IPC handles: deferred frees, released references, collection. */
+static void scenario_ipc(void)
+{
+    cca_ipc_mem_handle_t h[3];
+    bool made[3] = {false, false, false};
+    do_malloc(1000, 0, NULL);
+    do_malloc(3 * MiB, 0, S1);
+    do_malloc(30 * MiB, 1, NULL);
+    size_t n = nheld;
+    void *p[3] = {NULL, NULL, NULL};
+    for (size_t i = 0; i < n && i < 3; i++) {
+        p[i] = held[i];
+        cca_status_t st = cca_ipc_get_handle(p[i], &h[i]);
+        made[i] = st == CCA_OK;
+        step_check(st, "cca_ipc_get_handle");
+    }
+    for (size_t i = nheld; i-- > 0;)
+        do_free(i); /* shared ones are deferred */
+    for (size_t i = 0; i < 3; i++)
+        if (made[i] && i != 1)
+            step_check(cca_ipc_release_handle(&h[i]), "cca_ipc_release_handle");
+    /* fits only once the small segment goes: the miss collects, the OOM path releases */
+    do_malloc(52 * MiB, 0, S2);
+    size_t pending = 0;
+    if (made[1])
+        step_check(cca_ipc_release_handle(&h[1]), "cca_ipc_release_handle");
+    step_check(cca_ipc_collect(&pending), "cca_ipc_collect");
+}
+
+/* backend:cudaMallocAsync: streams, devices, record_stream, fraction, empty_cache, stats. */
+static void scenario_async(void)
+{
+    do_malloc(1000, 0, NULL);
+    do_malloc(3 * MiB, 0, S1);
+    do_malloc(12 * MiB, 1, S2);
+    do_record(0, S1);
+    do_record(1, S2);
+    do_free(0);
+    step_check(cca_set_memory_fraction(0.25, 0), "cca_set_memory_fraction");
+    do_malloc(40 * MiB, 0, S1); /* beyond the fraction */
+    do_malloc(20 * MiB, 0, S1);
+    cca_device_stats_t ds;
+    step_check(cca_get_device_stats(0, &ds), "cca_get_device_stats");
+    step_check(cca_reset_peak_stats(0), "cca_reset_peak_stats");
+    size_t cached, largest;
+    step_check(cca_cache_info(0, &cached, &largest), "cca_cache_info");
+    do_free(0);
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    step_check(cca_enable_peer_access(1, 0), "cca_enable_peer_access");
+    do_malloc(100 * MiB, 0, NULL); /* device cap */
+}
+
 typedef struct scenario {
     const char *name;
     void (*run)(void);
@@ -222,6 +290,9 @@ static const scenario_t scenarios[] = {
     {"empty_cache", scenario_empty_cache, "", 0},
     {"settings", scenario_settings, "", 0},
     {"host", scenario_host, "", 0},
+    {"peer", scenario_peer, "", 0},
+    {"ipc", scenario_ipc, "", 72 * MiB},
+    {"async", scenario_async, "backend:cudaMallocAsync", 96 * MiB},
 };
 
 static void setup(const scenario_t *sc)
@@ -321,7 +392,7 @@ static void fault_loops(const scenario_t *sc)
         if (!calls[op])
             continue;
         cca_status_t statuses[2] = {CCA_ERR_BACKEND, CCA_ERR_OUT_OF_MEMORY};
-        int nstatus = (op == CCA_OP_MALLOC || op == CCA_OP_HOST_ALLOC) ? 2 : 1;
+        int nstatus = (op == CCA_OP_MALLOC || op == CCA_OP_HOST_ALLOC || op == CCA_OP_MALLOC_ASYNC) ? 2 : 1;
         for (int si = 0; si < nstatus; si++)
             for (int persistent = 0; persistent < 2; persistent++)
                 for (uint64_t nth = 1;; nth++) {
@@ -348,6 +419,9 @@ TEST(fault_oom) { fault_loops(&scenarios[2]); }
 TEST(fault_empty_cache) { fault_loops(&scenarios[3]); }
 TEST(fault_settings) { fault_loops(&scenarios[4]); }
 TEST(fault_host) { fault_loops(&scenarios[5]); }
+TEST(fault_peer) { fault_loops(&scenarios[6]); }
+TEST(fault_ipc) { fault_loops(&scenarios[7]); }
+TEST(fault_async) { fault_loops(&scenarios[8]); }
 
 int main(void)
 {
@@ -358,6 +432,9 @@ int main(void)
     RUN(fault_empty_cache);
     RUN(fault_settings);
     RUN(fault_host);
+    RUN(fault_peer);
+    RUN(fault_ipc);
+    RUN(fault_async);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

@@ -4,8 +4,11 @@
  * each). The first byte picks the mode:
  *  - odd: general mode: allocations of every size class on 4 streams and 2
  *    devices, frees, record_stream, completion of a stream's events,
- *    empty_cache, memory fraction, run-time settings changes; after every
- *    operation the invariant checker must pass;
+ *    empty_cache, memory fraction, run-time settings changes, peer access,
+ *    IPC handles (frees of shared blocks deferred, references released,
+ *    collection); after every operation the invariant checker must pass;
+ *    when the first byte's second bit is set too, the same operations run
+ *    with backend:cudaMallocAsync;
  *  - even: model mode: allocations, frees and empty_cache on one stream of
  *    one device with the default settings, each also run through an
  *    independent reference model of PyTorch's policy below (rounding, pools,
@@ -303,10 +306,22 @@ static void run_model(reader_t *r)
     }
 }
 
-static void run_general(reader_t *r)
+/* IPC handles made and not released yet. */
+static cca_ipc_mem_handle_t handles[64];
+static size_t nhandles;
+
+static void release_handles(void)
+{
+    for (size_t i = 0; i < nhandles; i++)
+        CHECK(cca_ipc_release_handle(&handles[i]) == CCA_OK, "release_handle: %s",
+              cca_last_error()->message);
+    nhandles = 0;
+}
+
+static void run_general(reader_t *r, bool async)
 {
     for (int op = 0; op < MAX_OPS && r->pos < r->size; op++) {
-        uint8_t code = next_byte(r) % 10;
+        uint8_t code = next_byte(r) % 12;
         const char *what = "?";
         if (code < 4 || nlive == 0) {
             what = "cca_malloc";
@@ -340,6 +355,35 @@ static void run_general(reader_t *r)
                 what = "cca_empty_cache";
                 CHECK(cca_empty_cache() == CCA_OK, "empty_cache: %s", cca_last_error()->message);
             }
+        } else if (code == 10) {
+            uint8_t b = next_byte(r);
+            what = "cca_enable_peer_access";
+            int device = b & 1, peer = !device;
+            CHECK(cca_enable_peer_access(device, peer) == CCA_OK, "peer: %s", cca_last_error()->message);
+            int peers[2];
+            size_t n = 0;
+            CHECK(cca_peer_access_list(peer, peers, 2, &n) == CCA_OK && n == 1 && peers[0] == device,
+                  "peer list of %d", peer);
+        } else if (code == 11) {
+            uint8_t b = next_byte(r);
+            what = "cca_ipc_get_handle";
+            size_t i = b % nlive;
+            cca_ipc_mem_handle_t h;
+            cca_status_t st = cca_ipc_get_handle(live[i], &h);
+            if (async) {
+                CHECK(st == CCA_ERR_NOT_SUPPORTED, "ipc under cudaMallocAsync: %s", cca_status_str(st));
+            } else {
+                CHECK(st == CCA_OK, "ipc_get_handle: %s", cca_last_error()->message);
+                if (b & 0x80 || nhandles == 64)
+                    CHECK(cca_ipc_release_handle(&h) == CCA_OK, "release_handle");
+                else
+                    handles[nhandles++] = h;
+                if (b & 0x40) {
+                    what = "cca_ipc_collect";
+                    size_t pending = 0;
+                    CHECK(cca_ipc_collect(&pending) == CCA_OK, "collect: %s", cca_last_error()->message);
+                }
+            }
         } else {
             uint8_t b = next_byte(r);
             if (b & 1) {
@@ -362,22 +406,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     reader_t r = {data, size, 1};
     bool model_mode = (data[0] & 1) == 0;
+    bool async = !model_mode && (data[0] & 2);
     cca_sim_config_t cfg = {0};
     cfg.devices = 2;
     cfg.total_memory = DEVICE_MEMORY;
     cfg.manual_events = true;
     cca_shutdown();
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim");
-    CHECK(cca_init_with_backend(sim, "") == CCA_OK, "init: %s", cca_last_error()->message);
+    CHECK(cca_init_with_backend(sim, async ? "backend:cudaMallocAsync" : "") == CCA_OK, "init: %s",
+          cca_last_error()->message);
     nlive = 0;
+    nhandles = 0;
     model_reset();
     if (model_mode)
         run_model(&r);
     else
-        run_general(&r);
+        run_general(&r, async);
     for (size_t i = 0; i < nlive; i++)
         CHECK(cca_free(live[i]) == CCA_OK, "final free: %s", cca_last_error()->message);
     nlive = 0;
+    release_handles();
+    size_t pending = 1;
+    CHECK(cca_ipc_collect(&pending) == CCA_OK && pending == 0, "final collect: %zu left", pending);
     CHECK(cca_sim_complete_stream(sim, 0, NULL, true) == CCA_OK, "complete");
     CHECK(cca_sim_complete_stream(sim, 1, NULL, true) == CCA_OK, "complete");
     CHECK(cca_empty_cache() == CCA_OK, "final empty_cache: %s", cca_last_error()->message);

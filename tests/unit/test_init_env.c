@@ -53,6 +53,25 @@ TEST(sim_from_environment)
     expect_false(cca_is_initialized());
 }
 
+TEST(cuda_malloc_async_from_environment)
+{
+    reset_env();
+    setenv("CCA_BACKEND", "sim", 1);
+    setenv("CCA_SIM_DEVICES", "2", 1);
+    setenv("CCA_SIM_MEMORY", "1G", 1);
+    setenv("CCA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
+    expect_ok(cca_init());
+    void *p = NULL;
+    expect_ok(cca_malloc_device(&p, 3 << 20, 1, NULL));
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(1, &s));
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 3 << 20);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0); /* no segments of cca's own */
+    expect_ok(cca_free(p));
+    expect_status(cca_set_settings("backend:native"), CCA_ERR_NOT_SUPPORTED);
+    reset_env();
+}
+
 TEST(bad_environment)
 {
     reset_env();
@@ -119,6 +138,7 @@ TEST(no_caching_from_environment)
 int main(void)
 {
     RUN(sim_from_environment);
+    RUN(cuda_malloc_async_from_environment);
     RUN(bad_environment);
     RUN(cuda_backend_without_gpu_says_so);
     RUN(no_caching_from_environment);

@@ -1,0 +1,646 @@
+/*
+ * async.c - `backend:cudaMallocAsync`: every allocation is a stream-ordered
+ * allocation from the device's default memory pool (cudaMallocAsync), every
+ * free a cudaFreeAsync, with PyTorch 2.11's semantics for this backend:
+ *  - each device's pool is set up on first use: release threshold UINT64_MAX
+ *    (the pool keeps what it reserved across synchronisations), the three
+ *    reuse policies on, and a "unifying" stream of cca's own;
+ *  - record_stream remembers the extra (stream, device) pairs; the free then
+ *    makes the unifying stream wait for the allocation stream and each of
+ *    them (an event each) and frees in the unifying stream;
+ *  - a memory fraction is a hard limit on the bytes allocated through cca;
+ *  - empty_cache synchronises each set-up device and trims its pool to 0;
+ *  - statistics are what the pool reports: allocated and active bytes are the
+ *    pool's used memory, reserved bytes its reserved memory (current and
+ *    high-water mark); every other statistic stays 0, resetting accumulated
+ *    statistics has no effect (warned once), resetting peaks resets the
+ *    pool's high-water marks;
+ *  - cache_info's largest block is found by trial allocations, halving.
+ * Invariant: an allocation is in the table exactly from its malloc_async to
+ * its free_async, and used_bytes of its device counts its size meanwhile.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "async.h"
+#include "device.h"
+
+#define ASYNC_SHARDS 64
+
+typedef struct async_use {
+    cca_stream_t stream;
+    int device;
+} async_use_t;
+
+typedef struct async_entry {
+    uintptr_t ptr;
+    size_t size;                 /* bytes requested */
+    int device;
+    cca_stream_t stream;         /* allocation stream */
+    async_use_t *uses;           /* streams added by record_stream */
+    uint32_t use_count, use_cap;
+    struct async_entry *next;    /* chain in its shard */
+} async_entry_t;
+
+typedef struct async_shard {
+    pthread_mutex_t lock;
+    async_entry_t **buckets;     /* power-of-two table of chains */
+    size_t cap, count;
+} async_shard_t;
+
+/* A backend resource whose release failed, released again later. */
+typedef struct async_orphan {
+    bool is_event;               /* an event, else a malloc_async pointer */
+    void *handle;
+    struct async_orphan *next;
+} async_orphan_t;
+
+typedef struct async_device {
+    pthread_mutex_t lock;        /* set-up and the limit */
+    pthread_rwlock_t pool_lock;  /* read: calls that change the pool; write: reading its
+                                    statistics, so they are one consistent picture */
+    atomic_bool ready;           /* pool configured, unifying stream made */
+    cca_stream_t unifying;       /* frees of blocks used on several streams */
+    _Atomic size_t used_bytes;   /* allocated through cca (PyTorch's pytorch_used_bytes) */
+    size_t limit;                /* bytes; SIZE_MAX: no memory fraction */
+    async_orphan_t *orphans;     /* releases to retry (lock) */
+} async_device_t;
+
+typedef struct async_state {
+    int device_count;
+    async_device_t *devices;
+    async_shard_t shards[ASYNC_SHARDS];
+    atomic_bool warned_reset;    /* reset_accumulated_stats warning given */
+} async_state_t;
+
+static async_state_t *AS;
+
+bool async_enabled(void)
+{
+    return AS != NULL;
+}
+
+/* ---- the pointer table ---------------------------------------------------------------- */
+
+static inline uint64_t ptr_hash(uintptr_t p)
+{
+    uint64_t x = (uint64_t)p >> 8;
+    x *= 0x9e3779b97f4a7c15ull;
+    return x ^ (x >> 31);
+}
+
+static async_shard_t *shard_of(uintptr_t p)
+{
+    return &AS->shards[ptr_hash(p) % ASYNC_SHARDS];
+}
+
+/* Link e into its chain (shard lock held, the table allocated); never allocates. */
+static void table_link_locked(async_shard_t *sh, async_entry_t *e)
+{
+    size_t j = (ptr_hash(e->ptr) >> 6) & (sh->cap - 1);
+    e->next = sh->buckets[j];
+    sh->buckets[j] = e;
+    sh->count++;
+}
+
+/* Insert e (its shard's lock held). Returns false when out of host memory. */
+static bool table_insert_locked(async_shard_t *sh, async_entry_t *e)
+{
+    if (sh->count + 1 > sh->cap / 2) {
+        size_t cap = sh->cap ? sh->cap * 2 : 64;
+        async_entry_t **b = calloc(cap, sizeof(*b));
+        if (!b)
+            return false;
+        for (size_t i = 0; i < sh->cap; i++) {
+            async_entry_t *x = sh->buckets[i];
+            while (x) {
+                async_entry_t *n = x->next;
+                size_t j = (ptr_hash(x->ptr) >> 6) & (cap - 1);
+                x->next = b[j];
+                b[j] = x;
+                x = n;
+            }
+        }
+        free(sh->buckets);
+        sh->buckets = b;
+        sh->cap = cap;
+    }
+    table_link_locked(sh, e);
+    return true;
+}
+
+/* Find the entry of p, unlinking it when remove is set (shard lock held). */
+static async_entry_t *table_find_locked(async_shard_t *sh, uintptr_t p, bool remove)
+{
+    if (!sh->cap)
+        return NULL;
+    async_entry_t **link = &sh->buckets[(ptr_hash(p) >> 6) & (sh->cap - 1)];
+    for (; *link; link = &(*link)->next) {
+        async_entry_t *e = *link;
+        if (e->ptr != p)
+            continue;
+        if (remove) {
+            *link = e->next;
+            sh->count--;
+        }
+        return e;
+    }
+    return NULL;
+}
+
+static void entry_free(async_entry_t *e)
+{
+    free(e->uses);
+    free(e);
+}
+
+size_t async_live_count(void)
+{
+    if (!AS)
+        return 0;
+    size_t n = 0;
+    for (int i = 0; i < ASYNC_SHARDS; i++) {
+        pthread_mutex_lock(&AS->shards[i].lock);
+        n += AS->shards[i].count;
+        pthread_mutex_unlock(&AS->shards[i].lock);
+    }
+    return n;
+}
+
+/* ---- releases that failed ------------------------------------------------------------------ */
+
+/*
+ * Keep a resource whose release failed, to release it at the next
+ * empty_cache or at shutdown, so a failing backend call leaks nothing.
+ */
+static void orphan_add(int device, bool is_event, void *handle)
+{
+    async_orphan_t *o = malloc(sizeof(*o));
+    if (!o)
+        return; /* no host memory to remember it: nothing more can be done */
+    async_device_t *ad = &AS->devices[device];
+    o->is_event = is_event;
+    o->handle = handle;
+    pthread_mutex_lock(&ad->lock);
+    o->next = ad->orphans;
+    ad->orphans = o;
+    pthread_mutex_unlock(&ad->lock);
+}
+
+/* Release the device's orphans again; those that fail stay. Returns the first error. */
+static cca_status_t orphans_retry(cca_backend_t *be, int device)
+{
+    async_device_t *ad = &AS->devices[device];
+    cca_status_t result = CCA_OK;
+    pthread_mutex_lock(&ad->lock);
+    async_orphan_t **link = &ad->orphans;
+    while (*link) {
+        async_orphan_t *o = *link;
+        cca_status_t st = o->is_event ? be->event_destroy(be->ctx, device, o->handle)
+                                      : be->free_async(be->ctx, device, o->handle, NULL);
+        if (st == CCA_OK) {
+            *link = o->next;
+            free(o);
+        } else {
+            if (result == CCA_OK)
+                result = st;
+            link = &o->next;
+        }
+    }
+    pthread_mutex_unlock(&ad->lock);
+    return result;
+}
+
+/* ---- set-up ------------------------------------------------------------------------------ */
+
+cca_status_t async_init(int device_count)
+{
+    async_state_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cudaMallocAsync");
+    s->devices = calloc((size_t)device_count, sizeof(*s->devices));
+    if (!s->devices) {
+        free(s);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cudaMallocAsync");
+    }
+    s->device_count = device_count;
+    double fraction = cca_state->settings.per_process_memory_fraction;
+    for (int d = 0; d < device_count; d++) {
+        pthread_mutex_init(&s->devices[d].lock, NULL);
+        pthread_rwlock_init(&s->devices[d].pool_lock, NULL);
+        s->devices[d].limit = SIZE_MAX;
+        if (fraction > 0.0)
+            s->devices[d].limit = (size_t)(fraction * (double)cca_state->devices[d].total_memory);
+    }
+    for (int i = 0; i < ASYNC_SHARDS; i++)
+        pthread_mutex_init(&s->shards[i].lock, NULL);
+    AS = s;
+    return CCA_OK;
+}
+
+/*
+ * Configure device's pool and make its unifying stream, once (PyTorch's
+ * lazy_init_device). On failure nothing is left half made but pool attributes.
+ */
+static cca_status_t device_ready(int device)
+{
+    async_device_t *ad = &AS->devices[device];
+    if (atomic_load_explicit(&ad->ready, memory_order_acquire))
+        return CCA_OK;
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&ad->lock);
+    if (atomic_load_explicit(&ad->ready, memory_order_relaxed))
+        goto out_unlock;
+    st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_RELEASE_THRESHOLD, UINT64_MAX);
+    if (st == CCA_OK)
+        st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES, 1);
+    if (st == CCA_OK)
+        st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC, 1);
+    if (st == CCA_OK)
+        st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 1);
+    if (st == CCA_OK)
+        st = be->stream_create(be->ctx, device, &ad->unifying);
+    if (st == CCA_OK)
+        atomic_store_explicit(&ad->ready, true, memory_order_release);
+out_unlock:
+    pthread_mutex_unlock(&ad->lock);
+    return st;
+}
+
+void async_shutdown(cca_backend_t *be)
+{
+    async_state_t *s = AS;
+    if (!s)
+        return;
+    /* Work on the allocations may still be queued, and their streams may be
+     * gone: wait for every device, then free in the default stream. */
+    for (int d = 0; d < s->device_count; d++)
+        if (atomic_load(&s->devices[d].ready))
+            (void)be->device_synchronize(be->ctx, d);
+    for (int i = 0; i < ASYNC_SHARDS; i++) {
+        async_shard_t *sh = &s->shards[i];
+        for (size_t j = 0; j < sh->cap; j++) {
+            async_entry_t *e = sh->buckets[j];
+            while (e) {
+                async_entry_t *n = e->next;
+                (void)be->free_async(be->ctx, e->device, (void *)e->ptr, NULL);
+                entry_free(e);
+                e = n;
+            }
+        }
+        free(sh->buckets);
+        pthread_mutex_destroy(&sh->lock);
+    }
+    for (int d = 0; d < s->device_count; d++) {
+        async_device_t *ad = &s->devices[d];
+        (void)orphans_retry(be, d);
+        while (ad->orphans) { /* still failing: forget them */
+            async_orphan_t *o = ad->orphans;
+            ad->orphans = o->next;
+            free(o);
+        }
+        if (atomic_load(&ad->ready)) {
+            (void)be->device_synchronize(be->ctx, d);
+            (void)be->stream_destroy(be->ctx, d, ad->unifying);
+        }
+        pthread_mutex_destroy(&ad->lock);
+        pthread_rwlock_destroy(&ad->pool_lock);
+    }
+    free(s->devices);
+    free(s);
+    AS = NULL;
+}
+
+/* ---- allocation ---------------------------------------------------------------------------- */
+
+/* PyTorch's out-of-memory message of this backend. */
+static cca_status_t async_oom(int device, size_t size)
+{
+    cca_backend_t *be = cca_state->backend;
+    async_device_t *ad = &AS->devices[device];
+    size_t device_free = 0, device_total = 0;
+    cca_status_t st = be->mem_get_info(be->ctx, device, &device_free, &device_total);
+    if (st != CCA_OK)
+        return st;
+    char used[32], req[32], total[32], freeb[32], limit[32];
+    stats_format_size(atomic_load(&ad->used_bytes), used, sizeof(used));
+    stats_format_size(size, req, sizeof(req));
+    stats_format_size(device_total, total, sizeof(total));
+    stats_format_size(device_free, freeb, sizeof(freeb));
+    stats_format_size(ad->limit, limit, sizeof(limit));
+    return cca_raise(CCA_ERR_OUT_OF_MEMORY,
+                     "Allocation on device %d would exceed allowed memory. (out of memory)\n"
+                     "Currently allocated     : %s\n"
+                     "Requested               : %s\n"
+                     "Device limit            : %s\n"
+                     "Free (according to CUDA): %s\n"
+                     "PyTorch limit (set by user-supplied memory fraction)\n"
+                     "                        : %s",
+                     device, used, req, total, freeb, limit);
+}
+
+/* Count size bytes against the device's limit; false when they do not fit. */
+static bool charge(async_device_t *ad, size_t size)
+{
+    size_t before = atomic_fetch_add_explicit(&ad->used_bytes, size, memory_order_relaxed);
+    if (before + size < before || before + size > ad->limit) {
+        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **ptr)
+{
+    cca_backend_t *be = cca_state->backend;
+    async_device_t *ad = &AS->devices[device];
+    cca_status_t st = device_ready(device);
+    if (st != CCA_OK)
+        return st;
+    async_entry_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
+    if (!charge(ad, size)) {
+        free(e);
+        return async_oom(device, size);
+    }
+    void *p = NULL;
+    pthread_rwlock_rdlock(&ad->pool_lock);
+    st = be->malloc_async(be->ctx, device, size, stream, &p);
+    pthread_rwlock_unlock(&ad->pool_lock);
+    if (st != CCA_OK) {
+        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
+        free(e);
+        return st == CCA_ERR_OUT_OF_MEMORY ? async_oom(device, size) : st;
+    }
+    e->ptr = (uintptr_t)p;
+    e->size = size;
+    e->device = device;
+    e->stream = stream;
+    async_shard_t *sh = shard_of(e->ptr);
+    pthread_mutex_lock(&sh->lock);
+    bool ok = table_insert_locked(sh, e);
+    pthread_mutex_unlock(&sh->lock);
+    if (!ok) {
+        (void)be->free_async(be->ctx, device, p, stream);
+        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
+        free(e);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
+    }
+    *ptr = p;
+    return CCA_OK;
+}
+
+/* Make `dependent` wait for the work queued so far on (stream, device). */
+static cca_status_t sync_streams(int device, cca_stream_t stream, int dependent_device,
+                                 cca_stream_t dependent)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_event_t ev = NULL;
+    cca_status_t st = be->event_create(be->ctx, device, &ev);
+    if (st != CCA_OK)
+        return st;
+    st = be->event_record(be->ctx, device, ev, stream);
+    if (st == CCA_OK)
+        st = be->stream_wait_event(be->ctx, dependent_device, dependent, ev);
+    /* The wait is queued: the event may go now; if it cannot, later. */
+    cca_status_t dst = be->event_destroy(be->ctx, device, ev);
+    if (dst != CCA_OK)
+        orphan_add(device, true, ev);
+    return st;
+}
+
+/* cudaFreeAsync of e, through the unifying stream when it was used on others. */
+static cca_status_t free_entry(async_entry_t *e)
+{
+    cca_backend_t *be = cca_state->backend;
+    if (!e->use_count)
+        return be->free_async(be->ctx, e->device, (void *)e->ptr, e->stream);
+    cca_stream_t unifying = AS->devices[e->device].unifying;
+    cca_status_t st = sync_streams(e->device, e->stream, e->device, unifying);
+    for (uint32_t i = 0; st == CCA_OK && i < e->use_count; i++)
+        st = sync_streams(e->uses[i].device, e->uses[i].stream, e->device, unifying);
+    if (st == CCA_OK)
+        st = be->free_async(be->ctx, e->device, (void *)e->ptr, unifying);
+    return st;
+}
+
+cca_status_t async_free(void *ptr)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    async_shard_t *sh = shard_of(p);
+    pthread_mutex_lock(&sh->lock);
+    async_entry_t *e = table_find_locked(sh, p, true);
+    pthread_mutex_unlock(&sh->lock);
+    if (!e)
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "cca_free: pointer %p was not allocated by cca, or was already freed", ptr);
+    async_device_t *ad = &AS->devices[e->device];
+    pthread_rwlock_rdlock(&ad->pool_lock);
+    cca_status_t st = free_entry(e);
+    pthread_rwlock_unlock(&ad->pool_lock);
+    if (st != CCA_OK) {
+        /* Still allocated: the caller may retry. Its chain slot needs no memory. */
+        pthread_mutex_lock(&sh->lock);
+        table_link_locked(sh, e);
+        pthread_mutex_unlock(&sh->lock);
+        return st;
+    }
+    atomic_fetch_sub_explicit(&ad->used_bytes, e->size, memory_order_relaxed);
+    entry_free(e);
+    return CCA_OK;
+}
+
+cca_status_t async_record_stream(void *ptr, cca_stream_t stream)
+{
+    cca_backend_t *be = cca_state->backend;
+    int device = 0;
+    cca_status_t st = be->get_device(be->ctx, &device); /* the stream's device */
+    if (st != CCA_OK)
+        return st;
+    uintptr_t p = (uintptr_t)ptr;
+    async_shard_t *sh = shard_of(p);
+    pthread_mutex_lock(&sh->lock);
+    async_entry_t *e = table_find_locked(sh, p, false);
+    if (!e) {
+        pthread_mutex_unlock(&sh->lock);
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "cca_record_stream: pointer %p was not allocated by cca, or was already freed",
+                         ptr);
+    }
+    if (stream == e->stream && device == e->device)
+        goto out_unlock; /* the allocation stream: nothing to do */
+    for (uint32_t i = 0; i < e->use_count; i++)
+        if (e->uses[i].stream == stream && e->uses[i].device == device)
+            goto out_unlock;
+    if (e->use_count == e->use_cap) {
+        uint32_t cap = e->use_cap ? e->use_cap * 2 : 2;
+        async_use_t *uses = realloc(e->uses, cap * sizeof(*uses));
+        if (!uses) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in cca_record_stream");
+            goto out_unlock;
+        }
+        e->uses = uses;
+        e->use_cap = cap;
+    }
+    e->uses[e->use_count++] = (async_use_t){stream, device};
+out_unlock:
+    pthread_mutex_unlock(&sh->lock);
+    return st;
+}
+
+/* ---- cache control and queries -------------------------------------------------------------- */
+
+cca_status_t async_empty_cache(void)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t result = CCA_OK;
+    for (int d = 0; d < AS->device_count; d++) {
+        if (!atomic_load_explicit(&AS->devices[d].ready, memory_order_acquire))
+            continue;
+        pthread_rwlock_rdlock(&AS->devices[d].pool_lock);
+        cca_status_t st = orphans_retry(be, d);
+        if (st == CCA_OK)
+            st = be->device_synchronize(be->ctx, d);
+        if (st == CCA_OK)
+            st = be->mempool_trim(be->ctx, d, 0);
+        pthread_rwlock_unlock(&AS->devices[d].pool_lock);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
+    }
+    return result;
+}
+
+cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_block)
+{
+    cca_backend_t *be = cca_state->backend;
+    async_device_t *ad = &AS->devices[device];
+    cca_status_t st = device_ready(device);
+    if (st != CCA_OK)
+        return st;
+    size_t free_bytes = 0, total = 0;
+    st = be->mem_get_info(be->ctx, device, &free_bytes, &total);
+    if (st != CCA_OK)
+        return st;
+    size_t used = atomic_load(&ad->used_bytes);
+    size_t headroom = ad->limit > used ? ad->limit - used : 0;
+    size_t guess = free_bytes < headroom ? free_bytes : headroom;
+    /* As PyTorch: the largest workspace found by trial, halving on failure. */
+    pthread_rwlock_rdlock(&ad->pool_lock);
+    while (guess > 0) {
+        void *p = NULL;
+        st = be->malloc_async(be->ctx, device, guess, NULL, &p);
+        if (st == CCA_OK) {
+            if (be->free_async(be->ctx, device, p, NULL) != CCA_OK)
+                orphan_add(device, false, p); /* the guess stands; the trial goes later */
+            break;
+        }
+        if (st != CCA_ERR_OUT_OF_MEMORY)
+            break;
+        st = CCA_OK;
+        guess >>= 1;
+    }
+    pthread_rwlock_unlock(&ad->pool_lock);
+    if (st != CCA_OK)
+        return st;
+    uint64_t reserved = 0, in_use = 0;
+    st = be->mempool_get_attr(be->ctx, device, CCA_MEMPOOL_RESERVED_CURRENT, &reserved);
+    if (st == CCA_OK)
+        st = be->mempool_get_attr(be->ctx, device, CCA_MEMPOOL_USED_CURRENT, &in_use);
+    if (st != CCA_OK)
+        return st;
+    if (total_cached)
+        *total_cached = reserved > in_use ? (size_t)(reserved - in_use) : 0;
+    if (largest_block)
+        *largest_block = guess;
+    cca_clear_error();
+    return CCA_OK;
+}
+
+cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    async_shard_t *sh = shard_of(p);
+    pthread_mutex_lock(&sh->lock);
+    async_entry_t *e = table_find_locked(sh, p, false);
+    size_t n = e ? e->size : 0;
+    pthread_mutex_unlock(&sh->lock);
+    if (!e)
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "cca_get_base_allocation: pointer %p is not an allocation of the "
+                         "cudaMallocAsync backend (which knows allocations by their start only)",
+                         ptr);
+    if (base)
+        *base = ptr;
+    if (size)
+        *size = n;
+    return CCA_OK;
+}
+
+cca_status_t async_set_memory_fraction(double fraction, int device)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = device_ready(device);
+    if (st != CCA_OK)
+        return st;
+    size_t free_bytes = 0, total = 0;
+    st = be->mem_get_info(be->ctx, device, &free_bytes, &total);
+    if (st != CCA_OK)
+        return st;
+    async_device_t *ad = &AS->devices[device];
+    pthread_mutex_lock(&ad->lock);
+    ad->limit = (size_t)(fraction * (double)total);
+    pthread_mutex_unlock(&ad->lock);
+    return CCA_OK;
+}
+
+/* ---- statistics ------------------------------------------------------------------------------- */
+
+cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats)
+{
+    cca_backend_t *be = cca_state->backend;
+    uint64_t v[4] = {0, 0, 0, 0};
+    static const cca_mempool_attr_t attrs[4] = {CCA_MEMPOOL_RESERVED_CURRENT, CCA_MEMPOOL_RESERVED_HIGH,
+                                                CCA_MEMPOOL_USED_CURRENT, CCA_MEMPOOL_USED_HIGH};
+    /* A device not used yet reports zeros, without setting its pool up. */
+    async_device_t *ad = &AS->devices[device];
+    if (atomic_load_explicit(&ad->ready, memory_order_acquire)) {
+        pthread_rwlock_wrlock(&ad->pool_lock);
+        cca_status_t st = CCA_OK;
+        for (int i = 0; i < 4 && st == CCA_OK; i++)
+            st = be->mempool_get_attr(be->ctx, device, attrs[i], &v[i]);
+        pthread_rwlock_unlock(&ad->pool_lock);
+        if (st != CCA_OK)
+            return st;
+    }
+    memset(stats, 0, sizeof(*stats));
+    stats->reserved_bytes[CCA_STAT_ALL].current = (int64_t)v[0];
+    stats->reserved_bytes[CCA_STAT_ALL].peak = (int64_t)v[1];
+    stats->allocated_bytes[CCA_STAT_ALL].current = (int64_t)v[2];
+    stats->allocated_bytes[CCA_STAT_ALL].peak = (int64_t)v[3];
+    stats->active_bytes[CCA_STAT_ALL].current = (int64_t)v[2];
+    stats->active_bytes[CCA_STAT_ALL].peak = (int64_t)v[3];
+    return CCA_OK;
+}
+
+cca_status_t async_reset_peak_stats(int device)
+{
+    cca_backend_t *be = cca_state->backend;
+    /* Zero is the only value these accept: it resets each mark to its current value. */
+    cca_status_t st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_RESERVED_HIGH, 0);
+    if (st == CCA_OK)
+        st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_USED_HIGH, 0);
+    return st;
+}
+
+cca_status_t async_reset_accumulated_stats(int device)
+{
+    (void)device;
+    if (!atomic_exchange(&AS->warned_reset, true))
+        cca_output("cca warning: for backend:cudaMallocAsync, resetting accumulated statistics "
+                   "has no effect\n");
+    return CCA_OK;
+}

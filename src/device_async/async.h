@@ -1,0 +1,34 @@
+/*
+ * async.h - the cudaMallocAsync device allocator (`backend:cudaMallocAsync`):
+ * the driver's stream-ordered pool behind cca's device API, with PyTorch
+ * 2.11's semantics for that backend. The device entry points hand over to it
+ * when the setting is on; it keeps no blocks, segments or caches of its own.
+ */
+#ifndef CCA_ASYNC_H
+#define CCA_ASYNC_H
+
+#include "internal.h"
+
+/* True while cca runs with backend:cudaMallocAsync. */
+bool async_enabled(void);
+
+/* Set up / tear down the allocator's state (setup.c; cca_state set, devices known). */
+cca_status_t async_init(int device_count);
+/* Free what is still allocated (in stream order) and give streams back (before be goes). */
+void async_shutdown(cca_backend_t *be);
+
+/* The device entry points of this backend (arguments already validated). */
+cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **ptr);
+cca_status_t async_free(void *ptr);
+cca_status_t async_record_stream(void *ptr, cca_stream_t stream);
+cca_status_t async_empty_cache(void);
+cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_block);
+cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size);
+cca_status_t async_set_memory_fraction(double fraction, int device);
+cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats);
+cca_status_t async_reset_peak_stats(int device);
+cca_status_t async_reset_accumulated_stats(int device);
+/* Number of live allocations (tests, shutdown checks). */
+size_t async_live_count(void);
+
+#endif /* CCA_ASYNC_H */

@@ -1,0 +1,425 @@
+/*
+ * test_cuda_multigpu.c - several GPUs and processes on real hardware:
+ *  - two processes (fork before any CUDA call) share blocks both ways
+ *    through cca IPC handles: two blocks of one segment and a large block
+ *    one way, a block of the other process (on the second GPU when there is
+ *    one) back; data written on the device by one process is checked by the
+ *    other; a free while the other process maps the block is deferred until
+ *    it closes it, then collected;
+ *  - peer access between GPU 0 and GPU 1 and copies between them
+ *    (cca_memcpy_peer_async and a plain device-to-device cudaMemcpy);
+ *  - backend:cudaMallocAsync: round trips on streams, record_stream,
+ *    statistics from the pool, empty_cache trimming, a memory fraction,
+ *    threads on every GPU at once.
+ * Peer tests need two GPUs and are skipped (reported) with one. Exits 77
+ * (skipped) without a GPU.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static const size_t MiB = 1024 * 1024;
+static int gpus;
+
+static bool setup(const char *settings)
+{
+    setenv("CCA_BACKEND", "cuda", 1);
+    if (settings)
+        setenv("CCA_ALLOC_CONF", settings, 1);
+    else
+        unsetenv("CCA_ALLOC_CONF");
+    cca_status_t st = cca_init();
+    if (st != CCA_OK) {
+        HARNESS_FAIL("cca_init: %s: %s", cca_status_str(st), cca_last_error()->message);
+        return false;
+    }
+    return true;
+}
+
+static void teardown(void)
+{
+    cca_shutdown();
+    unsetenv("CCA_ALLOC_CONF");
+}
+
+/* Set size bytes at p to value on the current device and wait. */
+static bool device_fill(void *p, int value, size_t size)
+{
+    return cudaMemset(p, value, size) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+}
+
+/* Bytes of [p, p + size) that differ from value (first and last 64 KiB). */
+static size_t device_mismatches(const void *p, int value, size_t size)
+{
+    static unsigned char buf[65536];
+    size_t bad = 0;
+    for (int end = 0; end < 2; end++) {
+        size_t n = size < sizeof(buf) ? size : sizeof(buf);
+        const char *src = end ? (const char *)p + size - n : p;
+        if (cudaMemcpy(buf, src, n, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return size;
+        for (size_t i = 0; i < n; i++)
+            bad += buf[i] != (unsigned char)value;
+    }
+    return bad;
+}
+
+/* ---- two processes ------------------------------------------------------------ */
+
+typedef struct msg {
+    int tag;
+    cca_ipc_mem_handle_t handle[3];
+} msg_t;
+
+static void send_msg(int fd, const msg_t *m)
+{
+    if (write(fd, m, sizeof(*m)) != (ssize_t)sizeof(*m))
+        HARNESS_FAIL("pipe write failed");
+}
+
+static msg_t recv_msg(int fd)
+{
+    msg_t m;
+    memset(&m, 0, sizeof(m));
+    size_t got = 0;
+    while (got < sizeof(m)) {
+        ssize_t n = read(fd, (char *)&m + got, sizeof(m) - got);
+        if (n <= 0) {
+            HARNESS_FAIL("pipe read failed");
+            m.tag = -1;
+            return m;
+        }
+        got += (size_t)n;
+    }
+    return m;
+}
+
+enum { MSG_HANDLES = 1, MSG_CHILD_WROTE, MSG_PARENT_FREED, MSG_CHILD_CLOSED, MSG_PARENT_DONE };
+
+static void ipc_child(int rfd, int wfd)
+{
+    if (!setup(NULL))
+        return;
+    msg_t m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_HANDLES);
+    void *big = NULL, *s1 = NULL, *s2 = NULL;
+    size_t size = 0;
+    expect_ok(cca_ipc_open(&m.handle[0], &big, &size));
+    expect_eq_u64(size, 40 * MiB);
+    expect_ok(cca_ipc_open(&m.handle[1], &s1, &size));
+    expect_ok(cca_ipc_open(&m.handle[2], &s2, &size));
+    if (!big || !s1 || !s2)
+        return;
+    expect_eq_u64((uintptr_t)s2 - (uintptr_t)s1, 256 * 1024); /* one mapping of their segment */
+    expect_eq_u64(device_mismatches(big, 0x11, 40 * MiB), 0);
+    expect_eq_u64(device_mismatches(s1, 0x22, 256 * 1024), 0);
+    expect_eq_u64(device_mismatches(s2, 0x33, 256 * 1024), 0);
+    expect_true(device_fill(big, 0x44, 40 * MiB)); /* written here, read there */
+    int other = gpus > 1 ? 1 : 0;
+    void *mine = NULL;
+    expect_ok(cca_malloc_device(&mine, 8 * MiB, other, NULL));
+    expect_true(cudaSetDevice(other) == cudaSuccess);
+    expect_true(device_fill(mine, 0x55, 8 * MiB));
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    msg_t out = {MSG_CHILD_WROTE, {{{0}}}};
+    expect_ok(cca_ipc_get_handle(mine, &out.handle[0]));
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_FREED);
+    expect_eq_u64(device_mismatches(big, 0x44, 40 * MiB), 0); /* still mapped and intact */
+    expect_ok(cca_ipc_close(s1));
+    expect_ok(cca_ipc_close(s2));
+    expect_ok(cca_ipc_close(big));
+    expect_ok(cca_free(mine)); /* deferred: the parent maps it */
+    out.tag = MSG_CHILD_CLOSED;
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_DONE);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    teardown();
+}
+
+TEST(two_processes_share_both_ways)
+{
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork(); /* before this process touches CUDA: main() only probed in a child */
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        ipc_child(down[0], up[1]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    close(up[1]);
+    if (!setup(NULL))
+        return;
+    void *big = NULL, *s1 = NULL, *s2 = NULL;
+    expect_ok(cca_malloc(&big, 40 * MiB, NULL));
+    expect_ok(cca_malloc(&s1, 256 * 1024, NULL));
+    expect_ok(cca_malloc(&s2, 256 * 1024, NULL));
+    expect_true(device_fill(big, 0x11, 40 * MiB));
+    expect_true(device_fill(s1, 0x22, 256 * 1024));
+    expect_true(device_fill(s2, 0x33, 256 * 1024));
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    expect_ok(cca_ipc_get_handle(big, &m.handle[0]));
+    expect_ok(cca_ipc_get_handle(s1, &m.handle[1]));
+    expect_ok(cca_ipc_get_handle(s2, &m.handle[2]));
+    send_msg(down[1], &m);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_WROTE);
+    expect_eq_u64(device_mismatches(big, 0x44, 40 * MiB), 0);
+    void *theirs = NULL;
+    size_t size = 0;
+    expect_ok(cca_ipc_open(&m.handle[0], &theirs, &size));
+    expect_eq_u64(size, 8 * MiB);
+    if (theirs) {
+        int dev = gpus > 1 ? 1 : 0;
+        expect_true(cudaSetDevice(dev) == cudaSuccess);
+        expect_eq_u64(device_mismatches(theirs, 0x55, 8 * MiB), 0);
+        expect_true(cudaSetDevice(0) == cudaSuccess);
+    }
+    cca_device_stats_t st0;
+    expect_ok(cca_get_device_stats(0, &st0));
+    expect_ok(cca_free(big));
+    expect_ok(cca_free(s1));
+    expect_ok(cca_free(s2));
+    cca_device_stats_t st1;
+    expect_ok(cca_get_device_stats(0, &st1));
+    expect_eq_i64(st1.allocated_bytes[CCA_STAT_ALL].current, st0.allocated_bytes[CCA_STAT_ALL].current);
+    msg_t freed = {MSG_PARENT_FREED, {{{0}}}};
+    send_msg(down[1], &freed);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_CLOSED);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_ok(cca_get_device_stats(0, &st1));
+    expect_eq_i64(st1.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_ok(cca_empty_cache());
+    if (theirs)
+        expect_ok(cca_ipc_close(theirs));
+    msg_t done = {MSG_PARENT_DONE, {{{0}}}};
+    send_msg(down[1], &done);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    teardown();
+}
+
+/* ---- peer access ---------------------------------------------------------------- */
+
+static void peer_round(const char *settings)
+{
+    if (gpus < 2) {
+        printf("  (one GPU: peer access not tested)\n");
+        return;
+    }
+    if (!setup(settings))
+        return;
+    bool can01 = false, can10 = false;
+    expect_ok(cca_can_access_peer(0, 1, &can01));
+    expect_ok(cca_can_access_peer(1, 0, &can10));
+    printf("  peer access 0->1 %s, 1->0 %s\n", can01 ? "yes" : "no", can10 ? "yes" : "no");
+    if (can01)
+        expect_ok(cca_enable_peer_access(0, 1));
+    if (can10)
+        expect_ok(cca_enable_peer_access(1, 0));
+    int peers[4];
+    size_t n = 0;
+    expect_ok(cca_peer_access_list(1, peers, 4, &n));
+    expect_eq_u64(n, can01 ? 1 : 0);
+    const size_t size = 64 * MiB;
+    void *a = NULL, *b = NULL, *c = NULL;
+    expect_ok(cca_malloc_device(&a, size, 0, NULL));
+    expect_ok(cca_malloc_device(&b, size, 1, NULL));
+    expect_ok(cca_malloc_device(&c, size, 0, NULL));
+    if (!a || !b || !c)
+        goto out;
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    expect_true(device_fill(a, 0x5a, size));
+    expect_ok(cca_memcpy_peer_async(b, 1, a, 0, size, NULL));
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    expect_true(cudaSetDevice(1) == cudaSuccess);
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    expect_eq_u64(device_mismatches(b, 0x5a, size), 0);
+    expect_true(device_fill(b, 0x6b, size));
+    /* with peer access a plain device-to-device copy reaches across */
+    expect_true(cudaMemcpy(c, b, size, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    expect_eq_u64(device_mismatches(c, 0x6b, size), 0);
+out:
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(c));
+    teardown();
+}
+
+TEST(peer_copies_native)
+{
+    peer_round(NULL);
+}
+
+TEST(peer_copies_cuda_malloc_async)
+{
+    peer_round("backend:cudaMallocAsync");
+}
+
+/* ---- backend:cudaMallocAsync ------------------------------------------------------ */
+
+TEST(cuda_malloc_async_backend)
+{
+    if (!setup("backend:cudaMallocAsync"))
+        return;
+    cudaStream_t s1 = NULL, s2 = NULL;
+    expect_true(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    expect_true(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
+    const size_t sizes[] = {1, 4096, MiB + 1, 20 * MiB, 200 * MiB};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        void *p = NULL;
+        expect_ok(cca_malloc(&p, sizes[i], (cca_stream_t)s1));
+        if (!p)
+            continue;
+        expect_true(cudaMemsetAsync(p, 0x70 + (int)i, sizes[i], s1) == cudaSuccess);
+        expect_true(cudaStreamSynchronize(s1) == cudaSuccess);
+        expect_eq_u64(device_mismatches(p, 0x70 + (int)i, sizes[i]), 0);
+        expect_ok(cca_free(p));
+    }
+    /* used on a second stream: freed through the unifying stream */
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, 32 * MiB, (cca_stream_t)s1));
+    expect_true(cudaMemsetAsync(p, 1, 32 * MiB, s2) == cudaSuccess);
+    expect_ok(cca_record_stream(p, (cca_stream_t)s2));
+    cca_device_stats_t st;
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_true(st.allocated_bytes[CCA_STAT_ALL].current >= (int64_t)(32 * MiB));
+    expect_true(st.reserved_bytes[CCA_STAT_ALL].current >= st.allocated_bytes[CCA_STAT_ALL].current);
+    expect_ok(cca_free(p));
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_true(st.reserved_bytes[CCA_STAT_ALL].current > 0); /* the release threshold keeps it */
+    size_t free_before = 0, free_after = 0, total = 0;
+    expect_ok(cca_mem_get_info(0, &free_before, &total));
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_ok(cca_mem_get_info(0, &free_after, &total));
+    expect_true(free_after > free_before);
+    /* a memory fraction is a hard limit */
+    expect_ok(cca_set_memory_fraction(0.05, 0));
+    void *big = NULL;
+    expect_status(cca_malloc(&big, total / 10, (cca_stream_t)s1), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "would exceed allowed memory");
+    expect_ok(cca_set_memory_fraction(1.0, 0));
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+    teardown();
+}
+
+static atomic_int thread_errors;
+
+static void *async_worker(void *arg)
+{
+    int device = (int)(intptr_t)arg % gpus;
+    if (cca_set_device(device) != CCA_OK || cudaSetDevice(device) != cudaSuccess) {
+        atomic_fetch_add(&thread_errors, 1);
+        return NULL;
+    }
+    cudaStream_t s = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        atomic_fetch_add(&thread_errors, 1);
+        return NULL;
+    }
+    void *live[16] = {0};
+    for (int i = 0; i < 2000; i++) {
+        int k = i % 16;
+        if (live[k] && cca_free(live[k]) != CCA_OK)
+            atomic_fetch_add(&thread_errors, 1);
+        live[k] = NULL;
+        size_t size = (size_t)((i * 7919) % (4 * 1024 * 1024)) + 1;
+        if (cca_malloc(&live[k], size, (cca_stream_t)s) != CCA_OK ||
+            cudaMemsetAsync(live[k], k, size, s) != cudaSuccess)
+            atomic_fetch_add(&thread_errors, 1);
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k] && cca_free(live[k]) != CCA_OK)
+            atomic_fetch_add(&thread_errors, 1);
+    if (cudaStreamSynchronize(s) != cudaSuccess)
+        atomic_fetch_add(&thread_errors, 1);
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+static void threads_on_every_gpu(const char *settings)
+{
+    if (!setup(settings))
+        return;
+    atomic_store(&thread_errors, 0);
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, async_worker, (void *)(intptr_t)i);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    expect_eq_i64(atomic_load(&thread_errors), 0);
+    for (int d = 0; d < gpus; d++) {
+        cca_device_stats_t st;
+        expect_ok(cca_get_device_stats(d, &st));
+        expect_eq_i64(st.allocated_bytes[CCA_STAT_ALL].current, 0);
+    }
+    teardown();
+}
+
+TEST(threads_on_every_gpu_native)
+{
+    threads_on_every_gpu(NULL);
+}
+
+TEST(threads_on_every_gpu_cuda_malloc_async)
+{
+    threads_on_every_gpu("backend:cudaMallocAsync");
+}
+
+int main(void)
+{
+    /* Probe in a child: CUDA must not be initialised here before fork(). */
+    pid_t probe = fork();
+    if (probe == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1)
+            _exit(0);
+        _exit(n > 100 ? 100 : n);
+    }
+    int status = 0;
+    waitpid(probe, &status, 0);
+    gpus = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    if (gpus < 1) {
+        printf("SKIPPED: no GPU\n");
+        return 77;
+    }
+    printf("%d GPU(s)\n", gpus);
+    RUN(two_processes_share_both_ways);
+    RUN(peer_copies_native);
+    RUN(peer_copies_cuda_malloc_async);
+    RUN(cuda_malloc_async_backend);
+    RUN(threads_on_every_gpu_native);
+    RUN(threads_on_every_gpu_cuda_malloc_async);
+    return harness_done();
+}

@@ -1,0 +1,314 @@
+/*
+ * test_async.c - `backend:cudaMallocAsync` on the simulated backend's model
+ * of a stream-ordered pool: PyTorch's set-up of the pool (release threshold,
+ * reuse policies), statistics from the pool's attributes, record_stream
+ * through the unifying stream, memory fraction as a hard limit, empty_cache,
+ * cache_info, base allocations, faults and misuse.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "device.h"
+#include "harness.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+static cca_backend_t *sim;
+
+static void setup(const char *settings)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = GiB;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
+        printf("cannot set up: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static cca_device_stats_t stats(int device)
+{
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(device, &s));
+    return s;
+}
+
+static uint64_t attr(int device, cca_mempool_attr_t a)
+{
+    uint64_t v = 0;
+    expect_ok(sim->mempool_get_attr(sim->ctx, device, a, &v));
+    return v;
+}
+
+TEST(pool_set_up_as_pytorch)
+{
+    setup("backend:cudaMallocAsync");
+    /* nothing is set up before first use */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MEMPOOL_SET_ATTR), 0);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MEMPOOL_GET_ATTR), 0);
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, 3 * MiB, S1));
+    expect_true(p != NULL);
+    expect_eq_u64(attr(0, CCA_MEMPOOL_RELEASE_THRESHOLD), UINT64_MAX);
+    expect_eq_u64(attr(0, CCA_MEMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES), 1);
+    expect_eq_u64(attr(0, CCA_MEMPOOL_REUSE_ALLOW_OPPORTUNISTIC), 1);
+    expect_eq_u64(attr(0, CCA_MEMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES), 1);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_CREATE), 1); /* the unifying stream */
+    /* device 1 untouched */
+    expect_eq_u64(attr(1, CCA_MEMPOOL_RELEASE_THRESHOLD), 0);
+    expect_ok(cca_free(p));
+}
+
+TEST(statistics_are_the_pools)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL, *q = NULL;
+    expect_ok(cca_malloc(&p, 3 * MiB, S1));
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 3 * MiB);
+    expect_eq_i64(s.active_bytes[CCA_STAT_ALL].current, 3 * MiB);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, attr(0, CCA_MEMPOOL_RESERVED_CURRENT));
+    expect_true(s.reserved_bytes[CCA_STAT_ALL].current >= (int64_t)(3 * MiB));
+    /* statistics of the native allocator stay 0 */
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_LARGE_POOL].current, 0);
+    expect_ok(cca_malloc(&q, 5 * MiB, S1));
+    expect_ok(cca_free(p));
+    s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 5 * MiB);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].peak, 8 * MiB);
+    int64_t reserved = s.reserved_bytes[CCA_STAT_ALL].current;
+    expect_ok(cca_free(q));
+    /* the release threshold keeps the pool's memory across synchronisations */
+    expect_ok(sim->device_synchronize(sim->ctx, 0));
+    s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, reserved);
+    /* memory_stats and the summary read the same figures */
+    cca_stat_entry_t e[CCA_MEMORY_STATS_COUNT];
+    expect_ok(cca_memory_stats(0, e, CCA_MEMORY_STATS_COUNT));
+    int64_t peak = -1;
+    for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++)
+        if (!strcmp(e[i].key, "allocated_bytes.all.peak"))
+            peak = e[i].value;
+    expect_eq_i64(peak, 8 * MiB);
+    char *text = NULL;
+    expect_ok(cca_memory_summary(0, false, &text));
+    expect_contains(text, "memory summary, device ID 0");
+    free(text);
+    /* peaks reset to the current values; accumulated statistics cannot be reset */
+    expect_ok(cca_reset_peak_stats(0));
+    s = stats(0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].peak, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].peak, reserved);
+}
+
+static char warned[512];
+static void capture(const char *text, void *arg)
+{
+    (void)arg;
+    strncat(warned, text, sizeof(warned) - strlen(warned) - 1);
+}
+
+TEST(reset_accumulated_warns_once)
+{
+    setup("backend:cudaMallocAsync");
+    warned[0] = 0;
+    cca_register_output(capture, NULL);
+    expect_ok(cca_reset_accumulated_stats(0));
+    expect_ok(cca_reset_accumulated_stats(1));
+    cca_register_output(NULL, NULL);
+    const char *first = strstr(warned, "has no effect");
+    expect_true(first != NULL);
+    expect_true(first && !strstr(first + 1, "has no effect")); /* once */
+}
+
+TEST(empty_cache_trims_the_pool)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, 64 * MiB, S1));
+    expect_ok(cca_free(p));
+    expect_true(stats(0).reserved_bytes[CCA_STAT_ALL].current >= (int64_t)(64 * MiB));
+    uint64_t syncs = cca_sim_call_count(sim, CCA_OP_DEVICE_SYNCHRONIZE);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    /* only the set-up device is synchronised and trimmed */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_DEVICE_SYNCHRONIZE), syncs + 1);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MEMPOOL_TRIM), 1);
+    /* memory in use is not trimmed */
+    expect_ok(cca_malloc(&p, 10 * MiB, S1));
+    expect_ok(cca_empty_cache());
+    expect_true(stats(0).reserved_bytes[CCA_STAT_ALL].current >= (int64_t)(10 * MiB));
+    expect_ok(cca_free(p));
+}
+
+TEST(record_stream_frees_through_the_unifying_stream)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL, *q = NULL;
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_ok(cca_malloc(&q, MiB, S1));
+    uint64_t waits = cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT);
+    uint64_t events = cca_sim_call_count(sim, CCA_OP_EVENT_CREATE);
+    expect_ok(cca_free(q)); /* one stream: a plain free on it */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT), waits);
+    expect_ok(cca_record_stream(p, S1)); /* the allocation stream: nothing */
+    expect_ok(cca_record_stream(p, S2));
+    expect_ok(cca_record_stream(p, S2)); /* once */
+    expect_ok(cca_free(p));
+    /* the unifying stream waits for the allocation stream and S2 */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT), waits + 2);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_CREATE), events + 2);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 0);
+    expect_eq_u64(u.live_allocations, 0);
+}
+
+TEST(memory_fraction_is_a_hard_limit)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL, *q = NULL;
+    expect_ok(cca_set_memory_fraction(0.25, 0));
+    expect_ok(cca_malloc(&p, 200 * MiB, S1));
+    expect_status(cca_malloc(&q, 100 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    const char *m = cca_last_error()->message;
+    expect_contains(m, "Allocation on device 0 would exceed allowed memory. (out of memory)");
+    expect_contains(m, "Currently allocated     : 200.00 MiB");
+    expect_contains(m, "Requested               : 100.00 MiB");
+    expect_contains(m, "PyTorch limit (set by user-supplied memory fraction)");
+    expect_contains(m, "256.00 MiB");
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 200 * MiB);
+    expect_ok(cca_free(p));
+    expect_ok(cca_malloc(&q, 100 * MiB, S1)); /* recoverable */
+    expect_ok(cca_free(q));
+    /* the setting applies from initialisation */
+    setup("backend:cudaMallocAsync,per_process_memory_fraction:0.5");
+    expect_status(cca_malloc(&p, 600 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_ok(cca_malloc(&p, 500 * MiB, S1));
+    expect_ok(cca_free(p));
+    expect_status(cca_set_memory_fraction(1.5, 0), CCA_ERR_INVALID_ARGUMENT);
+}
+
+TEST(device_out_of_memory)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 2 * GiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "Free (according to CUDA):");
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_status(cca_malloc(&p, (size_t)1 << 61, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "more than 1EB");
+    expect_ok(cca_malloc(&p, 512 * MiB, S1));
+    expect_ok(cca_free(p));
+}
+
+TEST(queries)
+{
+    setup("backend:cudaMallocAsync");
+    char *p = NULL;
+    expect_ok(cca_malloc((void **)&p, 10 * MiB, S1));
+    void *base = NULL;
+    size_t size = 0;
+    expect_ok(cca_get_base_allocation(p, &base, &size));
+    expect_eq_ptr(base, p);
+    expect_eq_u64(size, 10 * MiB);
+    expect_status(cca_get_base_allocation(p + 512, &base, &size), CCA_ERR_INVALID_POINTER);
+    size_t cached = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &cached, &largest));
+    expect_true(largest > 0 && largest <= GiB - 10 * MiB);
+    expect_eq_u64(cached, attr(0, CCA_MEMPOOL_RESERVED_CURRENT) - attr(0, CCA_MEMPOOL_USED_CURRENT));
+    expect_eq_u64(attr(0, CCA_MEMPOOL_USED_CURRENT), 10 * MiB); /* the trial was freed */
+    cca_snapshot_t *snap = NULL;
+    expect_status(cca_snapshot(&snap), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "not meaningful");
+    expect_ok(cca_free(p));
+}
+
+TEST(misuse)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    int x;
+    expect_status(cca_free(&x), CCA_ERR_INVALID_POINTER);
+    expect_ok(cca_free(NULL));
+    expect_ok(cca_malloc(&p, 0, S1));
+    expect_true(p == NULL);
+    expect_ok(cca_malloc(&p, 4096, S1));
+    expect_ok(cca_free(p));
+    expect_status(cca_free(p), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_record_stream(p, S2), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_set_settings("backend:native"), CCA_ERR_NOT_SUPPORTED);
+    expect_status(cca_malloc_device(&p, 64, 2, S1), CCA_ERR_INVALID_ARGUMENT);
+}
+
+TEST(faults_leave_nothing_behind)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    /* pool set-up fails: nothing allocated, the next call sets up */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_MEMPOOL_SET_ATTR, 2, false, CCA_ERR_BACKEND));
+    expect_status(cca_malloc(&p, MiB, S1), CCA_ERR_BACKEND);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_STREAM_CREATE, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_malloc(&p, MiB, S1), CCA_ERR_BACKEND);
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_ok(cca_free(p));
+    /* the allocation fails */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_MALLOC_ASYNC, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_malloc(&p, MiB, S1), CCA_ERR_BACKEND);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+    /* the free fails: still allocated, the retry frees */
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_FREE_ASYNC, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_free(p), CCA_ERR_BACKEND);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, MiB);
+    expect_ok(cca_free(p));
+    /* a free through the unifying stream fails at each step */
+    for (int op = 0; op < 3; op++) {
+        static const cca_backend_op_t ops[3] = {CCA_OP_EVENT_CREATE, CCA_OP_EVENT_RECORD,
+                                                CCA_OP_STREAM_WAIT_EVENT};
+        expect_ok(cca_malloc(&p, MiB, S1));
+        expect_ok(cca_record_stream(p, S2));
+        expect_ok(cca_sim_inject_fault(sim, ops[op], 1, false, CCA_ERR_BACKEND));
+        expect_status(cca_free(p), CCA_ERR_BACKEND);
+        expect_ok(cca_free(p));
+    }
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 0);
+    expect_eq_u64(u.live_allocations, 0);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+TEST(host_allocator_unchanged)
+{
+    setup("backend:cudaMallocAsync");
+    void *h = NULL;
+    expect_ok(cca_host_malloc(&h, 4096));
+    expect_ok(cca_host_free(h));
+}
+
+int main(void)
+{
+    RUN(pool_set_up_as_pytorch);
+    RUN(statistics_are_the_pools);
+    RUN(reset_accumulated_warns_once);
+    RUN(empty_cache_trims_the_pool);
+    RUN(record_stream_frees_through_the_unifying_stream);
+    RUN(memory_fraction_is_a_hard_limit);
+    RUN(device_out_of_memory);
+    RUN(queries);
+    RUN(misuse);
+    RUN(faults_leave_nothing_behind);
+    RUN(host_allocator_unchanged);
+    cca_shutdown();
+    return harness_done();
+}

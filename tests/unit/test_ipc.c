@@ -1,0 +1,304 @@
+/*
+ * test_ipc.c - device memory shared between processes on the simulated
+ * backend. Its `ipc_shared` mode puts every allocation in shared memory that
+ * another process maps through an IPC handle (as cudaIpcOpenMemHandle maps
+ * the producer's allocation), so two processes made with fork() really share
+ * the bytes: data is written and checked in both directions, a segment is
+ * mapped once for several blocks, a block freed by its owner while the other
+ * process maps it is kept until that process closes it (and then collected
+ * explicitly or by the out-of-memory path). Also: misuse, faults, and the
+ * cudaMallocAsync backend's refusal.
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "harness.h"
+#include "ipc.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static cca_backend_t *sim;
+
+static void setup(bool shared, size_t cap, const char *settings)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = 1ull << 30;
+    cfg.memory_cap = cap;
+    cfg.backed = shared;
+    cfg.ipc_shared = shared;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
+        printf("cannot set up: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static int64_t allocated(int device)
+{
+    cca_device_stats_t s;
+    cca_get_device_stats(device, &s);
+    return s.allocated_bytes[CCA_STAT_ALL].current;
+}
+
+static void fill(void *p, size_t n, unsigned seed)
+{
+    unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(i * 31 + seed);
+}
+
+static size_t mismatches(const void *p, size_t n, unsigned seed)
+{
+    const unsigned char *b = p;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += b[i] != (unsigned char)(i * 31 + seed);
+    return bad;
+}
+
+/* Messages between the two processes: a tag and, for handles, the handle. */
+typedef struct msg {
+    int tag;
+    cca_ipc_mem_handle_t handle[3];
+} msg_t;
+
+static void send_msg(int fd, const msg_t *m)
+{
+    if (write(fd, m, sizeof(*m)) != (ssize_t)sizeof(*m))
+        HARNESS_FAIL("pipe write failed");
+}
+
+static msg_t recv_msg(int fd)
+{
+    msg_t m;
+    memset(&m, 0, sizeof(m));
+    size_t got = 0;
+    while (got < sizeof(m)) {
+        ssize_t n = read(fd, (char *)&m + got, sizeof(m) - got);
+        if (n <= 0) {
+            HARNESS_FAIL("pipe read failed");
+            m.tag = -1;
+            return m;
+        }
+        got += (size_t)n;
+    }
+    return m;
+}
+
+enum { MSG_HANDLES = 1, MSG_CHILD_WROTE, MSG_PARENT_FREED, MSG_CHILD_CLOSED, MSG_PARENT_DONE };
+
+/* The child: opens the parent's blocks, writes into one, shares its own. */
+static void child(int rfd, int wfd)
+{
+    setup(true, 0, "");
+    msg_t m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_HANDLES);
+    void *big = NULL, *s1 = NULL, *s2 = NULL;
+    size_t size = 0;
+    uint64_t opens = cca_sim_call_count(sim, CCA_OP_IPC_OPEN);
+    expect_ok(cca_ipc_open(&m.handle[0], &big, &size));
+    expect_eq_u64(size, 40 * MiB);
+    expect_eq_u64(mismatches(big, 40 * MiB, 1), 0);
+    expect_ok(cca_ipc_open(&m.handle[1], &s1, &size));
+    expect_eq_u64(size, 256 * KiB);
+    expect_ok(cca_ipc_open(&m.handle[2], &s2, &size));
+    expect_eq_u64(mismatches(s1, 256 * KiB, 2), 0);
+    expect_eq_u64(mismatches(s2, 256 * KiB, 3), 0);
+    /* two blocks of one segment: the segment is mapped once */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_IPC_OPEN), opens + 2);
+    expect_eq_u64((uintptr_t)s2 - (uintptr_t)s1, 256 * KiB);
+    /* a handle stands for one reference: a second open is refused */
+    void *again = NULL;
+    expect_status(cca_ipc_open(&m.handle[1], &again, NULL), CCA_ERR_INVALID_ARGUMENT);
+    /* the other way: write into the parent's block, share a block of ours */
+    fill(big, 40 * MiB, 9);
+    void *mine = NULL;
+    expect_ok(cca_malloc(&mine, 3 * MiB, NULL));
+    fill(mine, 3 * MiB, 5);
+    msg_t out = {MSG_CHILD_WROTE, {{{0}}}};
+    expect_ok(cca_ipc_get_handle(mine, &out.handle[0]));
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_FREED);
+    /* the parent freed `big`: still mapped and intact here */
+    expect_eq_u64(mismatches(big, 40 * MiB, 9), 0);
+    expect_eq_u64(ipc_open_count(), 3);
+    expect_ok(cca_ipc_close(s1));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_IPC_CLOSE), 0); /* s2 keeps the segment */
+    expect_ok(cca_ipc_close(s2));
+    expect_ok(cca_ipc_close(big));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_IPC_CLOSE), 2);
+    expect_status(cca_ipc_close(big), CCA_ERR_INVALID_POINTER);
+    expect_eq_u64(ipc_open_count(), 0);
+    /* our own block, still mapped by the parent: the free waits */
+    int64_t before = allocated(0);
+    expect_ok(cca_free(mine));
+    expect_eq_i64(allocated(0), before);
+    out.tag = MSG_CHILD_CLOSED;
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_DONE);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), before - (int64_t)(3 * MiB));
+    cca_shutdown();
+}
+
+TEST(two_processes_share_both_ways)
+{
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        child(down[0], up[1]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    close(up[1]);
+    /* a device of 64 MiB: the OOM path has to collect the deferred free */
+    setup(true, 64 * MiB, "");
+    void *big = NULL, *s1 = NULL, *s2 = NULL;
+    expect_ok(cca_malloc(&big, 40 * MiB, NULL));
+    expect_ok(cca_malloc(&s1, 256 * KiB, NULL));
+    expect_ok(cca_malloc(&s2, 256 * KiB, NULL));
+    fill(big, 40 * MiB, 1);
+    fill(s1, 256 * KiB, 2);
+    fill(s2, 256 * KiB, 3);
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    expect_ok(cca_ipc_get_handle(big, &m.handle[0]));
+    expect_ok(cca_ipc_get_handle(s1, &m.handle[1]));
+    expect_ok(cca_ipc_get_handle(s2, &m.handle[2]));
+    send_msg(down[1], &m);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_WROTE);
+    /* the child's writes are in our memory */
+    expect_eq_u64(mismatches(big, 40 * MiB, 9), 0);
+    void *theirs = NULL;
+    size_t size = 0;
+    expect_ok(cca_ipc_open(&m.handle[0], &theirs, &size));
+    expect_eq_u64(size, 3 * MiB);
+    expect_eq_u64(mismatches(theirs, 3 * MiB, 5), 0);
+    /* free while the child maps it: deferred, still allocated */
+    int64_t before = allocated(0);
+    expect_ok(cca_free(big));
+    expect_ok(cca_free(s1));
+    expect_ok(cca_free(s2));
+    expect_eq_i64(allocated(0), before);
+    expect_status(cca_free(big), CCA_ERR_INVALID_POINTER); /* a double free stays one */
+    size_t pending = 0;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 3);
+    msg_t freed = {MSG_PARENT_FREED, {{{0}}}};
+    send_msg(down[1], &freed);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_CLOSED);
+    /* 40 MiB more fit only once the deferred block is collected and released */
+    void *next = NULL;
+    cca_status_t st = cca_malloc(&next, 40 * MiB, NULL);
+    if (st != CCA_OK)
+        printf("  %s\n", cca_last_error()->message);
+    expect_ok(st);
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), 40 * MiB);
+    expect_ok(cca_free(next));
+    expect_ok(cca_ipc_close(theirs));
+    msg_t done = {MSG_PARENT_DONE, {{{0}}}};
+    send_msg(down[1], &done);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(down[1]);
+    close(up[0]);
+}
+
+TEST(misuse)
+{
+    setup(false, 0, "");
+    char *p = NULL;
+    cca_ipc_mem_handle_t h;
+    int x;
+    expect_status(cca_ipc_get_handle(&x, &h), CCA_ERR_INVALID_POINTER);
+    expect_ok(cca_malloc((void **)&p, MiB, NULL));
+    expect_status(cca_ipc_get_handle(p + 512, &h), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_ipc_get_handle(p, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_get_handle(NULL, &h), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_ipc_get_handle(p, &h));
+    void *q = NULL;
+    expect_status(cca_ipc_open(&h, &q, NULL), CCA_ERR_INVALID_ARGUMENT); /* our own */
+    expect_contains(cca_last_error()->message, "this process");
+    cca_ipc_mem_handle_t bad = h;
+    bad.bytes[40] ^= 1;
+    expect_status(cca_ipc_open(&bad, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "corrupt");
+    memset(&bad, 0, sizeof(bad));
+    expect_status(cca_ipc_open(&bad, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(&h, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_close(&x), CCA_ERR_INVALID_POINTER);
+    /* nobody released the handle: the free is deferred, a second one is a double free */
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p));
+    expect_eq_i64(allocated(0), before);
+    expect_status(cca_free(p), CCA_ERR_INVALID_POINTER);
+    size_t pending = 0;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    /* shutdown forgets it; a new state starts clean */
+    setup(false, 0, "");
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+}
+
+TEST(unshared_blocks_free_at_once)
+{
+    setup(false, 0, "");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    /* the backend's handle fails: no reference is taken */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_IPC_GET, 1, false, CCA_ERR_BACKEND));
+    cca_ipc_mem_handle_t h;
+    expect_status(cca_ipc_get_handle(p, &h), CCA_ERR_BACKEND);
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p));
+    expect_eq_i64(allocated(0), before - (int64_t)MiB);
+}
+
+TEST(async_backend_refuses)
+{
+    setup(false, 0, "backend:cudaMallocAsync");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    cca_ipc_mem_handle_t h;
+    memset(&h, 0, sizeof(h));
+    expect_status(cca_ipc_get_handle(p, &h), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support shareIpcHandle");
+    void *q = NULL;
+    expect_status(cca_ipc_open(&h, &q, NULL), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support getIpcDevPtr");
+    expect_ok(cca_free(p));
+}
+
+int main(void)
+{
+    RUN(two_processes_share_both_ways);
+    RUN(misuse);
+    RUN(unshared_blocks_free_at_once);
+    RUN(async_backend_refuses);
+    cca_shutdown();
+    return harness_done();
+}
