@@ -319,6 +319,160 @@ cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle);
 cca_status_t cca_ipc_collect(size_t *pending);
 
 /* ------------------------------------------------------------------------ */
+/* Private pools: CUDA graph capture, MemPool, checkpoints                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The id of a private pool, as PyTorch's MempoolId_t. (0, 0) names the
+ * default pools and is never a private pool's id. By PyTorch's convention a
+ * graph's own pool is (n, 0) and a pool the user made (MemPool,
+ * graph_pool_handle()) is (0, n).
+ */
+typedef struct cca_mempool_id {
+    uint64_t first;
+    uint64_t second;
+} cca_mempool_id_t;
+
+/**
+ * A new pool id, unique in this process: (n, 0) when user_created is false
+ * (a graph's own pool), (0, n) when true (a MemPool). Ids PyTorch generates
+ * may be used instead; cca never makes one up behind the caller's back.
+ */
+cca_mempool_id_t cca_mempool_id_new(bool user_created);
+
+/**
+ * Create the private pool id on device with a use count of 1, or, if it
+ * exists, add one to its use count (PyTorch's createOrIncrefPool). A pool
+ * holds its own cached blocks: allocations routed to it (below) never take
+ * memory of the default pools or of other pools, and its memory returns to
+ * the backend only after its use count falls to 0 (cca_release_pool) and its
+ * blocks are free. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, id
+ * (0, 0)), CCA_ERR_BUSY (the pool was released to 0 and awaits freeing),
+ * CCA_ERR_OUT_OF_MEMORY (host memory), or an init error.
+ */
+cca_status_t cca_pool_create(int device, cca_mempool_id_t id);
+
+/**
+ * MemPool's options. use_on_oom: when an allocation outside any private
+ * pool would run out of memory, a free cached block of this pool may serve
+ * it (before cached segments are released). no_split: blocks of this pool
+ * are never split (each allocation takes a whole free block or segment).
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, unknown id).
+ */
+cca_status_t cca_pool_set_use_on_oom(int device, cca_mempool_id_t id, bool use_on_oom);
+cca_status_t cca_pool_set_no_split(int device, cca_mempool_id_t id);
+
+/** A routing filter: true if an allocation on stream goes to the pool. */
+typedef bool (*cca_stream_filter_fn)(cca_stream_t stream, void *arg);
+
+/**
+ * Route allocations to the private pool id (created with a use count of 1
+ * if it does not exist, else its use count grows by one, as PyTorch's
+ * beginAllocateToPool): from now until cca_end_allocate_to_pool, every
+ * allocation on device for which filter(stream, arg) is true goes to the
+ * pool. With several routes active the newest matching one wins. filter is
+ * called inside cca's device lock and must not call cca; arg must live until
+ * the route ends. Three forms:
+ *  - cca_begin_allocate_to_pool: any filter (PyTorch's graph capture filter
+ *    compares the stream's capture id);
+ *  - cca_begin_allocate_stream_to_pool: allocations on one stream (a graph
+ *    capture on that stream);
+ *  - cca_begin_allocate_thread_to_pool: allocations of the calling thread on
+ *    any stream (torch.cuda.use_mem_pool).
+ * While any route is active on a device, cca behaves as PyTorch during a
+ * capture: no event is queried or synchronised, a freed block that was used
+ * on other streams (cca_record_stream) is set aside until no route is active,
+ * and the out-of-memory sequence does not release every cached block.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, id (0, 0), filter
+ * NULL), CCA_ERR_BUSY (already routing to id, or id released to 0),
+ * CCA_ERR_OUT_OF_MEMORY, or an init error. Nothing changes on error.
+ */
+cca_status_t cca_begin_allocate_to_pool(int device, cca_mempool_id_t id, cca_stream_filter_fn filter,
+                                        void *arg);
+cca_status_t cca_begin_allocate_stream_to_pool(int device, cca_mempool_id_t id, cca_stream_t stream);
+cca_status_t cca_begin_allocate_thread_to_pool(int device, cca_mempool_id_t id);
+
+/**
+ * Stop routing to id (PyTorch's endAllocateToPool; the use count is left
+ * as it is). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device),
+ * CCA_ERR_BUSY (no route to id is active). Nothing changes on error.
+ */
+cca_status_t cca_end_allocate_to_pool(int device, cca_mempool_id_t id);
+
+/**
+ * Take one from the use count of id (PyTorch's releasePool: a graph
+ * destroyed, a MemPool deleted, the end of use_mem_pool). At 0 the pool's
+ * segments become freeable: every cca_empty_cache (and cca_empty_cache_pool
+ * of id) returns those whose blocks are all free, and the pool disappears
+ * once it holds no segment. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad
+ * device, unknown id), CCA_ERR_BUSY (use count already 0: released twice;
+ * or the last use while a route to it is active). Nothing changes on error.
+ */
+cca_status_t cca_release_pool(int device, cca_mempool_id_t id);
+
+/** The use count of id (PyTorch's getPoolUseCount). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT. */
+cca_status_t cca_pool_use_count(int device, cca_mempool_id_t id, int *count);
+
+/**
+ * PyTorch's emptyCache(mempool_id) on every device: if id has been released
+ * to 0, wait for its blocks' pending events and return its unused segments;
+ * other pools are untouched. An id that is not freeable (or does not exist)
+ * is a no-op, as in PyTorch. Returns CCA_OK, CCA_ERR_BACKEND, or an init error.
+ */
+cca_status_t cca_empty_cache_pool(cca_mempool_id_t id);
+
+/**
+ * PyTorch's checkPoolLiveAllocations: *matches is true when the blocks of id
+ * allocated now are exactly the count pointers of ptrs. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (bad device, unknown id, matches NULL, ptrs NULL
+ * with count > 0), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_pool_check_live_allocations(int device, cca_mempool_id_t id, void *const *ptrs,
+                                             size_t count, bool *matches);
+
+/** The state of a private pool's segments and blocks at one moment (opaque). */
+typedef struct cca_pool_state cca_pool_state_t;
+
+/**
+ * Checkpoint the state of id (PyTorch's getCheckpointState): every segment
+ * of the pool with its blocks' sizes, addresses, streams and whether they are
+ * allocated. Frees set aside during a capture are completed first. Free the
+ * state with cca_pool_state_free. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (bad device, unknown id, state NULL), CCA_ERR_BUSY (the pool was released
+ * to 0, a route is active, or a block of it waits for stream events),
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_state_t **state);
+void cca_pool_state_free(cca_pool_state_t *state);
+
+/** The pool a state belongs to, and how many segments it describes. */
+cca_mempool_id_t cca_pool_state_id(const cca_pool_state_t *state);
+size_t cca_pool_state_segments(const cca_pool_state_t *state);
+
+/** What restoring a checkpoint changed (PyTorch's CheckpointDelta). */
+typedef struct cca_checkpoint_delta {
+    void **freed;            /**< pointers that were allocated and are no longer */
+    size_t freed_count;
+    void **allocated;        /**< pointers allocated in the checkpoint, allocated again now */
+    size_t allocated_count;
+} cca_checkpoint_delta_t;
+
+/**
+ * Return the pool to a checkpoint (PyTorch's setCheckpointPoolState, used
+ * by cudagraph trees): every block of the pool allocated now is freed, then
+ * the blocks allocated in the checkpoint are allocated again at their
+ * addresses (the caller owns them, as if cca_malloc had returned them). Every
+ * segment of the checkpoint must still belong to the pool with the same size:
+ * that is checked first, and nothing changes if it fails. Free delta's lists
+ * with cca_checkpoint_delta_free. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (bad device, NULL, a segment of the checkpoint no longer in the pool),
+ * CCA_ERR_BUSY (as for cca_pool_get_checkpoint), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
+                                     cca_checkpoint_delta_t *delta);
+void cca_checkpoint_delta_free(cca_checkpoint_delta_t *delta);
+
+/* ------------------------------------------------------------------------ */
 /* Statistics                                                               */
 /* ------------------------------------------------------------------------ */
 
@@ -475,6 +629,7 @@ typedef struct cca_replay_result {
     uint64_t segment_allocs;     /**< backend allocations cca made */
     uint64_t segment_frees;      /**< backend frees cca made */
     uint64_t ooms;               /**< allocations that failed with out of memory */
+    uint64_t pool_ops;           /**< private-pool operations applied (cca_meta.pool_events) */
     uint64_t address_mismatches; /**< allocs placed elsewhere than PyTorch (trace mode) */
     uint64_t unexpected_ooms;    /**< allocs PyTorch served that cca could not */
     int64_t peak_reserved_bytes;

@@ -64,6 +64,8 @@ static void print_human(const char *path, const cca_replay_result_t *r, bool tra
     printf("  allocations                  %" PRIu64 "\n", r->allocs);
     printf("  segment allocs / frees       %" PRIu64 " / %" PRIu64 "\n", r->segment_allocs, r->segment_frees);
     printf("  out-of-memory errors         %" PRIu64 "\n", r->ooms);
+    if (r->pool_ops)
+        printf("  private-pool operations      %" PRIu64 "\n", r->pool_ops);
     print_mib("peak reserved", r->peak_reserved_bytes);
     print_mib("peak allocated", r->peak_allocated_bytes);
     print_mib("peak requested", r->peak_requested_bytes);
@@ -108,8 +110,8 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
     printf("{\"settings\": ");
     json_string(r->settings);
     printf(", \"events\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"segment_allocs\": %" PRIu64
-           ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64,
-           r->events, r->allocs, r->segment_allocs, r->segment_frees, r->ooms);
+           ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64 ", \"pool_ops\": %" PRIu64,
+           r->events, r->allocs, r->segment_allocs, r->segment_frees, r->ooms, r->pool_ops);
     printf(", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
            ", \"peak_requested_bytes\": %" PRId64,
            r->peak_reserved_bytes, r->peak_allocated_bytes, r->peak_requested_bytes);

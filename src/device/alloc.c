@@ -63,6 +63,9 @@ size_t alloc_segment_size(const cca_settings_t *s, size_t size)
 
 static bool should_split(const cca_settings_t *s, const cca_block_t *block, size_t size)
 {
+    const cca_private_pool_t *pp = block->pool->owner->private_pool;
+    if (pp && pp->no_split)
+        return false;
     size_t remaining = block->size - size;
     if (block->pool->is_small)
         return remaining >= CCA_MIN_BLOCK_SIZE;
@@ -104,6 +107,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
     seg->size = alloc_size;
     seg->stream = pool->owner->stream;
     seg->is_small = pool->is_small;
+    if (pool->owner->private_pool)
+        pool->owner->private_pool->segment_count++;
     seg->next_seg = dev->segments;
     if (dev->segments)
         dev->segments->prev_seg = seg;
@@ -130,7 +135,7 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
 static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t size, bool count)
 {
     const cca_settings_t *s = &cca_state->settings;
-    if (count && dev->set_fraction && s->garbage_collection_threshold > 0.0)
+    if (count && dev->set_fraction && s->garbage_collection_threshold > 0.0 && !pool->owner->private_pool)
         atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
                                   memory_order_relaxed);
     cca_block_t *b = bins_best_fit(&pool->bins, size);
@@ -146,17 +151,18 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
 
 /*
  * Hand out a block found free or fresh from a segment: split off the rest if
- * worth it, update statistics, enter it in the pointer map (pool lock held).
+ * split says so (-1: if worth it), update statistics, enter it in the pointer
+ * map (pool lock held).
  */
 static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp,
-                                      size_t size, size_t orig_size)
+                                      size_t size, size_t orig_size, int split)
 {
     cca_block_t *block = *blockp;
     const cca_settings_t *s = &cca_state->settings;
     int type = pool_stat_type(pool->is_small);
     bool already_split = block_is_split(block);
     cca_block_t *remaining = NULL;
-    if (should_split(s, block, size)) {
+    if (split < 0 ? should_split(s, block, size) : split > 0) {
         cca_block_t *front = pool_block_new(pool, block->segment, block->addr, size);
         if (!front) {
             bins_insert(&pool->bins, block);
@@ -263,6 +269,40 @@ cca_status_t cca_ipc_collect(size_t *pending)
     return result;
 }
 
+/* Hand out *blockp with a given split decision (checkpoint restore; pool lock held). */
+cca_status_t alloc_take_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp, size_t size,
+                              size_t orig_size, int split)
+{
+    return alloc_found_block(dev, pool, blockp, size, orig_size, split);
+}
+
+/*
+ * use_on_oom: an allocation of the default pools (sp, the request's kind)
+ * that found no memory may take a free block of a pool marked use_on_oom, as
+ * PyTorch's try_mempool_fallback (device lock and sp's lock held). Returns
+ * the block (out of its bin, in *pool_out's pool) or NULL.
+ */
+static cca_block_t *oom_fallback(cca_device_t *dev, cca_stream_pool_t *sp, bool is_small, size_t size,
+                                cca_pool_t **pool_out)
+{
+    for (cca_private_pool_t *pp = dev->private_pools; pp; pp = pp->next) {
+        if (!pp->use_on_oom || pp->use_count == 0)
+            continue;
+        cca_stream_pool_t *psp = pools_find_stream_pool(pp, sp->stream);
+        if (!psp)
+            continue;
+        cca_pool_t *pool = is_small ? &psp->small : &psp->large;
+        cca_spin_lock(&psp->lock);
+        cca_block_t *b = get_free_block(dev, pool, size, false);
+        cca_spin_unlock(&psp->lock);
+        if (b) {
+            *pool_out = pool;
+            return b;
+        }
+    }
+    return NULL;
+}
+
 /* The slow path: the stream pool had no fitting block. */
 static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_pool_t *pool,
                                 size_t size, size_t orig_size, cca_block_t **out)
@@ -279,7 +319,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         cca_spin_lock(&sp->lock);
         block = get_free_block(dev, pool, size, true);
         if (block) {
-            st = alloc_found_block(dev, pool, &block, size, orig_size);
+            st = alloc_found_block(dev, pool, &block, size, orig_size, -1);
             cca_spin_unlock(&sp->lock);
             *out = block;
             return st;
@@ -296,9 +336,25 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         if (dev->set_fraction && s->garbage_collection_threshold > 0.0)
             release_garbage_collect(dev, sp);
         st = alloc_block(dev, pool, alloc_size, false, &block);
+        /* memory of pools marked use_on_oom, before any release (PyTorch's try_mempool_fallback) */
+        if (st == CCA_ERR_OUT_OF_MEMORY && !sp->private_pool && dev->private_pools) {
+            cca_pool_t *fallback = NULL;
+            block = oom_fallback(dev, sp, pool->is_small, size, &fallback);
+            if (block) {
+                cca_stream_pool_t *fsp = fallback->owner;
+                cca_spin_lock(&fsp->lock);
+                st = alloc_found_block(dev, fallback, &block, size, orig_size, -1);
+                cca_spin_unlock(&fsp->lock);
+                cca_spin_unlock(&sp->lock);
+                pthread_mutex_unlock(&dev->lock);
+                *out = block;
+                return st;
+            }
+        }
         if (st == CCA_ERR_OUT_OF_MEMORY && release_available_cached_blocks(dev, pool, size))
             st = alloc_block(dev, pool, alloc_size, false, &block);
-        if (st == CCA_ERR_OUT_OF_MEMORY) {
+        /* no release of every cached block while a route (a capture) is active */
+        if (st == CCA_ERR_OUT_OF_MEMORY && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
             cca_status_t rs = release_cached_blocks_locked(dev, sp);
             st = rs == CCA_OK ? alloc_block(dev, pool, alloc_size, true, &block) : rs;
         }
@@ -310,7 +366,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
             return st;
         }
     }
-    st = alloc_found_block(dev, pool, &block, size, orig_size);
+    st = alloc_found_block(dev, pool, &block, size, orig_size, -1);
     if (!dev->exact_stats && st == CCA_OK) {
         /* sample the peaks; other pools' locks may only be taken under the device lock */
         cca_device_stats_t sample;
@@ -319,6 +375,31 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     pthread_mutex_unlock(&dev->lock);
     cca_spin_unlock(&sp->lock);
     *out = block;
+    return st;
+}
+
+/*
+ * Before an allocation while routes to private pools are active or frees
+ * are set aside: with no route, complete the set-aside frees and reclaim
+ * finished events (PyTorch's process_events); with routes (a capture), query
+ * no event and find where the allocation goes. *out: a private pool's
+ * stream pool (pinned), or NULL for the default one.
+ */
+static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream,
+                                          cca_stream_pool_t **out)
+{
+    cca_status_t st;
+    *out = NULL;
+    pthread_mutex_lock(&dev->lock);
+    if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+        st = pools_route_locked(dev, stream, out);
+        pthread_mutex_unlock(&dev->lock);
+        return st;
+    }
+    st = events_insert_deferred_locked(dev);
+    pthread_mutex_unlock(&dev->lock);
+    if (st == CCA_OK && atomic_load_explicit(&dev->pending_event_count, memory_order_acquire))
+        st = events_process(dev);
     return st;
 }
 
@@ -345,12 +426,20 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     cca_device_t *dev = &S->devices[device];
     if (S->no_caching)
         return uncached_malloc(dev, size, stream, ptr);
-    if (atomic_load_explicit(&dev->pending_event_count, memory_order_acquire)) {
+    cca_stream_pool_t *sp = NULL;
+    if (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
+        atomic_load_explicit(&dev->deferred_count, memory_order_relaxed)) {
+        /* routes to private pools, or frees set aside during them (private_pools.c) */
+        st = malloc_prepare_routed(dev, stream, &sp);
+        if (st != CCA_OK)
+            return st;
+    } else if (atomic_load_explicit(&dev->pending_event_count, memory_order_acquire)) {
         st = events_process(dev);
         if (st != CCA_OK)
             return st;
     }
-    cca_stream_pool_t *sp = pool_stream_get(dev, stream);
+    if (!sp)
+        sp = pool_stream_get(dev, stream);
     if (!sp)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
     size_t rsize = alloc_round_size(&S->settings, size);
@@ -359,12 +448,14 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     cca_spin_lock(&sp->lock);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
-        st = alloc_found_block(dev, pool, &block, rsize, size);
+        st = alloc_found_block(dev, pool, &block, rsize, size, -1);
         cca_spin_unlock(&sp->lock);
     } else {
         cca_spin_unlock(&sp->lock);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
+    if (sp->private_pool)
+        pools_unpin(sp);
     if (context)
         trace_context_release();
     if (st == CCA_OK)
@@ -387,6 +478,14 @@ cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
 }
 
 cca_status_t cca_free(void *ptr)
+{
+    cca_status_t st = alloc_free(ptr);
+    cca_assert_expensive(device_is_valid());
+    return st;
+}
+
+/* cca_free, for callers that may hold the device lock. */
+cca_status_t alloc_free(void *ptr)
 {
     if (!ptr)
         return CCA_OK;
@@ -428,14 +527,19 @@ cca_status_t cca_free(void *ptr)
         if (block->oversize)
             stat_decrease(&os->oversize_allocations, 1);
         op_stats_end(sp);
-        st = events_insert(dev, block);
-        if (block->event_count == 0)
-            pool_free_block(dev, block, false);
+        if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+            events_defer_free(dev, block); /* no event during a capture */
+        } else {
+            if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
+                events_forget_capture_uses(dev, block, false);
+            st = events_insert(dev, block);
+            if (block->event_count == 0)
+                pool_free_block(dev, block, false);
+        }
     }
     cca_spin_unlock(&sp->lock);
     if (context)
         trace_context_release();
-    cca_assert_expensive(device_is_valid());
     return st;
 }
 

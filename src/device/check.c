@@ -5,8 +5,8 @@
  *  - segments: each is tiled exactly by its blocks (addresses contiguous
  *    from the base, sizes summing to the segment size, back links right),
  *    every block belongs to the segment's stream pool of the segment's kind;
- *  - blocks: each is exactly one of allocated, waiting for its events, or
- *    free; a free block sits in exactly one bin, the bin of its own pool,
+ *  - blocks: each is exactly one of allocated, waiting for its events, set
+ *    aside during a route to a private pool (on the deferred list), or free; a free block sits in exactly one bin, the bin of its own pool,
  *    bins are sorted by (size, address) and agree with their bitmaps; no two
  *    free neighbours are left unmerged;
  *  - events: the pending list's entries per block equal its event count, the
@@ -17,7 +17,9 @@
  *    blocks and bytes (free blocks of split segments), requested bytes,
  *    oversize allocations and segments;
  *  - the pointer map holds exactly the allocated blocks (and the uncached
- *    allocations of CCA_NO_CACHING mode).
+ *    allocations of CCA_NO_CACHING mode);
+ *  - private pools: each one's segment count is the number of segments its
+ *    stream pools hold, the deferred counter is the deferred list's length.
  * runtime/invariants.c adds the pinned host allocator's own check.
  */
 #include <inttypes.h>
@@ -34,6 +36,7 @@ typedef struct seen_block {
     const cca_block_t *block;
     uint32_t bin_visits;  /* times met in a bin */
     uint32_t event_refs;  /* pending events naming it */
+    uint32_t deferred_refs; /* times on the deferred list */
     bool in_map;          /* found in the pointer map */
 } seen_block_t;
 
@@ -139,7 +142,8 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
                 b->pool->owner->stream != seg->stream || b->pool->owner->device != dev)
                 fail(c, "device %d: block 0x%" PRIxPTR " is not in its segment's pool (stream %p, %s)",
                      dev->index, b->addr, (void *)seg->stream, seg->is_small ? "small" : "large");
-            int states = (int)b->allocated + (int)b->in_bin + (int)(b->event_count > 0);
+            bool deferred = !b->allocated && !b->in_bin && !b->event_count && b->stream_use_count;
+            int states = (int)b->allocated + (int)b->in_bin + (int)(b->event_count > 0) + deferred;
             if (states != 1)
                 fail(c, "device %d: block 0x%" PRIxPTR " is in %d states (allocated %d, free %d, "
                      "events %u); it must be in exactly one",
@@ -262,6 +266,35 @@ static void check_events(check_ctx_t *c, cca_device_t *dev)
     if (dev->events_created != n + dev->event_pool_count)
         fail(c, "device %d: %zu events owned, but %zu pending + %zu pooled", dev->index,
              dev->events_created, n, dev->event_pool_count);
+    size_t nd = 0;
+    for (const cca_block_t *b = dev->deferred_head; b && !c->failed; b = b->bin_next) {
+        nd++;
+        seen_block_t *s = seen_find(c, b);
+        if (!s)
+            fail(c, "device %d: a set-aside free names a block that tiles no segment", dev->index);
+        else
+            s->deferred_refs++;
+    }
+    if (!c->failed && nd != atomic_load(&dev->deferred_count))
+        fail(c, "device %d: %zu set-aside frees listed, deferred_count says %u", dev->index, nd,
+             (unsigned)atomic_load(&dev->deferred_count));
+}
+
+/* Each private pool's segment count against its segments (device lock held). */
+static void check_private_pools(check_ctx_t *c, cca_device_t *dev)
+{
+    for (const cca_private_pool_t *pp = dev->private_pools; pp && !c->failed; pp = pp->next) {
+        size_t n = 0;
+        for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
+            n += seg->head && seg->head->pool->owner->private_pool == pp;
+        if (n != pp->segment_count)
+            fail(c, "device %d: private pool (%llu, %llu) holds %zu segments, its count says %zu",
+                 dev->index, (unsigned long long)pp->id.first, (unsigned long long)pp->id.second, n,
+                 pp->segment_count);
+        if (pp->use_count < 0)
+            fail(c, "device %d: private pool (%llu, %llu) has use count %d", dev->index,
+                 (unsigned long long)pp->id.first, (unsigned long long)pp->id.second, pp->use_count);
+    }
 }
 
 static void map_visit(cca_block_t *b, void *arg)
@@ -288,6 +321,10 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
         if (!b->in_bin && s->bin_visits)
             fail(c, "device %d: block 0x%" PRIxPTR " is in a bin but not marked free", dev->index,
                  b->addr);
+        bool deferred = !b->allocated && !b->in_bin && !b->event_count && b->stream_use_count;
+        if (s->deferred_refs != (uint32_t)deferred)
+            fail(c, "device %d: block 0x%" PRIxPTR " is %s but on the set-aside list %u times",
+                 dev->index, b->addr, deferred ? "set aside" : "not set aside", s->deferred_refs);
         if (s->event_refs != b->event_count)
             fail(c, "device %d: block 0x%" PRIxPTR " counts %u events, %u are pending", dev->index,
                  b->addr, b->event_count, s->event_refs);
@@ -349,12 +386,18 @@ typedef struct pool_list {
  * the pools (the device lock keeps the table fixed); or unlock them. False:
  * no host memory for the list (nothing is left locked).
  */
+static void list_private(cca_stream_pool_t *sp, void *arg)
+{
+    pool_list_t *list = arg;
+    list->pools[list->count++] = sp;
+}
+
 static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
 {
     if (lock) {
         pthread_mutex_lock(&dev->lock);
         list->count = 0;
-        list->pools = malloc((dev->pool_count + 1) * sizeof(*list->pools));
+        list->pools = malloc((dev->pool_count + pools_stream_pool_count(dev) + 1) * sizeof(*list->pools));
         if (!list->pools) {
             pthread_mutex_unlock(&dev->lock);
             return false;
@@ -364,6 +407,7 @@ static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
             if (sp)
                 list->pools[list->count++] = sp;
         }
+        pools_for_each_stream_pool(dev, list_private, list);
     }
     for (size_t i = 0; i < list->count; i++) {
         if (lock)
@@ -419,6 +463,8 @@ cca_status_t device_check_invariants(char *why, size_t why_len)
         }
         if (!c.failed)
             check_events(&c, dev);
+        if (!c.failed)
+            check_private_pools(&c, dev);
         if (c.failed)
             break;
         /* The map is shared by every device: count this device's blocks in it. */

@@ -36,6 +36,7 @@
 
 struct cca_pool;
 struct cca_segment;
+struct cca_private_pool;
 
 typedef struct cca_block {
     uintptr_t addr;             /* device address */
@@ -93,6 +94,7 @@ typedef struct cca_stream_pool {
     cca_spinlock_t lock;        /* guards both pools' bins, their blocks, the spares */
     cca_stream_t stream;
     struct cca_device *device;
+    struct cca_private_pool *private_pool; /* the private pool it belongs to; NULL: default */
     cca_pool_t small;
     cca_pool_t large;
     cca_block_t *spare_blocks;  /* recycled block structs (linked by bin_next) */
@@ -107,6 +109,39 @@ typedef struct cca_pending_event {
     cca_stream_t stream;        /* the stream it was recorded on */
     struct cca_pending_event *next;
 } cca_pending_event_t;
+
+/* What a route matches (private_pools.c). */
+enum { CCA_ROUTE_FILTER = 0, CCA_ROUTE_STREAM = 1, CCA_ROUTE_THREAD = 2 };
+
+/* A private pool (PyTorch's PrivatePool; private_pools.c). Device lock. */
+typedef struct cca_private_pool {
+    cca_mempool_id_t id;
+    int use_count;              /* graphs, MemPools and routes holding it; 0: freeable */
+    size_t segment_count;       /* its segments not yet freed (PyTorch's cudaMalloc_count) */
+    bool no_split;              /* never split its blocks (MemPool no_split) */
+    bool use_on_oom;            /* may serve default-pool allocations about to fail */
+    _Atomic int pins;           /* allocations routed to it, in flight */
+    struct cca_stream_pool **stream_pools; /* one per stream used, sorted by stream */
+    size_t stream_pool_count, stream_pool_cap;
+    struct cca_private_pool *next; /* the device's pools, in creation order */
+} cca_private_pool_t;
+
+/* Allocations matching it go to a private pool (PyTorch's captures_underway entry). */
+typedef struct cca_route {
+    cca_mempool_id_t id;
+    cca_private_pool_t *pool;
+    int kind;                   /* CCA_ROUTE_* */
+    cca_stream_filter_fn filter;/* CCA_ROUTE_FILTER */
+    void *arg;
+    cca_stream_t stream;        /* CCA_ROUTE_STREAM */
+    pthread_t thread;           /* CCA_ROUTE_THREAD */
+} cca_route_t;
+
+/* A stream recorded on a block while a route was active. */
+typedef struct cca_capture_use {
+    struct cca_block *block;
+    cca_stream_t stream;
+} cca_capture_use_t;
 
 /* A registered callback (free-memory callbacks, OOM observers). */
 typedef struct cca_callback {
@@ -143,6 +178,17 @@ typedef struct cca_device {
     pthread_mutex_t events_lock;
     cca_pending_event_t *events_head, *events_tail;
     _Atomic size_t pending_event_count;
+    /* private pools (private_pools.c): routes and pools under the device lock;
+     * route_count is read without it on the allocation path */
+    _Atomic uint32_t route_count;
+    _Atomic uint32_t deferred_count; /* frees set aside during routes (events_lock) */
+    cca_block_t *deferred_head;      /* linked by bin_next */
+    cca_route_t *routes;             /* in begin order; the newest match wins */
+    size_t route_cap;
+    cca_private_pool_t *private_pools;
+    cca_capture_use_t *capture_uses; /* (events_lock) */
+    size_t capture_use_count, capture_use_cap;
+    _Atomic bool capture_uses_present;
     cca_event_t *event_pool;    /* reusable events */
     size_t event_pool_count, event_pool_cap;
     size_t events_created;      /* live events owned (pooled + pending) */
@@ -284,7 +330,7 @@ static inline void stats_unlock(cca_device_t *dev)
 static inline cca_device_stats_t *op_stats_begin(cca_stream_pool_t *sp)
 {
     cca_device_t *dev = sp->device;
-    if (dev->exact_stats) {
+    if (dev->exact_stats || sp->private_pool) { /* private pools: always the device's */
         stats_lock(dev);
         return &dev->stats;
     }
@@ -293,7 +339,7 @@ static inline cca_device_stats_t *op_stats_begin(cca_stream_pool_t *sp)
 
 static inline void op_stats_end(cca_stream_pool_t *sp)
 {
-    if (sp->device->exact_stats)
+    if (sp->device->exact_stats || sp->private_pool)
         stats_unlock(sp->device);
 }
 
@@ -305,6 +351,12 @@ cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr
 void pool_block_delete(cca_block_t *b);
 /* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */
 cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream);
+/* A stream pool outside the device's table (a private pool's); NULL: no host memory. */
+cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream);
+/* Free such a stream pool and its spare block structs. */
+void pool_stream_pool_delete(cca_stream_pool_t *sp);
+/* Unlink and free a private pool holding no segment (device lock held). */
+void pool_private_destroy(cca_device_t *dev, cca_private_pool_t *pp);
 /* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
 cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count);
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
@@ -319,6 +371,11 @@ void pool_device_shutdown(cca_device_t *dev);
 
 size_t alloc_round_size(const cca_settings_t *s, size_t size);
 size_t alloc_segment_size(const cca_settings_t *s, size_t size);
+/* Hand out *blockp (out of its bin) for size bytes; split: 1 yes, 0 no (pool lock held). */
+cca_status_t alloc_take_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp, size_t size,
+                              size_t orig_size, int split);
+/* cca_free without the expensive assertion (callers holding the device lock). */
+cca_status_t alloc_free(void *ptr);
 
 /* ---- events.c: record_stream events ------------------------------------------- */
 
@@ -326,8 +383,18 @@ size_t alloc_segment_size(const cca_settings_t *s, size_t size);
 cca_status_t events_insert(cca_device_t *dev, cca_block_t *block);
 /* Reclaim blocks whose events completed (no stream pool lock held). */
 cca_status_t events_process(cca_device_t *dev);
-/* Wait for every pending event and reclaim its block; held: the pool lock the caller holds. */
-cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *held);
+/* Wait for every pending event (of blocks of private pool only, if set) and reclaim the
+ * blocks; held: the pool lock the caller holds. */
+cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *held,
+                                         cca_private_pool_t *only);
+/* Set aside the free of a block used on other streams while a route is active (pool lock held). */
+void events_defer_free(cca_device_t *dev, cca_block_t *block);
+/* record_stream while a route is active: remember the use (pool lock held). */
+cca_status_t events_note_capture_use(cca_device_t *dev, cca_block_t *block, cca_stream_t stream);
+/* Forget block's capture-time uses; with drop, remove them from its stream uses (pool lock held). */
+void events_forget_capture_uses(cca_device_t *dev, cca_block_t *block, bool drop);
+/* Complete the set-aside frees (device lock held, no route active). */
+cca_status_t events_insert_deferred_locked(cca_device_t *dev);
 /* Give the device's idle events back to the backend. */
 cca_status_t events_destroy_pooled(cca_device_t *dev);
 /* events_process on every device (replay, tests). */
@@ -341,6 +408,8 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
 bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size);
 /* Age-based garbage collection (device lock held). */
 void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held);
+/* Release every unsplit free block of a pool (device lock held, its pool lock taken unless held). */
+cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held);
 /* Run the free-memory callbacks (no lock held); true if any freed memory. */
 bool release_free_memory_callbacks(void);
 /* PyTorch's out-of-memory error, observers notified (no lock held). */
@@ -361,6 +430,50 @@ static inline uint64_t device_peer_mask(cca_device_t *dev)
 }
 /* Give every device of dev's peer mask access to a mapped range (dev->lock held). */
 cca_status_t peer_set_access_locked(cca_device_t *dev, void *addr, size_t size);
+
+/* ---- private_pools.c: private pools and routes (above setup, below stats) ------------ */
+
+static inline bool pools_id_eq(cca_mempool_id_t a, cca_mempool_id_t b)
+{
+    return a.first == b.first && a.second == b.second;
+}
+
+static inline bool pools_id_is_default(cca_mempool_id_t id)
+{
+    return id.first == 0 && id.second == 0;
+}
+
+/* Check device and a private pool id for entry point what; *dev on CCA_OK. */
+cca_status_t pools_args(const char *what, int device, cca_mempool_id_t id, cca_device_t **dev);
+/* CCA_ERR_INVALID_ARGUMENT naming an unknown pool. */
+cca_status_t pools_unknown(const char *what, int device, cca_mempool_id_t id);
+/* The pool with id, or NULL (device lock held). */
+cca_private_pool_t *pools_find_locked(cca_device_t *dev, cca_mempool_id_t id);
+/* The stream pool of (pp, stream) if it exists (device lock held). */
+cca_stream_pool_t *pools_find_stream_pool(cca_private_pool_t *pp, cca_stream_t stream);
+/* Where an allocation on stream goes under the routes: a pinned private stream pool, or NULL. */
+cca_status_t pools_route_locked(cca_device_t *dev, cca_stream_t stream, cca_stream_pool_t **out);
+void pools_unpin(cca_stream_pool_t *sp);
+/* Free bytes cached in private pools (device lock held). */
+size_t pools_cached_bytes_locked(cca_device_t *dev);
+/* How many private stream pools dev has (device lock held). */
+size_t pools_stream_pool_count(cca_device_t *dev);
+
+/* fn on every private pool's stream pool (device lock held); a structure walk, for observe/ too. */
+static inline void pools_for_each_stream_pool(cca_device_t *dev,
+                                              void (*fn)(cca_stream_pool_t *, void *), void *arg)
+{
+    for (cca_private_pool_t *pp = dev->private_pools; pp; pp = pp->next)
+        for (size_t i = 0; i < pp->stream_pool_count; i++)
+            fn(pp->stream_pools[i], arg);
+}
+
+/* The id of sp's private pool, (0, 0) for a default stream pool. */
+static inline cca_mempool_id_t pools_id_of(const cca_stream_pool_t *sp)
+{
+    cca_mempool_id_t none = {0, 0};
+    return sp->private_pool ? sp->private_pool->id : none;
+}
 
 /* ---- uncached.c: CCA_NO_CACHING ------------------------------------------------- */
 

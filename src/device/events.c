@@ -3,9 +3,15 @@
  * recorded on them when it is freed, and the reclaiming of blocks whose
  * events completed (PyTorch's insert_events / process_events /
  * synchronize_and_free_events), with the device's pool of reusable events.
+ * While a route to a private pool is active (a graph capture) no event may
+ * be recorded or queried: the free of a block used on other streams is set
+ * aside until none is (PyTorch's deferred blocks), and the streams recorded
+ * meanwhile are dropped then (work captured in a graph needs no event).
  * Invariant: a block with event_count > 0 is in no bin and not allocated;
  * pending events sit in recording order in the device's list, guarded by
- * events_lock (a leaf lock).
+ * events_lock (a leaf lock); a set-aside block (not allocated, no event, not
+ * binned, stream uses left) is on the device's deferred list, linked through
+ * its bin links (events_lock).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -177,7 +183,8 @@ cca_status_t events_process(cca_device_t *dev)
  * Wait for every pending event and reclaim the blocks (PyTorch's
  * events_synchronize_and_free). held: the stream pool lock the caller holds.
  */
-cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *held)
+cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *held,
+                                         cca_private_pool_t *only)
 {
     cca_backend_t *be = cca_state->backend;
     stats_lock(dev);
@@ -186,6 +193,24 @@ cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *h
     pthread_mutex_lock(&dev->events_lock);
     cca_pending_event_t *list = dev->events_head;
     dev->events_head = dev->events_tail = NULL;
+    if (only) {
+        /* keep, in order, the events of blocks of other pools */
+        cca_pending_event_t *mine = NULL, **mine_tail = &mine, **link = &list;
+        while (*link) {
+            cca_pending_event_t *pe = *link;
+            if (pe->block->pool->owner->private_pool == only) {
+                *link = pe->next;
+                pe->next = NULL;
+                *mine_tail = pe;
+                mine_tail = &pe->next;
+            } else {
+                dev->events_tail = pe;
+                link = &pe->next;
+            }
+        }
+        dev->events_head = list;
+        list = mine;
+    }
     pthread_mutex_unlock(&dev->events_lock);
     cca_status_t result = CCA_OK;
     while (list) {
@@ -210,6 +235,113 @@ cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *h
         event_put(dev, pe->event);
         event_done(dev, pe->block, held);
         free(pe);
+    }
+    return result;
+}
+
+/* ---- frees set aside while routes to private pools are active ------------------------ */
+
+/*
+ * A block used on other streams was freed while a route is active: set it
+ * aside until no route is (PyTorch's deferred blocks); no event may be
+ * recorded or queried during a capture (its stream pool lock held).
+ */
+void events_defer_free(cca_device_t *dev, cca_block_t *block)
+{
+    pthread_mutex_lock(&dev->events_lock);
+    block->bin_prev = NULL;
+    block->bin_next = dev->deferred_head;
+    if (dev->deferred_head)
+        dev->deferred_head->bin_prev = block;
+    dev->deferred_head = block;
+    atomic_fetch_add_explicit(&dev->deferred_count, 1, memory_order_release);
+    pthread_mutex_unlock(&dev->events_lock);
+}
+
+/*
+ * record_stream while a route is active: remember (block, stream), so the
+ * use is dropped if the block's free is set aside (work captured in a graph
+ * needs no event; PyTorch's block_to_cudagraph_stream_uses). Stream pool lock
+ * held. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY (nothing recorded).
+ */
+cca_status_t events_note_capture_use(cca_device_t *dev, cca_block_t *block, cca_stream_t stream)
+{
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&dev->events_lock);
+    if (dev->capture_use_count == dev->capture_use_cap) {
+        size_t cap = dev->capture_use_cap ? dev->capture_use_cap * 2 : 16;
+        cca_capture_use_t *grown = realloc(dev->capture_uses, cap * sizeof(*grown));
+        if (!grown) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in cca_record_stream");
+            goto out_unlock;
+        }
+        dev->capture_uses = grown;
+        dev->capture_use_cap = cap;
+    }
+    dev->capture_uses[dev->capture_use_count++] = (cca_capture_use_t){block, stream};
+    atomic_store_explicit(&dev->capture_uses_present, true, memory_order_relaxed);
+out_unlock:
+    pthread_mutex_unlock(&dev->events_lock);
+    return st;
+}
+
+/*
+ * Forget the capture-time stream uses of block; with drop, also remove those
+ * streams from its stream uses (stream pool lock held).
+ */
+void events_forget_capture_uses(cca_device_t *dev, cca_block_t *block, bool drop)
+{
+    pthread_mutex_lock(&dev->events_lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < dev->capture_use_count; i++) {
+        cca_capture_use_t u = dev->capture_uses[i];
+        if (u.block != block) {
+            dev->capture_uses[kept++] = u;
+            continue;
+        }
+        for (uint32_t j = 0; drop && j < block->stream_use_count; j++)
+            if (block->stream_uses[j] == u.stream) {
+                block->stream_uses[j] = block->stream_uses[--block->stream_use_count];
+                break;
+            }
+    }
+    dev->capture_use_count = kept;
+    if (!kept)
+        atomic_store_explicit(&dev->capture_uses_present, false, memory_order_relaxed);
+    pthread_mutex_unlock(&dev->events_lock);
+}
+
+/*
+ * Complete the frees set aside during routes (PyTorch's
+ * insert_events_deferred_until_no_capture): drop the stream uses recorded
+ * during the routes, record events on the others, and return the blocks with
+ * none (device lock held, no route active).
+ */
+cca_status_t events_insert_deferred_locked(cca_device_t *dev)
+{
+    if (!atomic_load_explicit(&dev->deferred_count, memory_order_acquire))
+        return CCA_OK;
+    pthread_mutex_lock(&dev->events_lock);
+    cca_block_t *list = dev->deferred_head;
+    dev->deferred_head = NULL;
+    atomic_store_explicit(&dev->deferred_count, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&dev->events_lock);
+    cca_status_t result = CCA_OK;
+    while (list) {
+        cca_block_t *block = list;
+        list = block->bin_next;
+        block->bin_next = block->bin_prev = NULL;
+        cca_stream_pool_t *sp = block->pool->owner;
+        cca_spin_lock(&sp->lock);
+        if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
+            events_forget_capture_uses(dev, block, true);
+        cca_status_t st = block->stream_use_count ? events_insert(dev, block) : CCA_OK;
+        block->stream_use_count = 0;
+        if (block->event_count == 0)
+            pool_free_block(dev, block, false);
+        cca_spin_unlock(&sp->lock);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
     }
     return result;
 }
@@ -248,6 +380,12 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
                 free(block->stream_uses);
             block->stream_uses = uses;
             block->stream_use_cap = cap;
+        }
+        cca_device_t *dev = sp->device;
+        if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+            st = events_note_capture_use(dev, block, stream);
+            if (st != CCA_OK)
+                goto out_unlock;
         }
         block->stream_uses[block->stream_use_count++] = stream;
     }

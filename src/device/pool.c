@@ -99,11 +99,9 @@ static cca_stream_pool_t *pool_table_find(cca_device_t *dev, cca_stream_t stream
     }
 }
 
-/* Create the pool of a stream (device lock held). */
-static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t stream)
+/* A stream pool of dev for stream, in no table; NULL: no host memory. */
+cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
 {
-    if ((dev->pool_count + 1) * 2 > dev->pool_table_cap)
-        return NULL; /* the table is sized generously at init; see pool_stream_get */
     cca_stream_pool_t *sp = calloc(1, sizeof(*sp));
     if (!sp)
         return NULL;
@@ -114,6 +112,41 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     sp->small.is_small = true;
     sp->large.owner = sp;
     sp->large.is_small = false;
+    return sp;
+}
+
+/* Free a stream pool and its spare block structs (its blocks are gone). */
+void pool_stream_pool_delete(cca_stream_pool_t *sp)
+{
+    while (sp->spare_blocks) {
+        cca_block_t *b = sp->spare_blocks;
+        sp->spare_blocks = b->bin_next;
+        free(b);
+    }
+    free(sp);
+}
+
+/* Unlink and free a private pool holding no segment (device lock held). */
+void pool_private_destroy(cca_device_t *dev, cca_private_pool_t *pp)
+{
+    cca_private_pool_t **link = &dev->private_pools;
+    while (*link != pp)
+        link = &(*link)->next;
+    *link = pp->next;
+    for (size_t i = 0; i < pp->stream_pool_count; i++)
+        pool_stream_pool_delete(pp->stream_pools[i]);
+    free(pp->stream_pools);
+    free(pp);
+}
+
+/* Create the pool of a stream (device lock held). */
+static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t stream)
+{
+    if ((dev->pool_count + 1) * 2 > dev->pool_table_cap)
+        return NULL; /* the table is sized generously at init; see pool_stream_get */
+    cca_stream_pool_t *sp = pool_stream_pool_new(dev, stream);
+    if (!sp)
+        return NULL;
     size_t mask = dev->pool_table_cap - 1;
     size_t i = stream_hash(stream) & mask;
     while (atomic_load_explicit(&dev->pool_table[i], memory_order_relaxed))
@@ -310,16 +343,14 @@ void pool_device_shutdown(cca_device_t *dev)
         free(seg);
         seg = next;
     }
+    while (dev->private_pools)
+        pool_private_destroy(dev, dev->private_pools);
+    free(dev->routes);
+    free(dev->capture_uses);
     for (size_t i = 0; i < dev->pool_table_cap; i++) {
         cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
-        if (sp) {
-            while (sp->spare_blocks) {
-                cca_block_t *b = sp->spare_blocks;
-                sp->spare_blocks = b->bin_next;
-                free(b);
-            }
-            free(sp);
-        }
+        if (sp)
+            pool_stream_pool_delete(sp);
     }
     free(dev->pool_table);
     pthread_mutex_destroy(&dev->lock);

@@ -3,6 +3,8 @@
  * the out-of-memory retry sequence, oversize releases), age-based garbage
  * collection, the out-of-memory error with its observers, free-memory
  * callbacks, cache_info, the memory fraction and mem_get_info.
+ * Private pools give their segments back only once released to a use count
+ * of 0 (freeable), and are dropped when they hold none.
  * Invariant: only unsplit free blocks (whole segments) go back to the
  * backend, under the device lock and their stream pool's lock.
  */
@@ -118,6 +120,8 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
     trace_record(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
                  block->pool->owner->stream);
     dev->total_allocated_memory -= block->size;
+    if (block->pool->owner->private_pool)
+        block->pool->owner->private_pool->segment_count--;
     int type = pool_stat_type(block->pool->is_small);
     stats_lock(dev);
     dev->stats.num_device_free++;
@@ -140,7 +144,7 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
 }
 
 /* Release every unsplit free block of a pool (device lock held, pool lock taken). */
-static cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held)
+cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held)
 {
     cca_status_t result = CCA_OK;
     if (pool->owner != held)
@@ -160,10 +164,78 @@ static cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca
     return result;
 }
 
-/* PyTorch's release_cached_blocks: sync events, release every unsplit cached block. */
+/*
+ * The freeable pools' part of PyTorch's release_cached_blocks: return every
+ * unsplit free block of each freeable pool (only of id, unless id is (0, 0)),
+ * and drop the pools left with no segment (device lock held; held: a stream
+ * pool lock the caller holds). With a specific id, that pool's pending
+ * events are waited for first when no route is active.
+ */
+static cca_status_t release_private_pools_locked(cca_device_t *dev, cca_stream_pool_t *held,
+                                           cca_mempool_id_t id)
+{
+    cca_status_t result = CCA_OK;
+    cca_private_pool_t *pp = dev->private_pools;
+    while (pp) {
+        cca_private_pool_t *next = pp->next;
+        if (pp->use_count != 0 || (!pools_id_is_default(id) && !pools_id_eq(pp->id, id))) {
+            pp = next;
+            continue;
+        }
+        if (!pools_id_is_default(id) && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+            cca_status_t st = events_insert_deferred_locked(dev);
+            if (st == CCA_OK)
+                st = events_synchronize_and_free(dev, held, pp);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
+        }
+        for (int kind = 0; kind < 2; kind++)
+            for (size_t i = 0; i < pp->stream_pool_count; i++) {
+                cca_stream_pool_t *sp = pp->stream_pools[i];
+                cca_status_t st = release_pool_blocks(dev, kind == 0 ? &sp->small : &sp->large, held);
+                if (st != CCA_OK && result == CCA_OK)
+                    result = st;
+            }
+        if (pp->segment_count == 0 && atomic_load_explicit(&pp->pins, memory_order_acquire) == 0)
+            pool_private_destroy(dev, pp);
+        pp = next;
+    }
+    return result;
+}
+
+cca_status_t cca_empty_cache_pool(cca_mempool_id_t id)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (pools_id_is_default(id))
+        return cca_empty_cache();
+    cca_status_t result = CCA_OK;
+    for (int d = 0; d < cca_state->device_count; d++) {
+        cca_device_t *dev = &cca_state->devices[d];
+        pthread_mutex_lock(&dev->lock);
+        st = release_private_pools_locked(dev, NULL, id);
+        pthread_mutex_unlock(&dev->lock);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
+    }
+    cca_assert_expensive(device_is_valid());
+    return result;
+}
+
+/*
+ * PyTorch's release_cached_blocks: with no route active, sync events and
+ * release every unsplit cached block of the default pools; then those of the
+ * freeable private pools (private_pools.c).
+ */
 cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *held)
 {
-    cca_status_t st = events_synchronize_and_free(dev, held);
+    cca_mempool_id_t all = {0, 0};
+    if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
+        return release_private_pools_locked(dev, held, all);
+    cca_status_t st = events_insert_deferred_locked(dev);
+    if (st == CCA_OK)
+        st = events_synchronize_and_free(dev, held, NULL);
     if (st != CCA_OK)
         return st;
     size_t n;
@@ -178,7 +250,8 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
                 result = st;
         }
     free(pools);
-    return result;
+    st = release_private_pools_locked(dev, held, all);
+    return result != CCA_OK ? result : st;
 }
 
 /*
@@ -278,6 +351,9 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     stats_lock(dev);
     dev->stats.num_ooms++;
     stats_unlock(dev);
+    pthread_mutex_lock(&dev->lock);
+    size_t in_private = pools_cached_bytes_locked(dev);
+    pthread_mutex_unlock(&dev->lock);
     cca_device_stats_t now;
     stats_read(dev, &now);
     int64_t allocated = now.allocated_bytes[CCA_STAT_ALL].current;
@@ -289,8 +365,15 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     stats_format_size(device_total, s_total, sizeof(s_total));
     stats_format_size(device_free, s_free, sizeof(s_free));
     stats_format_size(dev->allowed_memory_maximum, s_allowed, sizeof(s_allowed));
-    stats_format_size((size_t)allocated, s_used, sizeof(s_used));
-    stats_format_size((size_t)(reserved - allocated), s_cached, sizeof(s_cached));
+    stats_format_size((size_t)allocated + in_private, s_used, sizeof(s_used));
+    stats_format_size((size_t)(reserved - allocated) - in_private, s_cached, sizeof(s_cached));
+    char private_info[96] = "";
+    if (in_private) {
+        char s_private[32];
+        stats_format_size(in_private, s_private, sizeof(s_private));
+        snprintf(private_info, sizeof(private_info),
+                 "with %s allocated in private pools (e.g., CUDA Graphs), ", s_private);
+    }
     char allowed_info[64] = "";
     if (dev->set_fraction)
         snprintf(allowed_info, sizeof(allowed_info), "%s allowed; ", s_allowed);
@@ -303,11 +386,11 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     cca_status_t st = cca_raise(
         CCA_ERR_OUT_OF_MEMORY,
         "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
-        "is free. %s%sOf the allocated memory %s is allocated by cca, and %s is reserved by cca "
+        "is free. %s%sOf the allocated memory %s is allocated by cca, %sand %s is reserved by cca "
         "but unallocated. If reserved but unallocated memory is large try setting "
         "CCA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
         s_alloc, dev->index, s_total, s_free, proc.data ? proc.data : "", allowed_info, s_used,
-        s_cached);
+        private_info, s_cached);
     sb_free(&proc);
     return st;
 }
@@ -366,6 +449,14 @@ static void cache_info_pool(cca_stream_pool_t *sp, void *arg)
     bins_for_each(&sp->large.bins, cache_info_block, arg);
 }
 
+/* cache_info_pool for a private pool's stream pool (taking its lock). */
+static void cache_info_private(cca_stream_pool_t *sp, void *arg)
+{
+    cca_spin_lock(&sp->lock);
+    cache_info_pool(sp, arg);
+    cca_spin_unlock(&sp->lock);
+}
+
 cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block)
 {
     cca_status_t st = state_ensure();
@@ -379,6 +470,7 @@ cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_bl
     cache_info_acc_t acc = {0, 0};
     pthread_mutex_lock(&dev->lock);
     for_each_pool_locked(dev, cache_info_pool, &acc);
+    pools_for_each_stream_pool(dev, cache_info_private, &acc);
     pthread_mutex_unlock(&dev->lock);
     if (total_cached)
         *total_cached = acc.total;

@@ -36,17 +36,23 @@ void cca_snapshot_free(cca_snapshot_t *snap)
     free(snap);
 }
 
+static void lock_one(cca_stream_pool_t *sp, void *lock)
+{
+    if (*(bool *)lock)
+        cca_spin_lock(&sp->lock);
+    else
+        cca_spin_unlock(&sp->lock);
+}
+
+/* Lock or unlock every stream pool of dev, the private pools' too (device lock held). */
 static void lock_pools(cca_device_t *dev, bool lock)
 {
     for (size_t i = 0; i < dev->pool_table_cap; i++) {
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
-        if (!sp)
-            continue;
-        if (lock)
-            cca_spin_lock(&sp->lock);
-        else
-            cca_spin_unlock(&sp->lock);
+        if (sp)
+            lock_one(sp, &lock);
     }
+    pools_for_each_stream_pool(dev, lock_one, &lock);
 }
 
 /* Fill one segment's record (device and pool locks held). False: out of memory. */
@@ -65,6 +71,9 @@ static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, bool c
     out->stream = seg->stream;
     out->is_large = !seg->is_small;
     out->is_expandable = false;
+    cca_mempool_id_t pool_id = pools_id_of(seg->head->pool->owner);
+    out->owner_private_pool_id[0] = pool_id.first;
+    out->owner_private_pool_id[1] = pool_id.second;
     out->block_count = n;
     size_t i = 0;
     for (const cca_block_t *b = seg->head; b; b = b->next, i++) {

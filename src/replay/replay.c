@@ -8,7 +8,13 @@
  * free_completed comes later, the block is held by an event on a private
  * stream until then; free_completed -> that stream's work completes and the
  * block returns to its pool; oom -> the allocation is attempted and must
- * fail. Segment events are PyTorch's record, compared at the end.
+ * fail. Segment events are PyTorch's record, compared at the end. The
+ * program's private-pool operations (cca_meta["pool_events"]: graph captures,
+ * MemPool use, their release, empty_cache) are applied before the event they
+ * precede. A graph capture begins as PyTorch's capture_begin does: when no
+ * other graph is alive, the default CUDA generator first allocates its seed
+ * and offset (8 bytes each, on the capture stream, in the default pools),
+ * and only then are allocations routed to the graph's pool.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +42,24 @@ typedef struct replay_event {
     uint8_t kind;      /* replay_kind_t */
     bool deferred;     /* free_requested whose free_completed comes later */
 } replay_event_t;
+
+/* A private-pool operation of the program (cca_meta["pool_events"]). */
+typedef enum pool_op_kind {
+    POOL_GRAPH_CAPTURE,     /* empty_cache, then route the capture stream to the pool */
+    POOL_GRAPH_CAPTURE_END, /* end that route */
+    POOL_GRAPH_DELETE,      /* the graph is gone: release its pool */
+    POOL_MEMPOOL_BEGIN,     /* use_mem_pool: route the (only) thread to the pool */
+    POOL_MEMPOOL_END,       /* end of use_mem_pool: end the route, release the pool */
+    POOL_MEMPOOL_DELETE,    /* the MemPool is gone: release its pool, empty its cache */
+    POOL_EMPTY_CACHE,       /* torch.cuda.empty_cache() */
+} pool_op_kind_t;
+
+typedef struct pool_op {
+    uint64_t at;            /* applied before trace event `at` */
+    pool_op_kind_t kind;
+    cca_mempool_id_t id;
+    uint64_t stream;        /* graph_capture: the capture stream */
+} pool_op_t;
 
 /* Live blocks: trace address -> cca pointer (and the private stream if deferred). */
 typedef struct live_entry {
@@ -202,6 +226,131 @@ static cca_status_t decode_events(const pv_node_t *root, int device, replay_even
     return CCA_OK;
 }
 
+/* Decode cca_meta["pool_events"] (absent: none). */
+static cca_status_t decode_pool_ops(const pv_node_t *root, pool_op_t **out, size_t *count)
+{
+    static const struct {
+        const char *name;
+        pool_op_kind_t kind;
+    } names[] = {
+        {"graph_capture", POOL_GRAPH_CAPTURE},   {"graph_capture_end", POOL_GRAPH_CAPTURE_END},
+        {"graph_delete", POOL_GRAPH_DELETE},     {"mempool_begin", POOL_MEMPOOL_BEGIN},
+        {"mempool_end", POOL_MEMPOOL_END},       {"mempool_delete", POOL_MEMPOOL_DELETE},
+        {"empty_cache", POOL_EMPTY_CACHE},
+    };
+    *out = NULL;
+    *count = 0;
+    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
+    const pv_node_t *list = meta ? pv_dict_get(meta, "pool_events") : NULL;
+    if (!list)
+        return CCA_OK;
+    if (pv_kind(list) != PV_LIST)
+        return cca_raise(CCA_ERR_FORMAT, "cca_meta.pool_events is not a list");
+    size_t n = pv_len(list);
+    pool_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
+    if (!ops)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu pool events", n);
+    for (size_t i = 0; i < n; i++) {
+        const pv_node_t *e = pv_at(list, i);
+        const pv_node_t *op = pv_kind(e) == PV_DICT ? pv_dict_get(e, "op") : NULL;
+        size_t k = 0;
+        while (op && k < sizeof(names) / sizeof(names[0]) && !pv_str_eq(op, names[k].name))
+            k++;
+        if (!op || k == sizeof(names) / sizeof(names[0]) || !get_u64_field(e, "at", &ops[i].at) ||
+            (i && ops[i].at < ops[i - 1].at)) {
+            free(ops);
+            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: unknown op, or no \"at\" in program order", i);
+        }
+        ops[i].kind = names[k].kind;
+        const pv_node_t *pool = pv_dict_get(e, "pool");
+        if (ops[i].kind != POOL_EMPTY_CACHE) {
+            if (!pool || pv_len(pool) != 2 || !pv_get_u64(pv_at(pool, 0), &ops[i].id.first) ||
+                !pv_get_u64(pv_at(pool, 1), &ops[i].id.second)) {
+                free(ops);
+                return cca_raise(CCA_ERR_FORMAT, "pool event %zu: no [a, b] pool id", i);
+            }
+        }
+        if (ops[i].kind == POOL_GRAPH_CAPTURE && !get_u64_field(e, "stream", &ops[i].stream)) {
+            free(ops);
+            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: graph_capture without its stream", i);
+        }
+    }
+    *out = ops;
+    *count = n;
+    return CCA_OK;
+}
+
+/* Graph state of a replay: the capture whose route waits for the generator's allocations. */
+typedef struct graph_state {
+    unsigned live_graphs;       /* graphs captured and not deleted (generator registrations) */
+    const pool_op_t *pending;   /* a capture whose route has not begun yet */
+    unsigned rng_allocs;        /* generator allocations still expected before it begins */
+} graph_state_t;
+
+/* The size of each of the generator's seed and offset tensors (one int64). */
+#define RNG_STATE_ALLOC 8
+
+static cca_status_t begin_capture_route(const pool_op_t *op)
+{
+    return cca_begin_allocate_stream_to_pool(0, op->id, (cca_stream_t)(uintptr_t)op->stream);
+}
+
+/*
+ * Apply one pool operation as the program's PyTorch did. A MemPool exists
+ * from its first use (its constructor's createOrIncrefPool left no marker).
+ */
+static cca_status_t apply_pool_op(const pool_op_t *op, size_t index, graph_state_t *g)
+{
+    cca_status_t st = CCA_OK;
+    int count;
+    switch (op->kind) {
+    case POOL_GRAPH_CAPTURE:
+        st = cca_empty_cache();
+        if (st == CCA_OK && g->live_graphs++ == 0) {
+            g->pending = op; /* the generator registers this first graph: 2 allocations */
+            g->rng_allocs = 2;
+        } else if (st == CCA_OK) {
+            st = begin_capture_route(op);
+        }
+        break;
+    case POOL_GRAPH_CAPTURE_END:
+        if (g->pending && g->pending->id.first == op->id.first &&
+            g->pending->id.second == op->id.second) {
+            st = begin_capture_route(g->pending); /* a capture that allocated nothing */
+            g->pending = NULL;
+        }
+        if (st == CCA_OK)
+            st = cca_end_allocate_to_pool(0, op->id);
+        break;
+    case POOL_GRAPH_DELETE:
+        g->live_graphs -= g->live_graphs > 0;
+        st = cca_release_pool(0, op->id);
+        break;
+    case POOL_MEMPOOL_BEGIN:
+        if (cca_pool_use_count(0, op->id, &count) != CCA_OK)
+            st = cca_pool_create(0, op->id);
+        if (st == CCA_OK)
+            st = cca_begin_allocate_thread_to_pool(0, op->id);
+        break;
+    case POOL_MEMPOOL_END:
+        st = cca_end_allocate_to_pool(0, op->id);
+        if (st == CCA_OK)
+            st = cca_release_pool(0, op->id);
+        break;
+    case POOL_MEMPOOL_DELETE:
+        st = cca_release_pool(0, op->id);
+        if (st == CCA_OK)
+            st = cca_empty_cache_pool(op->id);
+        break;
+    case POOL_EMPTY_CACHE: st = cca_empty_cache(); break;
+    }
+    if (st != CCA_OK)
+        return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s",
+                         index, (unsigned long long)op->id.first, (unsigned long long)op->id.second,
+                         cca_last_error()->message);
+    return CCA_OK;
+}
+
 /* The settings string the trace ran with (cca_meta.conf, else allocator_settings). */
 static void trace_settings(const pv_node_t *root, char *buf, size_t size)
 {
@@ -276,14 +425,35 @@ static void compare_expected(const pv_node_t *root, const replay_event_t *ev, si
 /* Private streams holding deferred frees live far from any real stream handle. */
 #define HOLD_STREAM_BASE 0xcca0000000000000ull
 
-static cca_status_t run_events(const replay_event_t *ev, size_t n, bool trace_addresses,
-                               cca_backend_t *sim, cca_replay_result_t *r)
+static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op_t *ops,
+                               size_t nops, bool trace_addresses, cca_backend_t *sim,
+                               cca_replay_result_t *r)
 {
     live_map_t live = {0};
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
-    for (size_t i = 0; i < n; i++) {
+    size_t next_op = 0;
+    graph_state_t graphs = {0, NULL, 0};
+    for (size_t i = 0; i <= n; i++) {
+        for (; next_op < nops && (ops[next_op].at <= i || i == n); next_op++) {
+            st = apply_pool_op(&ops[next_op], next_op, &graphs);
+            if (st != CCA_OK)
+                goto out;
+            r->pool_ops++;
+        }
+        if (i == n)
+            break;
         const replay_event_t *e = &ev[i];
+        if (graphs.pending && e->kind == EV_ALLOC && e->stream == graphs.pending->stream) {
+            if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
+                graphs.rng_allocs--; /* the generator's seed or offset: default pools */
+            } else {
+                st = begin_capture_route(graphs.pending);
+                graphs.pending = NULL;
+                if (st != CCA_OK)
+                    goto out;
+            }
+        }
         switch (e->kind) {
         case EV_ALLOC: {
             void *p = NULL;
@@ -312,6 +482,12 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, bool trace_ad
                 goto out;
             }
             le->ptr = (uint64_t)(uintptr_t)p;
+            if (graphs.pending && !graphs.rng_allocs) {
+                st = begin_capture_route(graphs.pending);
+                graphs.pending = NULL;
+                if (st != CCA_OK)
+                    goto out;
+            }
             break;
         }
         case EV_FREE_REQUESTED: {
@@ -445,6 +621,8 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     const pv_node_t *root = pv_doc_root(doc);
     replay_event_t *ev = NULL;
     size_t n = 0;
+    pool_op_t *ops = NULL;
+    size_t nops = 0;
     if (!root || pv_kind(root) != PV_DICT) {
         st = cca_raise(CCA_ERR_FORMAT, "%s is not a PyTorch memory snapshot (no top-level dict)", path);
         goto out_doc;
@@ -452,6 +630,9 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     st = decode_events(root, opt.device, &ev, &n);
     if (st != CCA_OK)
         goto out_doc;
+    st = decode_pool_ops(root, &ops, &nops);
+    if (st != CCA_OK)
+        goto out_events;
     r->events = n;
     r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
 
@@ -468,7 +649,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     if (st != CCA_OK)
         goto out_history;
     uint64_t t1 = cca_now_ns();
-    st = run_events(ev, n, opt.trace_addresses, sim, r);
+    st = run_events(ev, n, ops, nops, opt.trace_addresses, sim, r);
     r->seconds = (double)(cca_now_ns() - t1) / 1e9;
     r->events_per_second = r->seconds > 0 ? (double)n / r->seconds : 0.0;
     if (st != CCA_OK)
@@ -497,6 +678,7 @@ out_history:
     if (history)
         cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 out_events:
+    free(ops);
     free(ev);
 out_doc:
     pv_doc_free(doc);

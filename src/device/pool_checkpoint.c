@@ -1,0 +1,357 @@
+/*
+ * pool_checkpoint.c - a private pool's live allocations and checkpoints
+ * (PyTorch's checkPoolLiveAllocations, getCheckpointState and
+ * setCheckpointPoolState, used by cudagraph trees): the blocks of a pool's
+ * segments saved, and a pool returned to them later by freeing what is
+ * allocated now and allocating again, at their addresses, the blocks that
+ * were allocated then. A client of the allocation path (alloc.c), above it.
+ *
+ * Invariant: a checkpoint is restored only onto segments that still belong
+ * to the pool with the checkpoint's sizes, checked before anything changes.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+
+/* Lock (or unlock) every stream pool of pp (device lock held). */
+static void lock_pool(cca_private_pool_t *pp, bool lock)
+{
+    for (size_t i = 0; i < pp->stream_pool_count; i++) {
+        if (lock)
+            cca_spin_lock(&pp->stream_pools[i]->lock);
+        else
+            cca_spin_unlock(&pp->stream_pools[i]->lock);
+    }
+}
+
+static inline bool segment_in_pool(const cca_segment_t *seg, const cca_private_pool_t *pp)
+{
+    return seg->head && seg->head->pool->owner->private_pool == pp;
+}
+
+static int by_address(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+cca_status_t cca_pool_check_live_allocations(int device, cca_mempool_id_t id, void *const *ptrs,
+                                             size_t count, bool *matches)
+{
+    cca_device_t *dev = NULL;
+    cca_status_t st = pools_args("cca_pool_check_live_allocations", device, id, &dev);
+    if (st != CCA_OK)
+        return st;
+    if (!matches || (!ptrs && count))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_pool_check_live_allocations: matches is NULL, or ptrs NULL with count %zu",
+                         count);
+    uintptr_t *want = malloc((count ? count : 1) * sizeof(*want));
+    if (!want)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory checking live allocations");
+    for (size_t i = 0; i < count; i++)
+        want[i] = (uintptr_t)ptrs[i];
+    qsort(want, count, sizeof(*want), by_address);
+    pthread_mutex_lock(&dev->lock);
+    cca_private_pool_t *pp = pools_find_locked(dev, id);
+    if (!pp) {
+        st = pools_unknown("cca_pool_check_live_allocations", device, id);
+        goto out_unlock;
+    }
+    lock_pool(pp, true);
+    size_t live = 0;
+    bool ok = true;
+    for (const cca_segment_t *seg = dev->segments; seg && ok; seg = seg->next_seg) {
+        if (!segment_in_pool(seg, pp))
+            continue;
+        for (const cca_block_t *b = seg->head; b && ok; b = b->next) {
+            if (!b->allocated)
+                continue;
+            live++;
+            ok = count && bsearch(&b->addr, want, count, sizeof(*want), by_address);
+        }
+    }
+    lock_pool(pp, false);
+    *matches = ok && live == count;
+out_unlock:
+    pthread_mutex_unlock(&dev->lock);
+    free(want);
+    return st;
+}
+
+/* One block of a checkpoint (PyTorch's BlockState). */
+typedef struct ckpt_block {
+    uintptr_t addr;
+    size_t size;
+    bool allocated;
+} ckpt_block_t;
+
+/* One segment of a checkpoint (PyTorch's SegmentState). */
+typedef struct ckpt_segment {
+    uintptr_t base;
+    size_t size;            /* bytes, the sum of its blocks */
+    cca_stream_t stream;
+    bool is_small;
+    size_t block_count;
+    ckpt_block_t *blocks;
+} ckpt_segment_t;
+
+struct cca_pool_state {
+    int device;
+    cca_mempool_id_t id;
+    size_t segment_count;
+    ckpt_segment_t *segments;
+};
+
+void cca_pool_state_free(cca_pool_state_t *state)
+{
+    if (!state)
+        return;
+    for (size_t i = 0; i < state->segment_count; i++)
+        free(state->segments[i].blocks);
+    free(state->segments);
+    free(state);
+}
+
+cca_mempool_id_t cca_pool_state_id(const cca_pool_state_t *state)
+{
+    cca_mempool_id_t none = {0, 0};
+    return state ? state->id : none;
+}
+
+size_t cca_pool_state_segments(const cca_pool_state_t *state)
+{
+    return state ? state->segment_count : 0;
+}
+
+/*
+ * The pool for a checkpoint operation: it exists, has not been released to
+ * 0, no route is active and no block of it waits for events (device lock
+ * held). Completes the set-aside frees first, as PyTorch does.
+ */
+static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, cca_mempool_id_t id,
+                                           cca_private_pool_t **out)
+{
+    cca_private_pool_t *pp = pools_find_locked(dev, id);
+    if (!pp)
+        return pools_unknown(what, dev->index, id);
+    if (pp->use_count == 0)
+        return cca_raise(CCA_ERR_BUSY, "%s: private pool (%" PRIu64 ", %" PRIu64 ") was released; "
+                         "a freeable pool has no checkpoint", what, id.first, id.second);
+    if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
+        return cca_raise(CCA_ERR_BUSY, "%s: a route to a private pool is active on device %d", what,
+                         dev->index);
+    cca_status_t st = events_insert_deferred_locked(dev);
+    if (st != CCA_OK)
+        return st;
+    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
+        if (!segment_in_pool(seg, pp))
+            continue;
+        for (const cca_block_t *b = seg->head; b; b = b->next)
+            if (b->event_count || (!b->allocated && !b->in_bin))
+                return cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool waits for stream "
+                                 "events; synchronize first", what, b->addr);
+    }
+    *out = pp;
+    return CCA_OK;
+}
+
+cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_state_t **state)
+{
+    const char *what = "cca_pool_get_checkpoint";
+    cca_device_t *dev = NULL;
+    cca_status_t st = pools_args(what, device, id, &dev);
+    if (st != CCA_OK)
+        return st;
+    if (!state)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: state is NULL", what);
+    cca_pool_state_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    s->device = device;
+    s->id = id;
+    pthread_mutex_lock(&dev->lock);
+    cca_private_pool_t *pp;
+    st = checkpoint_pool_locked(what, dev, id, &pp);
+    if (st != CCA_OK)
+        goto out_unlock;
+    lock_pool(pp, true);
+    size_t nseg = 0;
+    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
+        nseg += segment_in_pool(seg, pp);
+    s->segments = calloc(nseg ? nseg : 1, sizeof(*s->segments));
+    for (const cca_segment_t *seg = dev->segments; seg && s->segments; seg = seg->next_seg) {
+        if (!segment_in_pool(seg, pp))
+            continue;
+        ckpt_segment_t *cs = &s->segments[s->segment_count];
+        size_t n = 0;
+        for (const cca_block_t *b = seg->head; b; b = b->next)
+            n++;
+        cs->blocks = calloc(n, sizeof(*cs->blocks));
+        if (!cs->blocks)
+            break;
+        s->segment_count++;
+        cs->base = seg->base;
+        cs->stream = seg->stream;
+        cs->is_small = seg->is_small;
+        for (const cca_block_t *b = seg->head; b; b = b->next) {
+            cs->blocks[cs->block_count++] = (ckpt_block_t){b->addr, b->size, b->allocated};
+            cs->size += b->size;
+        }
+    }
+    lock_pool(pp, false);
+    if (!s->segments || s->segment_count != nseg)
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+out_unlock:
+    pthread_mutex_unlock(&dev->lock);
+    if (st != CCA_OK) {
+        cca_pool_state_free(s);
+        return st;
+    }
+    *state = s;
+    return CCA_OK;
+}
+
+void cca_checkpoint_delta_free(cca_checkpoint_delta_t *delta)
+{
+    if (!delta)
+        return;
+    free(delta->freed);
+    free(delta->allocated);
+    memset(delta, 0, sizeof(*delta));
+}
+
+/* The pool's segment at base, whole and free, matching cs (device lock held), or NULL. */
+static cca_segment_t *checkpoint_segment_locked(cca_device_t *dev, cca_private_pool_t *pp,
+                                                const ckpt_segment_t *cs)
+{
+    for (cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
+        if (seg->base == cs->base && segment_in_pool(seg, pp) && seg->size == cs->size &&
+            seg->stream == cs->stream && seg->is_small == cs->is_small)
+            return seg;
+    return NULL;
+}
+
+/* Append p to a pointer list (grown by doubling). False: out of host memory. */
+static bool list_push(void ***list, size_t *count, size_t *cap, void *p)
+{
+    if (*count == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 16;
+        void **grown = realloc(*list, ncap * sizeof(*grown));
+        if (!grown)
+            return false;
+        *list = grown;
+        *cap = ncap;
+    }
+    (*list)[(*count)++] = p;
+    return true;
+}
+
+/*
+ * Allocate the blocks of one checkpoint segment at their addresses, then
+ * free those not allocated in the checkpoint (device lock held; the segment
+ * is one free block). PyTorch's setSegmentStateToCheckpoint.
+ */
+static cca_status_t checkpoint_restore_segment(cca_device_t *dev, cca_segment_t *seg,
+                                               const ckpt_segment_t *cs, cca_checkpoint_delta_t *d,
+                                               size_t *allocated_cap)
+{
+    cca_block_t *curr = seg->head;
+    cca_stream_pool_t *sp = curr->pool->owner;
+    cca_status_t st = CCA_OK;
+    for (size_t i = 0; i < cs->block_count && st == CCA_OK; i++) {
+        const ckpt_block_t *bs = &cs->blocks[i];
+        cca_spin_lock(&sp->lock);
+        cca_pool_t *pool = curr->pool;
+        bins_remove(&pool->bins, curr);
+        st = alloc_take_block(dev, pool, &curr, bs->size, bs->size, curr->size > bs->size ? 1 : 0);
+        cca_block_t *next = st == CCA_OK ? curr->next : NULL;
+        cca_spin_unlock(&sp->lock);
+        curr = next;
+    }
+    if (st != CCA_OK)
+        return st;
+    size_t i = 0;
+    for (cca_block_t *b = seg->head; b && i < cs->block_count; i++) {
+        cca_block_t *next = b->next;
+        void *p = (void *)b->addr;
+        if (cs->blocks[i].allocated) {
+            if (!list_push(&d->allocated, &d->allocated_count, allocated_cap, p))
+                return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
+        } else {
+            st = alloc_free(p);
+            if (st != CCA_OK)
+                return st;
+        }
+        b = next;
+    }
+    return CCA_OK;
+}
+
+cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
+                                     cca_checkpoint_delta_t *delta)
+{
+    const char *what = "cca_pool_set_checkpoint";
+    if (!state || !delta)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: state and delta are required", what);
+    cca_device_t *dev = NULL;
+    cca_status_t st = pools_args(what, device, state->id, &dev);
+    if (st != CCA_OK)
+        return st;
+    if (state->device != device)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the checkpoint is of device %d, not %d", what,
+                         state->device, device);
+    cca_checkpoint_delta_t d;
+    memset(&d, 0, sizeof(d));
+    size_t freed_cap = 0, allocated_cap = 0;
+    pthread_mutex_lock(&dev->lock);
+    cca_private_pool_t *pp;
+    st = checkpoint_pool_locked(what, dev, state->id, &pp);
+    if (st != CCA_OK)
+        goto out_unlock;
+    /* every segment of the checkpoint must still be the pool's, as it was */
+    for (size_t i = 0; i < state->segment_count; i++)
+        if (!checkpoint_segment_locked(dev, pp, &state->segments[i])) {
+            st = cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: segment 0x%" PRIxPTR " of the checkpoint is "
+                           "no longer in the pool", what, state->segments[i].base);
+            goto out_unlock;
+        }
+    /* free every block of the pool allocated now (PyTorch's freeBlocksAllocatedToPool);
+     * a free merges neighbours, so each segment is walked again from its head */
+    for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
+        if (!segment_in_pool(seg, pp))
+            continue;
+        for (;;) {
+            cca_block_t *b = seg->head;
+            while (b && !b->allocated)
+                b = b->next;
+            if (!b)
+                break;
+            void *p = (void *)b->addr;
+            if (!list_push(&d.freed, &d.freed_count, &freed_cap, p)) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
+                break;
+            }
+            st = alloc_free(p);
+            if (st != CCA_OK)
+                break;
+        }
+    }
+    for (size_t i = 0; i < state->segment_count && st == CCA_OK; i++) {
+        const ckpt_segment_t *cs = &state->segments[i];
+        st = checkpoint_restore_segment(dev, checkpoint_segment_locked(dev, pp, cs), cs, &d,
+                                        &allocated_cap);
+    }
+out_unlock:
+    pthread_mutex_unlock(&dev->lock);
+    if (st != CCA_OK) {
+        cca_checkpoint_delta_free(&d);
+        return st;
+    }
+    *delta = d;
+    cca_assert_expensive(device_is_valid());
+    return CCA_OK;
+}
