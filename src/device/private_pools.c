@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "device.h"
 #include "state.h"
 
@@ -61,6 +62,9 @@ cca_status_t pools_args(const char *what, int device, cca_mempool_id_t id, cca_d
     if (device < 0 || device >= cca_state->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range (%d devices)", what,
                          device, cca_state->device_count);
+    if (async_enabled())
+        return cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pools are not available with "
+                         "backend:cudaMallocAsync", what);
     if (pools_id_is_default(id))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "%s: pool id (0, 0) names the default pools, not a private pool", what);
