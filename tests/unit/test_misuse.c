@@ -169,6 +169,31 @@ TEST(settings_strings)
     cca_shutdown();
 }
 
+TEST(devices_and_processes)
+{
+    setup();
+    char *p = NULL;
+    int x = 0;
+    size_t n;
+    bool can;
+    expect_ok(cca_malloc((void **)&p, MiB, NULL));
+    cca_ipc_mem_handle_t h, bad;
+    memset(&bad, 0, sizeof(bad));
+    MISUSE(cca_enable_peer_access(0, 0), CCA_ERR_INVALID_ARGUMENT, "its own peer");
+    MISUSE(cca_enable_peer_access(0, 2), CCA_ERR_INVALID_ARGUMENT, "device 2");
+    MISUSE(cca_can_access_peer(-1, 0, &can), CCA_ERR_INVALID_ARGUMENT, "device -1");
+    MISUSE(cca_peer_access_list(0, NULL, 2, &n), CCA_ERR_INVALID_ARGUMENT, "peers");
+    MISUSE(cca_memcpy_peer_async(p, 0, NULL, 1, 64, NULL), CCA_ERR_INVALID_ARGUMENT, "src");
+    MISUSE(cca_ipc_get_handle(&x, &h), CCA_ERR_INVALID_POINTER, "not allocated");
+    MISUSE(cca_ipc_get_handle(p + 512, &h), CCA_ERR_INVALID_POINTER, "inside the block");
+    MISUSE(cca_ipc_get_handle(p, NULL), CCA_ERR_INVALID_ARGUMENT, "handle");
+    MISUSE(cca_ipc_open(&bad, (void **)&p, NULL), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
+    MISUSE(cca_ipc_close(&x), CCA_ERR_INVALID_POINTER, "not opened");
+    MISUSE(cca_ipc_release_handle(&bad), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
+    MISUSE(cca_ipc_release_handle(NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
+    expect_ok(cca_free(p));
+}
+
 TEST(host_pointers)
 {
     setup();
@@ -202,6 +227,7 @@ int main(void)
     RUN(arguments);
     RUN(settings_strings);
     RUN(host_pointers);
+    RUN(devices_and_processes);
     printf("misuse cases: %d\n", cases);
     return harness_done();
 }
