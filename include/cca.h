@@ -252,13 +252,14 @@ cca_status_t cca_memcpy_peer_async(void *dst, int dst_device, const void *src, i
 /* ------------------------------------------------------------------------ */
 
 /** Bytes of an IPC handle. */
-#define CCA_IPC_HANDLE_SIZE 160
+#define CCA_IPC_HANDLE_SIZE 224
 
 /**
  * A handle to memory of another process, to be sent as bytes (a pipe, a
  * socket, a file). It names the segment holding the block (the backend's
  * handle of the segment) and the block's offset in it, as PyTorch shares
- * blocks, plus a reference counter in shared memory of the producer.
+ * blocks, an interprocess event of the producer, and a reference counter in
+ * shared memory of the producer.
  */
 typedef struct cca_ipc_mem_handle {
     unsigned char bytes[CCA_IPC_HANDLE_SIZE];
@@ -266,24 +267,25 @@ typedef struct cca_ipc_mem_handle {
 
 /**
  * Make a handle for the block at ptr (a pointer cca_malloc returned, still
- * allocated), as torch's shareIpcHandle / _share_cuda_. The handle carries one
+ * allocated), as torch's shareIpcHandle / _share_cuda_. An interprocess event
+ * is recorded on stream (where the producer wrote the data): the consumer's
+ * stream waits for it in cca_ipc_open, as PyTorch's IPC event does. The handle carries one
  * reference: while it is not released by the process that opens it
  * (cca_ipc_close), cca_free of ptr in this process defers the free, so
  * neither the block nor its segment is reused or returned to the driver;
  * cca_ipc_collect (also run on the out-of-memory path) completes deferred
  * frees whose references are gone. Open each handle once, in one process;
- * for several consumers make one handle each. The producer orders its own
- * writes before the consumer's use (e.g. synchronizes its stream).
- * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER
+ * for several consumers make one handle each. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER
  * (not a live block, or inside one), CCA_ERR_NOT_SUPPORTED (the
  * cudaMallocAsync backend, or a backend without IPC), CCA_ERR_OUT_OF_MEMORY,
  * CCA_ERR_BACKEND, or an init error. Thread-safe.
  */
-cca_status_t cca_ipc_get_handle(void *ptr, cca_ipc_mem_handle_t *handle);
+cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle);
 
 /**
  * Open a handle made by another process: *ptr gets the block's address in
- * this process and *size (may be NULL) its size. Opening several blocks of
+ * this process and *size (may be NULL) its size. Work queued on stream after
+ * this call waits for the producer's work recorded with the handle. Opening several blocks of
  * one segment maps the segment once (CUDA allows one mapping per process);
  * it is unmapped when the last of them is closed. Opens on the handle's
  * device index. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, a corrupt
@@ -292,7 +294,8 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_ipc_mem_handle_t *handle);
  * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND (e.g. the producer's memory is
  * gone), or an init error. Thread-safe.
  */
-cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, void **ptr, size_t *size);
+cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t stream, void **ptr,
+                          size_t *size);
 
 /**
  * Close a pointer from cca_ipc_open, after the work using it is done (the

@@ -83,6 +83,9 @@ typedef enum cca_backend_op {
     CCA_OP_MEMPOOL_GET_ATTR,
     CCA_OP_MEMPOOL_SET_ATTR,
     CCA_OP_MEMPOOL_SET_ACCESS,
+    CCA_OP_IPC_EVENT_CREATE,
+    CCA_OP_IPC_EVENT_GET,
+    CCA_OP_IPC_EVENT_OPEN,
     CCA_OP_COUNT
 } cca_backend_op_t;
 
@@ -173,6 +176,14 @@ typedef struct cca_backend {
     cca_status_t (*ipc_get_handle)(void *ctx, int device, void *ptr, cca_ipc_handle_t *handle);
     cca_status_t (*ipc_open)(void *ctx, int device, const cca_ipc_handle_t *handle, void **ptr);
     cca_status_t (*ipc_close)(void *ctx, int device, void *ptr);
+    /** An event another process can wait for (cudaEventInterprocess; destroy with event_destroy). */
+    cca_status_t (*ipc_event_create)(void *ctx, int device, cca_event_t *event);
+    /** The IPC handle of such an event (cudaIpcGetEventHandle). */
+    cca_status_t (*ipc_event_get_handle)(void *ctx, int device, cca_event_t event,
+                                         cca_ipc_handle_t *handle);
+    /** Open another process's event: an event here to wait for; event_destroy releases it. */
+    cca_status_t (*ipc_event_open)(void *ctx, int device, const cca_ipc_handle_t *handle,
+                                   cca_event_t *event);
 
     /** Peer access: *can_access = 1 if device can address peer's memory, else 0. */
     cca_status_t (*can_access_peer)(void *ctx, int device, int peer, int *can_access);

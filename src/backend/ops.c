@@ -44,6 +44,9 @@ static const char *const op_names[CCA_OP_COUNT] = {
     [CCA_OP_MEMPOOL_GET_ATTR] = "mempool_get_attr",
     [CCA_OP_MEMPOOL_SET_ATTR] = "mempool_set_attr",
     [CCA_OP_MEMPOOL_SET_ACCESS] = "mempool_set_access",
+    [CCA_OP_IPC_EVENT_CREATE] = "ipc_event_create",
+    [CCA_OP_IPC_EVENT_GET] = "ipc_event_get_handle",
+    [CCA_OP_IPC_EVENT_OPEN] = "ipc_event_open",
 };
 
 /* Name of a backend operation; "unknown" for a value outside the enum. */

@@ -15,6 +15,7 @@
 #include "async.h"
 #include "check.h"
 #include "device.h"
+#include "shared.h"
 #include "nvml.h"
 #include "state.h"
 #include "trace.h"
@@ -400,6 +401,7 @@ cca_status_t cca_empty_cache(void)
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
+    shared_retry_releases();
     if (async_enabled())
         return async_empty_cache();
     cca_status_t result = CCA_OK;

@@ -22,6 +22,8 @@
 typedef struct shared_block {
     uintptr_t ptr;
     shmcount_ref_t ref;        /* the block's counter */
+    int device;
+    cca_event_t event;         /* interprocess event: the sharing stream's work */
     bool freed;                /* cca_free was called: free when the counter is 0 */
     struct shared_block *next;
 } shared_block_t;
@@ -29,6 +31,14 @@ typedef struct shared_block {
 static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
 static shared_block_t *buckets[SHARED_BUCKETS];
 static size_t pending;
+static cca_backend_t *backend;     /* of the blocks in the table */
+/* Events whose destruction failed, destroyed again later (device in the low bits' list). */
+typedef struct shared_orphan {
+    int device;
+    cca_event_t event;
+    struct shared_orphan *next;
+} shared_orphan_t;
+static shared_orphan_t *orphans;
 _Atomic size_t shared_block_count;
 
 static size_t bucket_of(uintptr_t p)
@@ -46,29 +56,81 @@ static shared_block_t **find_locked(uintptr_t p)
     return link;
 }
 
-cca_status_t shared_add_reference(uintptr_t ptr, shmcount_ref_t *ref)
+/* Destroy an event, or keep it to destroy later (lock held). */
+static void event_release_locked(int device, cca_event_t event)
+{
+    if (backend->event_destroy(backend->ctx, device, event) == CCA_OK)
+        return;
+    shared_orphan_t *o = malloc(sizeof(*o));
+    if (!o)
+        return; /* no memory to remember it: nothing more can be done */
+    o->device = device;
+    o->event = event;
+    o->next = orphans;
+    orphans = o;
+}
+
+static void orphans_retry_locked(void)
+{
+    shared_orphan_t **link = &orphans;
+    while (*link) {
+        shared_orphan_t *o = *link;
+        if (backend->event_destroy(backend->ctx, o->device, o->event) == CCA_OK) {
+            *link = o->next;
+            free(o);
+        } else {
+            link = &o->next;
+        }
+    }
+}
+
+cca_status_t shared_add_reference(cca_backend_t *be, uintptr_t ptr, int device,
+                                  cca_stream_t stream, shmcount_ref_t *ref,
+                                  cca_ipc_handle_t *event_handle)
 {
     pthread_mutex_lock(&shared_lock);
+    backend = be;
     cca_status_t st = CCA_OK;
     shared_block_t **link = find_locked(ptr);
     shared_block_t *b = *link;
-    if (!b) {
+    bool fresh = !b;
+    if (fresh) {
         b = calloc(1, sizeof(*b));
         if (!b) {
             st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for IPC bookkeeping");
             goto out_unlock;
         }
-        st = shmcount_take(&b->ref);
-        if (st != CCA_OK) {
-            free(b);
-            goto out_unlock;
-        }
         b->ptr = ptr;
+        b->device = device;
+        st = be->ipc_event_create(be->ctx, device, &b->event);
+        if (st != CCA_OK)
+            goto out_free;
+        st = shmcount_take(&b->ref);
+        if (st != CCA_OK)
+            goto out_event;
+    }
+    /* The consumer waits for what the stream has queued so far (PyTorch's IPC event). */
+    st = be->event_record(be->ctx, device, b->event, stream);
+    if (st == CCA_OK)
+        st = be->ipc_event_get_handle(be->ctx, device, b->event, event_handle);
+    if (st != CCA_OK) {
+        if (fresh)
+            goto out_slot;
+        goto out_unlock;
+    }
+    if (fresh) {
         *link = b;
         atomic_fetch_add(&shared_block_count, 1);
     }
     shmcount_add(&b->ref, 1);
     *ref = b->ref;
+    goto out_unlock;
+out_slot:
+    shmcount_give_back(&b->ref);
+out_event:
+    event_release_locked(device, b->event);
+out_free:
+    free(b);
 out_unlock:
     pthread_mutex_unlock(&shared_lock);
     return st;
@@ -82,6 +144,7 @@ static void remove_locked(shared_block_t **link)
     if (b->freed)
         pending--;
     shmcount_give_back(&b->ref);
+    event_release_locked(b->device, b->event);
     atomic_fetch_sub(&shared_block_count, 1);
     free(b);
 }
@@ -111,6 +174,8 @@ size_t shared_take_collectable(uintptr_t *out, size_t cap)
 {
     size_t n = 0;
     pthread_mutex_lock(&shared_lock);
+    if (orphans)
+        orphans_retry_locked();
     for (size_t i = 0; i < SHARED_BUCKETS && n < cap; i++) {
         shared_block_t **link = &buckets[i];
         while (*link && n < cap) {
@@ -134,11 +199,27 @@ size_t shared_pending(void)
     return n;
 }
 
+void shared_retry_releases(void)
+{
+    pthread_mutex_lock(&shared_lock);
+    if (orphans)
+        orphans_retry_locked();
+    pthread_mutex_unlock(&shared_lock);
+}
+
 void shared_shutdown(void)
 {
     pthread_mutex_lock(&shared_lock);
     for (size_t i = 0; i < SHARED_BUCKETS; i++)
         while (buckets[i])
             remove_locked(&buckets[i]);
+    if (orphans)
+        orphans_retry_locked();
+    while (orphans) { /* still failing: the backend goes next, forget them */
+        shared_orphan_t *o = orphans;
+        orphans = o->next;
+        free(o);
+    }
+    backend = NULL;
     pthread_mutex_unlock(&shared_lock);
 }

@@ -14,8 +14,15 @@
 /* Blocks in the table: cca_free looks further only when it is not 0. */
 extern _Atomic size_t shared_block_count;
 
-/* One more reference to the block at ptr (a live block); *ref its counter. */
-cca_status_t shared_add_reference(uintptr_t ptr, shmcount_ref_t *ref);
+/*
+ * One more reference to the block at ptr (a live block of device): *ref gets
+ * its counter. The block's interprocess event is recorded on stream and its
+ * handle goes to *event_handle. Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY, or
+ * the backend's error (no reference taken).
+ */
+cca_status_t shared_add_reference(cca_backend_t *be, uintptr_t ptr, int device,
+                                  cca_stream_t stream, shmcount_ref_t *ref,
+                                  cca_ipc_handle_t *event_handle);
 typedef enum shared_free {
     SHARED_FREE_NOW = 0,  /* not referenced elsewhere: free it */
     SHARED_FREE_DEFERRED, /* referenced by another process: the free is now deferred */
@@ -31,6 +38,8 @@ shared_free_t shared_on_free(uintptr_t ptr);
 size_t shared_take_collectable(uintptr_t *out, size_t cap);
 /* Deferred frees still waiting for other processes. */
 size_t shared_pending(void);
+/* Destroy again the events whose destruction failed (empty_cache). */
+void shared_retry_releases(void);
 /* Forget every entry (device state shutdown: the blocks go with it). */
 void shared_shutdown(void);
 

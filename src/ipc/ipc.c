@@ -44,6 +44,7 @@ typedef struct ipc_wire {
     uint64_t size;        /* bytes the program asked for */
     uint64_t segment_size;
     unsigned char backend[64]; /* the backend's handle of the segment */
+    unsigned char event[64];   /* the producer's interprocess event */
     uint64_t check;
 } ipc_wire_t;
 
@@ -86,7 +87,7 @@ static uint64_t wire_check(const ipc_wire_t *w)
     return h;
 }
 
-cca_status_t cca_ipc_get_handle(void *ptr, cca_ipc_mem_handle_t *handle)
+cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle)
 {
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
@@ -124,9 +125,11 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_ipc_mem_handle_t *handle)
         return st;
     memcpy(w.backend, bh.bytes, sizeof(w.backend));
     shmcount_ref_t ref;
-    st = shared_add_reference(block->addr, &ref);
+    cca_ipc_handle_t eh;
+    st = shared_add_reference(be, block->addr, w.device, stream, &ref, &eh);
     if (st != CCA_OK)
         return st;
+    memcpy(w.event, eh.bytes, sizeof(w.event));
     w.ref_pid = ref.pid;
     w.ref_fd = ref.fd;
     w.ref_slot = ref.slot;
@@ -143,7 +146,23 @@ static cca_status_t bad_handle(const char *why)
     return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_open: %s", why);
 }
 
-cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, void **ptr, size_t *size)
+/* Make stream wait for the producer's event of the handle (PyTorch's event_sync_required). */
+static cca_status_t wait_for_producer(const ipc_wire_t *w, cca_stream_t stream)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_ipc_handle_t eh;
+    memcpy(eh.bytes, w->event, sizeof(eh.bytes));
+    cca_event_t ev = NULL;
+    cca_status_t st = be->ipc_event_open(be->ctx, w->device, &eh, &ev);
+    if (st != CCA_OK)
+        return st;
+    st = be->stream_wait_event(be->ctx, w->device, stream, ev);
+    cca_status_t dst = be->event_destroy(be->ctx, w->device, ev);
+    return st != CCA_OK ? st : dst;
+}
+
+cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t stream, void **ptr,
+                          size_t *size)
 {
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
@@ -178,6 +197,9 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, void **ptr, size_t
                             "one reference: make one per opening)");
             goto out_free;
         }
+    st = wait_for_producer(&w, stream);
+    if (st != CCA_OK)
+        goto out_free;
     ipc_segment_t *seg = segments;
     while (seg && !(seg->pid == w.ref_pid && !memcmp(seg->backend, w.backend, sizeof(w.backend))))
         seg = seg->next;

@@ -4,8 +4,10 @@
  *    through cca IPC handles: two blocks of one segment and a large block
  *    one way, a block of the other process (on the second GPU when there is
  *    one) back; data written on the device by one process is checked by the
- *    other; a free while the other process maps the block is deferred until
- *    it closes it, then collected;
+ *    other; the producer's writes are queued behind a held stream when it
+ *    makes the handles, so the consumer's reads are right only if its stream
+ *    waits for the producer's IPC event; a free while the other process maps
+ *    the block is deferred until it closes it, then collected;
  *  - peer access between GPU 0 and GPU 1 and copies between them
  *    (cca_memcpy_peer_async and a plain device-to-device cudaMemcpy);
  *  - backend:cudaMallocAsync: round trips on streams, record_stream,
@@ -104,7 +106,16 @@ static msg_t recv_msg(int fd)
     return m;
 }
 
-enum { MSG_HANDLES = 1, MSG_CHILD_WROTE, MSG_PARENT_FREED, MSG_CHILD_CLOSED, MSG_PARENT_DONE };
+enum { MSG_HANDLES = 1, MSG_CHILD_QUEUED, MSG_CHILD_WROTE, MSG_PARENT_FREED, MSG_CHILD_CLOSED,
+       MSG_PARENT_DONE };
+
+/* A host function that holds its stream until the gate opens. */
+static void CUDART_CB hold_stream(void *arg)
+{
+    atomic_int *gate = arg;
+    while (!atomic_load(gate)) {
+    }
+}
 
 static void ipc_child(int rfd, int wfd)
 {
@@ -114,12 +125,30 @@ static void ipc_child(int rfd, int wfd)
     expect_eq_i64(m.tag, MSG_HANDLES);
     void *big = NULL, *s1 = NULL, *s2 = NULL;
     size_t size = 0;
-    expect_ok(cca_ipc_open(&m.handle[0], &big, &size));
+    cudaStream_t cs = NULL;
+    unsigned char *hb = NULL;
+    expect_true(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) == cudaSuccess);
+    expect_true(cudaMallocHost((void **)&hb, 3 * 4096) == cudaSuccess);
+    expect_ok(cca_ipc_open(&m.handle[0], (cca_stream_t)cs, &big, &size));
     expect_eq_u64(size, 40 * MiB);
-    expect_ok(cca_ipc_open(&m.handle[1], &s1, &size));
-    expect_ok(cca_ipc_open(&m.handle[2], &s2, &size));
-    if (!big || !s1 || !s2)
+    expect_ok(cca_ipc_open(&m.handle[1], (cca_stream_t)cs, &s1, &size));
+    expect_ok(cca_ipc_open(&m.handle[2], (cca_stream_t)cs, &s2, &size));
+    if (!big || !s1 || !s2 || !hb)
         return;
+    /* Queued now, while the producer's writes still wait behind its held stream. */
+    expect_true(cudaMemcpyAsync(hb, (char *)big + 40 * MiB - 4096, 4096, cudaMemcpyDeviceToHost, cs) ==
+                cudaSuccess);
+    expect_true(cudaMemcpyAsync(hb + 4096, s1, 4096, cudaMemcpyDeviceToHost, cs) == cudaSuccess);
+    expect_true(cudaMemcpyAsync(hb + 8192, s2, 4096, cudaMemcpyDeviceToHost, cs) == cudaSuccess);
+    msg_t queued = {MSG_CHILD_QUEUED, {{{0}}}};
+    send_msg(wfd, &queued);
+    expect_true(cudaStreamSynchronize(cs) == cudaSuccess);
+    size_t early = 0;
+    for (int i = 0; i < 4096; i++)
+        early += (hb[i] != 0x11) + (hb[4096 + i] != 0x22) + (hb[8192 + i] != 0x33);
+    expect_eq_u64(early, 0); /* the consumer's stream waited for the producer's event */
+    cudaFreeHost(hb);
+    cudaStreamDestroy(cs);
     expect_eq_u64((uintptr_t)s2 - (uintptr_t)s1, 256 * 1024); /* one mapping of their segment */
     expect_eq_u64(device_mismatches(big, 0x11, 40 * MiB), 0);
     expect_eq_u64(device_mismatches(s1, 0x22, 256 * 1024), 0);
@@ -132,7 +161,7 @@ static void ipc_child(int rfd, int wfd)
     expect_true(device_fill(mine, 0x55, 8 * MiB));
     expect_true(cudaSetDevice(0) == cudaSuccess);
     msg_t out = {MSG_CHILD_WROTE, {{{0}}}};
-    expect_ok(cca_ipc_get_handle(mine, &out.handle[0]));
+    expect_ok(cca_ipc_get_handle(mine, NULL, &out.handle[0]));
     send_msg(wfd, &out);
     m = recv_msg(rfd);
     expect_eq_i64(m.tag, MSG_PARENT_FREED);
@@ -172,23 +201,32 @@ TEST(two_processes_share_both_ways)
     if (!setup(NULL))
         return;
     void *big = NULL, *s1 = NULL, *s2 = NULL;
-    expect_ok(cca_malloc(&big, 40 * MiB, NULL));
-    expect_ok(cca_malloc(&s1, 256 * 1024, NULL));
-    expect_ok(cca_malloc(&s2, 256 * 1024, NULL));
-    expect_true(device_fill(big, 0x11, 40 * MiB));
-    expect_true(device_fill(s1, 0x22, 256 * 1024));
-    expect_true(device_fill(s2, 0x33, 256 * 1024));
+    cudaStream_t ps = NULL;
+    expect_true(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking) == cudaSuccess);
+    expect_ok(cca_malloc(&big, 40 * MiB, (cca_stream_t)ps));
+    expect_ok(cca_malloc(&s1, 256 * 1024, (cca_stream_t)ps));
+    expect_ok(cca_malloc(&s2, 256 * 1024, (cca_stream_t)ps));
+    /* the writes wait behind a held stream while the handles are made and opened */
+    atomic_int gate = 0;
+    expect_true(cudaLaunchHostFunc(ps, hold_stream, &gate) == cudaSuccess);
+    expect_true(cudaMemsetAsync(big, 0x11, 40 * MiB, ps) == cudaSuccess);
+    expect_true(cudaMemsetAsync(s1, 0x22, 256 * 1024, ps) == cudaSuccess);
+    expect_true(cudaMemsetAsync(s2, 0x33, 256 * 1024, ps) == cudaSuccess);
     msg_t m = {MSG_HANDLES, {{{0}}}};
-    expect_ok(cca_ipc_get_handle(big, &m.handle[0]));
-    expect_ok(cca_ipc_get_handle(s1, &m.handle[1]));
-    expect_ok(cca_ipc_get_handle(s2, &m.handle[2]));
+    expect_ok(cca_ipc_get_handle(big, (cca_stream_t)ps, &m.handle[0]));
+    expect_ok(cca_ipc_get_handle(s1, (cca_stream_t)ps, &m.handle[1]));
+    expect_ok(cca_ipc_get_handle(s2, (cca_stream_t)ps, &m.handle[2]));
     send_msg(down[1], &m);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_QUEUED);
+    atomic_store(&gate, 1);
+    expect_true(cudaStreamSynchronize(ps) == cudaSuccess);
     m = recv_msg(up[0]);
     expect_eq_i64(m.tag, MSG_CHILD_WROTE);
     expect_eq_u64(device_mismatches(big, 0x44, 40 * MiB), 0);
     void *theirs = NULL;
     size_t size = 0;
-    expect_ok(cca_ipc_open(&m.handle[0], &theirs, &size));
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &theirs, &size));
     expect_eq_u64(size, 8 * MiB);
     if (theirs) {
         int dev = gpus > 1 ? 1 : 0;
@@ -216,6 +254,7 @@ TEST(two_processes_share_both_ways)
     expect_ok(cca_empty_cache());
     if (theirs)
         expect_ok(cca_ipc_close(theirs));
+    cudaStreamDestroy(ps);
     msg_t done = {MSG_PARENT_DONE, {{{0}}}};
     send_msg(down[1], &done);
     int status = 0;

@@ -236,7 +236,7 @@ static void scenario_ipc(void)
     void *p[3] = {NULL, NULL, NULL};
     for (size_t i = 0; i < n && i < 3; i++) {
         p[i] = held[i];
-        cca_status_t st = cca_ipc_get_handle(p[i], &h[i]);
+        cca_status_t st = cca_ipc_get_handle(p[i], NULL, &h[i]);
         made[i] = st == CCA_OK;
         step_check(st, "cca_ipc_get_handle");
     }

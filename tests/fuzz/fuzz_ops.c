@@ -369,7 +369,7 @@ static void run_general(reader_t *r, bool async)
             what = "cca_ipc_get_handle";
             size_t i = b % nlive;
             cca_ipc_mem_handle_t h;
-            cca_status_t st = cca_ipc_get_handle(live[i], &h);
+            cca_status_t st = cca_ipc_get_handle(live[i], NULL, &h);
             if (async) {
                 CHECK(st == CCA_ERR_NOT_SUPPORTED, "ipc under cudaMallocAsync: %s", cca_status_str(st));
             } else {

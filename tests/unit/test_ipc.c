@@ -102,12 +102,12 @@ static void child(int rfd, int wfd)
     void *big = NULL, *s1 = NULL, *s2 = NULL;
     size_t size = 0;
     uint64_t opens = cca_sim_call_count(sim, CCA_OP_IPC_OPEN);
-    expect_ok(cca_ipc_open(&m.handle[0], &big, &size));
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &big, &size));
     expect_eq_u64(size, 40 * MiB);
     expect_eq_u64(mismatches(big, 40 * MiB, 1), 0);
-    expect_ok(cca_ipc_open(&m.handle[1], &s1, &size));
+    expect_ok(cca_ipc_open(&m.handle[1], NULL, &s1, &size));
     expect_eq_u64(size, 256 * KiB);
-    expect_ok(cca_ipc_open(&m.handle[2], &s2, &size));
+    expect_ok(cca_ipc_open(&m.handle[2], NULL, &s2, &size));
     expect_eq_u64(mismatches(s1, 256 * KiB, 2), 0);
     expect_eq_u64(mismatches(s2, 256 * KiB, 3), 0);
     /* two blocks of one segment: the segment is mapped once */
@@ -115,14 +115,14 @@ static void child(int rfd, int wfd)
     expect_eq_u64((uintptr_t)s2 - (uintptr_t)s1, 256 * KiB);
     /* a handle stands for one reference: a second open is refused */
     void *again = NULL;
-    expect_status(cca_ipc_open(&m.handle[1], &again, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(&m.handle[1], NULL, &again, NULL), CCA_ERR_INVALID_ARGUMENT);
     /* the other way: write into the parent's block, share a block of ours */
     fill(big, 40 * MiB, 9);
     void *mine = NULL;
     expect_ok(cca_malloc(&mine, 3 * MiB, NULL));
     fill(mine, 3 * MiB, 5);
     msg_t out = {MSG_CHILD_WROTE, {{{0}}}};
-    expect_ok(cca_ipc_get_handle(mine, &out.handle[0]));
+    expect_ok(cca_ipc_get_handle(mine, NULL, &out.handle[0]));
     send_msg(wfd, &out);
     m = recv_msg(rfd);
     expect_eq_i64(m.tag, MSG_PARENT_FREED);
@@ -179,9 +179,9 @@ TEST(two_processes_share_both_ways)
     fill(s1, 256 * KiB, 2);
     fill(s2, 256 * KiB, 3);
     msg_t m = {MSG_HANDLES, {{{0}}}};
-    expect_ok(cca_ipc_get_handle(big, &m.handle[0]));
-    expect_ok(cca_ipc_get_handle(s1, &m.handle[1]));
-    expect_ok(cca_ipc_get_handle(s2, &m.handle[2]));
+    expect_ok(cca_ipc_get_handle(big, NULL, &m.handle[0]));
+    expect_ok(cca_ipc_get_handle(s1, NULL, &m.handle[1]));
+    expect_ok(cca_ipc_get_handle(s2, NULL, &m.handle[2]));
     send_msg(down[1], &m);
     m = recv_msg(up[0]);
     expect_eq_i64(m.tag, MSG_CHILD_WROTE);
@@ -189,7 +189,7 @@ TEST(two_processes_share_both_ways)
     expect_eq_u64(mismatches(big, 40 * MiB, 9), 0);
     void *theirs = NULL;
     size_t size = 0;
-    expect_ok(cca_ipc_open(&m.handle[0], &theirs, &size));
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &theirs, &size));
     expect_eq_u64(size, 3 * MiB);
     expect_eq_u64(mismatches(theirs, 3 * MiB, 5), 0);
     /* free while the child maps it: deferred, still allocated */
@@ -232,23 +232,23 @@ TEST(misuse)
     char *p = NULL;
     cca_ipc_mem_handle_t h;
     int x;
-    expect_status(cca_ipc_get_handle(&x, &h), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_ipc_get_handle(&x, NULL, &h), CCA_ERR_INVALID_POINTER);
     expect_ok(cca_malloc((void **)&p, MiB, NULL));
-    expect_status(cca_ipc_get_handle(p + 512, &h), CCA_ERR_INVALID_POINTER);
-    expect_status(cca_ipc_get_handle(p, NULL), CCA_ERR_INVALID_ARGUMENT);
-    expect_status(cca_ipc_get_handle(NULL, &h), CCA_ERR_INVALID_ARGUMENT);
-    expect_ok(cca_ipc_get_handle(p, &h));
+    expect_status(cca_ipc_get_handle(p + 512, NULL, &h), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_ipc_get_handle(p, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_get_handle(NULL, NULL, &h), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_ipc_get_handle(p, NULL, &h));
     void *q = NULL;
-    expect_status(cca_ipc_open(&h, &q, NULL), CCA_ERR_INVALID_ARGUMENT); /* our own */
+    expect_status(cca_ipc_open(&h, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT); /* our own */
     expect_contains(cca_last_error()->message, "this process");
     cca_ipc_mem_handle_t bad = h;
     bad.bytes[40] ^= 1;
-    expect_status(cca_ipc_open(&bad, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(&bad, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
     expect_contains(cca_last_error()->message, "corrupt");
     memset(&bad, 0, sizeof(bad));
-    expect_status(cca_ipc_open(&bad, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
-    expect_status(cca_ipc_open(NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
-    expect_status(cca_ipc_open(&h, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(&bad, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(NULL, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open(&h, NULL, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
     expect_status(cca_ipc_close(&x), CCA_ERR_INVALID_POINTER);
     /* nobody released the handle: the free is deferred, a second one is a double free */
     int64_t before = allocated(0);
@@ -272,7 +272,15 @@ TEST(unshared_blocks_free_at_once)
     /* the backend's handle fails: no reference is taken */
     expect_ok(cca_sim_inject_fault(sim, CCA_OP_IPC_GET, 1, false, CCA_ERR_BACKEND));
     cca_ipc_mem_handle_t h;
-    expect_status(cca_ipc_get_handle(p, &h), CCA_ERR_BACKEND);
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_BACKEND);
+    /* the event cannot be made or recorded: no reference either, no event left */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_IPC_EVENT_CREATE, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_BACKEND);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_EVENT_RECORD, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_BACKEND);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 0);
     int64_t before = allocated(0);
     expect_ok(cca_free(p));
     expect_eq_i64(allocated(0), before - (int64_t)MiB);
@@ -285,10 +293,10 @@ TEST(async_backend_refuses)
     expect_ok(cca_malloc(&p, MiB, NULL));
     cca_ipc_mem_handle_t h;
     memset(&h, 0, sizeof(h));
-    expect_status(cca_ipc_get_handle(p, &h), CCA_ERR_NOT_SUPPORTED);
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_NOT_SUPPORTED);
     expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support shareIpcHandle");
     void *q = NULL;
-    expect_status(cca_ipc_open(&h, &q, NULL), CCA_ERR_NOT_SUPPORTED);
+    expect_status(cca_ipc_open(&h, NULL, &q, NULL), CCA_ERR_NOT_SUPPORTED);
     expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support getIpcDevPtr");
     expect_ok(cca_free(p));
 }

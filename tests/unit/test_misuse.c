@@ -184,10 +184,10 @@ TEST(devices_and_processes)
     MISUSE(cca_can_access_peer(-1, 0, &can), CCA_ERR_INVALID_ARGUMENT, "device -1");
     MISUSE(cca_peer_access_list(0, NULL, 2, &n), CCA_ERR_INVALID_ARGUMENT, "peers");
     MISUSE(cca_memcpy_peer_async(p, 0, NULL, 1, 64, NULL), CCA_ERR_INVALID_ARGUMENT, "src");
-    MISUSE(cca_ipc_get_handle(&x, &h), CCA_ERR_INVALID_POINTER, "not allocated");
-    MISUSE(cca_ipc_get_handle(p + 512, &h), CCA_ERR_INVALID_POINTER, "inside the block");
-    MISUSE(cca_ipc_get_handle(p, NULL), CCA_ERR_INVALID_ARGUMENT, "handle");
-    MISUSE(cca_ipc_open(&bad, (void **)&p, NULL), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
+    MISUSE(cca_ipc_get_handle(&x, NULL, &h), CCA_ERR_INVALID_POINTER, "not allocated");
+    MISUSE(cca_ipc_get_handle(p + 512, NULL, &h), CCA_ERR_INVALID_POINTER, "inside the block");
+    MISUSE(cca_ipc_get_handle(p, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "handle");
+    MISUSE(cca_ipc_open(&bad, NULL, (void **)&p, NULL), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
     MISUSE(cca_ipc_close(&x), CCA_ERR_INVALID_POINTER, "not opened");
     MISUSE(cca_ipc_release_handle(&bad), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
     MISUSE(cca_ipc_release_handle(NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");

@@ -682,6 +682,9 @@ TEST(fault_every_op_counts)
     expect_status(b->mempool_get_attr(ctx, 0, CCA_MEMPOOL_USED_CURRENT, &v), CCA_ERR_BACKEND);
     expect_status(b->mempool_set_attr(ctx, 0, CCA_MEMPOOL_RELEASE_THRESHOLD, 0), CCA_ERR_BACKEND);
     expect_status(b->mempool_set_access(ctx, 0, 0), CCA_ERR_BACKEND);
+    expect_status(b->ipc_event_create(ctx, 0, &e), CCA_ERR_BACKEND);
+    expect_status(b->ipc_event_get_handle(ctx, 0, e, &ih), CCA_ERR_BACKEND);
+    expect_status(b->ipc_event_open(ctx, 0, &ih, &e), CCA_ERR_BACKEND);
     expect_eq_ptr(p, NULL);
     expect_eq_ptr(st, NULL);
     for (int op = 0; op < CCA_OP_COUNT; op++) {
@@ -984,6 +987,24 @@ TEST(peers_and_streams)
     expect_ok(b->stream_destroy(ctx, 1, s1));
     expect_status(b->stream_destroy(ctx, 1, s1), CCA_ERR_INVALID_ARGUMENT);
     expect_ok(b->stream_destroy(ctx, 1, s2));
+    /* interprocess events: a handle of one, opened as a new event */
+    cca_event_t ie = NULL, plain = NULL, opened = NULL;
+    cca_ipc_handle_t eh, bad;
+    expect_ok(b->ipc_event_create(ctx, 1, &ie));
+    expect_ok(b->event_create(ctx, 1, &plain));
+    expect_ok(b->event_record(ctx, 1, ie, NULL));
+    expect_ok(b->ipc_event_get_handle(ctx, 1, ie, &eh));
+    expect_status(b->ipc_event_get_handle(ctx, 1, plain, &bad), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(b->ipc_event_get_handle(ctx, 0, ie, &bad), CCA_ERR_INVALID_ARGUMENT);
+    bad = eh;
+    bad.bytes[9] ^= 4;
+    expect_status(b->ipc_event_open(ctx, 1, &bad, &opened), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(b->ipc_event_open(ctx, 1, &eh, &opened));
+    expect_true(opened != NULL && opened != ie);
+    expect_ok(b->event_query(ctx, 1, opened));
+    expect_ok(b->event_destroy(ctx, 1, opened));
+    expect_ok(b->event_destroy(ctx, 1, ie));
+    expect_ok(b->event_destroy(ctx, 1, plain));
     expect_ok(b->free(ctx, 0, x));
     expect_ok(b->free(ctx, 2, y));
     b->destroy(ctx);

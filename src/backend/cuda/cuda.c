@@ -614,6 +614,61 @@ static cca_status_t cuda_ipc_close(void *ctx, int device, void *ptr)
     return err == cudaSuccess ? CCA_OK : cuda_fail(err, "cudaIpcCloseMemHandle");
 }
 
+static cca_status_t cuda_ipc_event_create(void *ctx, int device, cca_event_t *event)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaEvent_t e = NULL;
+    cudaError_t err =
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess);
+    leave_device(device, previous);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaEventCreateWithFlags(cudaEventInterprocess)");
+    *event = e;
+    return CCA_OK;
+}
+
+static cca_status_t cuda_ipc_event_get_handle(void *ctx, int device, cca_event_t event,
+                                              cca_ipc_handle_t *handle)
+{
+    (void)ctx;
+    _Static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(cca_ipc_handle_t),
+                   "cca_ipc_handle_t must hold a cudaIpcEventHandle_t");
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaIpcEventHandle_t h;
+    cudaError_t err = cudaIpcGetEventHandle(&h, (cudaEvent_t)event);
+    leave_device(device, previous);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaIpcGetEventHandle");
+    memcpy(handle->bytes, &h, sizeof(h));
+    return CCA_OK;
+}
+
+static cca_status_t cuda_ipc_event_open(void *ctx, int device, const cca_ipc_handle_t *handle,
+                                        cca_event_t *event)
+{
+    (void)ctx;
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    cudaIpcEventHandle_t h;
+    memcpy(&h, handle->bytes, sizeof(h));
+    cudaEvent_t e = NULL;
+    cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+    leave_device(device, previous);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaIpcOpenEventHandle");
+    *event = e;
+    return CCA_OK;
+}
+
 /* ---- peer access and copies ----------------------------------------------------------------- */
 
 static cca_status_t cuda_can_access_peer(void *ctx, int device, int peer, int *can_access)
@@ -940,6 +995,9 @@ cca_status_t cca_cuda_create(cca_backend_t **backend)
     b->ipc_get_handle = cuda_ipc_get_handle;
     b->ipc_open = cuda_ipc_open;
     b->ipc_close = cuda_ipc_close;
+    b->ipc_event_create = cuda_ipc_event_create;
+    b->ipc_event_get_handle = cuda_ipc_event_get_handle;
+    b->ipc_event_open = cuda_ipc_event_open;
     b->can_access_peer = cuda_can_access_peer;
     b->enable_peer_access = cuda_enable_peer_access;
     b->memcpy_peer_async = cuda_memcpy_peer_async;

@@ -642,18 +642,26 @@ static cca_status_t sim_event_create(void *ctx, int device, cca_event_t *event)
                                "sim: event_create: NULL output pointer");
         goto out_unlock;
     }
-    sim_event_t *e = calloc(1, sizeof(*e));
-    if (!e || !simmap_reserve(&c->events)) {
-        free(e);
-        st = host_oom(CCA_OP_EVENT_CREATE);
-        goto out_unlock;
-    }
-    e->device = device;
-    simmap_put(&c->events, (uint64_t)(uintptr_t)e, e);
-    *event = e;
+    sim_event_t *e = NULL;
+    st = sim_event_new_locked(c, CCA_OP_EVENT_CREATE, device, &e);
+    if (st == CCA_OK)
+        *event = e;
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out)
+{
+    sim_event_t *e = calloc(1, sizeof(*e));
+    if (!e || !simmap_reserve(&c->events)) {
+        free(e);
+        return host_oom(op);
+    }
+    e->device = device;
+    simmap_put(&c->events, (uint64_t)(uintptr_t)e, e);
+    *out = e;
+    return CCA_OK;
 }
 
 /* The live event of handle on device, or NULL after recording the error. */

@@ -60,6 +60,7 @@ struct sim_stream;
 
 typedef struct sim_event {
     int device;
+    bool interprocess;         /* made by ipc_event_create */
     bool pending;              /* recorded, not completed (manual mode) */
     struct sim_stream *stream; /* stream it is pending on */
     struct sim_event *prev, *next; /* in its stream's pending list, record order */
@@ -136,6 +137,8 @@ cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
 cca_status_t sim_bad_device(sim_ctx_t *c, cca_backend_op_t op, int device);
 /* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
 cca_status_t sim_check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size);
+/* A new, completed event of device. CCA_OK or the host-memory error. */
+cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out);
 /* The live event of handle on device, or NULL after recording the error in *st. */
 sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
                             cca_status_t *st);

@@ -4,6 +4,9 @@
  *  - peer access: every pair of distinct devices can access each other
  *    (none with cca_sim_config_t.no_peer_access); copies between devices
  *    copy real bytes in backed mode;
+ *  - events other processes wait for: handles of interprocess events; an
+ *    opened one is a new, completed event (ordering between processes is not
+ *    modelled);
  *  - streams made by the backend (handles from a counter, outside the range
  *    tests use) and waits on events (validated; events complete as the
  *    event mode says);
@@ -22,6 +25,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sim_internal.h"
 
@@ -96,6 +100,89 @@ static cca_status_t sim_memcpy_peer_async(void *ctx, void *dst, int dst_device, 
         st = invalid(CCA_OP_MEMCPY_PEER, "a NULL pointer");
     else if (c->backed && size)
         memmove(dst, src, size); /* stream order: the copy is done when the call returns */
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- events other processes wait for ----------------------------------------------------- */
+
+/*
+ * An IPC event handle: magic, the owner's process, the event, a check. Opening
+ * one gives a new event of this process that is complete: the order of work
+ * between processes is not modelled (events complete as the event mode says
+ * within a process only).
+ */
+static const unsigned char ipc_event_magic[8] = {'c', 'c', 'a', 's', 'i', 'm', 'e', 'v'};
+
+typedef struct sim_ipc_event_fields {
+    int64_t pid;
+    uint64_t event;
+    uint64_t device;
+} sim_ipc_event_fields_t;
+
+static uint64_t event_check(const sim_ipc_event_fields_t *f)
+{
+    return simmap_hash((uint64_t)f->pid ^ simmap_hash(f->event ^ simmap_hash(f->device + 77)));
+}
+
+static cca_status_t sim_ipc_event_create(void *ctx, int device, cca_event_t *event)
+{
+    sim_ctx_t *c = ctx;
+    cca_status_t st = enter(c, CCA_OP_IPC_EVENT_CREATE, device);
+    if (st != CCA_OK)
+        return st;
+    sim_event_t *e = NULL;
+    st = sim_event_new_locked(c, CCA_OP_IPC_EVENT_CREATE, device, &e);
+    if (st == CCA_OK) {
+        e->interprocess = true;
+        *event = e;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_ipc_event_get_handle(void *ctx, int device, cca_event_t event,
+                                             cca_ipc_handle_t *handle)
+{
+    sim_ctx_t *c = ctx;
+    cca_status_t st = enter(c, CCA_OP_IPC_EVENT_GET, device);
+    if (st != CCA_OK)
+        return st;
+    sim_event_t *e = sim_find_event(c, CCA_OP_IPC_EVENT_GET, device, event, &st);
+    if (e && !e->interprocess) {
+        st = invalid(CCA_OP_IPC_EVENT_GET, "the event was not made by ipc_event_create");
+    } else if (e) {
+        sim_ipc_event_fields_t f = {(int64_t)getpid(), (uint64_t)(uintptr_t)event, (uint64_t)device};
+        uint64_t check = event_check(&f);
+        memset(handle, 0, sizeof(*handle));
+        memcpy(handle->bytes, ipc_event_magic, sizeof(ipc_event_magic));
+        memcpy(handle->bytes + 8, &f, sizeof(f));
+        memcpy(handle->bytes + 8 + sizeof(f), &check, sizeof(check));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+static cca_status_t sim_ipc_event_open(void *ctx, int device, const cca_ipc_handle_t *handle,
+                                       cca_event_t *event)
+{
+    sim_ctx_t *c = ctx;
+    cca_status_t st = enter(c, CCA_OP_IPC_EVENT_OPEN, device);
+    if (st != CCA_OK)
+        return st;
+    sim_ipc_event_fields_t f;
+    uint64_t check = 0;
+    memcpy(&f, handle->bytes + 8, sizeof(f));
+    memcpy(&check, handle->bytes + 8 + sizeof(f), sizeof(check));
+    if (memcmp(handle->bytes, ipc_event_magic, sizeof(ipc_event_magic)) != 0 ||
+        check != event_check(&f)) {
+        st = invalid(CCA_OP_IPC_EVENT_OPEN, "corrupt IPC event handle");
+    } else {
+        sim_event_t *e = NULL;
+        st = sim_event_new_locked(c, CCA_OP_IPC_EVENT_OPEN, device, &e);
+        if (st == CCA_OK)
+            *event = e;
+    }
     pthread_mutex_unlock(&c->lock);
     return st;
 }
@@ -325,6 +412,9 @@ void sim_multi_install(cca_backend_t *b)
     for (int d = 0; d < c->device_count; d++)
         for (int i = 0; i < 3; i++)
             c->devices[d].pool.reuse[i] = 1; /* CUDA's defaults */
+    b->ipc_event_create = sim_ipc_event_create;
+    b->ipc_event_get_handle = sim_ipc_event_get_handle;
+    b->ipc_event_open = sim_ipc_event_open;
     b->can_access_peer = sim_can_access_peer;
     b->enable_peer_access = sim_enable_peer_access;
     b->memcpy_peer_async = sim_memcpy_peer_async;
