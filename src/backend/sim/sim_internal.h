@@ -1,7 +1,10 @@
 /*
  * sim_internal.h - the simulated backend's state, shared by its files:
- * sim.c (memory, address windows, events, virtual memory, host memory, IPC,
- * creation and controls) and sim_multi.c (peer access, streams, the
+ * sim.c (address windows and lists, device memory, device properties),
+ * sim_events.c (events, stream synchronization, capture status), sim_vmm.c
+ * (virtual memory), sim_host.c (host memory, IPC), sim_create.c (creation,
+ * destruction, the address list), sim_control.c (fault injection, test and
+ * replay controls) and sim_multi.c (peer access, IPC events, streams, the
  * stream-ordered memory pool). One mutex per backend guards all of it.
  */
 #ifndef CCA_SIM_INTERNAL_H
@@ -16,6 +19,8 @@
 #define SIM_MAX_DEVICES 16
 #define SIM_CUDA_INVALID_VALUE 1              /* cudaErrorInvalidValue */
 #define SIM_CUDA_OUT_OF_MEMORY 2              /* cudaErrorMemoryAllocation */
+#define SIM_SMALL_ALIGN ((uint64_t)512)       /* blocks under SIM_LARGE_ALIGN */
+#define SIM_LARGE_ALIGN ((uint64_t)2 << 20)
 #define SIM_POOL_GRANULE ((uint64_t)2 << 20)  /* the stream-ordered pool grows by this */
 
 /* ---- records -------------------------------------------------------------------- */
@@ -130,18 +135,31 @@ typedef struct sim_ctx {
 } sim_ctx_t;
 
 
-/* ---- sim.c: helpers for the other files (lock held) ---------------------------------- */
+/* ---- sim.c: address windows, memory (lock held) ---------------------------------- */
 
-/* Count a call of op and fire its injected fault, if due. */
-cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
 cca_status_t sim_bad_device(sim_ctx_t *c, cca_backend_op_t op, int device);
+/* The error of a failed host allocation for bookkeeping (CCA_ERR_BACKEND). */
+cca_status_t sim_host_oom(cca_backend_op_t op);
 /* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
 cca_status_t sim_check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size);
-/* A new, completed event of device. CCA_OK or the host-memory error. */
-cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out);
-/* The live event of handle on device, or NULL after recording the error in *st. */
-sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
-                            cca_status_t *st);
+/* Make sure n tree nodes can be taken without allocating; false if out of memory. */
+bool sim_spare_reserve(sim_ctx_t *c, size_t n);
+/* A node from the spare list (NULL only if sim_spare_reserve was not called). */
+sim_range_t *sim_spare_take(sim_ctx_t *c, uint64_t start, uint64_t len, int kind, void *data);
+/* Give a tree node back to the spare list (or free it). */
+void sim_spare_give(sim_ctx_t *c, sim_range_t *r);
+/* Spares any single placement or release may need. */
+size_t sim_spare_need(const sim_ctx_t *c);
+/*
+ * Choose the address of a new live range of size bytes on device (address-only
+ * mode) and insert its live node (kind, data); see sim.c. sim_spare_need()
+ * spares must be reserved. Returns CCA_OK, CCA_ERR_BACKEND,
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t sim_place_range(sim_ctx_t *c, cca_backend_op_t op, int device, uint64_t size,
+                             uint64_t align, int kind, void *data, uint64_t *addr);
+/* Remove the live range at start and give its address space back. */
+void sim_unplace_range(sim_ctx_t *c, uint64_t start);
 /*
  * A new allocation record of size bytes on device with its address (backed,
  * shared or address-only), not counted in the device's used bytes. Returns
@@ -149,8 +167,46 @@ sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_e
  */
 cca_status_t sim_alloc_locked(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size,
                               sim_alloc_t **out);
+/* Release the memory behind a record (not the record, not the map entry). */
+void sim_alloc_memory_release(sim_ctx_t *c, sim_alloc_t *rec);
 /* Give an allocation's memory and record back (not its used bytes). */
 void sim_alloc_release_locked(sim_ctx_t *c, sim_alloc_t *rec);
+/* Install the device and memory operations into the table. */
+void sim_memory_install(cca_backend_t *b);
+
+/* ---- sim_events.c (lock held) ------------------------------------------------------ */
+
+/* A new, completed event of device. CCA_OK or the host-memory error. */
+cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out);
+/* The live event of handle on device, or NULL after recording the error in *st. */
+sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_event_t event,
+                            cca_status_t *st);
+/* Complete the events of s recorded up to and including last (NULL: all). */
+void sim_stream_complete_locked(sim_ctx_t *c, sim_stream_t *s, sim_event_t *last);
+/* Complete every pending event of device. */
+void sim_device_complete_locked(sim_ctx_t *c, int device);
+/* Install the event and stream synchronization operations into the table. */
+void sim_events_install(cca_backend_t *b);
+
+/* ---- sim_vmm.c, sim_host.c ----------------------------------------------------------- */
+
+/* Install the virtual memory operations into the table. */
+void sim_vmm_install(cca_backend_t *b);
+/* Install the host memory and IPC operations into the table. */
+void sim_host_install(cca_backend_t *b);
+
+/* ---- sim_create.c ------------------------------------------------------------------ */
+
+/* Release everything the backend holds, leaked allocations included. */
+void sim_destroy(void *ctx);
+/* Append count addresses to the list (lock held or not yet shared). Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t sim_append_addresses(sim_ctx_t *c, const uint64_t *addresses, size_t count);
+
+/* ---- sim_control.c ------------------------------------------------------------------ */
+
+/* Count a call of op and fire its injected fault, if due (lock held). */
+cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
 
 /* ---- sim_multi.c ------------------------------------------------------------------- */
 
