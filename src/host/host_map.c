@@ -1,0 +1,172 @@
+/*
+ * host_map.c - the pinned host allocator's block lookups: the sharded pointer
+ * map (exact block addresses, one lock per shard) and the range array sorted
+ * by address (interior pointers, and every block at destroy).
+ * Invariant: every block held from the system is in both until it is given
+ * back; each structure is changed only under its own lock.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "host_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* The pointer map and the range array                                      */
+/* ------------------------------------------------------------------------ */
+
+static size_t ptr_hash(const void *ptr)
+{
+    uint64_t x = (uint64_t)(uintptr_t)ptr * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 20);
+}
+
+host_shard_t *host_shard_of(host_alloc_t *h, const void *ptr)
+{
+    return &h->shards[(ptr_hash(ptr) >> 24) & (HOST_SHARDS - 1)];
+}
+
+host_block_t *host_map_find_locked(host_shard_t *s, const void *ptr)
+{
+    host_block_t *b = s->buckets[ptr_hash(ptr) & (s->nbuckets - 1)];
+    while (b && b->ptr != ptr)
+        b = b->map_next;
+    return b;
+}
+
+/* Double the bucket array when the load passes 1; best effort (chains grow on failure). */
+static void map_grow_locked(host_shard_t *s)
+{
+    size_t n = s->nbuckets * 2;
+    host_block_t **buckets = calloc(n, sizeof(*buckets));
+    if (!buckets)
+        return;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        host_block_t *b = s->buckets[i];
+        while (b) {
+            host_block_t *next = b->map_next;
+            size_t j = ptr_hash(b->ptr) & (n - 1);
+            b->map_next = buckets[j];
+            buckets[j] = b;
+            b = next;
+        }
+    }
+    free(s->buckets);
+    s->buckets = buckets;
+    s->nbuckets = n;
+}
+
+void host_map_insert(host_alloc_t *h, host_block_t *b)
+{
+    host_shard_t *s = host_shard_of(h, b->ptr);
+    pthread_mutex_lock(&s->lock);
+    if (s->count >= s->nbuckets)
+        map_grow_locked(s);
+    size_t i = ptr_hash(b->ptr) & (s->nbuckets - 1);
+    b->map_next = s->buckets[i];
+    s->buckets[i] = b;
+    s->count++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void host_map_remove(host_alloc_t *h, host_block_t *b)
+{
+    host_shard_t *s = host_shard_of(h, b->ptr);
+    pthread_mutex_lock(&s->lock);
+    host_block_t **link = &s->buckets[ptr_hash(b->ptr) & (s->nbuckets - 1)];
+    while (*link && *link != b)
+        link = &(*link)->map_next;
+    if (*link) {
+        *link = b->map_next;
+        s->count--;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Index of the first block whose address is > ptr. ranges_lock held. */
+static size_t ranges_upper_locked(host_alloc_t *h, const void *ptr)
+{
+    size_t lo = 0, hi = h->nranges;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uintptr_t)h->ranges[mid]->ptr <= (uintptr_t)ptr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Add b to the range array. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t host_ranges_insert(host_alloc_t *h, host_block_t *b)
+{
+    cca_status_t status = CCA_OK;
+    pthread_mutex_lock(&h->ranges_lock);
+    if (h->nranges == h->ranges_cap) {
+        size_t cap = h->ranges_cap ? h->ranges_cap * 2 : 64;
+        host_block_t **ranges = realloc(h->ranges, cap * sizeof(*ranges));
+        if (!ranges) {
+            status = cca_raise(CCA_ERR_OUT_OF_MEMORY,
+                               "out of host memory for the pinned block table (%zu blocks)",
+                               h->nranges);
+            goto out_unlock;
+        }
+        h->ranges = ranges;
+        h->ranges_cap = cap;
+    }
+    size_t at = ranges_upper_locked(h, b->ptr);
+    memmove(&h->ranges[at + 1], &h->ranges[at], (h->nranges - at) * sizeof(*h->ranges));
+    h->ranges[at] = b;
+    h->nranges++;
+out_unlock:
+    pthread_mutex_unlock(&h->ranges_lock);
+    return status;
+}
+
+void host_ranges_remove(host_alloc_t *h, host_block_t *b)
+{
+    pthread_mutex_lock(&h->ranges_lock);
+    size_t at = ranges_upper_locked(h, b->ptr);
+    if (at > 0 && h->ranges[at - 1] == b) {
+        memmove(&h->ranges[at - 1], &h->ranges[at], (h->nranges - at) * sizeof(*h->ranges));
+        h->nranges--;
+    }
+    pthread_mutex_unlock(&h->ranges_lock);
+}
+
+/* Start and size of the block holding ptr (interior included); false if none. */
+bool host_ranges_find(host_alloc_t *h, const void *ptr, void **base, size_t *size)
+{
+    bool found = false;
+    pthread_mutex_lock(&h->ranges_lock);
+    size_t at = ranges_upper_locked(h, ptr);
+    if (at > 0) {
+        host_block_t *b = h->ranges[at - 1];
+        if ((uintptr_t)ptr < (uintptr_t)b->ptr + b->size) {
+            *base = b->ptr;
+            *size = b->size;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&h->ranges_lock);
+    return found;
+}
+
+/* Raise CCA_ERR_INVALID_POINTER for a pointer that is not the start of a block. */
+cca_status_t host_raise_unknown(host_alloc_t *h, const void *ptr, const char *what)
+{
+    void *base;
+    size_t size;
+    if (host_ranges_find(h, ptr, &base, &size))
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "%s: pointer %p is inside the pinned block at %p (%zu bytes), not at "
+                         "its start",
+                         what, ptr, base, size);
+    return cca_raise(CCA_ERR_INVALID_POINTER,
+                     "%s: pointer %p was not allocated by cca's pinned host allocator", what,
+                     ptr);
+}
