@@ -1,15 +1,13 @@
 /*
- * pickle.c - Python pickle values (pv_*): the arena-backed value tree, the
- * reader (protocols 0-5, plain data opcodes only) and the protocol-4 writer
- * used for PyTorch memory snapshots.
+ * pickle.c - Python pickle values (pv_*): the arena-backed value tree, its
+ * hashing and key equality, dicts and lists, accessors and builders. The
+ * reader (protocols 0-5, plain data opcodes only) is in pickle_read.c and
+ * the protocol-4 writer used for PyTorch memory snapshots in pickle_write.c.
  *
  * Invariants: every node, string and item array of a document lives in its
- * arena and dies with it; the reader never allocates more than a constant
- * times the input size (a length field is checked against the bytes left
- * before anything is allocated, memo indices are bounded by the input size)
- * and never recurses; a dict holds each key at most once (Python's equality),
- * and a dict with more than DICT_INDEX_MIN slots carries a hash index of its
- * keys, rebuilt whenever its pair array grows.
+ * arena and dies with it; a dict holds each key at most once (Python's
+ * equality), and a dict with more than DICT_INDEX_MIN slots carries a hash
+ * index of its keys, rebuilt whenever its pair array grows.
  */
 #include <errno.h>
 #include <math.h>
@@ -19,60 +17,15 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "pickle.h"
+#include "pickle_internal.h"
 
 /* ---- nodes and the arena -------------------------------------------------------- */
-
-#define PVF_U64 0x01          /* PV_INT holds a uint64 >= 2^63 */
-#define DICT_INDEX_MIN 8      /* dicts with a larger capacity get a hash index */
-#define KEY_DEPTH_MAX 64      /* tuple keys nested deeper are refused */
-#define SEQ_MAX UINT32_MAX    /* items per list/tuple/dict */
-
-struct pv_node {
-    uint8_t kind;  /* pv_kind_t */
-    uint8_t flags; /* PVF_* */
-    union {
-        bool b;
-        int64_t i;
-        uint64_t u;
-        double f;
-        struct {
-            const char *data; /* NUL-terminated copy in the arena */
-            size_t len;       /* bytes, without the NUL */
-        } s;                  /* PV_STR, PV_BYTES, PV_BIGINT */
-        struct {
-            pv_node_t **items;
-            uint32_t len, cap;
-        } seq;                /* PV_LIST, PV_TUPLE */
-        struct {
-            pv_node_t **kv;   /* key, value, key, value ... */
-            uint32_t len, cap; /* pairs; cap is a power of two once > DICT_INDEX_MIN */
-            uint32_t *index;  /* 2 * cap slots of (pair + 1), 0 = empty; NULL while small */
-        } dict;
-    } v;
-};
-
-typedef struct arena_chunk {
-    struct arena_chunk *next;
-    size_t size; /* usable bytes after the header */
-} arena_chunk_t;
 
 #define ARENA_FIRST_CHUNK ((size_t)64 * 1024)
 #define ARENA_MAX_CHUNK ((size_t)8 * 1024 * 1024)
 #define ARENA_ALIGN 8
 
-struct pv_doc {
-    arena_chunk_t *chunks;   /* newest first */
-    char *cur, *end;         /* bump range in the current chunk */
-    size_t next_chunk;       /* size of the next ordinary chunk */
-    size_t arena_bytes;      /* total chunk bytes */
-    pv_node_t *root;
-    cca_status_t failed;     /* first builder failure, CCA_OK if none */
-    pv_node_t **interned;    /* open addressing table of str keys (malloc'd) */
-    size_t interned_len, interned_cap;
-};
-
-static void *arena_alloc(pv_doc_t *doc, size_t size)
+void *pv_arena_alloc(pv_doc_t *doc, size_t size)
 {
     size = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
     if ((size_t)(doc->end - doc->cur) >= size) {
@@ -143,9 +96,9 @@ size_t pv_doc_arena_bytes(const pv_doc_t *doc)
     return doc->arena_bytes;
 }
 
-static pv_node_t *node_alloc(pv_doc_t *doc, pv_kind_t kind)
+pv_node_t *pv_node_alloc(pv_doc_t *doc, pv_kind_t kind)
 {
-    pv_node_t *n = arena_alloc(doc, sizeof(pv_node_t));
+    pv_node_t *n = pv_arena_alloc(doc, sizeof(pv_node_t));
     if (!n)
         return NULL;
     memset(n, 0, sizeof(*n));
@@ -154,12 +107,12 @@ static pv_node_t *node_alloc(pv_doc_t *doc, pv_kind_t kind)
 }
 
 /* A node holding a NUL-terminated arena copy of data. */
-static pv_node_t *node_bytes(pv_doc_t *doc, pv_kind_t kind, const void *data, size_t len)
+pv_node_t *pv_node_bytes(pv_doc_t *doc, pv_kind_t kind, const void *data, size_t len)
 {
     if (len >= SIZE_MAX - 16)
         return NULL;
-    pv_node_t *n = node_alloc(doc, kind);
-    char *copy = n ? arena_alloc(doc, len + 1) : NULL;
+    pv_node_t *n = pv_node_alloc(doc, kind);
+    char *copy = n ? pv_arena_alloc(doc, len + 1) : NULL;
     if (!copy)
         return NULL;
     if (len)
@@ -172,7 +125,7 @@ static pv_node_t *node_bytes(pv_doc_t *doc, pv_kind_t kind, const void *data, si
 
 /* ---- hashing and key equality ------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t x)
+uint64_t pv_mix64(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -182,7 +135,7 @@ static uint64_t mix64(uint64_t x)
     return x;
 }
 
-static uint64_t hash_mem(const void *data, size_t len)
+uint64_t pv_hash_mem(const void *data, size_t len)
 {
     const unsigned char *p = data;
     uint64_t h = 0xcbf29ce484222325ull;
@@ -243,7 +196,7 @@ static bool key_hashable(const pv_node_t *n, int depth, long *budget)
     return true;
 }
 
-static bool key_ok(const pv_node_t *n)
+bool pv_key_ok(const pv_node_t *n)
 {
     long budget = KEY_BUDGET;
     return key_hashable(n, 0, &budget);
@@ -255,16 +208,16 @@ static uint64_t key_hash_walk(const pv_node_t *n, int depth, long *budget)
     double f;
     int cls = num_class(n, &bits, &f);
     if (cls)
-        return mix64(bits + (uint64_t)cls);
+        return pv_mix64(bits + (uint64_t)cls);
     switch (n->kind) {
-    case PV_STR: return hash_mem(n->v.s.data, n->v.s.len);
-    case PV_BYTES: return hash_mem(n->v.s.data, n->v.s.len) ^ 0x5bd1e995u;
-    case PV_BIGINT: return hash_mem(n->v.s.data, n->v.s.len) ^ 0x27d4eb2fu;
+    case PV_STR: return pv_hash_mem(n->v.s.data, n->v.s.len);
+    case PV_BYTES: return pv_hash_mem(n->v.s.data, n->v.s.len) ^ 0x5bd1e995u;
+    case PV_BIGINT: return pv_hash_mem(n->v.s.data, n->v.s.len) ^ 0x27d4eb2fu;
     case PV_TUPLE: {
-        uint64_t h = mix64(0x7475706cu + n->v.seq.len);
+        uint64_t h = pv_mix64(0x7475706cu + n->v.seq.len);
         if (depth < KEY_DEPTH_MAX && (*budget -= 1 + (long)n->v.seq.len) >= 0)
             for (uint32_t i = 0; i < n->v.seq.len; i++)
-                h = mix64(h ^ key_hash_walk(n->v.seq.items[i], depth + 1, budget));
+                h = pv_mix64(h ^ key_hash_walk(n->v.seq.items[i], depth + 1, budget));
         return h;
     }
     default: return 0x9e3779b97f4a7c15ull; /* None */
@@ -324,7 +277,7 @@ static void dict_index_insert(pv_node_t *d, uint32_t pair, uint64_t hash)
 }
 
 /* Make room for `extra` more pairs; false when out of memory or too many. */
-static bool dict_reserve(pv_doc_t *doc, pv_node_t *d, size_t extra)
+bool pv_dict_reserve(pv_doc_t *doc, pv_node_t *d, size_t extra)
 {
     size_t need = (size_t)d->v.dict.len + extra;
     if (need <= d->v.dict.cap)
@@ -338,7 +291,7 @@ static bool dict_reserve(pv_doc_t *doc, pv_node_t *d, size_t extra)
             p *= 2;
         cap = p;
     }
-    pv_node_t **kv = arena_alloc(doc, cap * 2 * sizeof(pv_node_t *));
+    pv_node_t **kv = pv_arena_alloc(doc, cap * 2 * sizeof(pv_node_t *));
     if (!kv)
         return false;
     if (d->v.dict.len)
@@ -347,7 +300,7 @@ static bool dict_reserve(pv_doc_t *doc, pv_node_t *d, size_t extra)
     d->v.dict.cap = (uint32_t)cap;
     d->v.dict.index = NULL;
     if (cap > DICT_INDEX_MIN) {
-        uint32_t *index = arena_alloc(doc, cap * 2 * sizeof(uint32_t));
+        uint32_t *index = pv_arena_alloc(doc, cap * 2 * sizeof(uint32_t));
         if (!index)
             return false;
         memset(index, 0, cap * 2 * sizeof(uint32_t));
@@ -377,7 +330,7 @@ static int64_t dict_find(const pv_node_t *d, const pv_node_t *key, uint64_t hash
 }
 
 /* d[key] = value with room already reserved; the key must be hashable. */
-static void dict_put_reserved(pv_node_t *d, pv_node_t *key, pv_node_t *value)
+void pv_dict_put_reserved(pv_node_t *d, pv_node_t *key, pv_node_t *value)
 {
     uint64_t hash = d->v.dict.index ? key_hash(key) : 0;
     int64_t at = dict_find(d, key, hash);
@@ -392,7 +345,7 @@ static void dict_put_reserved(pv_node_t *d, pv_node_t *key, pv_node_t *value)
         dict_index_insert(d, pair, hash);
 }
 
-static bool list_reserve(pv_doc_t *doc, pv_node_t *l, size_t extra)
+bool pv_list_reserve(pv_doc_t *doc, pv_node_t *l, size_t extra)
 {
     size_t need = (size_t)l->v.seq.len + extra;
     if (need <= l->v.seq.cap)
@@ -406,7 +359,7 @@ static bool list_reserve(pv_doc_t *doc, pv_node_t *l, size_t extra)
         cap = 4;
     if (cap > SEQ_MAX)
         cap = SEQ_MAX;
-    pv_node_t **items = arena_alloc(doc, cap * sizeof(pv_node_t *));
+    pv_node_t **items = pv_arena_alloc(doc, cap * sizeof(pv_node_t *));
     if (!items)
         return false;
     if (l->v.seq.len)
@@ -480,7 +433,7 @@ const pv_node_t *pv_dict_getn(const pv_node_t *node, const char *key, size_t key
     probe.kind = PV_STR;
     probe.v.s.data = key;
     probe.v.s.len = key_len;
-    int64_t at = dict_find(node, &probe, hash_mem(key, key_len));
+    int64_t at = dict_find(node, &probe, pv_hash_mem(key, key_len));
     return at >= 0 ? node->v.dict.kv[2 * at + 1] : NULL;
 }
 
@@ -575,7 +528,7 @@ bool pv_str_eq(const pv_node_t *node, const char *s)
 /* ---- UTF-8 and integers ---------------------------------------------------------------- */
 
 /* Valid UTF-8 as Python's "surrogatepass" decoder accepts it. */
-static bool utf8_valid(const unsigned char *p, size_t n)
+bool pv_utf8_valid(const unsigned char *p, size_t n)
 {
     size_t i = 0;
     while (i < n) {
@@ -614,7 +567,7 @@ static bool utf8_valid(const unsigned char *p, size_t n)
 }
 
 /* Strip redundant sign bytes from a little-endian two's complement integer. */
-static size_t bigint_minimal_len(const uint8_t *b, size_t n)
+size_t pv_bigint_minimal_len(const uint8_t *b, size_t n)
 {
     while (n > 1 && ((b[n - 1] == 0x00 && !(b[n - 2] & 0x80)) ||
                      (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
@@ -623,16 +576,16 @@ static size_t bigint_minimal_len(const uint8_t *b, size_t n)
 }
 
 /* An integer node from little-endian two's complement bytes. */
-static pv_node_t *node_from_le(pv_doc_t *doc, const uint8_t *b, size_t n)
+pv_node_t *pv_node_from_le(pv_doc_t *doc, const uint8_t *b, size_t n)
 {
-    n = bigint_minimal_len(b, n);
+    n = pv_bigint_minimal_len(b, n);
     if (n <= 8) {
         uint64_t u = 0;
         for (size_t i = 0; i < n; i++)
             u |= (uint64_t)b[i] << (8 * i);
         if (n && n < 8 && (b[n - 1] & 0x80))
             u |= ~(uint64_t)0 << (8 * n);
-        pv_node_t *node = node_alloc(doc, PV_INT);
+        pv_node_t *node = pv_node_alloc(doc, PV_INT);
         if (node)
             node->v.u = u;
         return node;
@@ -641,14 +594,14 @@ static pv_node_t *node_from_le(pv_doc_t *doc, const uint8_t *b, size_t n)
         uint64_t u = 0;
         for (size_t i = 0; i < 8; i++)
             u |= (uint64_t)b[i] << (8 * i);
-        pv_node_t *node = node_alloc(doc, PV_INT);
+        pv_node_t *node = pv_node_alloc(doc, PV_INT);
         if (node) {
             node->v.u = u;
             node->flags = PVF_U64;
         }
         return node;
     }
-    return node_bytes(doc, PV_BIGINT, b, n);
+    return pv_node_bytes(doc, PV_BIGINT, b, n);
 }
 
 /* ---- builders -------------------------------------------------------------------------- */
@@ -668,7 +621,7 @@ static pv_node_t *build_oom(pv_doc_t *doc)
 
 static pv_node_t *build_scalar(pv_doc_t *doc, pv_kind_t kind)
 {
-    pv_node_t *n = node_alloc(doc, kind);
+    pv_node_t *n = pv_node_alloc(doc, kind);
     return n ? n : build_oom(doc);
 }
 
@@ -706,7 +659,7 @@ pv_node_t *pv_new_u64(pv_doc_t *doc, uint64_t value)
 
 pv_node_t *pv_new_bigint(pv_doc_t *doc, const uint8_t *data, size_t len)
 {
-    pv_node_t *n = node_from_le(doc, data, len);
+    pv_node_t *n = pv_node_from_le(doc, data, len);
     return n ? n : build_oom(doc);
 }
 
@@ -720,11 +673,11 @@ pv_node_t *pv_new_float(pv_doc_t *doc, double value)
 
 pv_node_t *pv_new_strn(pv_doc_t *doc, const char *s, size_t len)
 {
-    if (!s || !utf8_valid((const unsigned char *)s, len)) {
+    if (!s || !pv_utf8_valid((const unsigned char *)s, len)) {
         cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: string is NULL or not valid UTF-8");
         return build_failed(doc, CCA_ERR_INVALID_ARGUMENT);
     }
-    pv_node_t *n = node_bytes(doc, PV_STR, s, len);
+    pv_node_t *n = pv_node_bytes(doc, PV_STR, s, len);
     return n ? n : build_oom(doc);
 }
 
@@ -735,7 +688,7 @@ pv_node_t *pv_new_str(pv_doc_t *doc, const char *s)
 
 pv_node_t *pv_new_bytes(pv_doc_t *doc, const void *data, size_t len)
 {
-    pv_node_t *n = node_bytes(doc, PV_BYTES, data, len);
+    pv_node_t *n = pv_node_bytes(doc, PV_BYTES, data, len);
     return n ? n : build_oom(doc);
 }
 
@@ -759,7 +712,7 @@ pv_node_t *pv_new_tuple(pv_doc_t *doc, size_t n, pv_node_t *const *items)
     pv_node_t *t = build_scalar(doc, PV_TUPLE);
     if (!t || !n)
         return t;
-    pv_node_t **copy = arena_alloc(doc, n * sizeof(pv_node_t *));
+    pv_node_t **copy = pv_arena_alloc(doc, n * sizeof(pv_node_t *));
     if (!copy)
         return build_oom(doc);
     memcpy(copy, items, n * sizeof(pv_node_t *));
@@ -779,7 +732,7 @@ static cca_status_t null_value_status(pv_doc_t *doc, const char *what)
 /* The document's shared str node for a key text (interned, so keys are one node each). */
 static pv_node_t *intern_key(pv_doc_t *doc, const char *key, size_t len)
 {
-    uint64_t h = hash_mem(key, len);
+    uint64_t h = pv_hash_mem(key, len);
     if (doc->interned_len * 2 >= doc->interned_cap) {
         size_t cap = doc->interned_cap ? doc->interned_cap * 2 : 64;
         pv_node_t **table = calloc(cap, sizeof(*table));
@@ -789,7 +742,7 @@ static pv_node_t *intern_key(pv_doc_t *doc, const char *key, size_t len)
             pv_node_t *k = doc->interned[i];
             if (!k)
                 continue;
-            size_t slot = hash_mem(k->v.s.data, k->v.s.len) & (cap - 1);
+            size_t slot = pv_hash_mem(k->v.s.data, k->v.s.len) & (cap - 1);
             while (table[slot])
                 slot = (slot + 1) & (cap - 1);
             table[slot] = k;
@@ -804,7 +757,7 @@ static pv_node_t *intern_key(pv_doc_t *doc, const char *key, size_t len)
         if (k->v.s.len == len && memcmp(k->v.s.data, key, len) == 0)
             return k;
     }
-    pv_node_t *k = node_bytes(doc, PV_STR, key, len);
+    pv_node_t *k = pv_node_bytes(doc, PV_STR, key, len);
     if (!k)
         return NULL;
     doc->interned[slot] = k;
@@ -821,14 +774,14 @@ cca_status_t pv_dict_set_node(pv_doc_t *doc, pv_node_t *dict, pv_node_t *key, pv
     if (dict->kind != PV_DICT)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: pv_dict_set on a %s, not a dict",
                          pv_kind_name(dict->kind));
-    if (!key_ok(key))
+    if (!pv_key_ok(key))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: unhashable dict key (%s)",
                          pv_kind_name(key->kind));
-    if (!dict_reserve(doc, dict, 1)) {
+    if (!pv_dict_reserve(doc, dict, 1)) {
         build_oom(doc);
         return CCA_ERR_OUT_OF_MEMORY;
     }
-    dict_put_reserved(dict, key, value);
+    pv_dict_put_reserved(dict, key, value);
     return CCA_OK;
 }
 
@@ -839,7 +792,7 @@ cca_status_t pv_dict_set(pv_doc_t *doc, pv_node_t *dict, const char *key, pv_nod
     if (!dict || !value)
         return null_value_status(doc, "pv_dict_set");
     size_t len = key ? strlen(key) : 0;
-    if (!key || !utf8_valid((const unsigned char *)key, len))
+    if (!key || !pv_utf8_valid((const unsigned char *)key, len))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: dict key is NULL or not valid UTF-8");
     pv_node_t *k = intern_key(doc, key, len);
     if (!k) {
@@ -858,1078 +811,10 @@ cca_status_t pv_list_append(pv_doc_t *doc, pv_node_t *list, pv_node_t *value)
     if (list->kind != PV_LIST)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: pv_list_append on a %s, not a list",
                          pv_kind_name(list->kind));
-    if (!list_reserve(doc, list, 1)) {
+    if (!pv_list_reserve(doc, list, 1)) {
         build_oom(doc);
         return CCA_ERR_OUT_OF_MEMORY;
     }
     list->v.seq.items[list->v.seq.len++] = value;
     return CCA_OK;
-}
-
-/* ---- reader ------------------------------------------------------------------------------ */
-
-enum {
-    OP_MARK = '(', OP_STOP = '.', OP_POP = '0', OP_POP_MARK = '1', OP_DUP = '2',
-    OP_BINFLOAT = 'G', OP_INT = 'I', OP_BININT = 'J', OP_BININT1 = 'K', OP_LONG = 'L',
-    OP_BININT2 = 'M', OP_NONE = 'N', OP_BINUNICODE = 'X', OP_APPEND = 'a', OP_BINBYTES = 'B',
-    OP_SHORT_BINBYTES = 'C', OP_DICT = 'd', OP_EMPTY_DICT = '}', OP_APPENDS = 'e',
-    OP_BINGET = 'h', OP_LONG_BINGET = 'j', OP_LIST = 'l', OP_EMPTY_LIST = ']',
-    OP_BINPUT = 'q', OP_LONG_BINPUT = 'r', OP_SETITEM = 's', OP_TUPLE = 't',
-    OP_EMPTY_TUPLE = ')', OP_SETITEMS = 'u', OP_PROTO = 0x80, OP_TUPLE1 = 0x85,
-    OP_TUPLE2 = 0x86, OP_TUPLE3 = 0x87, OP_NEWTRUE = 0x88, OP_NEWFALSE = 0x89,
-    OP_LONG1 = 0x8a, OP_LONG4 = 0x8b, OP_SHORT_BINUNICODE = 0x8c, OP_BINUNICODE8 = 0x8d,
-    OP_BINBYTES8 = 0x8e, OP_MEMOIZE = 0x94, OP_FRAME = 0x95, OP_BYTEARRAY8 = 0x96,
-};
-
-static const char *op_name(int op)
-{
-    switch (op) {
-    case OP_MARK: return "MARK";
-    case OP_STOP: return "STOP";
-    case OP_POP: return "POP";
-    case OP_POP_MARK: return "POP_MARK";
-    case OP_DUP: return "DUP";
-    case OP_BINFLOAT: return "BINFLOAT";
-    case OP_INT: return "INT";
-    case OP_BININT: return "BININT";
-    case OP_BININT1: return "BININT1";
-    case OP_LONG: return "LONG";
-    case OP_BININT2: return "BININT2";
-    case OP_NONE: return "NONE";
-    case OP_BINUNICODE: return "BINUNICODE";
-    case OP_APPEND: return "APPEND";
-    case OP_BINBYTES: return "BINBYTES";
-    case OP_SHORT_BINBYTES: return "SHORT_BINBYTES";
-    case OP_DICT: return "DICT";
-    case OP_EMPTY_DICT: return "EMPTY_DICT";
-    case OP_APPENDS: return "APPENDS";
-    case OP_BINGET: return "BINGET";
-    case OP_LONG_BINGET: return "LONG_BINGET";
-    case OP_LIST: return "LIST";
-    case OP_EMPTY_LIST: return "EMPTY_LIST";
-    case OP_BINPUT: return "BINPUT";
-    case OP_LONG_BINPUT: return "LONG_BINPUT";
-    case OP_SETITEM: return "SETITEM";
-    case OP_TUPLE: return "TUPLE";
-    case OP_EMPTY_TUPLE: return "EMPTY_TUPLE";
-    case OP_SETITEMS: return "SETITEMS";
-    case OP_PROTO: return "PROTO";
-    case OP_TUPLE1: return "TUPLE1";
-    case OP_TUPLE2: return "TUPLE2";
-    case OP_TUPLE3: return "TUPLE3";
-    case OP_NEWTRUE: return "NEWTRUE";
-    case OP_NEWFALSE: return "NEWFALSE";
-    case OP_LONG1: return "LONG1";
-    case OP_LONG4: return "LONG4";
-    case OP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
-    case OP_BINUNICODE8: return "BINUNICODE8";
-    case OP_BINBYTES8: return "BINBYTES8";
-    case OP_MEMOIZE: return "MEMOIZE";
-    case OP_FRAME: return "FRAME";
-    case OP_BYTEARRAY8: return "BYTEARRAY8";
-    default: return "?";
-    }
-}
-
-typedef struct reader {
-    pv_doc_t *doc;
-    const uint8_t *data;
-    size_t size, pos;
-    pv_node_t **stack;
-    size_t sp, stack_cap;
-    size_t *marks;
-    size_t nmarks, marks_cap;
-    pv_node_t **memo;       /* index -> node, NULL = unset */
-    size_t memo_cap;        /* slots allocated */
-    size_t memo_count;      /* slots set (MEMOIZE's next index, as Python's len(memo)) */
-    pv_node_t *small_ints[256]; /* shared BININT1 nodes */
-    pv_node_t *none, *yes, *no;
-} reader_t;
-
-static cca_status_t rd_error(reader_t *r, size_t off, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static cca_status_t rd_error(reader_t *r, size_t off, const char *fmt, ...)
-{
-    char text[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
-    (void)r;
-    return cca_raise(CCA_ERR_FORMAT, "pickle: %s at offset %zu", text, off);
-}
-
-static cca_status_t rd_oom(void)
-{
-    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory while loading");
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static cca_status_t rd_need(reader_t *r, size_t op_off, int op, size_t n)
-{
-    if (r->size - r->pos >= n)
-        return CCA_OK;
-    return rd_error(r, op_off, "truncated %s: needs %zu argument bytes, %zu left", op_name(op), n,
-                    r->size - r->pos);
-}
-
-static cca_status_t rd_push(reader_t *r, pv_node_t *n)
-{
-    if (!n)
-        return rd_oom();
-    if (r->sp == r->stack_cap) {
-        size_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
-        pv_node_t **s = realloc(r->stack, cap * sizeof(*s));
-        if (!s)
-            return rd_oom();
-        r->stack = s;
-        r->stack_cap = cap;
-    }
-    r->stack[r->sp++] = n;
-    return CCA_OK;
-}
-
-static size_t rd_fence(const reader_t *r)
-{
-    return r->nmarks ? r->marks[r->nmarks - 1] : 0;
-}
-
-/* Check that `count` items sit above the current mark. */
-static cca_status_t rd_have(reader_t *r, size_t op_off, int op, size_t count)
-{
-    if (r->sp - rd_fence(r) >= count)
-        return CCA_OK;
-    return rd_error(r, op_off, "stack underflow in %s (needs %zu items)", op_name(op), count);
-}
-
-/* Pop the top mark; *mark is the stack depth it recorded. */
-static cca_status_t rd_pop_mark(reader_t *r, size_t op_off, int op, size_t *mark)
-{
-    if (!r->nmarks)
-        return rd_error(r, op_off, "%s without a MARK", op_name(op));
-    *mark = r->marks[--r->nmarks];
-    return CCA_OK;
-}
-
-static cca_status_t rd_memo_put(reader_t *r, size_t op_off, uint64_t idx)
-{
-    if (r->sp <= rd_fence(r))
-        return rd_error(r, op_off, "memo store with an empty stack");
-    /* A writer numbers memo slots from 0; an index beyond the input size is bogus. */
-    if (idx >= r->size)
-        return rd_error(r, op_off, "memo index %llu out of range", (unsigned long long)idx);
-    if (idx >= r->memo_cap) {
-        size_t cap = r->memo_cap ? r->memo_cap * 2 : 1024;
-        while (cap <= idx)
-            cap *= 2;
-        pv_node_t **memo = realloc(r->memo, cap * sizeof(*memo));
-        if (!memo)
-            return rd_oom();
-        memset(memo + r->memo_cap, 0, (cap - r->memo_cap) * sizeof(*memo));
-        r->memo = memo;
-        r->memo_cap = cap;
-    }
-    if (!r->memo[idx])
-        r->memo_count++;
-    r->memo[idx] = r->stack[r->sp - 1];
-    return CCA_OK;
-}
-
-static cca_status_t rd_memo_get(reader_t *r, size_t op_off, uint64_t idx)
-{
-    if (idx >= r->memo_cap || !r->memo[idx])
-        return rd_error(r, op_off, "memo key %llu is not defined", (unsigned long long)idx);
-    return rd_push(r, r->memo[idx]);
-}
-
-/* A node holding a string or bytes argument of n bytes at the read position. */
-static cca_status_t rd_blob(reader_t *r, size_t op_off, int op, uint64_t n, pv_kind_t kind)
-{
-    if (n > r->size - r->pos)
-        return rd_error(r, op_off, "truncated %s: length %llu exceeds the %zu bytes left",
-                        op_name(op), (unsigned long long)n, r->size - r->pos);
-    const uint8_t *p = r->data + r->pos;
-    if (kind == PV_STR && !utf8_valid(p, (size_t)n))
-        return rd_error(r, op_off, "%s is not valid UTF-8", op_name(op));
-    r->pos += (size_t)n;
-    return rd_push(r, node_bytes(r->doc, kind, p, (size_t)n));
-}
-
-/* A text line argument (INT, LONG): [start, *end) up to the newline. */
-static cca_status_t rd_line(reader_t *r, size_t op_off, int op, const char **start, size_t *len)
-{
-    const uint8_t *p = r->data + r->pos;
-    const uint8_t *nl = memchr(p, '\n', r->size - r->pos);
-    if (!nl)
-        return rd_error(r, op_off, "truncated %s: no newline", op_name(op));
-    *start = (const char *)p;
-    *len = (size_t)(nl - p);
-    r->pos += *len + 1;
-    return CCA_OK;
-}
-
-/* Text INT/LONG: a decimal that fits in int64 or uint64 ("I01"/"I00" are True/False). */
-static cca_status_t rd_text_int(reader_t *r, size_t op_off, int op)
-{
-    const char *s = NULL;
-    size_t len = 0;
-    cca_status_t st = rd_line(r, op_off, op, &s, &len);
-    if (st)
-        return st;
-    if (op == OP_INT && len == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1'))
-        return rd_push(r, s[1] == '1' ? r->yes : r->no);
-    if (op == OP_LONG && len && s[len - 1] == 'L')
-        len--;
-    size_t i = 0;
-    bool neg = false;
-    if (i < len && (s[i] == '-' || s[i] == '+'))
-        neg = s[i++] == '-';
-    if (i == len)
-        return rd_error(r, op_off, "%s: no digits", op_name(op));
-    uint64_t mag = 0;
-    for (; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return rd_error(r, op_off, "%s: bad digit '%c'", op_name(op), s[i]);
-        unsigned d = (unsigned)(s[i] - '0');
-        if (mag > (UINT64_MAX - d) / 10)
-            return rd_error(r, op_off, "%s: integer beyond 64 bits is not supported", op_name(op));
-        mag = mag * 10 + d;
-    }
-    if (neg && mag > (uint64_t)INT64_MAX + 1)
-        return rd_error(r, op_off, "%s: integer beyond 64 bits is not supported", op_name(op));
-    pv_node_t *n = node_alloc(r->doc, PV_INT);
-    if (n) {
-        n->v.u = neg ? (uint64_t)0 - mag : mag;
-        if (!neg && mag > (uint64_t)INT64_MAX)
-            n->flags = PVF_U64;
-    }
-    return rd_push(r, n);
-}
-
-/* A new list or tuple holding the stack items above `mark`. */
-static pv_node_t *rd_seq_from_stack(reader_t *r, pv_kind_t kind, size_t mark)
-{
-    size_t n = r->sp - mark;
-    if (n > SEQ_MAX)
-        return NULL;
-    pv_node_t *s = node_alloc(r->doc, kind);
-    if (!s || !n)
-        return s;
-    pv_node_t **items = arena_alloc(r->doc, n * sizeof(pv_node_t *));
-    if (!items)
-        return NULL;
-    memcpy(items, r->stack + mark, n * sizeof(pv_node_t *));
-    s->v.seq.items = items;
-    s->v.seq.len = s->v.seq.cap = (uint32_t)n;
-    r->sp = mark;
-    return s;
-}
-
-/* dict[k] = v for the stack pairs above `from`, which are then popped. */
-static cca_status_t rd_set_pairs(reader_t *r, size_t op_off, int op, pv_node_t *dict, size_t from)
-{
-    if (dict->kind != PV_DICT)
-        return rd_error(r, op_off, "%s on a %s, not a dict", op_name(op), pv_kind_name(dict->kind));
-    if ((r->sp - from) % 2)
-        return rd_error(r, op_off, "odd number of items for %s", op_name(op));
-    for (size_t i = from; i < r->sp; i += 2)
-        if (!key_ok(r->stack[i]))
-            return rd_error(r, op_off, "unhashable dict key (%s) in %s",
-                            pv_kind_name(r->stack[i]->kind), op_name(op));
-    if (!dict_reserve(r->doc, dict, (r->sp - from) / 2))
-        return rd_oom();
-    for (size_t i = from; i < r->sp; i += 2)
-        dict_put_reserved(dict, r->stack[i], r->stack[i + 1]);
-    r->sp = from;
-    return CCA_OK;
-}
-
-static cca_status_t rd_append(reader_t *r, size_t op_off, int op, pv_node_t *list, size_t from)
-{
-    if (list->kind != PV_LIST)
-        return rd_error(r, op_off, "%s on a %s, not a list", op_name(op), pv_kind_name(list->kind));
-    if (r->sp == from)
-        return CCA_OK; /* an empty APPENDS */
-    if (!list_reserve(r->doc, list, r->sp - from))
-        return rd_oom();
-    memcpy(list->v.seq.items + list->v.seq.len, r->stack + from, (r->sp - from) * sizeof(pv_node_t *));
-    list->v.seq.len += (uint32_t)(r->sp - from);
-    r->sp = from;
-    return CCA_OK;
-}
-
-static cca_status_t rd_run(reader_t *r)
-{
-    cca_status_t st = CCA_OK;
-    for (;;) {
-        if (r->pos >= r->size)
-            return rd_error(r, r->pos, "pickle ends without STOP");
-        size_t op_off = r->pos;
-        int op = r->data[r->pos++];
-        const uint8_t *arg = r->data + r->pos;
-        size_t mark = 0;
-        switch (op) {
-        case OP_PROTO:
-            if ((st = rd_need(r, op_off, op, 1)))
-                return st;
-            if (arg[0] > 5)
-                return rd_error(r, op_off, "unsupported pickle protocol %d", arg[0]);
-            r->pos += 1;
-            break;
-        case OP_FRAME: {
-            if ((st = rd_need(r, op_off, op, 8)))
-                return st;
-            uint64_t len = get_le(arg, 8);
-            r->pos += 8;
-            if (len > r->size - r->pos)
-                return rd_error(r, op_off, "frame of %llu bytes exceeds the %zu bytes left",
-                                (unsigned long long)len, r->size - r->pos);
-            break;
-        }
-        case OP_STOP:
-            if ((st = rd_have(r, op_off, op, 1)))
-                return st;
-            r->doc->root = r->stack[--r->sp];
-            return CCA_OK;
-        case OP_MARK:
-            if (r->nmarks == r->marks_cap) {
-                size_t cap = r->marks_cap ? r->marks_cap * 2 : 64;
-                size_t *m = realloc(r->marks, cap * sizeof(*m));
-                if (!m)
-                    return rd_oom();
-                r->marks = m;
-                r->marks_cap = cap;
-            }
-            r->marks[r->nmarks++] = r->sp;
-            break;
-        case OP_POP:
-            if (r->nmarks && r->marks[r->nmarks - 1] == r->sp)
-                r->nmarks--; /* as Python: POP right after MARK drops the mark */
-            else if ((st = rd_have(r, op_off, op, 1)))
-                return st;
-            else
-                r->sp--;
-            break;
-        case OP_POP_MARK:
-            if ((st = rd_pop_mark(r, op_off, op, &mark)))
-                return st;
-            r->sp = mark;
-            break;
-        case OP_DUP:
-            if ((st = rd_have(r, op_off, op, 1)) || (st = rd_push(r, r->stack[r->sp - 1])))
-                return st;
-            break;
-        case OP_NONE:
-            if ((st = rd_push(r, r->none)))
-                return st;
-            break;
-        case OP_NEWTRUE:
-        case OP_NEWFALSE:
-            if ((st = rd_push(r, op == OP_NEWTRUE ? r->yes : r->no)))
-                return st;
-            break;
-        case OP_BININT1: {
-            if ((st = rd_need(r, op_off, op, 1)))
-                return st;
-            pv_node_t *n = r->small_ints[arg[0]];
-            if (!n && (n = node_alloc(r->doc, PV_INT)) != NULL) {
-                n->v.i = arg[0];
-                r->small_ints[arg[0]] = n;
-            }
-            r->pos += 1;
-            if ((st = rd_push(r, n)))
-                return st;
-            break;
-        }
-        case OP_BININT2:
-        case OP_BININT: {
-            int width = op == OP_BININT2 ? 2 : 4;
-            if ((st = rd_need(r, op_off, op, (size_t)width)))
-                return st;
-            uint64_t v = get_le(arg, width);
-            pv_node_t *n = node_alloc(r->doc, PV_INT);
-            if (n)
-                n->v.i = op == OP_BININT ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v;
-            r->pos += (size_t)width;
-            if ((st = rd_push(r, n)))
-                return st;
-            break;
-        }
-        case OP_LONG1:
-        case OP_LONG4: {
-            int width = op == OP_LONG1 ? 1 : 4;
-            if ((st = rd_need(r, op_off, op, (size_t)width)))
-                return st;
-            uint64_t n = get_le(arg, width);
-            if (op == OP_LONG4 && (n & 0x80000000u))
-                return rd_error(r, op_off, "LONG4 with a negative byte count");
-            r->pos += (size_t)width;
-            if (n > r->size - r->pos)
-                return rd_error(r, op_off, "truncated %s: length %llu exceeds the %zu bytes left",
-                                op_name(op), (unsigned long long)n, r->size - r->pos);
-            pv_node_t *node = node_from_le(r->doc, r->data + r->pos, (size_t)n);
-            r->pos += (size_t)n;
-            if ((st = rd_push(r, node)))
-                return st;
-            break;
-        }
-        case OP_INT:
-        case OP_LONG:
-            if ((st = rd_text_int(r, op_off, op)))
-                return st;
-            break;
-        case OP_BINFLOAT: {
-            if ((st = rd_need(r, op_off, op, 8)))
-                return st;
-            uint64_t bits = 0;
-            for (int i = 0; i < 8; i++)
-                bits = (bits << 8) | arg[i];
-            pv_node_t *n = node_alloc(r->doc, PV_FLOAT);
-            if (n)
-                memcpy(&n->v.f, &bits, sizeof(bits));
-            r->pos += 8;
-            if ((st = rd_push(r, n)))
-                return st;
-            break;
-        }
-        case OP_SHORT_BINUNICODE:
-        case OP_SHORT_BINBYTES:
-        case OP_BINUNICODE:
-        case OP_BINBYTES:
-        case OP_BINUNICODE8:
-        case OP_BINBYTES8:
-        case OP_BYTEARRAY8: {
-            int width = (op == OP_SHORT_BINUNICODE || op == OP_SHORT_BINBYTES) ? 1
-                        : (op == OP_BINUNICODE || op == OP_BINBYTES) ? 4 : 8;
-            bool is_str = op == OP_SHORT_BINUNICODE || op == OP_BINUNICODE || op == OP_BINUNICODE8;
-            if ((st = rd_need(r, op_off, op, (size_t)width)))
-                return st;
-            uint64_t n = get_le(arg, width);
-            r->pos += (size_t)width;
-            if ((st = rd_blob(r, op_off, op, n, is_str ? PV_STR : PV_BYTES)))
-                return st;
-            break;
-        }
-        case OP_EMPTY_LIST:
-        case OP_EMPTY_DICT:
-        case OP_EMPTY_TUPLE: {
-            pv_kind_t kind = op == OP_EMPTY_LIST ? PV_LIST : op == OP_EMPTY_DICT ? PV_DICT : PV_TUPLE;
-            if ((st = rd_push(r, node_alloc(r->doc, kind))))
-                return st;
-            break;
-        }
-        case OP_TUPLE1:
-        case OP_TUPLE2:
-        case OP_TUPLE3: {
-            size_t n = (size_t)(op - OP_TUPLE1 + 1);
-            if ((st = rd_have(r, op_off, op, n)))
-                return st;
-            pv_node_t *t = rd_seq_from_stack(r, PV_TUPLE, r->sp - n);
-            if ((st = rd_push(r, t)))
-                return st;
-            break;
-        }
-        case OP_TUPLE:
-        case OP_LIST: {
-            if ((st = rd_pop_mark(r, op_off, op, &mark)))
-                return st;
-            pv_node_t *s = rd_seq_from_stack(r, op == OP_TUPLE ? PV_TUPLE : PV_LIST, mark);
-            if ((st = rd_push(r, s)))
-                return st;
-            break;
-        }
-        case OP_DICT: {
-            if ((st = rd_pop_mark(r, op_off, op, &mark)))
-                return st;
-            pv_node_t *d = node_alloc(r->doc, PV_DICT);
-            if (!d)
-                return rd_oom();
-            if ((st = rd_set_pairs(r, op_off, op, d, mark)) || (st = rd_push(r, d)))
-                return st;
-            break;
-        }
-        case OP_APPEND:
-            if ((st = rd_have(r, op_off, op, 2)))
-                return st;
-            if ((st = rd_append(r, op_off, op, r->stack[r->sp - 2], r->sp - 1)))
-                return st;
-            break;
-        case OP_APPENDS:
-        case OP_SETITEMS:
-            if ((st = rd_pop_mark(r, op_off, op, &mark)))
-                return st;
-            if (mark == 0 || mark - 1 < rd_fence(r))
-                return rd_error(r, op_off, "stack underflow in %s (no container below the MARK)",
-                                op_name(op));
-            if (op == OP_APPENDS)
-                st = rd_append(r, op_off, op, r->stack[mark - 1], mark);
-            else
-                st = rd_set_pairs(r, op_off, op, r->stack[mark - 1], mark);
-            if (st)
-                return st;
-            break;
-        case OP_SETITEM:
-            if ((st = rd_have(r, op_off, op, 3)))
-                return st;
-            if ((st = rd_set_pairs(r, op_off, op, r->stack[r->sp - 3], r->sp - 2)))
-                return st;
-            break;
-        case OP_BINPUT:
-        case OP_LONG_BINPUT: {
-            int width = op == OP_BINPUT ? 1 : 4;
-            if ((st = rd_need(r, op_off, op, (size_t)width)))
-                return st;
-            r->pos += (size_t)width;
-            if ((st = rd_memo_put(r, op_off, get_le(arg, width))))
-                return st;
-            break;
-        }
-        case OP_MEMOIZE:
-            if ((st = rd_memo_put(r, op_off, r->memo_count)))
-                return st;
-            break;
-        case OP_BINGET:
-        case OP_LONG_BINGET: {
-            int width = op == OP_BINGET ? 1 : 4;
-            if ((st = rd_need(r, op_off, op, (size_t)width)))
-                return st;
-            r->pos += (size_t)width;
-            if ((st = rd_memo_get(r, op_off, get_le(arg, width))))
-                return st;
-            break;
-        }
-        default:
-            if (op >= 0x20 && op < 0x7f)
-                return rd_error(r, op_off, "unsupported pickle opcode 0x%02x ('%c')", op, op);
-            return rd_error(r, op_off, "unsupported pickle opcode 0x%02x", op);
-        }
-    }
-}
-
-static cca_status_t parse_pickle(const uint8_t *data, size_t size, pv_doc_t **out)
-{
-    cca_status_t st;
-    reader_t *r = calloc(1, sizeof(*r));
-    if (!r)
-        return rd_oom();
-    r->doc = pv_doc_new();
-    if (!r->doc) {
-        st = rd_oom();
-        goto out_reader;
-    }
-    r->data = data;
-    r->size = size;
-    r->none = node_alloc(r->doc, PV_NONE);
-    r->yes = node_alloc(r->doc, PV_BOOL);
-    r->no = node_alloc(r->doc, PV_BOOL);
-    if (!r->none || !r->yes || !r->no) {
-        st = rd_oom();
-        goto out_doc;
-    }
-    r->yes->v.b = true;
-    st = rd_run(r);
-    if (st)
-        goto out_doc;
-    *out = r->doc;
-    r->doc = NULL;
-out_doc:
-    pv_doc_free(r->doc);
-out_reader:
-    free(r->stack);
-    free(r->marks);
-    free(r->memo);
-    free(r);
-    return st;
-}
-
-/* Inflate gzip data (possibly several members) into a malloc'd buffer. */
-static cca_status_t gunzip(const uint8_t *data, size_t size, uint8_t **out, size_t *out_len)
-{
-    cca_status_t st = CCA_OK;
-    z_stream zs;
-    memset(&zs, 0, sizeof(zs));
-    if (inflateInit2(&zs, 15 + 32) != Z_OK)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: cannot initialise zlib");
-    /* The gzip trailer holds the size modulo 2^32: a good first guess. */
-    size_t cap = size >= 4 ? (size_t)get_le(data + size - 4, 4) + 64 : 4096;
-    if (cap > size * 1032 + 4096 || cap < size)
-        cap = size * 4 + 4096;
-    uint8_t *buf = malloc(cap);
-    if (!buf) {
-        st = rd_oom();
-        goto out_zs;
-    }
-    size_t len = 0, in_pos = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t ncap = cap * 2;
-            uint8_t *nbuf = ncap > cap ? realloc(buf, ncap) : NULL;
-            if (!nbuf) {
-                st = rd_oom();
-                goto out_buf;
-            }
-            buf = nbuf;
-            cap = ncap;
-        }
-        size_t in_chunk = size - in_pos > UINT32_MAX ? UINT32_MAX : size - in_pos;
-        size_t out_chunk = cap - len > UINT32_MAX ? UINT32_MAX : cap - len;
-        zs.next_in = (Bytef *)(uintptr_t)(data + in_pos);
-        zs.avail_in = (uInt)in_chunk;
-        zs.next_out = buf + len;
-        zs.avail_out = (uInt)out_chunk;
-        int zr = inflate(&zs, Z_NO_FLUSH);
-        in_pos += in_chunk - zs.avail_in;
-        len += out_chunk - zs.avail_out;
-        if (zr == Z_STREAM_END) {
-            /* Another gzip member may follow; anything else ends the data. */
-            if (size - in_pos >= 2 && data[in_pos] == 0x1f && data[in_pos + 1] == 0x8b) {
-                inflateReset(&zs);
-                continue;
-            }
-            break;
-        }
-        if (zr == Z_OK)
-            continue;
-        if (zr == Z_BUF_ERROR && zs.avail_out == 0)
-            continue;
-        if (zr == Z_BUF_ERROR) {
-            st = cca_raise(CCA_ERR_FORMAT, "pickle: truncated gzip data (%zu compressed bytes)", size);
-            goto out_buf;
-        }
-        if (zr == Z_MEM_ERROR) {
-            st = rd_oom();
-            goto out_buf;
-        }
-        st = cca_raise(CCA_ERR_FORMAT, "pickle: corrupt gzip data: %s", zs.msg ? zs.msg : "inflate error");
-        goto out_buf;
-    }
-    *out = buf;
-    *out_len = len;
-    buf = NULL;
-out_buf:
-    free(buf);
-out_zs:
-    inflateEnd(&zs);
-    return st;
-}
-
-cca_status_t pickle_load_buffer(const void *data, size_t size, pv_doc_t **doc)
-{
-    if (!doc || (!data && size))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_load_buffer: NULL argument");
-    *doc = NULL;
-    const uint8_t *bytes = data;
-    if (size >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b) {
-        uint8_t *raw = NULL;
-        size_t raw_len = 0;
-        cca_status_t st = gunzip(bytes, size, &raw, &raw_len);
-        if (st)
-            return st;
-        st = parse_pickle(raw, raw_len, doc);
-        free(raw);
-        return st;
-    }
-    return parse_pickle(bytes, size, doc);
-}
-
-cca_status_t pickle_load_file(const char *path, pv_doc_t **doc)
-{
-    if (!path || !doc)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_load_file: NULL argument");
-    *doc = NULL;
-    cca_status_t st = CCA_OK;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return cca_raise(CCA_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sbuf;
-    if (fstat(fileno(f), &sbuf) != 0) {
-        st = cca_raise(CCA_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-        goto out_file;
-    }
-    if (!S_ISREG(sbuf.st_mode)) {
-        st = cca_raise(CCA_ERR_IO, "cannot read %s: not a regular file", path);
-        goto out_file;
-    }
-    size_t size = (size_t)sbuf.st_size;
-    uint8_t *data = malloc(size ? size : 1);
-    if (!data) {
-        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory reading %s (%zu bytes)", path, size);
-        goto out_file;
-    }
-    if (size && fread(data, 1, size, f) != size) {
-        st = cca_raise(CCA_ERR_IO, "cannot read %s: %s", path, ferror(f) ? strerror(errno) : "short read");
-        goto out_data;
-    }
-    st = pickle_load_buffer(data, size, doc);
-    if (st == CCA_ERR_FORMAT) {
-        /* Name the file in the message. */
-        char msg[sizeof(cca_last_error()->message)];
-        snprintf(msg, sizeof(msg), "%s", cca_last_error()->message);
-        cca_raise(CCA_ERR_FORMAT, "%s: %s", path, msg);
-    }
-out_data:
-    free(data);
-out_file:
-    fclose(f);
-    return st;
-}
-
-/* ---- writer ----------------------------------------------------------------------------- */
-
-typedef struct wentry {
-    const pv_node_t *node; /* NULL = empty slot */
-    uint32_t memo;
-} wentry_t;
-
-typedef struct wmap {
-    wentry_t *slots;
-    size_t len, cap;       /* cap is a power of two */
-    bool by_content;       /* str contents (else node identity) */
-} wmap_t;
-
-typedef struct writer {
-    cca_strbuf_t *out;
-    size_t frame_hdr;      /* offset of the current frame's 9-byte header */
-    uint64_t memo_next;
-    wmap_t containers;
-    wmap_t strings;
-} writer_t;
-
-static uint64_t wmap_hash(const wmap_t *m, const pv_node_t *n)
-{
-    return m->by_content ? hash_mem(n->v.s.data, n->v.s.len) : mix64((uint64_t)(uintptr_t)n);
-}
-
-static bool wmap_same(const wmap_t *m, const pv_node_t *a, const pv_node_t *b)
-{
-    if (!m->by_content)
-        return a == b;
-    return a->v.s.len == b->v.s.len && memcmp(a->v.s.data, b->v.s.data, a->v.s.len) == 0;
-}
-
-static wentry_t *wmap_find(const wmap_t *m, const pv_node_t *n)
-{
-    if (!m->cap)
-        return NULL;
-    for (size_t slot = wmap_hash(m, n) & (m->cap - 1); m->slots[slot].node;
-         slot = (slot + 1) & (m->cap - 1))
-        if (wmap_same(m, m->slots[slot].node, n))
-            return &m->slots[slot];
-    return NULL;
-}
-
-static bool wmap_add(wmap_t *m, const pv_node_t *n, uint32_t memo)
-{
-    if ((m->len + 1) * 2 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 256;
-        wentry_t *slots = calloc(cap, sizeof(*slots));
-        if (!slots)
-            return false;
-        for (size_t i = 0; i < m->cap; i++) {
-            if (!m->slots[i].node)
-                continue;
-            size_t slot = wmap_hash(m, m->slots[i].node) & (cap - 1);
-            while (slots[slot].node)
-                slot = (slot + 1) & (cap - 1);
-            slots[slot] = m->slots[i];
-        }
-        free(m->slots);
-        m->slots = slots;
-        m->cap = cap;
-    }
-    size_t slot = wmap_hash(m, n) & (m->cap - 1);
-    while (m->slots[slot].node)
-        slot = (slot + 1) & (m->cap - 1);
-    m->slots[slot].node = n;
-    m->slots[slot].memo = memo;
-    m->len++;
-    return true;
-}
-
-static void w_bytes(writer_t *w, const void *p, size_t n)
-{
-    sb_appendn(w->out, p, n);
-}
-
-/* Start an opcode: close the current frame once it has reached its target size. */
-static void w_op(writer_t *w, uint8_t op)
-{
-    if (w->out->len - w->frame_hdr - 9 >= PV_FRAME_TARGET && !w->out->failed) {
-        uint64_t flen = w->out->len - w->frame_hdr - 9;
-        for (int i = 0; i < 8; i++)
-            w->out->data[w->frame_hdr + 1 + i] = (char)(flen >> (8 * i));
-        w->frame_hdr = w->out->len;
-        uint8_t hdr[9] = {OP_FRAME};
-        w_bytes(w, hdr, sizeof(hdr));
-    }
-    w_bytes(w, &op, 1);
-}
-
-static void w_le(writer_t *w, uint64_t v, int n)
-{
-    uint8_t b[8];
-    for (int i = 0; i < n; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    w_bytes(w, b, (size_t)n);
-}
-
-static cca_status_t w_get(writer_t *w, uint32_t memo)
-{
-    if (memo < 256) {
-        w_op(w, OP_BINGET);
-        w_le(w, memo, 1);
-    } else {
-        w_op(w, OP_LONG_BINGET);
-        w_le(w, memo, 4);
-    }
-    return CCA_OK;
-}
-
-/* MEMOIZE the object just written and remember it in map. */
-static cca_status_t w_memoize(writer_t *w, wmap_t *map, const pv_node_t *n)
-{
-    if (w->memo_next > UINT32_MAX)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: more than 2^32 memoized objects");
-    w_op(w, OP_MEMOIZE);
-    if (!wmap_add(map, n, (uint32_t)w->memo_next))
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory writing");
-    w->memo_next++;
-    return CCA_OK;
-}
-
-static void w_sized(writer_t *w, uint8_t op1, uint8_t op4, uint8_t op8, const void *p, size_t n)
-{
-    if (n < 256 && op1) {
-        w_op(w, op1);
-        w_le(w, n, 1);
-    } else if (n <= UINT32_MAX) {
-        w_op(w, op4);
-        w_le(w, n, 4);
-    } else {
-        w_op(w, op8);
-        w_le(w, n, 8);
-    }
-    w_bytes(w, p, n);
-}
-
-static void w_int(writer_t *w, const pv_node_t *n)
-{
-    if (n->flags & PVF_U64) {
-        w_op(w, OP_LONG1);
-        w_le(w, 9, 1);
-        w_le(w, n->v.u, 8);
-        w_le(w, 0, 1);
-        return;
-    }
-    int64_t v = n->v.i;
-    if (v >= 0 && v <= 0xff) {
-        w_op(w, OP_BININT1);
-        w_le(w, (uint64_t)v, 1);
-    } else if (v >= 0 && v <= 0xffff) {
-        w_op(w, OP_BININT2);
-        w_le(w, (uint64_t)v, 2);
-    } else if (v >= INT32_MIN && v <= INT32_MAX) {
-        w_op(w, OP_BININT);
-        w_le(w, (uint64_t)v, 4);
-    } else {
-        uint8_t b[8];
-        for (int i = 0; i < 8; i++)
-            b[i] = (uint8_t)((uint64_t)v >> (8 * i));
-        size_t len = bigint_minimal_len(b, 8);
-        w_op(w, OP_LONG1);
-        w_le(w, len, 1);
-        w_bytes(w, b, len);
-    }
-}
-
-static cca_status_t w_node(writer_t *w, const pv_node_t *n, int depth);
-
-/* Items of a list or the pairs of a dict in batches of 1000, as Python writes them. */
-static cca_status_t w_batches(writer_t *w, pv_node_t *const *items, size_t count, size_t per_item,
-                              uint8_t one_op, uint8_t many_op, int depth)
-{
-    cca_status_t st;
-    for (size_t start = 0; start < count; start += 1000) {
-        size_t n = count - start < 1000 ? count - start : 1000;
-        if (n > 1)
-            w_op(w, OP_MARK);
-        for (size_t i = start * per_item; i < (start + n) * per_item; i++)
-            if ((st = w_node(w, items[i], depth + 1)))
-                return st;
-        w_op(w, n > 1 ? many_op : one_op);
-    }
-    return CCA_OK;
-}
-
-static cca_status_t w_node(writer_t *w, const pv_node_t *n, int depth)
-{
-    cca_status_t st;
-    if (depth > PV_MAX_DEPTH)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle: value nested deeper than %d levels",
-                         PV_MAX_DEPTH);
-    switch (n->kind) {
-    case PV_NONE: w_op(w, OP_NONE); return CCA_OK;
-    case PV_BOOL: w_op(w, n->v.b ? OP_NEWTRUE : OP_NEWFALSE); return CCA_OK;
-    case PV_INT: w_int(w, n); return CCA_OK;
-    case PV_BIGINT:
-        w_sized(w, OP_LONG1, OP_LONG4, 0, n->v.s.data, n->v.s.len);
-        return CCA_OK;
-    case PV_FLOAT: {
-        uint64_t bits;
-        memcpy(&bits, &n->v.f, sizeof(bits));
-        uint8_t b[8];
-        for (int i = 0; i < 8; i++)
-            b[i] = (uint8_t)(bits >> (56 - 8 * i));
-        w_op(w, OP_BINFLOAT);
-        w_bytes(w, b, 8);
-        return CCA_OK;
-    }
-    case PV_STR: {
-        bool memo = n->v.s.len <= PV_MEMO_KEY_MAX;
-        if (memo) {
-            wentry_t *e = wmap_find(&w->strings, n);
-            if (e)
-                return w_get(w, e->memo);
-        }
-        w_sized(w, OP_SHORT_BINUNICODE, OP_BINUNICODE, OP_BINUNICODE8, n->v.s.data, n->v.s.len);
-        return memo ? w_memoize(w, &w->strings, n) : CCA_OK;
-    }
-    case PV_BYTES:
-        w_sized(w, OP_SHORT_BINBYTES, OP_BINBYTES, OP_BINBYTES8, n->v.s.data, n->v.s.len);
-        return CCA_OK;
-    default: break;
-    }
-    if (n->kind == PV_TUPLE && n->v.seq.len == 0) {
-        w_op(w, OP_EMPTY_TUPLE);
-        return CCA_OK;
-    }
-    wentry_t *e = wmap_find(&w->containers, n);
-    if (e)
-        return w_get(w, e->memo);
-    if (n->kind == PV_LIST) {
-        w_op(w, OP_EMPTY_LIST);
-        if ((st = w_memoize(w, &w->containers, n)))
-            return st;
-        return w_batches(w, n->v.seq.items, n->v.seq.len, 1, OP_APPEND, OP_APPENDS, depth);
-    }
-    if (n->kind == PV_DICT) {
-        w_op(w, OP_EMPTY_DICT);
-        if ((st = w_memoize(w, &w->containers, n)))
-            return st;
-        return w_batches(w, n->v.dict.kv, n->v.dict.len, 2, OP_SETITEM, OP_SETITEMS, depth);
-    }
-    /* A tuple: its items, then TUPLEn; if an item refers back to the tuple it is
-     * memoized by now, and the items are dropped in favour of the memo (as Python). */
-    uint32_t count = n->v.seq.len;
-    if (count > 3)
-        w_op(w, OP_MARK);
-    for (uint32_t i = 0; i < count; i++)
-        if ((st = w_node(w, n->v.seq.items[i], depth + 1)))
-            return st;
-    e = wmap_find(&w->containers, n);
-    if (e) {
-        if (count > 3)
-            w_op(w, OP_POP_MARK);
-        else
-            for (uint32_t i = 0; i < count; i++)
-                w_op(w, OP_POP);
-        return w_get(w, e->memo);
-    }
-    w_op(w, count > 3 ? OP_TUPLE : (uint8_t)(OP_TUPLE1 + count - 1));
-    return w_memoize(w, &w->containers, n);
-}
-
-cca_status_t pickle_write_buffer(const pv_node_t *root, cca_strbuf_t *out)
-{
-    if (!root || !out)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_write_buffer: NULL argument");
-    writer_t w;
-    memset(&w, 0, sizeof(w));
-    w.out = out;
-    w.strings.by_content = true;
-    size_t start = out->len;
-    uint8_t head[11] = {OP_PROTO, 4, OP_FRAME};
-    w_bytes(&w, head, sizeof(head));
-    w.frame_hdr = start + 2;
-    cca_status_t st = w_node(&w, root, 0);
-    if (!st) {
-        w_op(&w, OP_STOP);
-        if (out->failed) {
-            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory writing");
-        } else {
-            uint64_t flen = out->len - w.frame_hdr - 9;
-            for (int i = 0; i < 8; i++)
-                out->data[w.frame_hdr + 1 + i] = (char)(flen >> (8 * i));
-        }
-    }
-    if (st && !out->failed && out->data) {
-        out->len = start; /* drop the partial pickle */
-        out->data[start] = '\0';
-    }
-    free(w.containers.slots);
-    free(w.strings.slots);
-    return st;
-}
-
-/* Write all of data to path (plain or gzip). */
-static cca_status_t write_all(const char *path, const char *data, size_t len)
-{
-    size_t plen = strlen(path);
-    bool gz = plen >= 3 && strcmp(path + plen - 3, ".gz") == 0;
-    if (gz) {
-        gzFile f = gzopen(path, "wb6");
-        if (!f)
-            return cca_raise(CCA_ERR_IO, "cannot create %s: %s", path,
-                             errno ? strerror(errno) : "gzopen failed");
-        size_t done = 0;
-        while (done < len) {
-            unsigned chunk = len - done > (1u << 30) ? (1u << 30) : (unsigned)(len - done);
-            int wrote = gzwrite(f, data + done, chunk);
-            if (wrote <= 0) {
-                int zerr = 0;
-                const char *msg = gzerror(f, &zerr);
-                cca_status_t st = cca_raise(CCA_ERR_IO, "cannot write %s: %s", path,
-                                            zerr == Z_ERRNO ? strerror(errno) : msg);
-                gzclose(f);
-                return st;
-            }
-            done += (size_t)wrote;
-        }
-        if (gzclose(f) != Z_OK)
-            return cca_raise(CCA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-        return CCA_OK;
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return cca_raise(CCA_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    bool ok = fwrite(data, 1, len, f) == len;
-    int err = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        err = errno;
-    }
-    if (!ok)
-        return cca_raise(CCA_ERR_IO, "cannot write %s: %s", path, strerror(err));
-    return CCA_OK;
-}
-
-cca_status_t pickle_write_file(const pv_node_t *root, const char *path)
-{
-    if (!root || !path)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_write_file: NULL argument");
-    cca_strbuf_t sb;
-    sb_init(&sb);
-    cca_status_t st = pickle_write_buffer(root, &sb);
-    if (!st)
-        st = write_all(path, sb.data, sb.len);
-    sb_free(&sb);
-    return st;
 }
