@@ -1,5 +1,5 @@
 /*
- * sim_containers.h - the containers of the simulated backend (src/backend/sim.c):
+ * sim_containers.h - the containers of the simulated backend (src/backend/sim/):
  * a hash map from 64-bit keys to pointers, and ordered sets of address ranges
  * (treaps keyed by start address, each node knowing the longest range below it).
  * Not thread-safe: the backend's lock guards them.
