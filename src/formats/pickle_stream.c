@@ -1,0 +1,1604 @@
+/*
+ * pickle_stream.c - the streaming pickle reader (pickle_stream.h): gunzip and
+ * decode in one pass over a window of the data, keeping tree fields as pv
+ * trees and handing the dicts of records fields to a callback.
+ *
+ * Invariant: every value on the stack is a slot saying what became of it: a
+ * scalar (strings interned once per distinct text), a value kept in the tree
+ * (a pv node), a container dropped as it fills (skip), the top-level dict, a
+ * records list (L1), an inner list of records (L2), or a record filling up.
+ * A container's slot type is chosen when it begins and checked when its
+ * parent takes it (see derive()); records live in a table reset whenever no
+ * record is left on the stack, so memory stays bounded by one batch.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "pickle_stream.h"
+
+/* ---- opcodes (the subset of pickle.c's reader: protocols 0-5, plain values) ---- */
+
+enum {
+    SOP_MARK = '(', SOP_STOP = '.', SOP_POP = '0', SOP_POP_MARK = '1', SOP_DUP = '2',
+    SOP_BINFLOAT = 'G', SOP_INT = 'I', SOP_BININT = 'J', SOP_BININT1 = 'K', SOP_LONG = 'L',
+    SOP_BININT2 = 'M', SOP_NONE = 'N', SOP_BINUNICODE = 'X', SOP_APPEND = 'a', SOP_BINBYTES = 'B',
+    SOP_SHORT_BINBYTES = 'C', SOP_DICT = 'd', SOP_EMPTY_DICT = '}', SOP_APPENDS = 'e',
+    SOP_BINGET = 'h', SOP_LONG_BINGET = 'j', SOP_LIST = 'l', SOP_EMPTY_LIST = ']',
+    SOP_BINPUT = 'q', SOP_LONG_BINPUT = 'r', SOP_SETITEM = 's', SOP_TUPLE = 't',
+    SOP_EMPTY_TUPLE = ')', SOP_SETITEMS = 'u', SOP_PROTO = 0x80, SOP_TUPLE1 = 0x85,
+    SOP_TUPLE2 = 0x86, SOP_TUPLE3 = 0x87, SOP_NEWTRUE = 0x88, SOP_NEWFALSE = 0x89,
+    SOP_LONG1 = 0x8a, SOP_LONG4 = 0x8b, SOP_SHORT_BINUNICODE = 0x8c, SOP_BINUNICODE8 = 0x8d,
+    SOP_BINBYTES8 = 0x8e, SOP_MEMOIZE = 0x94, SOP_FRAME = 0x95, SOP_BYTEARRAY8 = 0x96,
+};
+
+static const char *sop_name(int op)
+{
+    switch (op) {
+    case SOP_APPEND: return "APPEND";
+    case SOP_APPENDS: return "APPENDS";
+    case SOP_SETITEM: return "SETITEM";
+    case SOP_SETITEMS: return "SETITEMS";
+    case SOP_DICT: return "DICT";
+    case SOP_LIST: return "LIST";
+    case SOP_TUPLE: return "TUPLE";
+    case SOP_TUPLE1: return "TUPLE1";
+    case SOP_TUPLE2: return "TUPLE2";
+    case SOP_TUPLE3: return "TUPLE3";
+    case SOP_POP: return "POP";
+    case SOP_POP_MARK: return "POP_MARK";
+    case SOP_DUP: return "DUP";
+    case SOP_STOP: return "STOP";
+    case SOP_LONG1: return "LONG1";
+    case SOP_LONG4: return "LONG4";
+    case SOP_INT: return "INT";
+    case SOP_LONG: return "LONG";
+    case SOP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
+    case SOP_BINUNICODE: return "BINUNICODE";
+    case SOP_BINUNICODE8: return "BINUNICODE8";
+    case SOP_SHORT_BINBYTES: return "SHORT_BINBYTES";
+    case SOP_BINBYTES: return "BINBYTES";
+    case SOP_BINBYTES8: return "BINBYTES8";
+    case SOP_BYTEARRAY8: return "BYTEARRAY8";
+    case SOP_BINPUT: return "BINPUT";
+    case SOP_LONG_BINPUT: return "LONG_BINPUT";
+    case SOP_MEMOIZE: return "MEMOIZE";
+    case SOP_BINGET: return "BINGET";
+    case SOP_LONG_BINGET: return "LONG_BINGET";
+    default: return "opcode";
+    }
+}
+
+/* ---- slots, symbols, records ------------------------------------------------------- */
+
+enum slot_type {
+    SL_SCALAR,  /* none, bool, int, float, or a symbol (str, bytes, big int) */
+    SL_NODE,    /* a value kept in the tree */
+    SL_SKIP,    /* a container whose content is dropped */
+    SL_ROOT,    /* the top-level dict (its tree fields go to the fields dict) */
+    SL_L1,      /* the list of a records field */
+    SL_L2,      /* an inner list of records */
+    SL_RECORD,  /* a record (dict) filling up */
+};
+
+#define SF_U64 0x01    /* SL_SCALAR PV_INT: v.u holds 2^63 .. 2^64-1 */
+#define SF_FIELD 0x02  /* the value of a top-level field, its mode already applied */
+#define SF_FILLED 0x04 /* a container that has taken items */
+
+typedef struct pk_sym {
+    const char *data;  /* NUL-terminated */
+    size_t len;
+    uint64_t hash;
+    int32_t tag;       /* index in the handler's symbols, -1 */
+    uint8_t kind;      /* PV_STR, PV_BYTES, PV_BIGINT */
+} pk_sym_t;
+
+typedef struct slot {
+    uint8_t type;      /* enum slot_type */
+    uint8_t kind;      /* pv_kind_t of the value */
+    uint8_t flags;     /* SF_* */
+    uint32_t n;        /* L1: items taken; L2: records taken */
+    union {
+        bool b;
+        int64_t i;
+        uint64_t u;
+        double f;
+        const pk_sym_t *sym;
+        pv_node_t *node;   /* SL_NODE; SL_ROOT: the fields dict */
+        uint64_t group;    /* SL_L2 */
+        size_t rec;        /* SL_RECORD: index in the record table */
+    } v;
+} slot_t;
+
+typedef struct rec {
+    size_t start, count; /* its fields: slots start .. start + 2 * count (key, value pairs) */
+} rec_t;
+
+/* The private view a pk_record_t points at. */
+typedef struct rec_view {
+    const pk_handler_t *h;
+    const slot_t *pairs;
+    size_t count;
+} rec_view_t;
+
+/* Memo entries: 0 unset; odd: a dropped container ((kind << 2) | 1); else a
+ * pointer: a pk_sym_t, or a pv_node_t with bit 1 set. */
+#define MEMO_GONE(kind) (((uintptr_t)(kind) << 2) | 1u)
+#define MEMO_NODE_BIT ((uintptr_t)2)
+
+#define SHORT_SYM_MAX 64          /* strings up to this long are interned (deduplicated) */
+#define WINDOW_DEFAULT ((size_t)256 * 1024)
+#define IN_CHUNK ((size_t)64 * 1024)
+#define ARENA_CHUNK ((size_t)64 * 1024)
+#define FIXED_OP_MAX 16           /* the longest fixed-size opcode with its argument, and more */
+#define DEFLATE_RATIO_MAX 1032    /* deflate never expands one byte into more */
+
+typedef struct arena_block {
+    struct arena_block *next;
+} arena_block_t;
+
+typedef struct sreader {
+    const pk_handler_t *h;
+    pv_doc_t *doc;
+
+    /* the window of decompressed data */
+    uint8_t *buf;
+    size_t cap, pos, end;
+    uint64_t base;           /* offset of buf[0] in the decompressed data */
+    bool eof;                /* nothing more will come */
+    size_t want;             /* an opcode needs this many bytes from pos (0: none) */
+
+    /* the source */
+    FILE *file;
+    const uint8_t *mem;
+    size_t mem_size, mem_pos, chunk;
+    uint64_t src_left;       /* compressed (or raw) bytes not yet read from the source */
+    bool gz, zs_live, z_end;
+    z_stream zs;
+    uint8_t *zin;            /* file input for inflate */
+
+    /* the machine */
+    slot_t *stack;
+    size_t sp, stack_cap;
+    size_t *marks;
+    size_t nmarks, marks_cap;
+    uintptr_t *memo;
+    size_t memo_cap, memo_count;
+    bool root_seen;
+    pv_node_t *result;       /* the value STOP returned */
+
+    /* symbols: an arena and an open-addressing table of the short ones */
+    arena_block_t *blocks;
+    char *arena_cur, *arena_end;
+    pk_sym_t **syms;
+    size_t nsyms, syms_cap;
+
+    /* records */
+    rec_t *recs;
+    size_t nrecs, recs_cap;
+    slot_t *fields;
+    size_t nfields, fields_cap; /* slots (two per field) */
+    size_t rec_base;         /* lowest stack index holding a record; SIZE_MAX: none */
+    const pk_sym_t *records_field;
+    const pk_value_t **by_tag;
+    pk_value_t *tag_values;
+} sreader_t;
+
+/* ---- errors and small helpers ------------------------------------------------------ */
+
+static cca_status_t sr_error(sreader_t *r, size_t off, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A format error at window offset off (reported as an offset in the whole data). */
+static cca_status_t sr_error(sreader_t *r, size_t off, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    return cca_raise(CCA_ERR_FORMAT, "pickle: %s at offset %llu", text,
+                     (unsigned long long)(r->base + off));
+}
+
+static cca_status_t sr_oom(void)
+{
+    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory while streaming");
+}
+
+static uint64_t le_bytes(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Little-endian loads of 2, 4 and 8 bytes (pickle's integers). */
+static inline uint16_t le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t le32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline uint64_t le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* Grow *array (of *cap elements of size elem) to hold at least need elements. */
+static bool grow(void *array, size_t *cap, size_t need, size_t elem, size_t first)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap : first;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(*(void **)array, n * elem);
+    if (!p)
+        return false;
+    *(void **)array = p;
+    *cap = n;
+    return true;
+}
+
+static const char *slot_kind_name(const slot_t *s)
+{
+    return pv_kind_name((pv_kind_t)s->kind);
+}
+
+static bool is_container(const slot_t *s)
+{
+    return s->type != SL_SCALAR && (s->kind == PV_LIST || s->kind == PV_DICT || s->kind == PV_TUPLE);
+}
+
+/* ---- UTF-8 (Python's surrogatepass rules, as pickle.c) --------------------------------- */
+
+static bool utf8_ok(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t extra;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) {
+            extra = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            extra = 2;
+            if (c == 0xe0)
+                lo = 0xa0;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            extra = 3;
+            if (c == 0xf0)
+                lo = 0x90;
+            if (c == 0xf4)
+                hi = 0x8f;
+        } else {
+            return false;
+        }
+        if (n - i <= extra || p[i + 1] < lo || p[i + 1] > hi)
+            return false;
+        for (size_t k = 2; k <= extra; k++)
+            if ((p[i + k] & 0xc0) != 0x80)
+                return false;
+        i += extra + 1;
+    }
+    return true;
+}
+
+/* ---- symbols ------------------------------------------------------------------------ */
+
+/* The tag of a text: its index in the handler's symbols, or -1. */
+static int32_t tag_of(const pk_handler_t *h, const char *data, size_t len)
+{
+    for (size_t t = 0; t < h->symbol_count; t++)
+        if (strlen(h->symbols[t]) == len && !memcmp(h->symbols[t], data, len))
+            return (int32_t)t;
+    return -1;
+}
+
+static void *arena_get(sreader_t *r, size_t size)
+{
+    size = (size + 7) & ~(size_t)7;
+    if ((size_t)(r->arena_end - r->arena_cur) < size) {
+        size_t bytes = size > ARENA_CHUNK ? size : ARENA_CHUNK;
+        arena_block_t *b = malloc(sizeof(*b) + 8 + bytes);
+        if (!b)
+            return NULL;
+        b->next = r->blocks;
+        r->blocks = b;
+        r->arena_cur = (char *)b + ((sizeof(*b) + 7) & ~(size_t)7);
+        r->arena_end = r->arena_cur + bytes;
+    }
+    void *p = r->arena_cur;
+    r->arena_cur += size;
+    return p;
+}
+
+static uint64_t sym_hash(const uint8_t *p, size_t n, uint8_t kind)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ kind;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+static pk_sym_t *sym_new(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind, uint64_t hash)
+{
+    pk_sym_t *s = arena_get(r, sizeof(*s) + n + 1);
+    if (!s)
+        return NULL;
+    char *data = (char *)(s + 1);
+    memcpy(data, p, n);
+    data[n] = 0;
+    s->data = data;
+    s->len = n;
+    s->hash = hash;
+    s->kind = kind;
+    s->tag = -1;
+    if (kind == PV_STR)
+        s->tag = tag_of(r->h, (const char *)p, n);
+    return s;
+}
+
+/*
+ * The symbol for n bytes of kind (interned when short). A str is checked for
+ * UTF-8 when its text is first met. Returns CCA_OK, CCA_ERR_FORMAT (invalid
+ * UTF-8, for the opcode at off), CCA_ERR_OUT_OF_MEMORY.
+ */
+static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind, size_t off,
+                            int op, const pk_sym_t **out)
+{
+    pk_sym_t *s;
+    if (n > SHORT_SYM_MAX) {
+        if (kind == PV_STR && !utf8_ok(p, n))
+            return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
+        if (!(s = sym_new(r, p, n, kind, 0)))
+            return sr_oom();
+        *out = s;
+        return CCA_OK;
+    }
+    uint64_t h = sym_hash(p, n, kind);
+    if (r->nsyms * 2 >= r->syms_cap) {
+        size_t cap = r->syms_cap ? r->syms_cap * 2 : 1024;
+        pk_sym_t **t = calloc(cap, sizeof(*t));
+        if (!t)
+            return sr_oom();
+        for (size_t i = 0; i < r->syms_cap; i++) {
+            pk_sym_t *e = r->syms[i];
+            if (!e)
+                continue;
+            size_t j = e->hash & (cap - 1);
+            while (t[j])
+                j = (j + 1) & (cap - 1);
+            t[j] = e;
+        }
+        free(r->syms);
+        r->syms = t;
+        r->syms_cap = cap;
+    }
+    size_t j = h & (r->syms_cap - 1);
+    for (; (s = r->syms[j]) != NULL; j = (j + 1) & (r->syms_cap - 1))
+        if (s->hash == h && s->len == n && s->kind == kind && !memcmp(s->data, p, n)) {
+            *out = s;
+            return CCA_OK;
+        }
+    if (kind == PV_STR && !utf8_ok(p, n))
+        return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
+    if (!(s = sym_new(r, p, n, kind, h)))
+        return sr_oom();
+    r->syms[j] = s;
+    r->nsyms++;
+    *out = s;
+    return CCA_OK;
+}
+
+/* ---- the stack ---------------------------------------------------------------------- */
+
+static __attribute__((noinline)) bool stack_grow(sreader_t *r)
+{
+    return grow(&r->stack, &r->stack_cap, r->sp + 1, sizeof(slot_t), 256);
+}
+
+/*
+ * A new slot on top of the stack for the caller to fill in place (building a
+ * slot elsewhere and copying it stalls on store forwarding); NULL when out of
+ * memory (raised).
+ */
+static inline slot_t *push_slot(sreader_t *r)
+{
+    if (__builtin_expect(r->sp == r->stack_cap, 0) && !stack_grow(r)) {
+        sr_oom();
+        return NULL;
+    }
+    return &r->stack[r->sp++];
+}
+
+static inline cca_status_t push(sreader_t *r, const slot_t *s)
+{
+    slot_t *d = push_slot(r);
+    if (!d)
+        return CCA_ERR_OUT_OF_MEMORY;
+    *d = *s;
+    return CCA_OK;
+}
+
+static inline cca_status_t push_scalar(sreader_t *r, uint8_t kind, uint8_t flags, uint64_t bits)
+{
+    slot_t *d = push_slot(r);
+    if (!d)
+        return CCA_ERR_OUT_OF_MEMORY;
+    d->type = SL_SCALAR;
+    d->kind = kind;
+    d->flags = flags;
+    d->n = 0;
+    d->v.u = bits;
+    return CCA_OK;
+}
+
+/* Push a str / bytes / big int symbol. */
+static inline cca_status_t push_sym(sreader_t *r, const pk_sym_t *sym)
+{
+    slot_t *d = push_slot(r);
+    if (!d)
+        return CCA_ERR_OUT_OF_MEMORY;
+    d->type = SL_SCALAR;
+    d->kind = sym->kind;
+    d->flags = 0;
+    d->n = 0;
+    d->v.sym = sym;
+    return CCA_OK;
+}
+
+/* Drop the stack down to n items; a record table with no record left is reset. */
+static void pop_to(sreader_t *r, size_t n)
+{
+    r->sp = n;
+    if (n <= r->rec_base)
+        r->rec_base = SIZE_MAX;
+}
+
+static size_t fence(const sreader_t *r)
+{
+    return r->nmarks ? r->marks[r->nmarks - 1] : 0;
+}
+
+static cca_status_t have(sreader_t *r, size_t off, int op, size_t count)
+{
+    if (r->sp - fence(r) >= count)
+        return CCA_OK;
+    return sr_error(r, off, "stack underflow in %s (needs %zu items)", sop_name(op), count);
+}
+
+static cca_status_t pop_mark(sreader_t *r, size_t off, int op, size_t *mark)
+{
+    if (!r->nmarks)
+        return sr_error(r, off, "%s without a MARK", sop_name(op));
+    *mark = r->marks[--r->nmarks];
+    return CCA_OK;
+}
+
+/* ---- values into the tree and into records ---------------------------------------------- */
+
+/* The tree node for a slot; NULL (error raised) when it was streamed or skipped. */
+static pv_node_t *to_node(sreader_t *r, const slot_t *s, size_t off)
+{
+    pv_node_t *n = NULL;
+    if (s->type == SL_NODE)
+        return s->v.node;
+    if (s->type != SL_SCALAR) {
+        sr_error(r, off, "a %s of a streamed or skipped field is referenced where values are kept",
+                 slot_kind_name(s));
+        return NULL;
+    }
+    switch (s->kind) {
+    case PV_NONE: n = pv_new_none(r->doc); break;
+    case PV_BOOL: n = pv_new_bool(r->doc, s->v.b); break;
+    case PV_INT: n = (s->flags & SF_U64) ? pv_new_u64(r->doc, s->v.u) : pv_new_int(r->doc, s->v.i); break;
+    case PV_FLOAT: n = pv_new_float(r->doc, s->v.f); break;
+    case PV_STR: n = pv_new_strn(r->doc, s->v.sym->data, s->v.sym->len); break;
+    case PV_BYTES: n = pv_new_bytes(r->doc, s->v.sym->data, s->v.sym->len); break;
+    case PV_BIGINT:
+        n = pv_new_bigint(r->doc, (const uint8_t *)s->v.sym->data, s->v.sym->len);
+        break;
+    default: break;
+    }
+    if (!n)
+        sr_oom();
+    return n;
+}
+
+/* A record field's value (or key) as the consumer sees it. */
+static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->kind = s->kind;
+    v->tag = -1;
+    if (s->type == SL_SCALAR) {
+        v->is_u64 = (s->flags & SF_U64) != 0;
+        if (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) {
+            v->data = s->v.sym->data;
+            v->len = s->v.sym->len;
+            v->tag = s->v.sym->tag;
+        } else {
+            v->num.u = s->v.u;
+            if (s->kind == PV_BOOL)
+                v->num.b = s->v.b;
+        }
+        return;
+    }
+    if (s->type != SL_NODE)
+        return;
+    const pv_node_t *n = s->v.node;
+    v->node = n;
+    v->kind = (uint8_t)pv_kind(n);
+    const uint8_t *bytes;
+    switch (pv_kind(n)) {
+    case PV_BOOL: pv_get_bool(n, &v->num.b); break;
+    case PV_INT:
+        v->is_u64 = pv_is_u64(n);
+        if (v->is_u64)
+            pv_get_u64(n, &v->num.u);
+        else
+            pv_get_int(n, &v->num.i);
+        break;
+    case PV_FLOAT: pv_get_double(n, &v->num.f); break;
+    case PV_STR:
+        pv_get_str(n, &v->data, &v->len);
+        v->tag = tag_of(h, v->data, v->len);
+        break;
+    case PV_BYTES:
+        pv_get_bytes(n, &bytes, &v->len);
+        v->data = (const char *)bytes;
+        break;
+    case PV_BIGINT:
+        pv_get_bigint(n, &bytes, &v->len);
+        v->data = (const char *)bytes;
+        break;
+    default: break;
+    }
+}
+
+bool pk_record_field(const pk_record_t *record, size_t i, pk_field_t *out)
+{
+    if (!record || !out || !record->priv)
+        return false;
+    const rec_view_t *view = record->priv;
+    if (i >= view->count)
+        return false;
+    to_value(view->h, &view->pairs[2 * i], &out->key);
+    to_value(view->h, &view->pairs[2 * i + 1], &out->value);
+    return true;
+}
+
+/* ---- deciding what a new container becomes ---------------------------------------------- */
+
+static cca_status_t new_tree_container(sreader_t *r, pv_kind_t kind, slot_t *out)
+{
+    out->type = SL_NODE;
+    if (kind == PV_TUPLE)
+        return CCA_OK; /* built from its items by the caller */
+    out->v.node = kind == PV_LIST ? pv_new_list(r->doc) : pv_new_dict(r->doc);
+    return out->v.node ? CCA_OK : sr_oom();
+}
+
+static cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
+{
+    if (r->rec_base == SIZE_MAX) {
+        r->rec_base = p;
+        r->nrecs = 0;
+        r->nfields = 0;
+    }
+    if (!grow(&r->recs, &r->recs_cap, r->nrecs + 1, sizeof(rec_t), 1024))
+        return sr_oom();
+    r->recs[r->nrecs].start = r->nfields;
+    r->recs[r->nrecs].count = 0;
+    out->type = SL_RECORD;
+    out->v.rec = r->nrecs++;
+    return CCA_OK;
+}
+
+static cca_status_t new_group(sreader_t *r, uint64_t group, slot_t *out)
+{
+    out->type = SL_L2;
+    out->v.group = group;
+    if (r->h->group)
+        return r->h->group(r->h->ctx, r->records_field->data, (size_t)group);
+    return CCA_OK;
+}
+
+/*
+ * The slot of a new container of `kind` that will sit at stack index p (the
+ * stack holds only what lies below it). Its parent is the list just below it
+ * (APPEND style), the dict two below with a key between (SETITEM style; a dict
+ * that already took items is passed over when a MARK offers another parent),
+ * or else the container below the innermost MARK (APPENDS / SETITEMS style).
+ */
+static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, slot_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->kind = (uint8_t)kind;
+    if (p == 0) {
+        if (kind == PV_DICT && !r->root_seen) {
+            r->root_seen = true;
+            out->type = SL_ROOT;
+            out->v.node = pv_new_dict(r->doc);
+            return out->v.node ? CCA_OK : sr_oom();
+        }
+        return new_tree_container(r, kind, out);
+    }
+    size_t f = fence(r), c;
+    bool keyed = false, append_style = false;
+    const slot_t *below = &r->stack[p - 1];
+    if (p > f && is_container(below) && below->kind == PV_LIST) {
+        c = p - 1;
+        append_style = true;
+    } else if (p > f + 1 && below->type == SL_SCALAR && is_container(&r->stack[p - 2]) &&
+               r->stack[p - 2].kind == PV_DICT && (f == 0 || !(r->stack[p - 2].flags & SF_FILLED))) {
+        c = p - 2;
+        keyed = true;
+    } else if (f > 0) {
+        c = f - 1;
+        keyed = (p - f) % 2 == 1;
+    } else {
+        return new_tree_container(r, kind, out);
+    }
+    const slot_t *parent = &r->stack[c];
+    switch (parent->type) {
+    case SL_NODE:
+        return new_tree_container(r, kind, out);
+    case SL_SKIP:
+    case SL_RECORD:
+        out->type = SL_SKIP;
+        return CCA_OK;
+    case SL_ROOT: {
+        if (!keyed || below->type != SL_SCALAR || below->kind != PV_STR)
+            return new_tree_container(r, kind, out);
+        const pk_sym_t *key = below->v.sym;
+        pk_mode_t mode = r->h->field_mode ? r->h->field_mode(r->h->ctx, key->data, key->len) : PK_TREE;
+        out->flags = SF_FIELD;
+        if (mode == PK_SKIP) {
+            out->type = SL_SKIP;
+            return CCA_OK;
+        }
+        if (mode != PK_RECORDS)
+            return new_tree_container(r, kind, out);
+        if (kind != PV_LIST)
+            return sr_error(r, off, "field '%s' is a %s, not a list of records", key->data,
+                            pv_kind_name(kind));
+        out->type = SL_L1;
+        r->records_field = key;
+        return CCA_OK;
+    }
+    case SL_L1:
+        if (kind == PV_DICT)
+            return new_record(r, p, out);
+        if (kind != PV_LIST)
+            break;
+        if (append_style)
+            return new_group(r, parent->n, out);
+        if (c == f - 1)
+            return new_group(r, parent->n + (p - f), out);
+        break;
+    case SL_L2:
+        if (kind == PV_DICT)
+            return new_record(r, p, out);
+        if (kind == PV_LIST && append_style && f > 0 && r->stack[f - 1].type == SL_L1)
+            return new_group(r, r->stack[f - 1].n + (p - f), out);
+        break;
+    default:
+        return new_tree_container(r, kind, out);
+    }
+    out->type = SL_SKIP; /* not a record: refused when its list takes it */
+    return CCA_OK;
+}
+
+/* ---- taking items into containers ----------------------------------------------------------- */
+
+static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size_t index)
+{
+    const rec_t *rec = &r->recs[rs->v.rec];
+    const slot_t *pairs = r->fields + rec->start;
+    for (size_t t = 0; t < r->h->symbol_count; t++)
+        r->by_tag[t] = NULL;
+    for (size_t i = 0; i < rec->count; i++) {
+        const slot_t *k = &pairs[2 * i];
+        int32_t t = -1;
+        const char *text;
+        size_t len;
+        if (k->type == SL_SCALAR && k->kind == PV_STR)
+            t = k->v.sym->tag;
+        else if (k->type == SL_NODE && pv_get_str(k->v.node, &text, &len))
+            t = tag_of(r->h, text, len);
+        if (t < 0)
+            continue;
+        to_value(r->h, &pairs[2 * i + 1], &r->tag_values[t]);
+        r->by_tag[t] = &r->tag_values[t];
+    }
+    rec_view_t view = {r->h, pairs, rec->count};
+    pk_record_t out = {
+        .field = r->records_field->data,
+        .group = (size_t)group,
+        .index = index,
+        .count = rec->count,
+        .by_tag = r->by_tag,
+        .priv = &view,
+    };
+    return r->h->record ? r->h->record(r->h->ctx, &out) : CCA_OK;
+}
+
+/* list.append(item) for the items stack[from .. sp), then pop them. */
+static cca_status_t take_items(sreader_t *r, size_t off, int op, slot_t *list, size_t from)
+{
+    cca_status_t st = CCA_OK;
+    if (!is_container(list) || list->kind != PV_LIST)
+        return sr_error(r, off, "%s on a %s, not a list", sop_name(op), slot_kind_name(list));
+    if (r->sp > from)
+        list->flags |= SF_FILLED;
+    for (size_t i = from; i < r->sp && st == CCA_OK; i++) {
+        slot_t *item = &r->stack[i];
+        switch (list->type) {
+        case SL_NODE: {
+            pv_node_t *n = to_node(r, item, off);
+            st = n ? pv_list_append(r->doc, list->v.node, n) : cca_last_error()->status;
+            break;
+        }
+        case SL_SKIP:
+            break;
+        case SL_L1:
+            if (item->type == SL_L2 && item->v.group == list->n) {
+                list->n++;
+            } else if (item->type == SL_RECORD) {
+                st = deliver(r, item, 0, list->n++);
+            } else {
+                st = sr_error(r, off, "item %u of records field '%s' (a %s) is not a list of records",
+                              list->n, r->records_field->data, slot_kind_name(item));
+            }
+            break;
+        case SL_L2:
+            if (item->type != SL_RECORD)
+                st = sr_error(r, off, "item %u of a list of records is a %s, not a dict", list->n,
+                              slot_kind_name(item));
+            else
+                st = deliver(r, item, list->v.group, list->n++);
+            break;
+        default:
+            st = sr_error(r, off, "%s on a %s, not a list", sop_name(op), slot_kind_name(list));
+        }
+    }
+    pop_to(r, from);
+    return st;
+}
+
+/* The records of a records field that arrived as a tree (a shape decided only
+ * at its end, as protocol 0's LIST / DICT build it): delivered from the tree. */
+static cca_status_t deliver_tree(sreader_t *r, size_t off, const pk_sym_t *key, const pv_node_t *list)
+{
+    cca_status_t st = CCA_OK;
+    r->records_field = key;
+    if (pv_kind(list) != PV_LIST)
+        return sr_error(r, off, "field '%s' is a %s, not a list of records", key->data,
+                        pv_kind_name(pv_kind(list)));
+    bool nested = pv_len(list) && pv_kind(pv_at(list, 0)) == PV_LIST;
+    size_t saved = r->nrecs;
+    r->nrecs = 0; /* no record is on the stack while a tree is taken */
+    for (size_t g = 0; g < pv_len(list) && st == CCA_OK; g++) {
+        const pv_node_t *inner = nested ? pv_at(list, g) : list;
+        if (nested && pv_kind(inner) != PV_LIST)
+            return sr_error(r, off, "item %zu of records field '%s' is not a list of records", g, key->data);
+        if (nested && r->h->group && (st = r->h->group(r->h->ctx, key->data, g)))
+            break;
+        for (size_t i = 0; i < pv_len(inner) && st == CCA_OK; i++) {
+            const pv_node_t *d = pv_at(inner, i);
+            if (pv_kind(d) != PV_DICT)
+                return sr_error(r, off, "item %zu of a list of records is a %s, not a dict", i,
+                                pv_kind_name(pv_kind(d)));
+            size_t n = 2 * pv_len(d);
+            if (!grow(&r->fields, &r->fields_cap, n, sizeof(slot_t), 4096) ||
+                !grow(&r->recs, &r->recs_cap, 1, sizeof(rec_t), 1024))
+                return sr_oom();
+            for (size_t j = 0; j < pv_len(d); j++) {
+                const pv_node_t *kv[2] = {pv_dict_key_at(d, j), pv_dict_value_at(d, j)};
+                for (int e = 0; e < 2; e++) {
+                    slot_t *f = &r->fields[2 * j + (size_t)e];
+                    memset(f, 0, sizeof(*f));
+                    f->type = SL_NODE;
+                    f->kind = (uint8_t)pv_kind(kv[e]);
+                    f->v.node = (pv_node_t *)(uintptr_t)kv[e];
+                }
+            }
+            r->recs[0].start = 0;
+            r->recs[0].count = pv_len(d);
+            slot_t rs = {.type = SL_RECORD, .kind = PV_DICT};
+            rs.v.rec = 0;
+            st = deliver(r, &rs, nested ? g : 0, i);
+        }
+        if (!nested)
+            break;
+    }
+    r->nrecs = saved;
+    r->nfields = 0;
+    return st;
+}
+
+/*
+ * Whether the top-level dict keeps k: v in the fields tree: a field whose mode
+ * was applied when its value began keeps it if it became a tree; any other
+ * value (a scalar, a value from the memo, a tree built before its place was
+ * known) is kept, dropped or streamed now as its field's mode says.
+ */
+static bool root_keeps(sreader_t *r, size_t off, const slot_t *k, const slot_t *v, cca_status_t *st)
+{
+    if (v->flags & SF_FIELD)
+        return v->type == SL_NODE;
+    if (k->type != SL_SCALAR || k->kind != PV_STR || !r->h->field_mode)
+        return true;
+    pk_mode_t mode = r->h->field_mode(r->h->ctx, k->v.sym->data, k->v.sym->len);
+    if (mode == PK_RECORDS && v->type == SL_NODE)
+        *st = deliver_tree(r, off, k->v.sym, v->v.node);
+    else if (mode == PK_RECORDS)
+        *st = sr_error(r, off, "field '%s' is a %s, not a list of records", k->v.sym->data,
+                       slot_kind_name(v));
+    return mode == PK_TREE;
+}
+
+/* dict[k] = v for the stack pairs above `from`, then pop them. */
+static cca_status_t take_pairs(sreader_t *r, size_t off, int op, slot_t *dict, size_t from)
+{
+    cca_status_t st = CCA_OK;
+    if (!is_container(dict) || dict->kind != PV_DICT)
+        return sr_error(r, off, "%s on a %s, not a dict", sop_name(op), slot_kind_name(dict));
+    if ((r->sp - from) % 2)
+        return sr_error(r, off, "odd number of items for %s", sop_name(op));
+    for (size_t i = from; i < r->sp; i += 2)
+        if (r->stack[i].kind == PV_LIST || r->stack[i].kind == PV_DICT)
+            return sr_error(r, off, "unhashable dict key (%s) in %s", slot_kind_name(&r->stack[i]),
+                            sop_name(op));
+    if (r->sp > from)
+        dict->flags |= SF_FILLED;
+    if (dict->type == SL_RECORD) {
+        rec_t *rec = &r->recs[dict->v.rec];
+        size_t n = r->sp - from;
+        if (rec->count && rec->start + 2 * rec->count != r->nfields)
+            return sr_error(r, off, "the fields of two records are interleaved");
+        if (!rec->count)
+            rec->start = r->nfields;
+        if (!grow(&r->fields, &r->fields_cap, r->nfields + n, sizeof(slot_t), 4096))
+            return sr_oom();
+        memcpy(r->fields + r->nfields, r->stack + from, n * sizeof(slot_t));
+        r->nfields += n;
+        rec->count += n / 2;
+        pop_to(r, from);
+        return CCA_OK;
+    }
+    for (size_t i = from; i < r->sp && st == CCA_OK; i += 2) {
+        slot_t *k = &r->stack[i], *v = &r->stack[i + 1];
+        pv_node_t *kn, *vn;
+        switch (dict->type) {
+        case SL_SKIP:
+            break;
+        case SL_ROOT:
+            if (!root_keeps(r, off, k, v, &st))
+                break;
+            __attribute__((fallthrough)); /* a tree field */
+        case SL_NODE:
+            kn = to_node(r, k, off);
+            vn = kn ? to_node(r, v, off) : NULL;
+            if (!kn || !vn) {
+                st = cca_last_error()->status;
+                break;
+            }
+            st = pv_dict_set_node(r->doc, dict->v.node, kn, vn);
+            if (st == CCA_ERR_INVALID_ARGUMENT)
+                st = sr_error(r, off, "unhashable dict key in %s", sop_name(op));
+            break;
+        default:
+            st = sr_error(r, off, "%s on a %s, not a dict", sop_name(op), slot_kind_name(dict));
+        }
+    }
+    pop_to(r, from);
+    return st;
+}
+
+/* A tuple of the n items on top of the stack. */
+static cca_status_t make_tuple(sreader_t *r, size_t off, size_t n)
+{
+    size_t from = r->sp - n;
+    slot_t t;
+    cca_status_t st = derive(r, from, PV_TUPLE, off, &t);
+    if (st)
+        return st;
+    if (t.type == SL_NODE) {
+        pv_node_t *small[8];
+        pv_node_t **items = n <= 8 ? small : malloc(n * sizeof(*items));
+        if (!items)
+            return sr_oom();
+        for (size_t i = 0; i < n && st == CCA_OK; i++)
+            if (!(items[i] = to_node(r, &r->stack[from + i], off)))
+                st = cca_last_error()->status;
+        if (st == CCA_OK && !(t.v.node = pv_new_tuple(r->doc, n, items)))
+            st = sr_oom();
+        if (items != small)
+            free(items);
+        if (st)
+            return st;
+    } else {
+        t.type = SL_SKIP;
+    }
+    pop_to(r, from);
+    return push(r, &t);
+}
+
+/* LIST / DICT: a container holding the items above the mark. */
+static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark)
+{
+    slot_t c;
+    size_t top = r->sp;
+    r->sp = mark; /* derive() looks only below the container */
+    cca_status_t st = derive(r, mark, op == SOP_LIST ? PV_LIST : PV_DICT, off, &c);
+    r->sp = top;
+    if (st)
+        return st;
+    if (r->sp == r->stack_cap && !grow(&r->stack, &r->stack_cap, r->sp + 1, sizeof(slot_t), 256))
+        return sr_oom();
+    memmove(r->stack + mark + 1, r->stack + mark, (r->sp - mark) * sizeof(slot_t));
+    r->stack[mark] = c;
+    r->sp++;
+    if (c.type == SL_RECORD && r->rec_base > mark)
+        r->rec_base = mark;
+    if (op == SOP_LIST)
+        return take_items(r, off, op, &r->stack[mark], mark + 1);
+    return take_pairs(r, off, op, &r->stack[mark], mark + 1);
+}
+
+/* ---- memo ------------------------------------------------------------------------------------- */
+
+static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
+{
+    if (r->sp <= fence(r))
+        return sr_error(r, off, "memo store with an empty stack");
+    /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
+    if (idx > r->base + r->pos)
+        return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
+    if (idx >= r->memo_cap) {
+        size_t old = r->memo_cap;
+        if (!grow(&r->memo, &r->memo_cap, (size_t)idx + 1, sizeof(uintptr_t), 1024))
+            return sr_oom();
+        memset(r->memo + old, 0, (r->memo_cap - old) * sizeof(uintptr_t));
+    }
+    const slot_t *s = &r->stack[r->sp - 1];
+    uintptr_t e;
+    if (s->type == SL_SCALAR && (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT)) {
+        e = (uintptr_t)s->v.sym;
+    } else if (s->type == SL_SCALAR) {
+        pv_node_t *n = to_node(r, s, off); /* boxed: scalars are rarely memoized */
+        if (!n)
+            return cca_last_error()->status;
+        e = (uintptr_t)n | MEMO_NODE_BIT;
+    } else if (s->type == SL_NODE) {
+        e = (uintptr_t)s->v.node | MEMO_NODE_BIT;
+    } else if (s->type == SL_ROOT) {
+        e = (uintptr_t)s->v.node | MEMO_NODE_BIT; /* the top-level dict as far as it is kept */
+    } else {
+        e = MEMO_GONE(s->kind);
+    }
+    if (!r->memo[idx])
+        r->memo_count++;
+    r->memo[idx] = e;
+    return CCA_OK;
+}
+
+static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
+{
+    uintptr_t e = idx < r->memo_cap ? r->memo[idx] : 0;
+    if (!e)
+        return sr_error(r, off, "memo key %llu is not defined", (unsigned long long)idx);
+    if (!(e & (1 | MEMO_NODE_BIT)))
+        return push_sym(r, (const pk_sym_t *)e);
+    slot_t *s = push_slot(r);
+    if (!s)
+        return CCA_ERR_OUT_OF_MEMORY;
+    s->flags = 0;
+    s->n = 0;
+    if (e & 1) {
+        s->type = SL_SKIP;
+        s->kind = (uint8_t)(e >> 2);
+        s->v.u = 0;
+    } else {
+        s->type = SL_NODE;
+        s->v.node = (pv_node_t *)(e & ~MEMO_NODE_BIT);
+        s->kind = (uint8_t)pv_kind(s->v.node);
+    }
+    return CCA_OK;
+}
+
+/* ---- the input window --------------------------------------------------------------------------- */
+
+/* Upper bound of the decompressed bytes after the window's end. */
+static uint64_t bytes_left_bound(const sreader_t *r)
+{
+    if (r->eof)
+        return 0;
+    uint64_t in = r->src_left + (r->zs_live ? r->zs.avail_in : 0);
+    return r->gz ? in * DEFLATE_RATIO_MAX + 65536 : in;
+}
+
+/* Read compressed (or raw) bytes from the source into dst; returns the count (0 at the end). */
+static cca_status_t source_read(sreader_t *r, uint8_t *dst, size_t max, size_t *got)
+{
+    *got = 0;
+    if (r->file) {
+        size_t n = fread(dst, 1, max, r->file);
+        if (n < max && ferror(r->file))
+            return cca_raise(CCA_ERR_IO, "cannot read the pickle: %s", strerror(errno));
+        *got = n;
+    } else {
+        size_t n = r->mem_size - r->mem_pos;
+        if (n > max)
+            n = max;
+        if (n)
+            memcpy(dst, r->mem + r->mem_pos, n);
+        r->mem_pos += n;
+        *got = n;
+    }
+    r->src_left -= *got < r->src_left ? *got : r->src_left;
+    return CCA_OK;
+}
+
+/* Inflate into buf[end .. end + room). */
+static cca_status_t inflate_some(sreader_t *r, size_t room)
+{
+    while (room) {
+        if (!r->zs.avail_in) {
+            size_t got = 0;
+            cca_status_t st = source_read(r, r->zin, r->chunk < IN_CHUNK ? r->chunk : IN_CHUNK, &got);
+            if (st)
+                return st;
+            if (!got) {
+                if (r->z_end) {
+                    r->eof = true;
+                    return CCA_OK;
+                }
+                return cca_raise(CCA_ERR_FORMAT, "pickle: truncated gzip data");
+            }
+            r->zs.next_in = r->zin;
+            r->zs.avail_in = (uInt)got;
+        }
+        if (r->z_end) {
+            /* Another gzip member may follow; anything else ends the data. */
+            if (r->zs.avail_in >= 2 && r->zs.next_in[0] == 0x1f && r->zs.next_in[1] == 0x8b) {
+                inflateReset(&r->zs);
+                r->z_end = false;
+            } else {
+                r->eof = true;
+                return CCA_OK;
+            }
+        }
+        size_t n = room > UINT32_MAX ? UINT32_MAX : room;
+        r->zs.next_out = r->buf + r->end;
+        r->zs.avail_out = (uInt)n;
+        int zr = inflate(&r->zs, Z_NO_FLUSH);
+        size_t made = n - r->zs.avail_out;
+        r->end += made;
+        room -= made;
+        if (zr == Z_STREAM_END) {
+            r->z_end = true;
+            if (!r->zs.avail_in && !r->src_left) {
+                r->eof = true;
+                return CCA_OK;
+            }
+        } else if (zr == Z_MEM_ERROR) {
+            return sr_oom();
+        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            return cca_raise(CCA_ERR_FORMAT, "pickle: corrupt gzip data: %s",
+                             r->zs.msg ? r->zs.msg : "inflate error");
+        }
+        if (made)
+            return CCA_OK; /* something new to decode */
+    }
+    return CCA_OK;
+}
+
+/* Make at least `need` bytes available from pos, unless the data ends first. */
+static cca_status_t fill(sreader_t *r, size_t need)
+{
+    if (r->pos) {
+        memmove(r->buf, r->buf + r->pos, r->end - r->pos);
+        r->end -= r->pos;
+        r->base += r->pos;
+        r->pos = 0;
+    }
+    size_t target = need + r->chunk;
+    if (target > r->cap) {
+        uint8_t *b = realloc(r->buf, target);
+        if (!b)
+            return sr_oom();
+        r->buf = b;
+        r->cap = target;
+    }
+    while (r->end < need && !r->eof) {
+        size_t room = r->cap - r->end;
+        if (room > r->chunk)
+            room = r->chunk;
+        if (r->gz) {
+            cca_status_t st = inflate_some(r, room);
+            if (st)
+                return st;
+        } else {
+            size_t got = 0;
+            cca_status_t st = source_read(r, r->buf + r->end, room, &got);
+            if (st)
+                return st;
+            r->end += got;
+            if (!got)
+                r->eof = true;
+        }
+    }
+    return CCA_OK;
+}
+
+/*
+ * Whether the `total` bytes of the opcode at pos are in the window. When they
+ * are not and more data may come, the opcode is retried after a refill
+ * (r->want); at the end of the data it is an error.
+ */
+static cca_status_t ready(sreader_t *r, size_t off, int op, uint64_t total, bool *ok)
+{
+    *ok = false;
+    if (r->end - r->pos >= total) {
+        *ok = true;
+        return CCA_OK;
+    }
+    uint64_t avail = (uint64_t)(r->end - r->pos) + bytes_left_bound(r);
+    if (total > avail)
+        return sr_error(r, off, "truncated %s: needs %llu bytes, %llu left", sop_name(op),
+                        (unsigned long long)total, (unsigned long long)(r->end - r->pos));
+    r->want = (size_t)total;
+    return CCA_OK;
+}
+
+/* ---- the machine ------------------------------------------------------------------------------- */
+
+static cca_status_t push_int_le(sreader_t *r, size_t off, int op, const uint8_t *b, size_t n)
+{
+    while (n > 1 && ((b[n - 1] == 0x00 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
+        n--;
+    if (n <= 8) {
+        uint64_t u = le_bytes(b, (int)n);
+        if (n && n < 8 && (b[n - 1] & 0x80))
+            u |= ~(uint64_t)0 << (8 * n);
+        return push_scalar(r, PV_INT, 0, u);
+    }
+    if (n == 9 && b[8] == 0)
+        return push_scalar(r, PV_INT, SF_U64, le_bytes(b, 8));
+    const pk_sym_t *sym;
+    cca_status_t st = sym_get(r, b, n, PV_BIGINT, off, op, &sym);
+    return st ? st : push_sym(r, sym);
+}
+
+/* Text INT / LONG (line already in the window, without its newline). */
+static cca_status_t push_text_int(sreader_t *r, size_t off, int op, const char *s, size_t len)
+{
+    if (op == SOP_INT && len == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1'))
+        return push_scalar(r, PV_BOOL, 0, s[1] == '1');
+    if (op == SOP_LONG && len && s[len - 1] == 'L')
+        len--;
+    size_t i = 0;
+    bool neg = false;
+    if (i < len && (s[i] == '-' || s[i] == '+'))
+        neg = s[i++] == '-';
+    if (i == len)
+        return sr_error(r, off, "%s: no digits", sop_name(op));
+    uint64_t mag = 0;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return sr_error(r, off, "%s: bad digit '%c'", sop_name(op), s[i]);
+        unsigned d = (unsigned)(s[i] - '0');
+        if (mag > (UINT64_MAX - d) / 10)
+            return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sop_name(op));
+        mag = mag * 10 + d;
+    }
+    if (neg && mag > (uint64_t)INT64_MAX + 1)
+        return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sop_name(op));
+    return push_scalar(r, PV_INT, (!neg && mag > (uint64_t)INT64_MAX) ? SF_U64 : 0,
+                       neg ? (uint64_t)0 - mag : mag);
+}
+
+static cca_status_t push_container(sreader_t *r, size_t off, pv_kind_t kind)
+{
+    slot_t *s = push_slot(r); /* derive() looks only below it */
+    if (!s)
+        return CCA_ERR_OUT_OF_MEMORY;
+    cca_status_t st = derive(r, r->sp - 1, kind, off, s);
+    if (st == CCA_OK && kind == PV_TUPLE && s->type == SL_NODE) {
+        if (!(s->v.node = pv_new_tuple(r->doc, 0, NULL)))
+            st = sr_oom();
+    } else if (kind == PV_TUPLE) {
+        s->type = SL_SKIP;
+    }
+    if (st)
+        pop_to(r, r->sp - 1);
+    return st;
+}
+
+/* Execute the opcode at pos. Sets r->want (and consumes nothing) when it needs more data. */
+static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, bool *stop)
+{
+    size_t off = r->pos;
+    size_t left = r->end - r->pos;
+    const uint8_t *p = r->buf + r->pos;
+    int op = p[0];
+    size_t mark = 0;
+    bool ok = true;
+    cca_status_t st = CCA_OK;
+    /* fixed-size arguments: the window holds FIXED_OP_MAX bytes unless the data ends */
+    static const uint8_t fixed[256] = {
+        [SOP_PROTO] = 2, [SOP_FRAME] = 9, [SOP_BININT1] = 2, [SOP_BININT2] = 3, [SOP_BININT] = 5,
+        [SOP_BINFLOAT] = 9, [SOP_BINPUT] = 2, [SOP_LONG_BINPUT] = 5, [SOP_BINGET] = 2,
+        [SOP_LONG_BINGET] = 5, [SOP_LONG1] = 2, [SOP_LONG4] = 5, [SOP_SHORT_BINUNICODE] = 2,
+        [SOP_SHORT_BINBYTES] = 2, [SOP_BINUNICODE] = 5, [SOP_BINBYTES] = 5, [SOP_BINUNICODE8] = 9,
+        [SOP_BINBYTES8] = 9, [SOP_BYTEARRAY8] = 9,
+    };
+    if (fixed[op] > left)
+        return sr_error(r, off, "truncated %s: needs %u argument bytes, %zu left", sop_name(op),
+                        fixed[op] - 1u, left - 1);
+    switch (op) {
+    case SOP_PROTO:
+        if (p[1] > 5)
+            return sr_error(r, off, "unsupported pickle protocol %d", p[1]);
+        r->pos += 2;
+        return CCA_OK;
+    case SOP_FRAME: {
+        /* frames only group opcodes; the window does not need them, but a frame
+         * longer than the data left is refused as pickle.c's reader does */
+        uint64_t len = le64(p + 1);
+        if (len > (uint64_t)(left - 9) + bytes_left_bound(r))
+            return sr_error(r, off, "frame of %llu bytes exceeds the data left", (unsigned long long)len);
+        r->pos += 9;
+        return CCA_OK;
+    }
+    case SOP_STOP:
+        if ((st = have(r, off, op, 1)))
+            return st;
+        {
+            slot_t *top = &r->stack[r->sp - 1];
+            pv_node_t *root = top->type == SL_ROOT ? top->v.node : to_node(r, top, off);
+            if (!root)
+                return cca_last_error()->status;
+            r->result = root;
+        }
+        r->pos += 1;
+        *stop = true;
+        return CCA_OK;
+    case SOP_MARK:
+        if (r->nmarks == r->marks_cap && !grow(&r->marks, &r->marks_cap, r->nmarks + 1, sizeof(size_t), 64))
+            return sr_oom();
+        r->marks[r->nmarks++] = r->sp;
+        r->pos += 1;
+        return CCA_OK;
+    case SOP_POP:
+        if (r->nmarks && r->marks[r->nmarks - 1] == r->sp)
+            r->nmarks--; /* as Python: POP right after MARK drops the mark */
+        else if ((st = have(r, off, op, 1)))
+            return st;
+        else
+            pop_to(r, r->sp - 1);
+        r->pos += 1;
+        return CCA_OK;
+    case SOP_POP_MARK:
+        if ((st = pop_mark(r, off, op, &mark)))
+            return st;
+        pop_to(r, mark);
+        r->pos += 1;
+        return CCA_OK;
+    case SOP_DUP:
+        if ((st = have(r, off, op, 1)))
+            return st;
+        {
+            slot_t copy = r->stack[r->sp - 1];
+            st = push(r, &copy);
+        }
+        r->pos += 1;
+        return st;
+    case SOP_NONE:
+        r->pos += 1;
+        return push_scalar(r, PV_NONE, 0, 0);
+    case SOP_NEWTRUE:
+    case SOP_NEWFALSE:
+        r->pos += 1;
+        return push_scalar(r, PV_BOOL, 0, op == SOP_NEWTRUE);
+    case SOP_BININT1:
+        r->pos += 2;
+        return push_scalar(r, PV_INT, 0, p[1]);
+    case SOP_BININT2:
+        r->pos += 3;
+        return push_scalar(r, PV_INT, 0, le16(p + 1));
+    case SOP_BININT:
+        r->pos += 5;
+        return push_scalar(r, PV_INT, 0, (uint64_t)(int64_t)(int32_t)le32(p + 1));
+    case SOP_BINFLOAT: {
+        uint64_t bits = 0;
+        for (int i = 1; i <= 8; i++)
+            bits = (bits << 8) | p[i];
+        r->pos += 9;
+        return push_scalar(r, PV_FLOAT, 0, bits);
+    }
+    case SOP_LONG1:
+    case SOP_LONG4: {
+        int width = op == SOP_LONG1 ? 1 : 4;
+        uint64_t n = op == SOP_LONG1 ? p[1] : le32(p + 1);
+        if (op == SOP_LONG4 && (n & 0x80000000u))
+            return sr_error(r, off, "LONG4 with a negative byte count");
+        if (op == SOP_LONG1 && n && n <= 8 && left >= 10 && !(p[1 + n] & 0x80)) {
+            /* the common case (addresses, times): a non-negative integer of up to
+             * 8 bytes, loaded at once from the window */
+            r->pos += 2 + (size_t)n;
+            return push_scalar(r, PV_INT, 0, le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * n)));
+        }
+        if ((st = ready(r, off, op, 1 + (uint64_t)width + n, &ok)) || !ok)
+            return st;
+        r->pos += 1 + (size_t)width + (size_t)n;
+        return push_int_le(r, off, op, p + 1 + width, (size_t)n);
+    }
+    case SOP_INT:
+    case SOP_LONG: {
+        const uint8_t *nl = memchr(p + 1, '\n', left - 1);
+        if (!nl)
+            return ready(r, off, op, (uint64_t)left + 1, &ok); /* no newline yet */
+        size_t len = (size_t)(nl - (p + 1));
+        r->pos += len + 2;
+        return push_text_int(r, off, op, (const char *)p + 1, len);
+    }
+    case SOP_SHORT_BINUNICODE:
+    case SOP_SHORT_BINBYTES:
+    case SOP_BINUNICODE:
+    case SOP_BINBYTES:
+    case SOP_BINUNICODE8:
+    case SOP_BINBYTES8:
+    case SOP_BYTEARRAY8: {
+        int width = fixed[op] - 1;
+        bool is_str = op == SOP_SHORT_BINUNICODE || op == SOP_BINUNICODE || op == SOP_BINUNICODE8;
+        uint64_t n = width == 1 ? p[1] : width == 4 ? le32(p + 1) : le64(p + 1);
+        if (n > UINT64_MAX / 2)
+            return sr_error(r, off, "truncated %s: length %llu", sop_name(op), (unsigned long long)n);
+        if ((st = ready(r, off, op, 1 + (uint64_t)width + n, &ok)) || !ok)
+            return st;
+        const pk_sym_t *sym;
+        if ((st = sym_get(r, p + 1 + width, (size_t)n, is_str ? PV_STR : PV_BYTES, off, op, &sym)))
+            return st;
+        r->pos += 1 + (size_t)width + (size_t)n;
+        return push_sym(r, sym);
+    }
+    case SOP_EMPTY_LIST:
+    case SOP_EMPTY_DICT:
+    case SOP_EMPTY_TUPLE:
+        r->pos += 1;
+        return push_container(r, off, op == SOP_EMPTY_LIST ? PV_LIST : op == SOP_EMPTY_DICT ? PV_DICT : PV_TUPLE);
+    case SOP_TUPLE1:
+    case SOP_TUPLE2:
+    case SOP_TUPLE3: {
+        size_t n = (size_t)(op - SOP_TUPLE1 + 1);
+        if ((st = have(r, off, op, n)))
+            return st;
+        r->pos += 1;
+        return make_tuple(r, off, n);
+    }
+    case SOP_TUPLE:
+        if ((st = pop_mark(r, off, op, &mark)))
+            return st;
+        r->pos += 1;
+        return make_tuple(r, off, r->sp - mark);
+    case SOP_LIST:
+    case SOP_DICT:
+        if ((st = pop_mark(r, off, op, &mark)))
+            return st;
+        r->pos += 1;
+        return make_from_mark(r, off, op, mark);
+    case SOP_APPEND:
+        if ((st = have(r, off, op, 2)))
+            return st;
+        r->pos += 1;
+        return take_items(r, off, op, &r->stack[r->sp - 2], r->sp - 1);
+    case SOP_APPENDS:
+    case SOP_SETITEMS:
+        if ((st = pop_mark(r, off, op, &mark)))
+            return st;
+        if (mark == 0 || mark - 1 < fence(r))
+            return sr_error(r, off, "stack underflow in %s (no container below the MARK)", sop_name(op));
+        r->pos += 1;
+        if (op == SOP_APPENDS)
+            return take_items(r, off, op, &r->stack[mark - 1], mark);
+        return take_pairs(r, off, op, &r->stack[mark - 1], mark);
+    case SOP_SETITEM:
+        if ((st = have(r, off, op, 3)))
+            return st;
+        r->pos += 1;
+        return take_pairs(r, off, op, &r->stack[r->sp - 3], r->sp - 2);
+    case SOP_BINPUT:
+        r->pos += 2;
+        return memo_put(r, off, p[1]);
+    case SOP_LONG_BINPUT:
+        r->pos += 5;
+        return memo_put(r, off, le32(p + 1));
+    case SOP_MEMOIZE:
+        r->pos += 1;
+        return memo_put(r, off, r->memo_count);
+    case SOP_BINGET:
+        r->pos += 2;
+        return memo_get(r, off, p[1]);
+    case SOP_LONG_BINGET:
+        r->pos += 5;
+        return memo_get(r, off, le32(p + 1));
+    default:
+        if (op >= 0x20 && op < 0x7f)
+            return sr_error(r, off, "unsupported pickle opcode 0x%02x ('%c')", op, op);
+        return sr_error(r, off, "unsupported pickle opcode 0x%02x", op);
+    }
+}
+
+static cca_status_t run(sreader_t *r)
+{
+    bool stop = false;
+    cca_status_t st;
+    while (!stop) {
+        if (__builtin_expect(r->want || (r->end - r->pos < FIXED_OP_MAX && !r->eof), 0)) {
+            size_t need = r->want > FIXED_OP_MAX ? r->want : FIXED_OP_MAX;
+            r->want = 0;
+            if ((st = fill(r, need)))
+                return st;
+        }
+        if (r->pos >= r->end)
+            return sr_error(r, r->pos, "pickle ends without STOP");
+        if ((st = step(r, &stop)))
+            return st;
+    }
+    return CCA_OK;
+}
+
+/* ---- entry points -------------------------------------------------------------------------------- */
+
+static void sreader_free(sreader_t *r)
+{
+    while (r->blocks) {
+        arena_block_t *next = r->blocks->next;
+        free(r->blocks);
+        r->blocks = next;
+    }
+    if (r->zs_live)
+        inflateEnd(&r->zs);
+    free(r->zin);
+    free(r->buf);
+    free(r->stack);
+    free(r->marks);
+    free(r->memo);
+    free(r->syms);
+    free(r->recs);
+    free(r->fields);
+    free(r->by_tag);
+    free(r->tag_values);
+    pv_doc_free(r->doc);
+}
+
+/* Set up the reader over an opened source (file or memory) and run it. */
+static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_doc_t **fields)
+{
+    cca_status_t st;
+    r->h = handler;
+    r->rec_base = SIZE_MAX;
+    if (!r->chunk)
+        r->chunk = WINDOW_DEFAULT;
+    size_t nt = handler->symbol_count ? handler->symbol_count : 1;
+    r->doc = pv_doc_new();
+    r->by_tag = calloc(nt, sizeof(*r->by_tag));
+    r->tag_values = calloc(nt, sizeof(*r->tag_values));
+    if (!r->doc || !r->by_tag || !r->tag_values)
+        return sr_oom();
+    /* sniff the gzip magic */
+    uint8_t head[2];
+    size_t got = 0;
+    if ((st = source_read(r, head, 2, &got)))
+        return st;
+    if (got == 2 && head[0] == 0x1f && head[1] == 0x8b) {
+        r->gz = true;
+        r->zin = malloc(IN_CHUNK);
+        if (!r->zin)
+            return sr_oom();
+        if (inflateInit2(&r->zs, 15 + 32) != Z_OK)
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: cannot initialise zlib");
+        r->zs_live = true;
+        memcpy(r->zin, head, 2);
+        r->zs.next_in = r->zin;
+        r->zs.avail_in = 2;
+    } else {
+        r->cap = r->chunk + FIXED_OP_MAX;
+        r->buf = malloc(r->cap);
+        if (!r->buf)
+            return sr_oom();
+        memcpy(r->buf, head, got);
+        r->end = got;
+        r->eof = got < 2;
+    }
+    if ((st = run(r)))
+        return st;
+    pv_doc_set_root(r->doc, r->result);
+    *fields = r->doc;
+    r->doc = NULL;
+    return CCA_OK;
+}
+
+static bool handler_ok(const pk_handler_t *h)
+{
+    return h && (!h->symbol_count || h->symbols);
+}
+
+cca_status_t pickle_stream_buffer(const void *data, size_t size, size_t chunk,
+                                  const pk_handler_t *handler, pv_doc_t **fields)
+{
+    if (!fields || (!data && size) || !handler_ok(handler))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_stream_buffer: NULL argument");
+    *fields = NULL;
+    sreader_t r;
+    memset(&r, 0, sizeof(r));
+    r.mem = data;
+    r.mem_size = size;
+    r.src_left = size;
+    r.chunk = chunk;
+    cca_status_t st = stream_source(&r, handler, fields);
+    sreader_free(&r);
+    return st;
+}
+
+cca_status_t pickle_stream_file(const char *path, const pk_handler_t *handler, pv_doc_t **fields)
+{
+    if (!path || !fields || !handler_ok(handler))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_stream_file: NULL argument");
+    *fields = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return cca_raise(CCA_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    cca_status_t st;
+    struct stat sbuf;
+    if (fstat(fileno(f), &sbuf) != 0) {
+        st = cca_raise(CCA_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+        goto out_file;
+    }
+    if (!S_ISREG(sbuf.st_mode)) {
+        st = cca_raise(CCA_ERR_IO, "cannot read %s: not a regular file", path);
+        goto out_file;
+    }
+    sreader_t r;
+    memset(&r, 0, sizeof(r));
+    r.file = f;
+    r.src_left = (uint64_t)sbuf.st_size;
+    st = stream_source(&r, handler, fields);
+    sreader_free(&r);
+    if (st == CCA_ERR_FORMAT) {
+        char msg[sizeof(cca_last_error()->message)];
+        snprintf(msg, sizeof(msg), "%s", cca_last_error()->message);
+        cca_raise(CCA_ERR_FORMAT, "%s: %s", path, msg);
+    }
+out_file:
+    fclose(f);
+    return st;
+}

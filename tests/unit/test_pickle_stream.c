@@ -1,0 +1,441 @@
+/*
+ * test_pickle_stream.c - the streaming pickle reader against the tree reader:
+ * every real trace streamed with its events as records must give, record by
+ * record and field by field, what the tree reader finds, and the same tree for
+ * the other fields; the same at window sizes that cut every opcode; every
+ * pickle of the fuzz corpus streamed as a tree equals the tree reader's result
+ * (or both fail); misuse and malformed shapes fail cleanly.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "pickle_stream.h"
+
+static const char *const traces[] = {
+    "gpt2_generate_default", "gpt2_train_default", "gpt2_train_gc07", "gpt2_train_split64",
+    "resnet50_train_default", "resnet50_train_expandable", "two_stream_pipeline_default",
+    "two_stream_pipeline_round8",
+};
+
+/* ---- comparing ------------------------------------------------------------------------ */
+
+static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth)
+{
+    if (depth > 100)
+        return true;
+    if (pv_kind(a) != pv_kind(b) || pv_len(a) != pv_len(b))
+        return false;
+    int64_t ia, ib;
+    uint64_t ua, ub;
+    double da, db;
+    bool ba, bb;
+    const uint8_t *pa, *pb;
+    const char *sa, *sb;
+    size_t la, lb;
+    switch (pv_kind(a)) {
+    case PV_NONE: return true;
+    case PV_BOOL: return pv_get_bool(a, &ba) && pv_get_bool(b, &bb) && ba == bb;
+    case PV_INT:
+        if (pv_get_int(a, &ia))
+            return pv_get_int(b, &ib) && ia == ib;
+        return pv_get_u64(a, &ua) && pv_get_u64(b, &ub) && ua == ub;
+    case PV_FLOAT:
+        pv_get_double(a, &da);
+        pv_get_double(b, &db);
+        return memcmp(&da, &db, sizeof(da)) == 0;
+    case PV_STR:
+        return pv_get_str(a, &sa, &la) && pv_get_str(b, &sb, &lb) && la == lb && !memcmp(sa, sb, la);
+    case PV_BYTES:
+        return pv_get_bytes(a, &pa, &la) && pv_get_bytes(b, &pb, &lb) && !memcmp(pa, pb, la);
+    case PV_BIGINT:
+        return pv_get_bigint(a, &pa, &la) && pv_get_bigint(b, &pb, &lb) && !memcmp(pa, pb, la);
+    case PV_LIST:
+    case PV_TUPLE:
+        for (size_t i = 0; i < pv_len(a); i++)
+            if (!same_tree(pv_at(a, i), pv_at(b, i), depth + 1))
+                return false;
+        return true;
+    case PV_DICT:
+        for (size_t i = 0; i < pv_len(a); i++)
+            if (!same_tree(pv_dict_key_at(a, i), pv_dict_key_at(b, i), depth + 1) ||
+                !same_tree(pv_dict_value_at(a, i), pv_dict_value_at(b, i), depth + 1))
+                return false;
+        return true;
+    }
+    return false;
+}
+
+/* A record's value equals a tree node (containers: by kind only, their content is not kept). */
+static bool value_is(const pk_value_t *v, const pv_node_t *n)
+{
+    if (v->kind != pv_kind(n))
+        return false;
+    int64_t i;
+    uint64_t u;
+    double d;
+    bool b;
+    const char *s;
+    const uint8_t *bytes;
+    size_t len;
+    switch (pv_kind(n)) {
+    case PV_NONE: return true;
+    case PV_BOOL: return pv_get_bool(n, &b) && v->num.b == b;
+    case PV_INT:
+        if (pv_get_int(n, &i))
+            return !v->is_u64 && v->num.i == i;
+        return v->is_u64 && pv_get_u64(n, &u) && v->num.u == u;
+    case PV_FLOAT: return pv_get_double(n, &d) && !memcmp(&d, &v->num.f, sizeof(d));
+    case PV_STR: return pv_get_str(n, &s, &len) && len == v->len && !memcmp(s, v->data, len);
+    case PV_BYTES: return pv_get_bytes(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
+    case PV_BIGINT: return pv_get_bigint(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
+    default: return v->data == NULL;
+    }
+}
+
+/* ---- a consumer checking each record against the tree reader's result ------------------------ */
+
+static const char *const syms[] = {"action", "addr", "size", "stream", "alloc", "free_completed"};
+
+typedef struct checker {
+    const pv_node_t *traces;  /* the tree reader's device_traces */
+    size_t records, bad, groups;
+    size_t by_tag_checked;
+    const char *records_field;
+} checker_t;
+
+static pk_mode_t mode_of(void *ctx, const char *key, size_t len)
+{
+    checker_t *c = ctx;
+    if (c->records_field && strlen(c->records_field) == len && !memcmp(key, c->records_field, len))
+        return PK_RECORDS;
+    return PK_TREE;
+}
+
+static cca_status_t on_group(void *ctx, const char *field, size_t group)
+{
+    checker_t *c = ctx;
+    (void)field;
+    if (group != c->groups)
+        c->bad++;
+    c->groups++;
+    return CCA_OK;
+}
+
+static cca_status_t on_record(void *ctx, const pk_record_t *rec)
+{
+    checker_t *c = ctx;
+    const pv_node_t *list = pv_at(c->traces, rec->group);
+    const pv_node_t *d = list ? pv_at(list, rec->index) : NULL;
+    if (!d || pv_len(d) != rec->count || strcmp(rec->field, "device_traces")) {
+        c->bad++;
+        return CCA_OK;
+    }
+    for (size_t i = 0; i < rec->count; i++) {
+        pk_field_t f;
+        if (!pk_record_field(rec, i, &f) || !value_is(&f.key, pv_dict_key_at(d, i)) ||
+            !value_is(&f.value, pv_dict_value_at(d, i)))
+            c->bad++;
+    }
+    pk_field_t none;
+    if (pk_record_field(rec, rec->count, &none))
+        c->bad++;
+    for (size_t t = 0; t < sizeof(syms) / sizeof(syms[0]); t++) {
+        const pv_node_t *want = pv_dict_get(d, syms[t]);
+        const pk_value_t *got = rec->by_tag[t];
+        if ((want == NULL) != (got == NULL) || (want && !value_is(got, want)))
+            c->bad++;
+        c->by_tag_checked += got != NULL;
+    }
+    /* a str value equal to a symbol carries its tag */
+    const pk_value_t *action = rec->by_tag[0];
+    if (action && action->kind == PV_STR) {
+        int32_t want_tag = !strcmp(action->data, "alloc") ? 4 : !strcmp(action->data, "free_completed") ? 5 : -1;
+        if (action->tag != want_tag)
+            c->bad++;
+    }
+    c->records++;
+    return CCA_OK;
+}
+
+static char *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    char *data = malloc(size > 0 ? (size_t)size : 1);
+    *n = data ? fread(data, 1, (size_t)size, f) : 0;
+    fclose(f);
+    return data;
+}
+
+/* Stream one trace (from the file, or from memory at a window size) and check it. */
+static void check_trace(const char *name, size_t chunk, bool from_file)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "tests/data/traces/%s.pickle.gz", name);
+    pv_doc_t *tree = NULL;
+    if (pickle_load_file(path, &tree) != CCA_OK) {
+        HARNESS_FAIL("%s: tree load: %s", name, cca_last_error()->message);
+        return;
+    }
+    const pv_node_t *root = pv_doc_root(tree);
+    checker_t c = {.traces = pv_dict_get(root, "device_traces"), .records_field = "device_traces"};
+    pk_handler_t h = {
+        .ctx = &c, .symbols = syms, .symbol_count = sizeof(syms) / sizeof(syms[0]),
+        .field_mode = mode_of, .record = on_record, .group = on_group,
+    };
+    pv_doc_t *fields = NULL;
+    cca_status_t st;
+    if (from_file) {
+        st = pickle_stream_file(path, &h, &fields);
+    } else {
+        size_t n = 0;
+        char *data = read_all(path, &n);
+        st = pickle_stream_buffer(data, n, chunk, &h, &fields);
+        free(data);
+    }
+    if (st != CCA_OK) {
+        HARNESS_FAIL("%s (chunk %zu): %s", name, chunk, cca_last_error()->message);
+        pv_doc_free(tree);
+        return;
+    }
+    size_t want_records = 0;
+    for (size_t g = 0; g < pv_len(c.traces); g++)
+        want_records += pv_len(pv_at(c.traces, g));
+    expect_eq_u64(c.records, want_records);
+    expect_eq_u64(c.groups, pv_len(c.traces));
+    expect_eq_u64(c.bad, 0);
+    expect_true(c.by_tag_checked >= want_records);
+    /* the tree fields: every top-level field but device_traces, in order */
+    const pv_node_t *kept = pv_doc_root(fields);
+    expect_eq_u64(pv_len(kept) + 1, pv_len(root));
+    for (size_t i = 0, j = 0; i < pv_len(root); i++) {
+        if (pv_str_eq(pv_dict_key_at(root, i), "device_traces"))
+            continue;
+        expect_true(same_tree(pv_dict_key_at(root, i), pv_dict_key_at(kept, j), 0));
+        expect_true(same_tree(pv_dict_value_at(root, i), pv_dict_value_at(kept, j), 0));
+        j++;
+    }
+    pv_doc_free(fields);
+    pv_doc_free(tree);
+}
+
+TEST(real_traces_stream_as_the_tree_reader_reads_them)
+{
+    for (size_t i = 0; i < sizeof(traces) / sizeof(traces[0]); i++)
+        check_trace(traces[i], 0, true);
+}
+
+TEST(window_sizes_cut_every_opcode)
+{
+    static const size_t chunks[] = {1, 2, 3, 7, 64, 4093};
+    for (size_t i = 0; i < sizeof(chunks) / sizeof(chunks[0]); i++)
+        check_trace("two_stream_pipeline_default", chunks[i], false);
+    check_trace("gpt2_train_gc07", 5, false);
+}
+
+/* ---- everything as a tree: the fuzz corpus ------------------------------------------------------ */
+
+static pk_mode_t all_tree(void *ctx, const char *key, size_t len)
+{
+    (void)ctx, (void)key, (void)len;
+    return PK_TREE;
+}
+
+TEST(corpus_streamed_as_a_tree_equals_the_tree_reader)
+{
+    DIR *dir = opendir("tests/fuzz/corpus/pickle");
+    if (!dir) {
+        HARNESS_FAIL("no pickle corpus");
+        return;
+    }
+    size_t files = 0, both_ok = 0, mismatches = 0;
+    pk_handler_t h = {.field_mode = all_tree};
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[512];
+        snprintf(path, sizeof(path), "tests/fuzz/corpus/pickle/%s", de->d_name);
+        size_t n = 0;
+        char *data = read_all(path, &n);
+        if (!data)
+            continue;
+        files++;
+        static const size_t chunks[] = {0, 1, 5};
+        for (size_t k = 0; k < 3; k++) {
+            pv_doc_t *a = NULL, *b = NULL;
+            cca_status_t sa = pickle_load_buffer(data, n, &a);
+            cca_status_t sb = pickle_stream_buffer(data, n, chunks[k], &h, &b);
+            if (sb == CCA_OK && (sa != CCA_OK || !same_tree(pv_doc_root(a), pv_doc_root(b), 0))) {
+                mismatches++;
+                printf("  mismatch: %s (chunk %zu)\n", de->d_name, chunks[k]);
+            }
+            if (sa == CCA_OK && sb != CCA_OK &&
+                !strstr(cca_last_error()->message, "memo index")) {
+                mismatches++;
+                printf("  stream failed where the tree reader did not: %s (chunk %zu): %s\n",
+                       de->d_name, chunks[k], cca_last_error()->message);
+            }
+            both_ok += sa == CCA_OK && sb == CCA_OK;
+            pv_doc_free(a);
+            pv_doc_free(b);
+        }
+        free(data);
+    }
+    closedir(dir);
+    expect_true(files > 100);
+    expect_true(both_ok > 100);
+    expect_eq_u64(mismatches, 0);
+}
+
+/* ---- shapes and errors ------------------------------------------------------------------------------ */
+
+static pk_mode_t records_x(void *ctx, const char *key, size_t len)
+{
+    (void)ctx;
+    if (len == 1 && key[0] == 'x')
+        return PK_RECORDS;
+    if (len == 1 && key[0] == 's')
+        return PK_SKIP;
+    return PK_TREE;
+}
+
+typedef struct counter {
+    size_t records;
+    int64_t sum;
+    size_t last_group;
+} counter_t;
+
+static cca_status_t count_record(void *ctx, const pk_record_t *rec)
+{
+    counter_t *c = ctx;
+    c->records++;
+    c->last_group = rec->group;
+    if (rec->by_tag[0] && rec->by_tag[0]->kind == PV_INT)
+        c->sum += rec->by_tag[0]->num.i;
+    return CCA_OK;
+}
+
+static cca_status_t stop_record(void *ctx, const pk_record_t *rec)
+{
+    (void)ctx, (void)rec;
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT, "consumer stops");
+}
+
+static const char *const sym_a[] = {"a"};
+
+static cca_status_t stream_lit(const char *bytes, size_t n, counter_t *c, pv_doc_t **doc,
+                               cca_status_t (*rec)(void *, const pk_record_t *))
+{
+    pk_handler_t h = {.ctx = c, .symbols = sym_a, .symbol_count = 1, .field_mode = records_x,
+                      .record = rec ? rec : count_record};
+    return pickle_stream_buffer(bytes, n, 3, &h, doc);
+}
+#define STREAM(lit, c, doc) stream_lit(lit, sizeof(lit) - 1, c, doc, NULL)
+
+TEST(flat_nested_and_protocol0_records)
+{
+    counter_t c = {0};
+    pv_doc_t *doc = NULL;
+    /* protocol 4, batched: {'x': [{'a': 1}, {'a': 2}], 'y': 3} */
+    expect_eq_i64(STREAM("\x80\x04}\x94(\x8c\x01x\x94]\x94(}\x94\x8c\x01" "a\x94K\x01s}\x94h\x04K\x02s"
+                         "e\x8c\x01y\x94K\x03u.", &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 2);
+    expect_eq_i64(c.sum, 3);
+    expect_eq_u64(pv_len(pv_doc_root(doc)), 1);
+    expect_true(pv_dict_get(pv_doc_root(doc), "y") != NULL);
+    pv_doc_free(doc);
+    /* nested, APPEND style: {'x': [[{'a': 5}], [{'a': 6}, {'a': 7}]]} */
+    memset(&c, 0, sizeof(c));
+    expect_eq_i64(STREAM("\x80\x02}(X\x01\x00\x00\x00x](]}X\x01\x00\x00\x00" "aK\x05sa](}X\x01\x00\x00\x00"
+                         "aK\x06s}X\x01\x00\x00\x00" "aK\x07seeu.", &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 3);
+    expect_eq_i64(c.sum, 18);
+    expect_eq_u64(c.last_group, 1);
+    pv_doc_free(doc);
+    /* protocol 0: built bottom-up with DICT / LIST, so the records come from a tree */
+    memset(&c, 0, sizeof(c));
+    expect_eq_i64(STREAM("(X\x01\x00\x00\x00x((X\x01\x00\x00\x00" "aI9\ndlX\x01\x00\x00\x00sI1\nd.", &c, &doc),
+                  CCA_OK);
+    expect_eq_u64(c.records, 1);
+    expect_eq_i64(c.sum, 9);
+    expect_eq_u64(pv_len(pv_doc_root(doc)), 0); /* 's' skipped */
+    pv_doc_free(doc);
+}
+
+TEST(malformed_shapes_fail_cleanly)
+{
+    counter_t c = {0};
+    pv_doc_t *doc = (pv_doc_t *)0x1;
+    /* a records field that is a dict */
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x}u.", &c, &doc), CCA_ERR_FORMAT);
+    expect_true(doc == NULL);
+    expect_contains(cca_last_error()->message, "not a list of records");
+    /* a records field that is an int */
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01xK\x01u.", &c, &doc), CCA_ERR_FORMAT);
+    /* a records list holding an int */
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](K\x01" "eu.", &c, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "not a list of records");
+    /* a streamed record referenced again in a kept field */
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](}\x94" "e\x8c\x01yh\x00u.", &c, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "referenced where values are kept");
+    /* truncated, in the middle of a string, and without STOP */
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x05xy", &c, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "truncated");
+    expect_eq_i64(STREAM("\x80\x04}", &c, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "without STOP");
+    /* a bad opcode, and invalid UTF-8 */
+    expect_eq_i64(STREAM("\x80\x04\xff", &c, &doc), CCA_ERR_FORMAT);
+    expect_eq_i64(STREAM("\x80\x04\x8c\x01\xff.", &c, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "UTF-8");
+    /* a consumer's status stops the reading */
+    static const char stops[] = "\x80\x04}(\x8c\x01x](}e\x8c\x01yK\x01u.";
+    expect_eq_i64(stream_lit(stops, sizeof(stops) - 1, &c, &doc, stop_record), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "consumer stops");
+    expect_true(doc == NULL);
+}
+
+TEST(misuse_and_io_errors)
+{
+    pk_handler_t h = {0};
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_stream_file(NULL, &h, &doc), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(pickle_stream_file("x", NULL, &doc), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(pickle_stream_file("x", &h, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(pickle_stream_buffer(NULL, 3, 0, &h, &doc), CCA_ERR_INVALID_ARGUMENT);
+    pk_handler_t bad = {.symbol_count = 2};
+    expect_eq_i64(pickle_stream_buffer("N.", 2, 0, &bad, &doc), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(pickle_stream_file("/nonexistent-dir/x.pickle", &h, &doc), CCA_ERR_IO);
+    expect_eq_i64(pickle_stream_file("/tmp", &h, &doc), CCA_ERR_IO);
+    /* a corrupt and a truncated gzip stream */
+    size_t n = 0;
+    char *data = read_all("tests/data/traces/two_stream_pipeline_default.pickle.gz", &n);
+    expect_true(data != NULL && n > 1000);
+    expect_eq_i64(pickle_stream_buffer(data, n / 2, 0, &h, &doc), CCA_ERR_FORMAT);
+    memset(data + 100, 0x55, 200);
+    expect_eq_i64(pickle_stream_buffer(data, n, 0, &h, &doc), CCA_ERR_FORMAT);
+    free(data);
+    /* a top value that is not a dict comes back as the tree */
+    expect_eq_i64(pickle_stream_buffer("\x80\x04K\x07.", 5, 0, &h, &doc), CCA_OK);
+    int64_t v = 0;
+    expect_true(pv_get_int(pv_doc_root(doc), &v) && v == 7);
+    pv_doc_free(doc);
+}
+
+int main(void)
+{
+    RUN(real_traces_stream_as_the_tree_reader_reads_them);
+    RUN(window_sizes_cut_every_opcode);
+    RUN(corpus_streamed_as_a_tree_equals_the_tree_reader);
+    RUN(flat_nested_and_protocol0_records);
+    RUN(malformed_shapes_fail_cleanly);
+    RUN(misuse_and_io_errors);
+    return harness_done();
+}
