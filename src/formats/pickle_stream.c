@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -92,6 +93,7 @@ typedef struct pk_sym {
     const char *data;  /* NUL-terminated */
     size_t len;
     uint64_t hash;
+    uint64_t word;     /* texts of up to 8 bytes: the bytes, little-endian (the recent cache's key) */
     int32_t tag;       /* index in the handler's symbols, -1 */
     uint8_t kind;      /* PV_STR, PV_BYTES, PV_BIGINT */
 } pk_sym_t;
@@ -150,6 +152,7 @@ typedef struct sreader {
     uint64_t base;           /* offset of buf[0] in the decompressed data */
     bool eof;                /* nothing more will come */
     size_t want;             /* an opcode needs this many bytes from pos (0: none) */
+    size_t fast_limit;       /* below it, opcodes run without window checks (see run()) */
 
     /* the source */
     FILE *file;
@@ -159,6 +162,8 @@ typedef struct sreader {
     bool gz, zs_live, z_end;
     z_stream zs;
     uint8_t *zin;            /* file input for inflate */
+    uint64_t gz_in_total;    /* compressed bytes in all */
+    struct inflater *inf;    /* the inflating thread, NULL when inflating here */
 
     /* the machine */
     slot_t *stack;
@@ -175,6 +180,7 @@ typedef struct sreader {
     char *arena_cur, *arena_end;
     pk_sym_t **syms;
     size_t nsyms, syms_cap;
+    const pk_sym_t *recent[256]; /* texts of up to 8 bytes met recently, by a hash of their bytes */
 
     /* records */
     rec_t *recs;
@@ -371,6 +377,19 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
                             int op, const pk_sym_t **out)
 {
     pk_sym_t *s;
+    uint64_t word = 0;
+    size_t slot = 0;
+    if (n <= 8) {
+        /* short texts ('N/A', '') recur in every event: one word compared */
+        for (size_t i = 0; i < n; i++)
+            word |= (uint64_t)p[i] << (8 * i);
+        slot = (size_t)(((word ^ (n << 4) ^ kind) * 0x9e3779b97f4a7c15ull) >> 56);
+        const pk_sym_t *c = r->recent[slot];
+        if (c && c->word == word && c->len == n && c->kind == kind) {
+            *out = c;
+            return CCA_OK;
+        }
+    }
     if (n > SHORT_SYM_MAX) {
         if (kind == PV_STR && !utf8_ok(p, n))
             return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
@@ -400,16 +419,19 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
     }
     size_t j = h & (r->syms_cap - 1);
     for (; (s = r->syms[j]) != NULL; j = (j + 1) & (r->syms_cap - 1))
-        if (s->hash == h && s->len == n && s->kind == kind && !memcmp(s->data, p, n)) {
-            *out = s;
-            return CCA_OK;
-        }
-    if (kind == PV_STR && !utf8_ok(p, n))
-        return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
-    if (!(s = sym_new(r, p, n, kind, h)))
-        return sr_oom();
-    r->syms[j] = s;
-    r->nsyms++;
+        if (s->hash == h && s->len == n && s->kind == kind && !memcmp(s->data, p, n))
+            break;
+    if (!s) {
+        if (kind == PV_STR && !utf8_ok(p, n))
+            return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
+        if (!(s = sym_new(r, p, n, kind, h)))
+            return sr_oom();
+        s->word = word;
+        r->syms[j] = s;
+        r->nsyms++;
+    }
+    if (n <= 8)
+        r->recent[slot] = s;
     *out = s;
     return CCA_OK;
 }
@@ -532,19 +554,22 @@ static pv_node_t *to_node(sreader_t *r, const slot_t *s, size_t off)
 /* A record field's value (or key) as the consumer sees it. */
 static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
 {
-    memset(v, 0, sizeof(*v));
     v->kind = s->kind;
+    v->is_u64 = s->type == SL_SCALAR && (s->flags & SF_U64);
     v->tag = -1;
+    v->num.u = 0;
+    v->data = NULL;
+    v->len = 0;
+    v->node = NULL;
     if (s->type == SL_SCALAR) {
-        v->is_u64 = (s->flags & SF_U64) != 0;
         if (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) {
             v->data = s->v.sym->data;
             v->len = s->v.sym->len;
             v->tag = s->v.sym->tag;
+        } else if (s->kind == PV_BOOL) {
+            v->num.b = s->v.b;
         } else {
             v->num.u = s->v.u;
-            if (s->kind == PV_BOOL)
-                v->num.b = s->v.b;
         }
         return;
     }
@@ -1040,6 +1065,8 @@ static uint64_t bytes_left_bound(const sreader_t *r)
 {
     if (r->eof)
         return 0;
+    if (r->inf) /* the thread owns the source: bound by the whole compressed size */
+        return r->gz_in_total * DEFLATE_RATIO_MAX + 65536;
     uint64_t in = r->src_left + (r->zs_live ? r->zs.avail_in : 0);
     return r->gz ? in * DEFLATE_RATIO_MAX + 65536 : in;
 }
@@ -1066,9 +1093,15 @@ static cca_status_t source_read(sreader_t *r, uint8_t *dst, size_t max, size_t *
     return CCA_OK;
 }
 
-/* Inflate into buf[end .. end + room). */
-static cca_status_t inflate_some(sreader_t *r, size_t room)
+/*
+ * Inflate up to room bytes into dst: *made bytes written, *ended set at the end
+ * of the data. Returns once something was made, or at the end. Runs on the
+ * consumer or, in threaded mode, only on the inflating thread.
+ */
+static cca_status_t inflate_into(sreader_t *r, uint8_t *dst, size_t room, size_t *made, bool *ended)
 {
+    *made = 0;
+    *ended = false;
     while (room) {
         if (!r->zs.avail_in) {
             size_t got = 0;
@@ -1077,7 +1110,7 @@ static cca_status_t inflate_some(sreader_t *r, size_t room)
                 return st;
             if (!got) {
                 if (r->z_end) {
-                    r->eof = true;
+                    *ended = true;
                     return CCA_OK;
                 }
                 return cca_raise(CCA_ERR_FORMAT, "pickle: truncated gzip data");
@@ -1091,21 +1124,21 @@ static cca_status_t inflate_some(sreader_t *r, size_t room)
                 inflateReset(&r->zs);
                 r->z_end = false;
             } else {
-                r->eof = true;
+                *ended = true;
                 return CCA_OK;
             }
         }
         size_t n = room > UINT32_MAX ? UINT32_MAX : room;
-        r->zs.next_out = r->buf + r->end;
+        r->zs.next_out = dst + *made;
         r->zs.avail_out = (uInt)n;
         int zr = inflate(&r->zs, Z_NO_FLUSH);
-        size_t made = n - r->zs.avail_out;
-        r->end += made;
-        room -= made;
+        size_t got = n - r->zs.avail_out;
+        *made += got;
+        room -= got;
         if (zr == Z_STREAM_END) {
             r->z_end = true;
             if (!r->zs.avail_in && !r->src_left) {
-                r->eof = true;
+                *ended = true;
                 return CCA_OK;
             }
         } else if (zr == Z_MEM_ERROR) {
@@ -1114,10 +1147,188 @@ static cca_status_t inflate_some(sreader_t *r, size_t room)
             return cca_raise(CCA_ERR_FORMAT, "pickle: corrupt gzip data: %s",
                              r->zs.msg ? r->zs.msg : "inflate error");
         }
-        if (made)
+        if (*made)
             return CCA_OK; /* something new to decode */
     }
     return CCA_OK;
+}
+
+/* ---- the inflating thread ------------------------------------------------------------------ */
+
+/*
+ * A gzip file read at the default window is inflated on a second thread, a
+ * few blocks ahead of the decoder, so decompressing and decoding overlap. The
+ * blocks go through a queue in order; the thread stops at the end of the data,
+ * on an error (which the decoder raises again when it reaches that point), or
+ * when the decoder is done.
+ */
+#define TBLOCK ((size_t)256 * 1024)
+#define TBLOCKS 4
+
+typedef struct tblock {
+    struct tblock *next;
+    size_t len;
+    uint8_t data[TBLOCK];
+} tblock_t;
+
+struct inflater {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t to_decoder, to_inflater;
+    tblock_t *ready_head, *ready_tail; /* inflated, in order */
+    tblock_t *spare;                   /* empty */
+    size_t allocated;                  /* blocks in existence */
+    bool finished;                     /* the thread stopped: end of data, or `status` */
+    bool cancel;                       /* the decoder needs nothing more */
+    cca_status_t status;
+    char message[sizeof(((cca_error_t *)0)->message)];
+};
+
+static void *inflater_main(void *arg)
+{
+    sreader_t *r = arg;
+    struct inflater *t = r->inf;
+    cca_status_t st = CCA_OK;
+    bool ended = false;
+    while (!ended) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->spare && t->allocated >= TBLOCKS && !t->cancel)
+            pthread_cond_wait(&t->to_inflater, &t->mu);
+        tblock_t *b = t->spare;
+        if (b)
+            t->spare = b->next;
+        else if (!t->cancel)
+            t->allocated++;
+        bool cancel = t->cancel;
+        pthread_mutex_unlock(&t->mu);
+        if (cancel)
+            break;
+        if (!b && !(b = malloc(sizeof(*b)))) {
+            st = sr_oom();
+            break;
+        }
+        b->len = 0;
+        while (b->len < TBLOCK && !ended && st == CCA_OK) {
+            size_t made = 0;
+            st = inflate_into(r, b->data + b->len, TBLOCK - b->len, &made, &ended);
+            b->len += made;
+        }
+        pthread_mutex_lock(&t->mu);
+        b->next = NULL;
+        if (b->len) {
+            if (t->ready_tail)
+                t->ready_tail->next = b;
+            else
+                t->ready_head = b;
+            t->ready_tail = b;
+        } else {
+            b->next = t->spare;
+            t->spare = b;
+        }
+        pthread_cond_signal(&t->to_decoder);
+        pthread_mutex_unlock(&t->mu);
+        if (st)
+            break;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->finished = true;
+    t->status = st;
+    if (st)
+        snprintf(t->message, sizeof(t->message), "%s", cca_last_error()->message);
+    pthread_cond_signal(&t->to_decoder);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static cca_status_t inflater_start(sreader_t *r)
+{
+    struct inflater *t = calloc(1, sizeof(*t));
+    if (!t)
+        return sr_oom();
+    if (pthread_mutex_init(&t->mu, NULL)) {
+        free(t);
+        return sr_oom();
+    }
+    if (pthread_cond_init(&t->to_decoder, NULL))
+        goto out_mu;
+    if (pthread_cond_init(&t->to_inflater, NULL))
+        goto out_cv;
+    r->inf = t;
+    if (pthread_create(&t->thread, NULL, inflater_main, r) == 0)
+        return CCA_OK;
+    r->inf = NULL;
+    pthread_cond_destroy(&t->to_inflater);
+out_cv:
+    pthread_cond_destroy(&t->to_decoder);
+out_mu:
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    return CCA_OK; /* no thread: the decoder inflates itself */
+}
+
+static void inflater_stop(sreader_t *r)
+{
+    struct inflater *t = r->inf;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->cancel = true;
+    pthread_cond_signal(&t->to_inflater);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->thread, NULL);
+    for (tblock_t *lists[2] = {t->ready_head, t->spare}, *b; lists[0] || lists[1];) {
+        int k = lists[0] ? 0 : 1;
+        b = lists[k];
+        lists[k] = b->next;
+        free(b);
+    }
+    pthread_cond_destroy(&t->to_inflater);
+    pthread_cond_destroy(&t->to_decoder);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    r->inf = NULL;
+}
+
+/* Append the next inflated block to the window (threaded mode). */
+static cca_status_t take_block(sreader_t *r)
+{
+    struct inflater *t = r->inf;
+    pthread_mutex_lock(&t->mu);
+    while (!t->ready_head && !t->finished)
+        pthread_cond_wait(&t->to_decoder, &t->mu);
+    tblock_t *b = t->ready_head;
+    if (b) {
+        t->ready_head = b->next;
+        if (!t->ready_head)
+            t->ready_tail = NULL;
+    }
+    cca_status_t st = t->status;
+    pthread_mutex_unlock(&t->mu);
+    if (!b) {
+        if (st)
+            return cca_raise(st, "%s", t->message);
+        r->eof = true;
+        return CCA_OK;
+    }
+    if (r->cap - r->end < b->len) {
+        uint8_t *nb = realloc(r->buf, r->end + b->len);
+        if (!nb)
+            st = sr_oom();
+        else {
+            r->buf = nb;
+            r->cap = r->end + b->len;
+        }
+    }
+    if (st == CCA_OK) {
+        memcpy(r->buf + r->end, b->data, b->len);
+        r->end += b->len;
+    }
+    pthread_mutex_lock(&t->mu);
+    b->next = t->spare;
+    t->spare = b;
+    pthread_cond_signal(&t->to_inflater);
+    pthread_mutex_unlock(&t->mu);
+    return st;
 }
 
 /* Make at least `need` bytes available from pos, unless the data ends first. */
@@ -1141,8 +1352,14 @@ static cca_status_t fill(sreader_t *r, size_t need)
         size_t room = r->cap - r->end;
         if (room > r->chunk)
             room = r->chunk;
-        if (r->gz) {
-            cca_status_t st = inflate_some(r, room);
+        if (r->inf) {
+            cca_status_t st = take_block(r);
+            if (st)
+                return st;
+        } else if (r->gz) {
+            size_t made = 0;
+            cca_status_t st = inflate_into(r, r->buf + r->end, room, &made, &r->eof);
+            r->end += made;
             if (st)
                 return st;
         } else {
@@ -1175,6 +1392,7 @@ static cca_status_t ready(sreader_t *r, size_t off, int op, uint64_t total, bool
         return sr_error(r, off, "truncated %s: needs %llu bytes, %llu left", sop_name(op),
                         (unsigned long long)total, (unsigned long long)(r->end - r->pos));
     r->want = (size_t)total;
+    r->fast_limit = 0;
     return CCA_OK;
 }
 
@@ -1242,8 +1460,11 @@ static cca_status_t push_container(sreader_t *r, size_t off, pv_kind_t kind)
     return st;
 }
 
-/* Execute the opcode at pos. Sets r->want (and consumes nothing) when it needs more data. */
-static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, bool *stop)
+/*
+ * Execute the opcode at pos. Sets r->want (and consumes nothing) when it needs
+ * more data. checked: the window may hold less than FIXED_OP_MAX bytes.
+ */
+static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, bool *stop, bool checked)
 {
     size_t off = r->pos;
     size_t left = r->end - r->pos;
@@ -1260,7 +1481,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         [SOP_SHORT_BINBYTES] = 2, [SOP_BINUNICODE] = 5, [SOP_BINBYTES] = 5, [SOP_BINUNICODE8] = 9,
         [SOP_BINBYTES8] = 9, [SOP_BYTEARRAY8] = 9,
     };
-    if (fixed[op] > left)
+    if (checked && fixed[op] > left)
         return sr_error(r, off, "truncated %s: needs %u argument bytes, %zu left", sop_name(op),
                         fixed[op] - 1u, left - 1);
     switch (op) {
@@ -1290,6 +1511,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         }
         r->pos += 1;
         *stop = true;
+        r->fast_limit = 0;
         return CCA_OK;
     case SOP_MARK:
         if (r->nmarks == r->marks_cap && !grow(&r->marks, &r->marks_cap, r->nmarks + 1, sizeof(size_t), 64))
@@ -1461,8 +1683,15 @@ static cca_status_t run(sreader_t *r)
 {
     bool stop = false;
     cca_status_t st;
-    while (!stop) {
-        if (__builtin_expect(r->want || (r->end - r->pos < FIXED_OP_MAX && !r->eof), 0)) {
+    for (;;) {
+        /* below fast_limit a whole fixed-size opcode is in the window and no
+         * refill is pending (ready() and STOP lower the limit to 0) */
+        while (r->pos < r->fast_limit)
+            if ((st = step(r, &stop, false)))
+                return st;
+        if (stop)
+            return CCA_OK;
+        if (r->want || (r->end - r->pos < FIXED_OP_MAX && !r->eof)) {
             size_t need = r->want > FIXED_OP_MAX ? r->want : FIXED_OP_MAX;
             r->want = 0;
             if ((st = fill(r, need)))
@@ -1470,16 +1699,21 @@ static cca_status_t run(sreader_t *r)
         }
         if (r->pos >= r->end)
             return sr_error(r, r->pos, "pickle ends without STOP");
-        if ((st = step(r, &stop)))
+        r->fast_limit = 0;
+        if ((st = step(r, &stop, true)))
             return st;
+        if (stop)
+            return CCA_OK;
+        if (!r->want && r->end >= FIXED_OP_MAX)
+            r->fast_limit = r->end - FIXED_OP_MAX;
     }
-    return CCA_OK;
 }
 
 /* ---- entry points -------------------------------------------------------------------------------- */
 
 static void sreader_free(sreader_t *r)
 {
+    inflater_stop(r);
     while (r->blocks) {
         arena_block_t *next = r->blocks->next;
         free(r->blocks);
@@ -1507,7 +1741,7 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
     r->h = handler;
     r->rec_base = SIZE_MAX;
     if (!r->chunk)
-        r->chunk = WINDOW_DEFAULT;
+        r->chunk = WINDOW_DEFAULT; /* and a gzip source is inflated on a second thread */
     size_t nt = handler->symbol_count ? handler->symbol_count : 1;
     r->doc = pv_doc_new();
     r->by_tag = calloc(nt, sizeof(*r->by_tag));
@@ -1530,6 +1764,9 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
         memcpy(r->zin, head, 2);
         r->zs.next_in = r->zin;
         r->zs.avail_in = 2;
+        r->gz_in_total = r->src_left + 2;
+        if (r->chunk == WINDOW_DEFAULT && (st = inflater_start(r)))
+            return st;
     } else {
         r->cap = r->chunk + FIXED_OP_MAX;
         r->buf = malloc(r->cap);

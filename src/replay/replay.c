@@ -21,27 +21,7 @@
 #include <string.h>
 
 #include "device.h"
-#include "pickle.h"
-
-typedef enum replay_kind {
-    EV_ALLOC,
-    EV_FREE_REQUESTED,
-    EV_FREE_COMPLETED,
-    EV_SEGMENT_ALLOC,
-    EV_SEGMENT_FREE,
-    EV_SEGMENT_MAP,
-    EV_SEGMENT_UNMAP,
-    EV_OOM,
-    EV_OTHER,
-} replay_kind_t;
-
-typedef struct replay_event {
-    uint64_t addr;     /* trace address (oom: device free bytes) */
-    uint64_t size;     /* bytes */
-    uint64_t stream;   /* trace stream handle */
-    uint8_t kind;      /* replay_kind_t */
-    bool deferred;     /* free_requested whose free_completed comes later */
-} replay_event_t;
+#include "replay_events.h"
 
 /* A private-pool operation of the program (cca_meta["pool_events"]). */
 typedef enum pool_op_kind {
@@ -143,27 +123,6 @@ static void live_del(live_map_t *m, live_entry_t *e)
 
 /* ---- reading the snapshot ------------------------------------------------------- */
 
-static replay_kind_t kind_of(const pv_node_t *action)
-{
-    static const struct {
-        const char *name;
-        replay_kind_t kind;
-    } names[] = {
-        {"alloc", EV_ALLOC},
-        {"free_requested", EV_FREE_REQUESTED},
-        {"free_completed", EV_FREE_COMPLETED},
-        {"segment_alloc", EV_SEGMENT_ALLOC},
-        {"segment_free", EV_SEGMENT_FREE},
-        {"segment_map", EV_SEGMENT_MAP},
-        {"segment_unmap", EV_SEGMENT_UNMAP},
-        {"oom", EV_OOM},
-    };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (pv_str_eq(action, names[i].name))
-            return names[i].kind;
-    return EV_OTHER;
-}
-
 static bool get_u64_field(const pv_node_t *dict, const char *key, uint64_t *out)
 {
     const pv_node_t *n = pv_dict_get(dict, key);
@@ -177,53 +136,6 @@ static bool get_u64_field(const pv_node_t *dict, const char *key, uint64_t *out)
         return true;
     }
     return false;
-}
-
-/* Decode device_traces[device] into events. */
-static cca_status_t decode_events(const pv_node_t *root, int device, replay_event_t **out, size_t *count)
-{
-    const pv_node_t *traces = pv_dict_get(root, "device_traces");
-    if (!traces || pv_kind(traces) != PV_LIST)
-        return cca_raise(CCA_ERR_FORMAT, "not a PyTorch memory snapshot: no device_traces list");
-    if (device < 0 || (size_t)device >= pv_len(traces))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "the snapshot has no trace for device %d (%zu devices)",
-                         device, pv_len(traces));
-    const pv_node_t *list = pv_at(traces, (size_t)device);
-    if (pv_kind(list) != PV_LIST)
-        return cca_raise(CCA_ERR_FORMAT, "device_traces[%d] is not a list", device);
-    size_t n = pv_len(list);
-    replay_event_t *ev = calloc(n ? n : 1, sizeof(*ev));
-    if (!ev)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", n);
-    for (size_t i = 0; i < n; i++) {
-        const pv_node_t *e = pv_at(list, i);
-        const pv_node_t *action = pv_kind(e) == PV_DICT ? pv_dict_get(e, "action") : NULL;
-        if (!action) {
-            free(ev);
-            return cca_raise(CCA_ERR_FORMAT, "trace event %zu has no action", i);
-        }
-        ev[i].kind = (uint8_t)kind_of(action);
-        bool ok = get_u64_field(e, "size", &ev[i].size);
-        if (ev[i].kind == EV_OOM)
-            ok = ok && get_u64_field(e, "device_free", &ev[i].addr);
-        else if (ev[i].kind != EV_OTHER)
-            ok = ok && get_u64_field(e, "addr", &ev[i].addr);
-        if (!get_u64_field(e, "stream", &ev[i].stream))
-            ev[i].stream = 0;
-        if (!ok && ev[i].kind != EV_OTHER) {
-            free(ev);
-            return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i,
-                             cca_status_str(CCA_ERR_FORMAT));
-        }
-    }
-    /* a free_requested is deferred unless its free_completed follows at once */
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].kind == EV_FREE_REQUESTED)
-            ev[i].deferred = !(i + 1 < n && ev[i + 1].kind == EV_FREE_COMPLETED &&
-                               ev[i + 1].addr == ev[i].addr);
-    *out = ev;
-    *count = n;
-    return CCA_OK;
 }
 
 /* Decode cca_meta["pool_events"] (absent: none). */
@@ -615,21 +527,14 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 
     uint64_t t0 = cca_now_ns();
     pv_doc_t *doc = NULL;
-    cca_status_t st = pickle_load_file(path, &doc);
+    replay_event_t *ev = NULL;
+    size_t n = 0;
+    cca_status_t st = replay_load(path, opt.device, &doc, &ev, &n);
     if (st != CCA_OK)
         return st;
     const pv_node_t *root = pv_doc_root(doc);
-    replay_event_t *ev = NULL;
-    size_t n = 0;
     pool_op_t *ops = NULL;
     size_t nops = 0;
-    if (!root || pv_kind(root) != PV_DICT) {
-        st = cca_raise(CCA_ERR_FORMAT, "%s is not a PyTorch memory snapshot (no top-level dict)", path);
-        goto out_doc;
-    }
-    st = decode_events(root, opt.device, &ev, &n);
-    if (st != CCA_OK)
-        goto out_doc;
     st = decode_pool_ops(root, &ops, &nops);
     if (st != CCA_OK)
         goto out_events;
@@ -680,7 +585,6 @@ out_history:
 out_events:
     free(ops);
     free(ev);
-out_doc:
     pv_doc_free(doc);
     return st;
 }

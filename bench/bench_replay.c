@@ -1,0 +1,164 @@
+/*
+ * bench_replay.c - CPU benchmark of `cca replay` against Python's own reading
+ * of the same file: the whole replay of a PyTorch memory snapshot, loading
+ * included (cca_replay_file with the trace's addresses, as `cca replay` does),
+ * beside Python's gunzip + unpickle of that file, in the same run.
+ *
+ *   bench_replay [TRACE] [--runs N]
+ *     TRACE   default tests/data/traces/gpt2_generate_default.pickle.gz
+ *
+ * Each cca replay runs in a child process, so its peak resident memory is its
+ * own; the best time of N runs is reported for both sides. Python is run as
+ * `python3` (gzip.open(TRACE).read(), then pickle.loads); without python3 the
+ * ratio is not printed. Goal (DESIGN.md): ratio <= 0.2, peak RSS <= 60 MB.
+ */
+#define _GNU_SOURCE /* wait4, popen, clock_gettime under -std=c11 */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cca.h"
+
+typedef struct child_report {
+    double seconds;          /* cca_replay_file, load included */
+    double load_seconds;     /* of which reading and decoding */
+    uint64_t events, address_mismatches, stats_mismatches;
+    bool summary_matches, ok;
+} child_report_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One replay in a child; fills *rep and *rss_kb (the child's peak RSS). */
+static bool replay_in_child(const char *path, child_report_t *rep, long *rss_kb)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return false;
+    pid_t pid = fork();
+    if (pid < 0)
+        return false;
+    if (pid == 0) {
+        close(fds[0]);
+        child_report_t out;
+        memset(&out, 0, sizeof(out));
+        cca_replay_options_t opt;
+        memset(&opt, 0, sizeof(opt));
+        opt.trace_addresses = true;
+        cca_replay_result_t r;
+        double t0 = now_s();
+        cca_status_t st = cca_replay_file(path, &opt, &r);
+        out.seconds = now_s() - t0;
+        if (st == CCA_OK) {
+            out.ok = true;
+            out.load_seconds = r.load_seconds;
+            out.events = r.events;
+            out.address_mismatches = r.address_mismatches;
+            out.stats_mismatches = r.stats_mismatches;
+            out.summary_matches = r.summary_matches;
+            cca_replay_result_free(&r);
+        } else {
+            fprintf(stderr, "replay failed: %s\n", cca_last_error()->message);
+        }
+        ssize_t w = write(fds[1], &out, sizeof(out));
+        _exit(w == (ssize_t)sizeof(out) && out.ok ? 0 : 1);
+    }
+    close(fds[1]);
+    ssize_t got = read(fds[0], rep, sizeof(*rep));
+    close(fds[0]);
+    int status = 0;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) < 0)
+        return false;
+    *rss_kb = ru.ru_maxrss;
+    return got == (ssize_t)sizeof(*rep) && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* Python's best gunzip + unpickle time of the file over runs; < 0 if python3 is missing. */
+static double python_seconds(const char *path, int runs)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c 'import gzip, pickle, sys, time\n"
+             "best = 1e9\n"
+             "for _ in range(%d):\n"
+             "    t = time.perf_counter()\n"
+             "    with gzip.open(sys.argv[1], \"rb\") as f:\n"
+             "        data = f.read()\n"
+             "    obj = pickle.loads(data)\n"
+             "    best = min(best, time.perf_counter() - t)\n"
+             "    del obj, data\n"
+             "print(best)' '%s' 2>/dev/null",
+             runs, path);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    double s = -1;
+    if (fscanf(p, "%lf", &s) != 1)
+        s = -1;
+    if (pclose(p) != 0)
+        s = -1;
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = "tests/data/traces/gpt2_generate_default.pickle.gz";
+    int runs = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            runs = atoi(argv[++i]);
+        else if (argv[i][0] != '-')
+            path = argv[i];
+        else {
+            fprintf(stderr, "usage: bench_replay [TRACE] [--runs N]\n");
+            return 2;
+        }
+    }
+    if (runs < 1)
+        runs = 1;
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "bench_replay: cannot read %s (run from the source root)\n", path);
+        return 1;
+    }
+    child_report_t best;
+    memset(&best, 0, sizeof(best));
+    best.seconds = 1e9;
+    long rss_max = 0;
+    for (int i = 0; i < runs; i++) {
+        child_report_t rep;
+        long rss = 0;
+        if (!replay_in_child(path, &rep, &rss)) {
+            fprintf(stderr, "bench_replay: the replay failed\n");
+            return 1;
+        }
+        if (rep.seconds < best.seconds)
+            best = rep;
+        if (rss > rss_max)
+            rss_max = rss;
+    }
+    double py = python_seconds(path, runs);
+    printf("replay benchmark: %s (%llu events), best of %d\n", path, (unsigned long long)best.events, runs);
+    printf("  cca replay, load included     %8.1f ms  (load %.1f ms, replay %.1f ms), peak RSS %.1f MB\n",
+           best.seconds * 1e3, best.load_seconds * 1e3, (best.seconds - best.load_seconds) * 1e3,
+           (double)rss_max / 1024.0);
+    printf("  exact: %llu address mismatches, %llu statistics mismatches, summary %s\n",
+           (unsigned long long)best.address_mismatches, (unsigned long long)best.stats_mismatches,
+           best.summary_matches ? "identical" : "DIFFERENT");
+    if (py < 0) {
+        printf("  python3 gunzip + unpickle     (python3 not available: ratio not measured)\n");
+        return 0;
+    }
+    printf("  python3 gunzip + unpickle     %8.1f ms\n", py * 1e3);
+    printf("  ratio cca / python            %8.3f  (goal <= 0.2; peak RSS goal <= 60 MB)\n", best.seconds / py);
+    return 0;
+}
