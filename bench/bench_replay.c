@@ -12,7 +12,6 @@
  * `python3` (gzip.open(TRACE).read(), then pickle.loads); without python3 the
  * ratio is not printed. Goal (DESIGN.md): ratio <= 0.2, peak RSS <= 60 MB.
  */
-#define _GNU_SOURCE /* wait4, popen, clock_gettime under -std=c11 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
