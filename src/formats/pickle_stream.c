@@ -552,6 +552,31 @@ static pv_node_t *to_node(sreader_t *r, const slot_t *s, size_t off)
 }
 
 /* A record field's value (or key) as the consumer sees it. */
+static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v);
+
+/* As to_value, inline for the common case (a scalar). */
+static inline void to_value_fast(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
+{
+    if (s->type != SL_SCALAR || s->kind == PV_BOOL) {
+        to_value(h, s, v);
+        return;
+    }
+    v->kind = s->kind;
+    v->is_u64 = (s->flags & SF_U64) != 0;
+    v->node = NULL;
+    if (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) {
+        v->data = s->v.sym->data;
+        v->len = s->v.sym->len;
+        v->tag = s->v.sym->tag;
+        v->num.u = 0;
+    } else {
+        v->data = NULL;
+        v->len = 0;
+        v->tag = -1;
+        v->num.u = s->v.u;
+    }
+}
+
 static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
 {
     v->kind = s->kind;
@@ -745,8 +770,7 @@ static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size
 {
     const rec_t *rec = &r->recs[rs->v.rec];
     const slot_t *pairs = r->fields + rec->start;
-    for (size_t t = 0; t < r->h->symbol_count; t++)
-        r->by_tag[t] = NULL;
+    memset(r->by_tag, 0, r->h->symbol_count * sizeof(*r->by_tag));
     for (size_t i = 0; i < rec->count; i++) {
         const slot_t *k = &pairs[2 * i];
         int32_t t = -1;
@@ -758,7 +782,7 @@ static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size
             t = tag_of(r->h, text, len);
         if (t < 0)
             continue;
-        to_value(r->h, &pairs[2 * i + 1], &r->tag_values[t]);
+        to_value_fast(r->h, &pairs[2 * i + 1], &r->tag_values[t]);
         r->by_tag[t] = &r->tag_values[t];
     }
     rec_view_t view = {r->h, pairs, rec->count};
@@ -999,10 +1023,9 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
 
 /* ---- memo ------------------------------------------------------------------------------------- */
 
-static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
+/* memo[idx] = e. Returns CCA_OK, CCA_ERR_FORMAT (a bogus index), CCA_ERR_OUT_OF_MEMORY. */
+static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t e)
 {
-    if (r->sp <= fence(r))
-        return sr_error(r, off, "memo store with an empty stack");
     /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
     if (idx > r->base + r->pos)
         return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
@@ -1012,6 +1035,16 @@ static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
             return sr_oom();
         memset(r->memo + old, 0, (r->memo_cap - old) * sizeof(uintptr_t));
     }
+    if (!r->memo[idx])
+        r->memo_count++;
+    r->memo[idx] = e;
+    return CCA_OK;
+}
+
+static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
+{
+    if (r->sp <= fence(r))
+        return sr_error(r, off, "memo store with an empty stack");
     const slot_t *s = &r->stack[r->sp - 1];
     uintptr_t e;
     if (s->type == SL_SCALAR && (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT)) {
@@ -1021,17 +1054,12 @@ static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
         if (!n)
             return cca_last_error()->status;
         e = (uintptr_t)n | MEMO_NODE_BIT;
-    } else if (s->type == SL_NODE) {
-        e = (uintptr_t)s->v.node | MEMO_NODE_BIT;
-    } else if (s->type == SL_ROOT) {
-        e = (uintptr_t)s->v.node | MEMO_NODE_BIT; /* the top-level dict as far as it is kept */
+    } else if (s->type == SL_NODE || s->type == SL_ROOT) {
+        e = (uintptr_t)s->v.node | MEMO_NODE_BIT; /* the top-level dict: as far as it is kept */
     } else {
         e = MEMO_GONE(s->kind);
     }
-    if (!r->memo[idx])
-        r->memo_count++;
-    r->memo[idx] = e;
-    return CCA_OK;
+    return memo_store(r, off, idx, e);
 }
 
 static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
@@ -1056,6 +1084,164 @@ static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
         s->kind = (uint8_t)pv_kind(s->v.node);
     }
     return CCA_OK;
+}
+
+/* ---- records read whole ------------------------------------------------------------------- */
+
+#define FAST_FIELDS 32 /* a record with more fields takes the general path */
+
+typedef struct pending_memo {
+    uint64_t idx;
+    uintptr_t e;
+} pending_memo_t;
+
+/* The memo entry idx as the fast path sees it: pending stores first. 0: unset. */
+static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, int npm, uint64_t idx)
+{
+    if (idx < r->memo_count && idx < r->memo_cap)
+        return r->memo[idx]; /* pending stores all lie at or above the count */
+    for (int i = npm - 1; i >= 0; i--)
+        if (pm[i].idx == idx)
+            return pm[i].e;
+    return idx < r->memo_cap ? r->memo[idx] : 0;
+}
+
+/*
+ * A record (a dict of a records list) whose EMPTY_DICT was just pushed: read
+ * its body - an optional memo store, MARK, key / value pairs of plain scalars
+ * each with an optional memo store, SETITEMS - in one go, with the effect the
+ * opcodes one by one would have. Anything else (another opcode, the window
+ * ending, an error to report) leaves everything as it was and returns false,
+ * and the general path reads the record.
+ */
+static bool record_fast(sreader_t *r, slot_t *rec_slot)
+{
+    const uint8_t *p = r->buf + r->pos, *end = r->buf + r->end;
+    pending_memo_t pm[2 * FAST_FIELDS + 1];
+    int npm = 0;
+    uint64_t memo_next = r->memo_count;
+    slot_t kv[2 * FAST_FIELDS];
+    size_t n = 0;
+    /* the memo store of the dict itself */
+    if (p < end && *p == SOP_MEMOIZE) {
+        if (fast_memo(r, pm, npm, memo_next))
+            return false; /* MEMOIZE onto a set slot: one by one it would not count */
+        pm[npm++] = (pending_memo_t){memo_next++, MEMO_GONE(PV_DICT)};
+        p++;
+    }
+    if (p >= end || *p != SOP_MARK)
+        return false;
+    p++;
+    for (;;) {
+        if (end - p < FIXED_OP_MAX)
+            return false;
+        int op = *p;
+        if (op == SOP_SETITEMS) {
+            p++;
+            break;
+        }
+        if (n == 2 * FAST_FIELDS)
+            return false;
+        slot_t *d = &kv[n];
+        d->type = SL_SCALAR;
+        d->flags = 0;
+        d->n = 0;
+        switch (op) {
+        case SOP_BINGET:
+        case SOP_LONG_BINGET: {
+            uint64_t idx = op == SOP_BINGET ? p[1] : le32(p + 1);
+            uintptr_t e = fast_memo(r, pm, npm, idx);
+            if (!e || (e & (1 | MEMO_NODE_BIT)))
+                return false;
+            d->v.sym = (const pk_sym_t *)e;
+            d->kind = d->v.sym->kind;
+            p += op == SOP_BINGET ? 2 : 5;
+            break;
+        }
+        case SOP_SHORT_BINUNICODE: {
+            size_t len = p[1];
+            if ((size_t)(end - p) < 2 + len + 1)
+                return false;
+            const pk_sym_t *sym;
+            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->buf), op, &sym) != CCA_OK)
+                return false; /* the general path raises it again */
+            d->kind = PV_STR;
+            d->v.sym = sym;
+            p += 2 + len;
+            break;
+        }
+        case SOP_BININT1:
+            d->kind = PV_INT;
+            d->v.u = p[1];
+            p += 2;
+            break;
+        case SOP_BININT2:
+            d->kind = PV_INT;
+            d->v.u = le16(p + 1);
+            p += 3;
+            break;
+        case SOP_BININT:
+            d->kind = PV_INT;
+            d->v.i = (int32_t)le32(p + 1);
+            p += 5;
+            break;
+        case SOP_LONG1: {
+            size_t len = p[1];
+            if (!len || len > 8 || (p[1 + len] & 0x80))
+                return false;
+            d->kind = PV_INT;
+            d->v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len));
+            p += 2 + len;
+            break;
+        }
+        case SOP_NONE:
+            d->kind = PV_NONE;
+            d->v.u = 0;
+            p += 1;
+            break;
+        case SOP_NEWTRUE:
+        case SOP_NEWFALSE:
+            d->kind = PV_BOOL;
+            d->v.u = 0;
+            d->v.b = op == SOP_NEWTRUE;
+            p += 1;
+            break;
+        default:
+            return false;
+        }
+        if (*p == SOP_MEMOIZE) {
+            if (d->kind != PV_STR || fast_memo(r, pm, npm, memo_next))
+                return false; /* a memoized number (boxed by the general path), or a set slot */
+            pm[npm++] = (pending_memo_t){memo_next++, (uintptr_t)d->v.sym};
+            p++;
+        }
+        n++;
+    }
+    if (n % 2)
+        return false;
+    rec_t *rec = &r->recs[rec_slot->v.rec];
+    if (!grow(&r->fields, &r->fields_cap, r->nfields + n, sizeof(slot_t), 4096))
+        return false;
+    /* commit: the memo stores (MEMOIZE numbers them from the count, as one by one);
+     * the memo grows first, so that no store can fail half way */
+    if (npm && memo_next > r->memo_cap) {
+        size_t old = r->memo_cap;
+        if (!grow(&r->memo, &r->memo_cap, (size_t)memo_next, sizeof(uintptr_t), 1024))
+            return false; /* out of memory: the general path raises it */
+        memset(r->memo + old, 0, (r->memo_cap - old) * sizeof(uintptr_t));
+    }
+    for (int i = 0; i < npm; i++) {
+        r->memo[pm[i].idx] = pm[i].e;
+        r->memo_count++;
+    }
+    rec->start = r->nfields;
+    rec->count = n / 2;
+    memcpy(r->fields + r->nfields, kv, n * sizeof(slot_t));
+    r->nfields += n;
+    if (n)
+        rec_slot->flags |= SF_FILLED;
+    r->pos = (size_t)(p - r->buf);
+    return true;
 }
 
 /* ---- the input window --------------------------------------------------------------------------- */
@@ -1612,11 +1798,17 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         r->pos += 1 + (size_t)width + (size_t)n;
         return push_sym(r, sym);
     }
-    case SOP_EMPTY_LIST:
     case SOP_EMPTY_DICT:
+        r->pos += 1;
+        if ((st = push_container(r, off, PV_DICT)))
+            return st;
+        if (r->stack[r->sp - 1].type == SL_RECORD)
+            (void)record_fast(r, &r->stack[r->sp - 1]);
+        return CCA_OK;
+    case SOP_EMPTY_LIST:
     case SOP_EMPTY_TUPLE:
         r->pos += 1;
-        return push_container(r, off, op == SOP_EMPTY_LIST ? PV_LIST : op == SOP_EMPTY_DICT ? PV_DICT : PV_TUPLE);
+        return push_container(r, off, op == SOP_EMPTY_LIST ? PV_LIST : PV_TUPLE);
     case SOP_TUPLE1:
     case SOP_TUPLE2:
     case SOP_TUPLE3: {

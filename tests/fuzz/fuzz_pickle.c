@@ -1,14 +1,19 @@
 /*
- * fuzz_pickle.c - fuzz target for the pickle reader, writer and JSON: any
- * input either loads or fails cleanly; a loaded tree is written back, and the
- * rewrite must load again, compare equal to the first tree, and be a fixed
- * point of the writer (writing the reloaded tree gives the same bytes).
+ * fuzz_pickle.c - fuzz target for the pickle reader, writer and JSON, and the
+ * streaming reader: any input either loads or fails cleanly; a loaded tree is
+ * written back, and the rewrite must load again, compare equal to the first
+ * tree, and be a fixed point of the writer (writing the reloaded tree gives
+ * the same bytes). The streaming reader, keeping everything as a tree (whole,
+ * and one byte at a time), must give the tree reader's tree whenever it
+ * succeeds; streaming `device_traces` as records, it must hand over exactly
+ * the dicts of the tree reader's device_traces when both succeed.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pickle.h"
+#include "pickle_stream.h"
 
 /* Structural equality with a work budget (trees may share nodes or be cyclic). */
 static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth, long *budget)
@@ -58,6 +63,74 @@ static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth, long *b
     return false;
 }
 
+static pk_mode_t all_tree(void *ctx, const char *key, size_t len)
+{
+    (void)ctx, (void)key, (void)len;
+    return PK_TREE;
+}
+
+typedef struct seen {
+    const pv_node_t *traces; /* the tree reader's device_traces */
+    size_t records, bad;
+    size_t occurrences;      /* device_traces fields met (a repeated key streams each) */
+} seen_t;
+
+static pk_mode_t traces_as_records(void *ctx, const char *key, size_t len)
+{
+    seen_t *s = ctx;
+    if (len == 13 && !memcmp(key, "device_traces", 13)) {
+        s->occurrences++;
+        return PK_RECORDS;
+    }
+    return PK_TREE;
+}
+
+static cca_status_t check_record(void *ctx, const pk_record_t *rec)
+{
+    seen_t *s = ctx;
+    const pv_node_t *outer = s->traces;
+    const pv_node_t *inner = outer ? pv_at(outer, rec->group) : NULL;
+    const pv_node_t *d = NULL;
+    if (inner && pv_kind(inner) == PV_LIST)
+        d = pv_at(inner, rec->index);
+    else if (outer && rec->group == 0)
+        d = pv_at(outer, rec->index); /* a flat list of records */
+    if (!d || pv_kind(d) != PV_DICT || pv_len(d) != rec->count)
+        s->bad++;
+    s->records++;
+    return CCA_OK;
+}
+
+/* The streaming reader against the tree reader's result (doc: NULL if it failed). */
+static void check_stream(const uint8_t *data, size_t size, const pv_doc_t *doc)
+{
+    static const size_t chunks[] = {0, 1};
+    for (size_t k = 0; k < 2; k++) {
+        pk_handler_t h = {.field_mode = all_tree};
+        pv_doc_t *streamed = NULL;
+        if (pickle_stream_buffer(data, size, chunks[k], &h, &streamed) == CCA_OK) {
+            long budget = 100000;
+            if (!doc || !same_tree(pv_doc_root(doc), pv_doc_root(streamed), 0, &budget))
+                abort();
+        }
+        pv_doc_free(streamed);
+    }
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    seen_t seen = {.traces = root && pv_kind(root) == PV_DICT ? pv_dict_get(root, "device_traces") : NULL};
+    pk_handler_t h = {.ctx = &seen, .field_mode = traces_as_records, .record = check_record};
+    pv_doc_t *fields = NULL;
+    if (pickle_stream_buffer(data, size, 0, &h, &fields) == CCA_OK && doc && seen.traces &&
+        seen.occurrences == 1) {
+        size_t want = 0;
+        bool nested = pv_len(seen.traces) && pv_kind(pv_at(seen.traces, 0)) == PV_LIST;
+        for (size_t g = 0; g < pv_len(seen.traces); g++)
+            want += nested ? pv_len(pv_at(seen.traces, g)) : 1;
+        if (seen.bad || seen.records != want)
+            abort();
+    }
+    pv_doc_free(fields);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     pv_doc_t *doc = NULL, *again = NULL;
@@ -65,8 +138,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sb_init(&first);
     sb_init(&second);
     sb_init(&json);
-    if (pickle_load_buffer(data, size, &doc) != CCA_OK)
+    if (pickle_load_buffer(data, size, &doc) != CCA_OK) {
+        check_stream(data, size, NULL);
         goto out;
+    }
+    check_stream(data, size, doc);
     const pv_node_t *root = pv_doc_root(doc);
     (void)pv_dict_get(root, "device_traces");
     /* JSON expands shared nodes, so only small inputs (bounded expansion) go through it. */
