@@ -10,6 +10,10 @@
  * printed as the anchor prints it, with the allocator named "cca":
  *   RESULT cca pair_latency size=512 ns_per_pair=41.2
  *
+ * Beside the pairs, the same pairs through glibc's malloc + free in the same
+ * run ("RESULT glibc pair_latency ..."), and cca's pair over glibc's:
+ *   # cpu pair ratio size=512 cca/glibc=3.12
+ *
  * Usage: bench_gpu [--backend cuda|sim] [--quick]
  *   --backend sim  runs on cca's simulated device (CPU-only figures); the
  *                  name printed is then "cca-sim".
@@ -107,6 +111,22 @@ static double pair_latency(size_t size, cca_stream_t s, long n)
     return (now_ns() - t0) / (double)n;
 }
 
+/* ns per glibc malloc + free of size, measured as pair_latency measures cca. */
+static double glibc_pair_latency(size_t size, long n)
+{
+    void *volatile sink;
+    for (int i = 0; i < 1000; i++) {
+        sink = malloc(size);
+        free(sink);
+    }
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        sink = malloc(size);
+        free(sink);
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
 /* The anchor's random workload; ns per step. Live blocks are freed after timing. */
 static double random_workload(cca_stream_t s, int slots, long steps, size_t max_size,
                               unsigned seed)
@@ -198,7 +218,10 @@ int main(int argc, char **argv)
     const size_t sizes[] = {512, 65536, 1u << 20, 8u << 20, 64u << 20};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         double ns = pair_latency(sizes[i], s, 1000000 / scale_div);
+        double glibc_ns = glibc_pair_latency(sizes[i], 1000000 / scale_div);
         printf("RESULT %s pair_latency size=%zu ns_per_pair=%.1f\n", allocator_name, sizes[i], ns);
+        printf("RESULT glibc pair_latency size=%zu ns_per_pair=%.1f\n", sizes[i], glibc_ns);
+        printf("# cpu pair ratio size=%zu cca/glibc=%.2f\n", sizes[i], ns / glibc_ns);
         fflush(stdout);
     }
     double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42);
