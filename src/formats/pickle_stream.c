@@ -1124,7 +1124,7 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     size_t n = 0;
     /* the memo store of the dict itself */
     if (p < end && *p == SOP_MEMOIZE) {
-        if (fast_memo(r, pm, npm, memo_next))
+        if (fast_memo(r, NULL, 0, memo_next))
             return false; /* MEMOIZE onto a set slot: one by one it would not count */
         pm[npm++] = (pending_memo_t){memo_next++, MEMO_GONE(PV_DICT)};
         p++;

@@ -18,6 +18,10 @@
  * with CCA_ERR_FORMAT rather than giving wrong data. A memoized container of a
  * streamed or skipped field can be referenced again only where nothing is
  * kept (inside records or skipped fields); anywhere else is CCA_ERR_FORMAT.
+ * A records field whose value the pickle builds bottom-up (protocol 0's LIST
+ * and DICT) arrives as a tree and its records are handed over from it. A
+ * records key repeated at the top level streams the records of each value
+ * (Python keeps only the last).
  *
  * Not thread-safe per call; separate calls are independent.
  */
