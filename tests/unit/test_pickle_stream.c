@@ -16,8 +16,8 @@
 
 static const char *const traces[] = {
     "gpt2_generate_default", "gpt2_train_default", "gpt2_train_gc07", "gpt2_train_split64",
-    "resnet50_train_default", "resnet50_train_expandable", "two_stream_pipeline_default",
-    "two_stream_pipeline_round8",
+    "graph_mlp_default", "mempool_default", "resnet50_train_default", "resnet50_train_expandable",
+    "two_stream_pipeline_default", "two_stream_pipeline_round8",
 };
 
 /* ---- comparing ------------------------------------------------------------------------ */
