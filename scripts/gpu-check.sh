@@ -8,7 +8,8 @@
 #   3b. with two GPUs: two-rank NCCL data-parallel training on cca against
 #      the native run (tests/cuda/torch_ddp.py);
 #   4. run the anchor benchmark (.anchor/run.sh: PyTorch native, PyTorch
-#      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu;
+#      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu,
+#      bench_host, and bench_replay (the replay against Python's unpickler);
 #   5. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
@@ -113,9 +114,12 @@ run_bench_sim() {
 run_bench_host() {
     "$root/build-gpu-release/bench/bench_host" --backend cuda
 }
+run_bench_replay() {
+    "$root/build-gpu-release/bench/bench_replay" --runs 5
+}
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -179,6 +183,9 @@ fi
 if [ -x "$root/build-gpu-release/bench/bench_host" ]; then
     run_step bench-host "$(left 5)" run_bench_host
 fi
+if [ -x "$root/build-gpu-release/bench/bench_replay" ]; then
+    run_step bench-replay "$(left 4)" run_bench_replay
+fi
 
 cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log 2>/dev/null | grep '^RESULT ' >"$logs/results.txt"
 awk '
@@ -222,6 +229,10 @@ echo
 echo "cca vs. the anchors (ns: lower is better, M ops/s: higher is better;"
 echo "cca/PyTorch = cca's figure over PyTorch native's):"
 cat "$logs/table.md"
+if [ -f "$logs/bench-replay.log" ]; then
+    echo
+    cat "$logs/bench-replay.log"
+fi
 echo
 echo "logs: $logs  (total $((SECONDS - start))s)"
 if [ ${#failed_steps[@]} -gt 0 ]; then
