@@ -162,7 +162,7 @@ typedef struct cca_backend {
     /** Map physical memory at addr (inside a reservation); unmap a range. */
     cca_status_t (*vmm_map)(void *ctx, int device, void *addr, size_t size, cca_phys_handle_t handle);
     cca_status_t (*vmm_unmap)(void *ctx, int device, void *addr, size_t size);
-    /** Give device read/write access to a mapped range. */
+    /** Give device (the owner, or a peer of the owner) read/write access to a mapped range. */
     cca_status_t (*vmm_set_access)(void *ctx, int device, void *addr, size_t size);
 
     /** Page-locked host memory (cudaHostAlloc); free it. */

@@ -8,7 +8,8 @@
 #   3b. with two GPUs: two-rank NCCL data-parallel training on cca against
 #      the native run (tests/cuda/torch_ddp.py);
 #   4. run the anchor benchmark (.anchor/run.sh: PyTorch native, PyTorch
-#      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu,
+#      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu
+#      (default, relaxed statistics, expandable segments),
 #      bench_host, and bench_replay (the replay against Python's unpickler);
 #   5. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
@@ -108,6 +109,9 @@ run_bench() {
 run_bench_relaxed() {
     CCA_ALLOC_CONF=exact_peak_stats:False "$root/build-gpu-release/bench/bench_gpu" --name cca-relaxed
 }
+run_bench_expandable() {
+    CCA_ALLOC_CONF=expandable_segments:True "$root/build-gpu-release/bench/bench_gpu" --name cca-expandable
+}
 run_bench_sim() {
     "$root/build-gpu-release/bench/bench_gpu" --backend sim --name cca-sim
 }
@@ -119,7 +123,7 @@ run_bench_replay() {
 }
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -178,6 +182,7 @@ fi
 # ---- the comparison table -------------------------------------------------
 if [ -x "$root/build-gpu-release/bench/bench_gpu" ]; then
     run_step bench-cca-relaxed "$(left 8)" run_bench_relaxed
+    run_step bench-cca-expandable "$(left 7)" run_bench_expandable
     run_step bench-cca-sim "$(left 6)" run_bench_sim
 fi
 if [ -x "$root/build-gpu-release/bench/bench_host" ]; then
@@ -187,7 +192,8 @@ if [ -x "$root/build-gpu-release/bench/bench_replay" ]; then
     run_step bench-replay "$(left 4)" run_bench_replay
 fi
 
-cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log 2>/dev/null | grep '^RESULT ' >"$logs/results.txt"
+cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log "$logs"/bench-cca-expandable.log \
+    2>/dev/null | grep '^RESULT ' >"$logs/results.txt"
 awk '
 function key(name, rest) { return name "|" rest }
 $1 == "RESULT" {
@@ -202,15 +208,15 @@ function ratio(what,   a, b) {
     return sprintf("%.3f", a / b)
 }
 function row(label, what, unit) {
-    printf "| %-26s | %-8s | %10s | %11s | %10s | %10s | %11s | %10s | %11s |\n", label, unit,
-        cell("cca", what), cell("cca-relaxed", what), cell("torch-native", what), cell("torch-expandable", what),
-        cell("cudaMallocAsync", what), cell("cudaMalloc", what), ratio(what)
+    printf "| %-26s | %-8s | %10s | %11s | %10s | %10s | %10s | %11s | %10s | %11s |\n", label, unit,
+        cell("cca", what), cell("cca-relaxed", what), cell("torch-native", what), cell("cca-expandable", what),
+        cell("torch-expandable", what), cell("cudaMallocAsync", what), cell("cudaMalloc", what), ratio(what)
 }
 END {
-    printf "| %-26s | %-8s | %10s | %11s | %10s | %10s | %11s | %10s | %11s |\n", "workload", "unit",
-        "cca", "cca relaxed", "PyTorch", "PyT expand", "MallocAsync", "cudaMalloc", "cca/PyTorch"
-    printf "|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------", "----------",
-        "------------", "-------------", "------------", "------------", "-------------", "------------", "-------------"
+    printf "| %-26s | %-8s | %10s | %11s | %10s | %10s | %10s | %11s | %10s | %11s |\n", "workload", "unit",
+        "cca", "cca relaxed", "PyTorch", "cca expand", "PyT expand", "MallocAsync", "cudaMalloc", "cca/PyTorch"
+    printf "|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------", "----------",
+        "------------", "-------------", "------------", "------------", "------------", "-------------", "------------", "-------------"
     row("pair latency 512 B", "pair_512", "ns/pair")
     row("pair latency 1 MiB", "pair_1048576", "ns/pair")
     row("pair latency 64 MiB", "pair_67108864", "ns/pair")

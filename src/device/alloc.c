@@ -67,18 +67,19 @@ static bool should_split(const cca_settings_t *s, const cca_block_t *block, size
     if (pp && pp->no_split)
         return false;
     size_t remaining = block->size - size;
-    if (block->pool->is_small)
+    if (block->pool->is_small || s->expandable_segments)
         return remaining >= CCA_MIN_BLOCK_SIZE;
     return size < s->max_split_size && remaining > CCA_SMALL_SIZE;
 }
 
 /*
- * Ask the backend for a new segment for the request (device and pool locks
- * held). Returns CCA_OK with *out set, CCA_ERR_OUT_OF_MEMORY (nothing
- * changed: the fraction cap or the device is full), or another backend error.
+ * Ask the backend for a new segment for the request of size bytes (device
+ * and pool locks held), or, with expandable segments, grow the pool's
+ * expandable segment. Returns CCA_OK with *out set, CCA_ERR_OUT_OF_MEMORY
+ * (the fraction cap or the device is full), or another backend error.
  */
-static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t alloc_size,
-                                bool is_retry, cca_block_t **out)
+static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size,
+                                size_t alloc_size, bool is_retry, cca_block_t **out)
 {
     cca_backend_t *be = cca_state->backend;
     if (is_retry) {
@@ -88,6 +89,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t allo
     }
     if (dev->set_fraction && dev->total_allocated_memory + alloc_size > dev->allowed_memory_maximum)
         return CCA_ERR_OUT_OF_MEMORY;
+    if (cca_state->settings.expandable_segments)
+        return expandable_alloc(dev, pool, size, out);
     cca_segment_t *seg = calloc(1, sizeof(*seg));
     cca_block_t *block = seg ? pool_block_new(pool, seg, 0, alloc_size) : NULL;
     if (!block) {
@@ -141,6 +144,11 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
     cca_block_t *b = bins_best_fit(&pool->bins, size);
     if (!b)
         return NULL;
+    if (pool->expandable_segments && b->segment->es) {
+        b = expandable_fit(pool, b);
+        if (!b)
+            return NULL;
+    }
     if (size < s->max_split_size && b->size >= s->max_split_size)
         return NULL;
     if (size >= s->max_split_size && b->size >= size + s->max_non_split_rounding)
@@ -205,7 +213,9 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
         bins_insert(&pool->bins, remaining);
     }
     cca_device_stats_t *st = op_stats_begin(pool->owner);
-    if (remaining) {
+    if (pool->expandable_segments && block->segment->es) {
+        /* PyTorch keeps expandable blocks out of inactive_split */
+    } else if (remaining) {
         if (already_split) {
             stat2_dec(st->inactive_split_bytes, type, (int64_t)block->size);
         } else {
@@ -335,7 +345,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         size_t alloc_size = alloc_segment_size(s, size);
         if (dev->set_fraction && s->garbage_collection_threshold > 0.0)
             release_garbage_collect(dev, sp);
-        st = alloc_block(dev, pool, alloc_size, false, &block);
+        st = alloc_block(dev, pool, size, alloc_size, false, &block);
         /* memory of pools marked use_on_oom, before any release (PyTorch's try_mempool_fallback) */
         if (st == CCA_ERR_OUT_OF_MEMORY && !sp->private_pool && dev->private_pools) {
             cca_pool_t *fallback = NULL;
@@ -352,11 +362,11 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
             }
         }
         if (st == CCA_ERR_OUT_OF_MEMORY && release_available_cached_blocks(dev, pool, size))
-            st = alloc_block(dev, pool, alloc_size, false, &block);
+            st = alloc_block(dev, pool, size, alloc_size, false, &block);
         /* no release of every cached block while a route (a capture) is active */
         if (st == CCA_ERR_OUT_OF_MEMORY && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
             cca_status_t rs = release_cached_blocks_locked(dev, sp);
-            st = rs == CCA_OK ? alloc_block(dev, pool, alloc_size, true, &block) : rs;
+            st = rs == CCA_OK ? alloc_block(dev, pool, size, alloc_size, true, &block) : rs;
         }
         if (st != CCA_OK) {
             cca_spin_unlock(&sp->lock);
@@ -561,6 +571,11 @@ cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size)
             *size = block->size;
         return CCA_OK;
     }
+    if (block->segment->es)
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "cca_get_base_allocation: pointer %p: memory allocated with "
+                         "expandable_segments:True cannot be shared between processes; allocate "
+                         "it with expandable_segments:False (cca_set_settings)", ptr);
     cca_stream_pool_t *sp = block->pool->owner;
     cca_spin_lock(&sp->lock);
     cca_block_t *b = block;

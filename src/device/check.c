@@ -5,6 +5,10 @@
  *  - segments: each is tiled exactly by its blocks (addresses contiguous
  *    from the base, sizes summing to the segment size, back links right),
  *    every block belongs to the segment's stream pool of the segment's kind;
+ *  - expandable segments: every granule under a mapped block is mapped and
+ *    none under an unmapped block; unmapped blocks are granule-aligned, free,
+ *    never in a bin, in their pool's address-ordered unmapped list exactly
+ *    once, and never next to another unmapped block; mapped bytes add up;
  *  - blocks: each is exactly one of allocated, waiting for its events, set
  *    aside during a route to a private pool (on the deferred list), or free; a free block sits in exactly one bin, the bin of its own pool,
  *    bins are sorted by (size, address) and agree with their bitmaps; no two
@@ -37,6 +41,7 @@ typedef struct seen_block {
     uint32_t bin_visits;  /* times met in a bin */
     uint32_t event_refs;  /* pending events naming it */
     uint32_t deferred_refs; /* times on the deferred list */
+    uint32_t unmapped_visits; /* times met in an unmapped list */
     bool in_map;          /* found in the pointer map */
 } seen_block_t;
 
@@ -103,6 +108,52 @@ static void compare_stat(check_ctx_t *c, int dev, const char *name, const cca_st
                  dev, name, type_names[t], have[t].current, want[t]);
 }
 
+/* An expandable segment's granule table against its blocks (after the tiling walk). */
+static void check_granules(check_ctx_t *c, cca_device_t *dev, const cca_segment_t *seg)
+{
+    const cca_expandable_t *es = seg->es;
+    size_t g = es->granule, present = 0;
+    if (es->handle_count > es->max_handles || es->handle_count > es->handle_cap ||
+        seg->size != g * es->max_handles) {
+        fail(c, "device %d: expandable segment 0x%" PRIxPTR ": granule table out of bounds",
+             dev->index, seg->base);
+        return;
+    }
+    for (size_t i = 0; i < es->handle_count; i++)
+        present += es->handles[i].present;
+    if (es->handle_count && !es->handles[es->handle_count - 1].present)
+        fail(c, "device %d: expandable segment 0x%" PRIxPTR ": granule table not trimmed",
+             dev->index, seg->base);
+    if (present * g != es->mapped_bytes)
+        fail(c, "device %d: expandable segment 0x%" PRIxPTR ": %zu granules mapped, mapped_bytes "
+             "says %zu", dev->index, seg->base, present, es->mapped_bytes);
+    size_t covered = 0;
+    for (const cca_block_t *b = seg->head; b && !c->failed; b = b->next) {
+        size_t first = (b->addr - seg->base) / g;
+        size_t last = (b->addr + b->size - 1 - seg->base) / g;
+        if (!b->mapped) {
+            if ((b->addr - seg->base) % g || b->size % g)
+                fail(c, "device %d: unmapped block 0x%" PRIxPTR " is not granule-aligned",
+                     dev->index, b->addr);
+            for (size_t i = first; i <= last && i < es->handle_count; i++)
+                if (es->handles[i].present)
+                    fail(c, "device %d: granule %zu under unmapped block 0x%" PRIxPTR " is mapped",
+                         dev->index, i, b->addr);
+            continue;
+        }
+        for (size_t i = first; i <= last; i++)
+            if (i >= es->handle_count || !es->handles[i].present) {
+                fail(c, "device %d: block 0x%" PRIxPTR " lies on unmapped granule %zu", dev->index,
+                     b->addr, i);
+                break;
+            }
+        covered += b->size;
+    }
+    if (!c->failed && covered != es->mapped_bytes)
+        fail(c, "device %d: expandable segment 0x%" PRIxPTR ": mapped blocks hold %zu bytes, %zu "
+             "are mapped", dev->index, seg->base, covered, es->mapped_bytes);
+}
+
 /* Walk the segments: tiling, pool membership, per-block state; fill seen[]. */
 static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *e)
 {
@@ -112,17 +163,23 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
         if (seg->next_seg && seg->next_seg->prev_seg != seg)
             fail(c, "device %d: segment list back link broken at 0x%" PRIxPTR, dev->index, seg->base);
         int type = seg->is_small ? CCA_STAT_SMALL_POOL : CCA_STAT_LARGE_POOL;
-        add2(e->segment, type, 1);
-        add2(e->reserved, type, (int64_t)seg->size);
-        e->oversize_segments += seg->oversize;
-        reserved += seg->size;
+        if (seg->es) {
+            /* PyTorch counts no segment for it; reserved bytes are the mapped ones */
+            add2(e->reserved, type, (int64_t)seg->es->mapped_bytes);
+            reserved += seg->es->mapped_bytes;
+        } else {
+            add2(e->segment, type, 1);
+            add2(e->reserved, type, (int64_t)seg->size);
+            e->oversize_segments += seg->oversize;
+            reserved += seg->size;
+        }
         const cca_block_t *b = seg->head;
         if (!b || b->prev || b->addr != seg->base) {
             fail(c, "device %d: segment 0x%" PRIxPTR ": its head block is missing or not at the base",
                  dev->index, seg->base);
             break;
         }
-        bool split = b->next != NULL;
+        bool split = b->next != NULL && !seg->es;
         uintptr_t expect_addr = seg->base;
         size_t total = 0;
         for (; b && !c->failed; b = b->next) {
@@ -143,7 +200,14 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
                 fail(c, "device %d: block 0x%" PRIxPTR " is not in its segment's pool (stream %p, %s)",
                      dev->index, b->addr, (void *)seg->stream, seg->is_small ? "small" : "large");
             bool deferred = !b->allocated && !b->in_bin && !b->event_count && b->stream_use_count;
-            int states = (int)b->allocated + (int)b->in_bin + (int)(b->event_count > 0) + deferred;
+            int states = (int)b->allocated + (int)b->in_bin + (int)(b->event_count > 0) + deferred +
+                         (int)!b->mapped;
+            if (!b->mapped && !seg->es)
+                fail(c, "device %d: block 0x%" PRIxPTR " of a plain segment is marked unmapped",
+                     dev->index, b->addr);
+            if (!b->mapped && b->next && !b->next->mapped)
+                fail(c, "device %d: unmapped neighbours 0x%" PRIxPTR " and 0x%" PRIxPTR
+                     " are not merged", dev->index, b->addr, b->next->addr);
             if (states != 1)
                 fail(c, "device %d: block 0x%" PRIxPTR " is in %d states (allocated %d, free %d, "
                      "events %u); it must be in exactly one",
@@ -156,7 +220,9 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
                 add2(e->allocated_bytes, type, (int64_t)b->size);
                 e->oversize_allocations += b->oversize;
             }
-            if (!b->in_bin) {
+            if (!b->mapped) {
+                /* unmapped address space: in no statistic */
+            } else if (!b->in_bin) {
                 add2(e->active, type, 1);
                 add2(e->active_bytes, type, (int64_t)b->size);
                 add2(e->requested, type, (int64_t)b->requested_size);
@@ -181,6 +247,8 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
         if (!c->failed && total != seg->size)
             fail(c, "device %d: segment 0x%" PRIxPTR ": blocks sum to %zu bytes, segment has %zu",
                  dev->index, seg->base, total, seg->size);
+        if (!c->failed && seg->es)
+            check_granules(c, dev, seg);
     }
     if (!c->failed && nseg != dev->segment_count)
         fail(c, "device %d: %zu segments listed, segment_count says %zu", dev->index, nseg,
@@ -232,6 +300,21 @@ static void check_pool(check_ctx_t *c, cca_device_t *dev, cca_pool_t *pool)
             prev = b;
             last = b;
         }
+    }
+    const cca_block_t *uprev = NULL;
+    for (const cca_block_t *b = pool->unmapped; b && !c->failed; b = b->bin_next) {
+        if (b->bin_prev != uprev || b->mapped || b->pool != pool)
+            fail(c, "device %d: unmapped list of stream %p's %s pool broken at 0x%" PRIxPTR,
+                 dev->index, (void *)pool->owner->stream, pool->is_small ? "small" : "large", b->addr);
+        if (uprev && uprev->addr >= b->addr)
+            fail(c, "device %d: unmapped list out of address order at 0x%" PRIxPTR, dev->index,
+                 b->addr);
+        seen_block_t *s = seen_find(c, b);
+        if (!s)
+            fail(c, "device %d: unmapped block 0x%" PRIxPTR " tiles no segment", dev->index, b->addr);
+        else
+            s->unmapped_visits++;
+        uprev = b;
     }
     for (unsigned w = 0; w < CCA_BIN_WORDS && !c->failed; w++)
         if (((bins->summary >> w) & 1) != (bins->words[w] != 0))
@@ -325,6 +408,9 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
         if (s->deferred_refs != (uint32_t)deferred)
             fail(c, "device %d: block 0x%" PRIxPTR " is %s but on the set-aside list %u times",
                  dev->index, b->addr, deferred ? "set aside" : "not set aside", s->deferred_refs);
+        if (s->unmapped_visits != (uint32_t)!b->mapped)
+            fail(c, "device %d: block 0x%" PRIxPTR " (%s) is in %u unmapped lists", dev->index,
+                 b->addr, b->mapped ? "mapped" : "unmapped", s->unmapped_visits);
         if (s->event_refs != b->event_count)
             fail(c, "device %d: block 0x%" PRIxPTR " counts %u events, %u are pending", dev->index,
                  b->addr, b->event_count, s->event_refs);

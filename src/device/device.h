@@ -56,13 +56,39 @@ typedef struct cca_block {
     bool allocated;             /* handed out to the caller */
     bool in_bin;                /* sitting in a free bin */
     bool oversize;              /* counted in oversize_allocations (max_split_size may change) */
+    bool mapped;                /* false: unmapped address space of an expandable segment,
+                                   in its pool's unmapped list (bin links), never in a bin */
     uint32_t stream_use_count;  /* streams recorded with record_stream */
     uint32_t stream_use_cap;
     cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
     cca_stream_t *stream_uses;  /* inline array or heap array when more */
 } cca_block_t;
 
-/* One segment from the backend (one cudaMalloc). */
+/* One granule of an expandable segment's address space. */
+typedef struct cca_vmm_granule {
+    cca_phys_handle_t handle;   /* physical memory mapped there */
+    bool present;               /* mapped */
+} cca_vmm_granule_t;
+
+/* A granule whose unmap or release failed: retried by the next release (expandable.c). */
+typedef struct cca_vmm_orphan {
+    uintptr_t addr;             /* where it is still mapped, if mapped */
+    size_t size;                /* bytes */
+    cca_phys_handle_t handle;
+    bool mapped;                /* still mapped at addr (outside every block) */
+} cca_vmm_orphan_t;
+
+/* What an expandable segment adds to a segment (expandable.c). */
+typedef struct cca_expandable {
+    size_t granule;             /* bytes mapped at a time: 2 MiB small, large_segment_size large */
+    size_t max_handles;         /* granules the reservation spans */
+    cca_vmm_granule_t *handles; /* granules [0, handle_count) (PyTorch's handles_) */
+    size_t handle_count;        /* one past the highest mapped granule */
+    size_t handle_cap;
+    size_t mapped_bytes;        /* bytes mapped */
+} cca_expandable_t;
+
+/* One segment from the backend (one cudaMalloc, or one expandable reservation). */
 typedef struct cca_segment {
     uintptr_t base;             /* device address */
     size_t size;                /* bytes */
@@ -70,6 +96,7 @@ typedef struct cca_segment {
     bool is_small;              /* small-pool segment */
     bool oversize;              /* counted in oversize_segments (max_split_size may change) */
     struct cca_block *head;     /* its first block */
+    cca_expandable_t *es;       /* non-NULL: an expandable segment (base, size: the reservation) */
     struct cca_segment *prev_seg, *next_seg; /* device's list of segments */
 } cca_segment_t;
 
@@ -87,6 +114,8 @@ struct cca_device;
 typedef struct cca_pool {
     struct cca_stream_pool *owner;
     bool is_small;
+    uint32_t expandable_segments; /* live expandable segments of this pool */
+    struct cca_block *unmapped;   /* their unmapped blocks, by address */
     cca_bins_t bins;
 } cca_pool_t;
 
@@ -164,6 +193,11 @@ typedef struct cca_device {
     cca_segment_t *segments;    /* list of live segments */
     size_t segment_count;
     size_t total_allocated_memory; /* bytes reserved from the backend (device lock) */
+
+    /* expandable segments (expandable.c) */
+    size_t vmm_granularity;     /* backend's granularity, bytes (0: not asked yet) */
+    struct cca_vmm_orphan *orphans; /* granules whose unmap or release failed, retried later */
+    size_t orphan_count, orphan_cap;
 
     /* memory fraction */
     bool set_fraction;
@@ -359,6 +393,8 @@ void pool_stream_pool_delete(cca_stream_pool_t *sp);
 void pool_private_destroy(cca_device_t *dev, cca_private_pool_t *pp);
 /* Stream pools of a device sorted by stream handle (device lock held); caller frees. */
 cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count);
+/* Merge the free block src (if free) into dst; bytes subsumed, or 0 (stream pool lock held). */
+size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins);
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
@@ -474,6 +510,25 @@ static inline cca_mempool_id_t pools_id_of(const cca_stream_pool_t *sp)
     cca_mempool_id_t none = {0, 0};
     return sp->private_pool ? sp->private_pool->id : none;
 }
+
+/* ---- expandable.c: expandable segments (above pool.c, below setup.c) --------------
+ * All with the device lock and the pool's stream pool lock held, but shutdown. */
+
+/* Grow the pool's expandable segment to hold size bytes (PyTorch's
+ * try_allocate_expandable_block); *out leaves its bin. CCA_ERR_OUT_OF_MEMORY: device full. */
+cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out);
+/* get_free_block's step for an expandable best fit b: the block to use, or NULL. */
+cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b);
+/* Unmap the whole granules of a free expandable block; free an empty reservation. */
+cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block);
+/* Unmap every free expandable block of a pool (release_blocks' expandable half). */
+cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
+/* Release handles whose release failed before (device lock held). */
+cca_status_t expandable_release_orphans(cca_device_t *dev);
+/* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
+cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
+/* Shutdown: give every expandable segment and orphan back to the backend, unlink them. */
+void expandable_device_shutdown(cca_device_t *dev);
 
 /* ---- uncached.c: CCA_NO_CACHING ------------------------------------------------- */
 

@@ -75,11 +75,13 @@ cca_status_t cca_enable_peer_access(int device, int peer)
     if (st != CCA_OK)
         goto out_unlock;
     /*
-     * Expandable segments (when present) must set access for `device` on the
-     * ranges `owner` has mapped already, here, under owner->lock: PyTorch's
-     * addPeerAccess calls addPeer on every existing expandable segment.
+     * Expandable segments set access for `device` on the ranges `owner` has
+     * mapped already, here, under owner->lock (PyTorch's addPeerAccess calls
+     * addPeer on every existing expandable segment); later maps read the mask.
      */
     atomic_fetch_or_explicit(&owner->peer_mask, bit, memory_order_release);
+    if (!async_enabled())
+        st = expandable_add_peer(owner, device);
 out_unlock:
     pthread_mutex_unlock(&owner->lock);
     return st;

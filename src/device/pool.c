@@ -49,6 +49,7 @@ cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr
     b->allocated = false;
     b->in_bin = false;
     b->oversize = false;
+    b->mapped = true;
     b->stream_use_count = 0;
     b->stream_use_cap = CCA_INLINE_STREAMS;
     b->stream_uses = b->stream_uses_inline;
@@ -206,7 +207,7 @@ cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count)
 /* ---- freeing blocks into their pool ------------------------------------------ */
 
 /* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
-static size_t try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
+size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
 {
     if (!src || !src->in_bin)
         return 0;
@@ -244,7 +245,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     int64_t net_blocks = 0, net_bytes = 0;
     cca_block_t *candidates[2] = {block->prev, block->next};
     for (int i = 0; i < 2; i++) {
-        size_t subsumed = try_merge_blocks(block, candidates[i], &pool->bins);
+        size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
         if (subsumed) {
             net_blocks -= 1;
             net_bytes -= (int64_t)subsumed;
@@ -258,6 +259,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         net_bytes += (int64_t)block->size;
     }
     int type = pool_stat_type(pool->is_small);
+    bool expandable = pool->expandable_segments && block->segment->es;
     cca_device_stats_t *st = op_stats_begin(pool->owner);
     if (program_free) {
         /* the program's free and the block's return in one statistics update */
@@ -266,6 +268,8 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         if (block->oversize)
             stat_decrease(&st->oversize_allocations, 1);
     }
+    if (expandable)
+        net_blocks = net_bytes = 0; /* PyTorch keeps expandable blocks out of inactive_split */
     if (net_blocks > 0)
         stat2_inc(st->inactive_split, type, net_blocks);
     else if (net_blocks < 0)
@@ -331,7 +335,7 @@ void pool_device_shutdown(cca_device_t *dev)
     cca_segment_t *seg = dev->segments;
     while (seg) {
         cca_segment_t *next = seg->next_seg;
-        be->free(be->ctx, dev->index, (void *)seg->base);
+        be->free(be->ctx, dev->index, (void *)seg->base); /* expandable ones went first (setup.c) */
         cca_block_t *b = seg->head;
         while (b) {
             cca_block_t *nb = b->next;
@@ -353,6 +357,7 @@ void pool_device_shutdown(cca_device_t *dev)
             pool_stream_pool_delete(sp);
     }
     free(dev->pool_table);
+    free(dev->orphans);
     pthread_mutex_destroy(&dev->lock);
     pthread_mutex_destroy(&dev->events_lock);
     atomic_fetch_add(&state_generation, 1);

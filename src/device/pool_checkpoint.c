@@ -150,6 +150,10 @@ static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, 
     for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
+        if (seg->es) /* PyTorch's checkpointing does not support expandable segments either */
+            return cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pool (%" PRIu64 ", %" PRIu64 ") "
+                             "holds expandable segments; checkpoints need expandable_segments:False",
+                             what, id.first, id.second);
         for (const cca_block_t *b = seg->head; b; b = b->next)
             if (b->event_count || (!b->allocated && !b->in_bin))
                 return cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool waits for stream "

@@ -153,7 +153,7 @@ cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream
     cca_block_t *b = bins_best_fit(&pool->bins, 0);
     while (b) {
         cca_block_t *next = bins_next(&pool->bins, b);
-        if (!block_is_split(b)) {
+        if (!block_is_split(b) && !b->segment->es) {
             cca_status_t st = release_block(dev, b);
             if (st != CCA_OK && result == CCA_OK)
                 result = st;
@@ -163,6 +163,19 @@ cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream
     if (pool->owner != held)
         cca_spin_unlock(&pool->owner->lock);
     return result;
+}
+
+/* Unmap the whole free granules of a pool's expandable segments (device lock held, pool lock taken). */
+static cca_status_t release_pool_expandable(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held)
+{
+    if (!pool->expandable_segments)
+        return CCA_OK;
+    if (pool->owner != held)
+        cca_spin_lock(&pool->owner->lock);
+    cca_status_t st = expandable_release_pool(dev, pool);
+    if (pool->owner != held)
+        cca_spin_unlock(&pool->owner->lock);
+    return st;
 }
 
 /*
@@ -191,12 +204,15 @@ static cca_status_t release_private_pools_locked(cca_device_t *dev, cca_stream_p
                 result = st;
         }
         for (int kind = 0; kind < 2; kind++)
-            for (size_t i = 0; i < pp->stream_pool_count; i++) {
-                cca_stream_pool_t *sp = pp->stream_pools[i];
-                cca_status_t st = release_pool_blocks(dev, kind == 0 ? &sp->small : &sp->large, held);
-                if (st != CCA_OK && result == CCA_OK)
-                    result = st;
-            }
+            for (int expandable = 0; expandable < 2; expandable++)
+                for (size_t i = 0; i < pp->stream_pool_count; i++) {
+                    cca_stream_pool_t *sp = pp->stream_pools[i];
+                    cca_pool_t *pool = kind == 0 ? &sp->small : &sp->large;
+                    cca_status_t st = expandable ? release_pool_expandable(dev, pool, held)
+                                                 : release_pool_blocks(dev, pool, held);
+                    if (st != CCA_OK && result == CCA_OK)
+                        result = st;
+                }
         if (pp->segment_count == 0 && atomic_load_explicit(&pp->pins, memory_order_acquire) == 0)
             pool_private_destroy(dev, pp);
         pp = next;
@@ -226,8 +242,10 @@ cca_status_t cca_empty_cache_pool(cca_mempool_id_t id)
 
 /*
  * PyTorch's release_cached_blocks: with no route active, sync events and
- * release every unsplit cached block of the default pools; then those of the
- * freeable private pools (private_pools.c).
+ * release every unsplit cached block of the default pools, per pool kind
+ * (large, then small) the plain segments of every stream first, then the
+ * expandable segments' free granules, as PyTorch's release_blocks orders
+ * them; then those of the freeable private pools.
  */
 cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *held)
 {
@@ -239,17 +257,23 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
         st = events_synchronize_and_free(dev, held, NULL);
     if (st != CCA_OK)
         return st;
+    st = expandable_release_orphans(dev);
+    if (st != CCA_OK)
+        return st;
     size_t n;
     cca_stream_pool_t **pools = pool_sorted_locked(dev, &n);
     if (!pools)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
     cca_status_t result = CCA_OK;
     for (int kind = 0; kind < 2; kind++)
-        for (size_t i = 0; i < n; i++) {
-            st = release_pool_blocks(dev, kind == 0 ? &pools[i]->large : &pools[i]->small, held);
-            if (st != CCA_OK && result == CCA_OK)
-                result = st;
-        }
+        for (int expandable = 0; expandable < 2; expandable++)
+            for (size_t i = 0; i < n; i++) {
+                cca_pool_t *pool = kind == 0 ? &pools[i]->large : &pools[i]->small;
+                st = expandable ? release_pool_expandable(dev, pool, held)
+                                : release_pool_blocks(dev, pool, held);
+                if (st != CCA_OK && result == CCA_OK)
+                    result = st;
+            }
     free(pools);
     st = release_private_pools_locked(dev, held, all);
     return result != CCA_OK ? result : st;
@@ -257,8 +281,9 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
 
 /*
  * Release oversize cached blocks of the request's pool, enough to cover the
- * request (PyTorch's release_available_cached_blocks). Device and pool locks
- * held. True if something suitable was released.
+ * request (PyTorch's release_available_cached_blocks); expandable blocks are
+ * never released here, and the search for several stops at one. Device and
+ * pool locks held. True if something suitable was released.
  */
 bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size)
 {
@@ -267,10 +292,10 @@ bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t
         return false;
     size_t key = size < s->max_split_size ? s->max_split_size : size;
     cca_block_t *b = bins_best_fit(&pool->bins, key);
-    if (!b) {
+    if (!b || b->segment->es) {
         size_t released = 0;
-        b = bins_largest(&pool->bins);
-        while (b && released < key && b->size >= s->max_split_size) {
+        b = b ? bins_prev(&pool->bins, b) : bins_largest(&pool->bins);
+        while (b && released < key && b->size >= s->max_split_size && !b->segment->es) {
             cca_block_t *prev = bins_prev(&pool->bins, b);
             size_t bsize = b->size;
             if (!block_is_split(b)) {
@@ -309,7 +334,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
     for (size_t i = 0; i < n; i++)
         for (cca_block_t *b = bins_best_fit(&pools[i]->large.bins, 0); b;
              b = bins_next(&pools[i]->large.bins, b))
-            if (!block_is_split(b)) {
+            if (!block_is_split(b) && !b->segment->es) {
                 total_age += (size_t)(calls - b->gc_count_base);
                 freeable++;
             }
@@ -323,7 +348,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
             while (b) {
                 cca_block_t *next = bins_next(bins, b);
                 int64_t age = calls - b->gc_count_base;
-                if (!block_is_split(b) && (double)age >= age_threshold) {
+                if (!block_is_split(b) && !b->segment->es && (double)age >= age_threshold) {
                     size_t bsize = b->size;
                     if (release_block(dev, b) == CCA_OK) {
                         block_freed = true;

@@ -31,9 +31,7 @@ static void free_uncached_block(cca_block_t *b, void *arg)
 /* Features the settings may ask for that this version does not provide. */
 cca_status_t state_check_supported(const cca_settings_t *s)
 {
-    if (s->expandable_segments)
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "expandable_segments:True is not supported by this version of cca");
+    (void)s; /* everything the settings ask for is provided */
     return CCA_OK;
 }
 
@@ -43,8 +41,10 @@ static void destroy_state(cca_state_t *S, int devices_ready)
     shared_shutdown();
     if (S->ptrmap)
         ptrmap_for_each(S->ptrmap, free_uncached_block, S->backend);
-    for (int d = 0; d < devices_ready; d++)
+    for (int d = 0; d < devices_ready; d++) {
+        expandable_device_shutdown(&S->devices[d]);
         pool_device_shutdown(&S->devices[d]);
+    }
     ptrmap_destroy(S->ptrmap);
     free(S->devices);
     free(S->free_callbacks);

@@ -102,6 +102,11 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_hand
     cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
     if (!block || (block->pool && !block->allocated))
         return pool_invalid_pointer("cca_ipc_get_handle", ptr);
+    if (block->pool && block->segment->es)
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "Tensors allocated with expandable_segments:True cannot be shared between "
+                         "processes. Consider using expandable_segments:False in data loading "
+                         "workers via cca_set_settings(\"expandable_segments:False\")");
     ipc_wire_t w;
     memset(&w, 0, sizeof(w));
     memcpy(w.magic, ipc_magic, sizeof(w.magic));

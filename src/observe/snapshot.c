@@ -55,28 +55,32 @@ static void lock_pools(cca_device_t *dev, bool lock)
     pools_for_each_stream_pool(dev, lock_one, &lock);
 }
 
-/* Fill one segment's record (device and pool locks held). False: out of memory. */
-static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, bool contexts,
-                             cca_segment_info_t *out)
+/*
+ * Fill one segment's record (device and pool locks held) from head: a whole
+ * plain segment, or one mapped run of an expandable segment (PyTorch
+ * reports each contiguous mapped range as a segment). False: out of memory.
+ */
+static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, const cca_block_t *head,
+                             bool contexts, cca_segment_info_t *out)
 {
     size_t n = 0;
-    for (const cca_block_t *b = seg->head; b; b = b->next)
+    for (const cca_block_t *b = head; b && b->mapped; b = b->next)
         n++;
     memset(out, 0, sizeof(*out));
     out->blocks = calloc(n ? n : 1, sizeof(*out->blocks));
     if (!out->blocks)
         return false;
     out->device = dev->index;
-    out->address = seg->base;
+    out->address = head->addr;
     out->stream = seg->stream;
     out->is_large = !seg->is_small;
-    out->is_expandable = false;
-    cca_mempool_id_t pool_id = pools_id_of(seg->head->pool->owner);
+    out->is_expandable = seg->es != NULL;
+    cca_mempool_id_t pool_id = pools_id_of(head->pool->owner);
     out->owner_private_pool_id[0] = pool_id.first;
     out->owner_private_pool_id[1] = pool_id.second;
     out->block_count = n;
     size_t i = 0;
-    for (const cca_block_t *b = seg->head; b; b = b->next, i++) {
+    for (const cca_block_t *b = head; b && b->mapped; b = b->next, i++) {
         cca_block_info_t *bi = &out->blocks[i];
         bool pending = !b->allocated && (b->event_count > 0 || b->stream_use_count > 0);
         bi->address = b->addr;
@@ -115,8 +119,12 @@ static cca_status_t snapshot_device(cca_device_t *dev, cca_snapshot_t *snap, siz
     size_t total_active = 0;
     pthread_mutex_lock(&dev->lock);
     lock_pools(dev, true);
-    if (snap->segment_count + dev->segment_count > *cap) {
-        size_t want = snap->segment_count + dev->segment_count;
+    size_t records = 0; /* one per plain segment, one per mapped run of an expandable one */
+    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
+        for (const cca_block_t *b = seg->head; b; b = seg->es ? b->next : NULL)
+            records += b->mapped && (!b->prev || !b->prev->mapped);
+    if (snap->segment_count + records > *cap) {
+        size_t want = snap->segment_count + records;
         cca_segment_info_t *list = realloc(snap->segments, (want ? want : 1) * sizeof(*list));
         if (!list) {
             st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
@@ -126,13 +134,19 @@ static cca_status_t snapshot_device(cca_device_t *dev, cca_snapshot_t *snap, siz
         *cap = want;
     }
     for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
-        cca_segment_info_t *out = &snap->segments[snap->segment_count];
-        if (!snapshot_segment(dev, seg, contexts, out)) {
-            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-            goto out_unlock;
+        for (const cca_block_t *head = seg->head; head; head = head->next) {
+            if (!head->mapped || (head->prev && head->prev->mapped))
+                continue; /* not the start of a mapped run */
+            cca_segment_info_t *out = &snap->segments[snap->segment_count];
+            if (!snapshot_segment(dev, seg, head, contexts, out)) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+                goto out_unlock;
+            }
+            snap->segment_count++;
+            total_active += out->active_size;
+            if (!seg->es)
+                break;
         }
-        snap->segment_count++;
-        total_active += out->active_size;
     }
     trace_record(dev->index, CCA_TRACE_SNAPSHOT, 0, total_active, NULL);
 out_unlock:

@@ -450,6 +450,50 @@ out:
     return st;
 }
 
+/*
+ * The addresses the simulated backend hands out, in the order PyTorch got
+ * them: each segment_alloc's, and the base of each expandable segment's
+ * reservation, which is the first range mapped outside every live
+ * reservation (a reservation spans less than 9/8 of the device plus a
+ * granule and is freed when nothing in it is mapped). Returns the count.
+ */
+static size_t trace_backend_addresses(const replay_event_t *ev, size_t n, uint64_t total,
+                                      uint64_t *addrs)
+{
+    typedef struct resv {
+        uint64_t base, mapped;
+    } resv_t;
+    resv_t resv[64];
+    size_t nresv = 0, naddrs = 0;
+    uint64_t span = total + total / 8;
+    for (size_t i = 0; i < n; i++) {
+        const replay_event_t *e = &ev[i];
+        if (e->kind == EV_SEGMENT_ALLOC) {
+            addrs[naddrs++] = e->addr;
+            continue;
+        }
+        if (e->kind != EV_SEGMENT_MAP && e->kind != EV_SEGMENT_UNMAP)
+            continue;
+        size_t r = 0;
+        while (r < nresv && !(e->addr >= resv[r].base && e->addr < resv[r].base + span))
+            r++;
+        if (e->kind == EV_SEGMENT_MAP) {
+            if (r == nresv) {
+                if (nresv == sizeof(resv) / sizeof(resv[0]))
+                    continue; /* more live reservations than any trace has: leave it to the rule */
+                resv[nresv++] = (resv_t){e->addr, 0};
+                addrs[naddrs++] = e->addr;
+            }
+            resv[r].mapped += e->size;
+        } else if (r < nresv) {
+            resv[r].mapped -= e->size < resv[r].mapped ? e->size : resv[r].mapped;
+            if (!resv[r].mapped)
+                resv[r] = resv[--nresv];
+        }
+    }
+    return naddrs;
+}
+
 /* Build the simulated backend and bring cca up with the replay's settings. */
 static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev, size_t n,
                                 const cca_replay_options_t *opt, cca_replay_result_t *r,
@@ -487,9 +531,7 @@ static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev,
         addrs = malloc((n ? n : 1) * sizeof(*addrs));
         if (!addrs)
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the address list");
-        for (size_t i = 0; i < n; i++)
-            if (ev[i].kind == EV_SEGMENT_ALLOC)
-                addrs[naddrs++] = ev[i].addr;
+        naddrs = trace_backend_addresses(ev, n, total, addrs);
         cfg.addresses = addrs;
         cfg.address_count = naddrs;
     }

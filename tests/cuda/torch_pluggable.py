@@ -43,6 +43,15 @@ torch.cuda.synchronize()
 cur2, peak2, total2 = allocation_stats()
 assert total2 >= total + 100, (total, total2)
 assert peak2 >= 100, peak2
+# Kernels writing and reading 128 MiB: several 20 MiB granules with expandable segments
+# (CCA_ALLOC_CONF=expandable_segments:True), one segment otherwise.
+n = 16 * 1024 * 1024
+big = torch.arange(n, device="cuda", dtype=torch.int64)
+assert int(big.sum()) == n * (n - 1) // 2, "sum over 128 MiB differs"
+assert int(big[-1]) == n - 1 and int(big[20 * 1024 * 1024 // 8]) == 20 * 1024 * 1024 // 8
+del big
+torch.cuda.synchronize()
+
 summary = ctypes.c_char_p()
 assert lib.cca_memory_summary(0, False, ctypes.byref(summary)) == 0
 text = summary.value.decode()

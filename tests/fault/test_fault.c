@@ -5,7 +5,10 @@
  * end in success or a clean error status (a known status with a message),
  * the invariants must hold after each step, and after freeing everything and
  * emptying both caches the simulated backend must hold no byte, allocation,
- * event or host block.
+ * event or host block. After every step each device's backend memory must be
+ * exactly what the allocator accounts for (segments plus mapped granules of
+ * expandable segments): a failure in the middle of growing an expandable
+ * segment maps nothing unaccounted.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include "async.h"
 #include "check.h"
 #include "runtime.h"
+#include "async.h"
 #include "device.h"
 #include "harness.h"
 
@@ -55,6 +59,16 @@ static void step_check(cca_status_t st, const char *what)
     char why[512];
     if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
         HARNESS_FAIL("%s [%s]: after %s: %s", cur_scenario, cur_fault, what, why);
+    cca_sim_usage_t u;
+    if (async_enabled() || cca_sim_usage(sim, &u) != CCA_OK)
+        return; /* under cudaMallocAsync the driver's pool holds memory the allocator does not count */
+    for (int d = 0; d < cca_state->device_count; d++) {
+        cca_device_t *dev = &cca_state->devices[d];
+        if (!dev->orphan_count && u.device_bytes[d] != dev->total_allocated_memory)
+            HARNESS_FAIL("%s [%s]: after %s: device %d: the backend holds %zu bytes, the "
+                         "allocator accounts for %zu", cur_scenario, cur_fault, what, d,
+                         u.device_bytes[d], dev->total_allocated_memory);
+    }
 }
 
 static void do_malloc(size_t size, int device, cca_stream_t stream)
@@ -276,6 +290,44 @@ static void scenario_async(void)
     do_malloc(100 * MiB, 0, NULL); /* device cap */
 }
 
+/* Expandable segments: growth over several granules and streams, holes
+ * mapped again, events, unmapping on empty_cache and on the OOM path. */
+static void scenario_expandable(void)
+{
+    do_malloc(1000, 0, NULL);        /* small pool: a 2 MiB granule */
+    do_malloc(3 * MiB, 0, NULL);     /* large pool: a 20 MiB granule */
+    do_malloc(30 * MiB, 0, NULL);    /* grows at the end: one more granule */
+    do_malloc(45 * MiB, 0, S1);      /* another stream's segment: three granules at once */
+    do_malloc(900 * 1024, 0, NULL);
+    do_malloc(5 * MiB, 1, S2);       /* device 1 */
+    do_record(2, S2);
+    do_free(2);                      /* 30 MiB waits for S2 */
+    do_free(1);
+    step_check(cca_empty_cache(), "cca_empty_cache"); /* syncs the event, unmaps free granules */
+    do_malloc(25 * MiB, 0, NULL);    /* maps the hole again */
+    do_malloc(50 * MiB, 0, NULL);    /* beyond the cap: unmaps S1's cache and retries, or OOM */
+    for (size_t i = nheld; i-- > 0;)
+        do_free(i);
+    step_check(cca_empty_cache(), "cca_empty_cache"); /* every reservation goes */
+    do_malloc(7 * MiB, 0, NULL);
+}
+
+/* Switching expandable segments on and off between allocations. */
+static void scenario_expandable_switch(void)
+{
+    do_malloc(5 * MiB, 0, NULL);     /* a plain segment */
+    step_check(cca_set_settings("expandable_segments:True"), "cca_set_settings");
+    do_malloc(5 * MiB, 0, NULL);     /* from the plain segment's cache */
+    do_malloc(40 * MiB, 0, NULL);    /* an expandable segment */
+    do_free(2);
+    step_check(cca_set_settings("expandable_segments:False"), "cca_set_settings");
+    do_malloc(30 * MiB, 0, NULL);    /* skips the expandable block: a plain segment */
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    step_check(cca_set_settings("expandable_segments:True,max_split_size_mb:40"), "cca_set_settings");
+    do_malloc(2 * MiB, 0, S1);
+    do_malloc(60 * MiB, 0, NULL);
+}
+
 typedef struct scenario {
     const char *name;
     void (*run)(void);
@@ -293,6 +345,8 @@ static const scenario_t scenarios[] = {
     {"peer", scenario_peer, "", 0},
     {"ipc", scenario_ipc, "", 72 * MiB},
     {"async", scenario_async, "backend:cudaMallocAsync", 96 * MiB},
+    {"expandable", scenario_expandable, "expandable_segments:True", 120 * MiB},
+    {"expandable_switch", scenario_expandable_switch, "", 0},
 };
 
 static void setup(const scenario_t *sc)
@@ -392,7 +446,8 @@ static void fault_loops(const scenario_t *sc)
         if (!calls[op])
             continue;
         cca_status_t statuses[2] = {CCA_ERR_BACKEND, CCA_ERR_OUT_OF_MEMORY};
-        int nstatus = (op == CCA_OP_MALLOC || op == CCA_OP_HOST_ALLOC || op == CCA_OP_MALLOC_ASYNC) ? 2 : 1;
+        int nstatus = (op == CCA_OP_MALLOC || op == CCA_OP_HOST_ALLOC || op == CCA_OP_MALLOC_ASYNC ||
+                       op == CCA_OP_VMM_CREATE) ? 2 : 1;
         for (int si = 0; si < nstatus; si++)
             for (int persistent = 0; persistent < 2; persistent++)
                 for (uint64_t nth = 1;; nth++) {
@@ -422,6 +477,8 @@ TEST(fault_host) { fault_loops(&scenarios[5]); }
 TEST(fault_peer) { fault_loops(&scenarios[6]); }
 TEST(fault_ipc) { fault_loops(&scenarios[7]); }
 TEST(fault_async) { fault_loops(&scenarios[8]); }
+TEST(fault_expandable) { fault_loops(&scenarios[9]); }
+TEST(fault_expandable_switch) { fault_loops(&scenarios[10]); }
 
 int main(void)
 {
@@ -435,6 +492,8 @@ int main(void)
     RUN(fault_peer);
     RUN(fault_ipc);
     RUN(fault_async);
+    RUN(fault_expandable);
+    RUN(fault_expandable_switch);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

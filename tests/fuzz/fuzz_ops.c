@@ -8,7 +8,10 @@
  *    IPC handles (frees of shared blocks deferred, references released,
  *    collection); after every operation the invariant checker must pass;
  *    when the first byte's second bit is set too, the same operations run
- *    with backend:cudaMallocAsync;
+ *    with backend:cudaMallocAsync; with the third bit set instead, the run
+ *    starts with expandable segments on (settings changes switch them on
+ *    and off in every run); outside cudaMallocAsync each device's backend
+ *    memory must equal what the allocator accounts for after every operation;
  *  - even: model mode: allocations, frees and empty_cache on one stream of
  *    one device with the default settings, each also run through an
  *    independent reference model of PyTorch's policy below (rounding, pools,
@@ -196,6 +199,10 @@ static const char *const settings_choices[] = {
     "roundup_power2_divisions:4",
     "garbage_collection_threshold:0.5",
     "max_split_size_mb:40,max_non_split_rounding_mb:40",
+    "expandable_segments:True",
+    "expandable_segments:False",
+    "expandable_segments:True,max_split_size_mb:40",
+    "expandable_segments:True,large_segment_size_mb:4",
 };
 
 typedef struct reader {
@@ -370,8 +377,11 @@ static void run_general(reader_t *r, bool async)
             size_t i = b % nlive;
             cca_ipc_mem_handle_t h;
             cca_status_t st = cca_ipc_get_handle(live[i], NULL, &h);
+            cca_block_t *blk = async ? NULL : ptrmap_find(cca_state->ptrmap, (uintptr_t)live[i], false);
             if (async) {
                 CHECK(st == CCA_ERR_NOT_SUPPORTED, "ipc under cudaMallocAsync: %s", cca_status_str(st));
+            } else if (blk && blk->pool && blk->segment->es) {
+                CHECK(st == CCA_ERR_NOT_SUPPORTED, "ipc of expandable memory: %s", cca_status_str(st));
             } else {
                 CHECK(st == CCA_OK, "ipc_get_handle: %s", cca_last_error()->message);
                 if (b & 0x80 || nhandles == 64)
@@ -392,11 +402,19 @@ static void run_general(reader_t *r, bool async)
                 CHECK(cca_set_memory_fraction(fraction, (b >> 1) & 1) == CCA_OK, "fraction");
             } else {
                 what = "cca_set_settings";
-                CHECK(cca_set_settings(settings_choices[(b >> 1) & 3]) == CCA_OK, "settings: %s",
+                CHECK(cca_set_settings(settings_choices[(b >> 1) & 7]) == CCA_OK, "settings: %s",
                       cca_last_error()->message);
             }
         }
         check_invariants(what);
+        if (async)
+            continue; /* the driver's pool holds memory the allocator does not count */
+        cca_sim_usage_t u;
+        CHECK(cca_sim_usage(sim, &u) == CCA_OK, "usage");
+        for (int d = 0; d < 2; d++)
+            CHECK(u.device_bytes[d] == cca_state->devices[d].total_allocated_memory,
+                  "after %s: device %d: the backend holds %zu bytes, the allocator accounts for %zu",
+                  what, d, u.device_bytes[d], cca_state->devices[d].total_allocated_memory);
     }
 }
 
@@ -413,8 +431,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.manual_events = true;
     cca_shutdown();
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim");
-    CHECK(cca_init_with_backend(sim, async ? "backend:cudaMallocAsync" : "") == CCA_OK, "init: %s",
-          cca_last_error()->message);
+    const char *initial = async                ? "backend:cudaMallocAsync"
+                          : !model_mode && (data[0] & 4) ? "expandable_segments:True"
+                                                         : "";
+    CHECK(cca_init_with_backend(sim, initial) == CCA_OK, "init: %s", cca_last_error()->message);
     nlive = 0;
     nhandles = 0;
     model_reset();

@@ -1,10 +1,10 @@
 /*
  * test_replay_traces.c - the exactness oracle: every real PyTorch trace in
- * tests/data/traces (all but the expandable-segments ones) replays through cca
- * with PyTorch's segment addresses (graph and MemPool traces with their
- * private-pool operations applied), and every allocation lands where PyTorch
- * put it, with PyTorch's segment counts, OOMs, peaks, all 122 memory_stats
- * values and the memory_summary text. The expected figures come from the
+ * tests/data/traces replays through cca with PyTorch's segment addresses
+ * (graph and MemPool traces with their private-pool operations applied), and
+ * every allocation lands where PyTorch put it, with PyTorch's segment counts
+ * (segment_map / segment_unmap events for expandable segments), OOMs, peaks,
+ * all 122 memory_stats values and the memory_summary text. The expected figures come from the
  * trace files themselves.
  */
 #include <dirent.h>
@@ -67,13 +67,11 @@ TEST(all_traces_exact)
         size_t len = strlen(n);
         if (len < 10 || strcmp(n + len - 10, ".pickle.gz") != 0)
             continue;
-        if (strstr(n, "expandable"))
-            continue; /* expandable segments replay by segment_map, not yet supported */
         check_trace(n);
         checked++;
     }
     closedir(dir);
-    expect_eq_i64(checked, 9);
+    expect_eq_i64(checked, 13);
 }
 
 TEST(fresh_addresses)

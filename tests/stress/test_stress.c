@@ -9,6 +9,9 @@
  * is freed (a block handed out twice, or reused before its events, shows up
  * as a corrupted pattern). At the end the invariants hold and, once
  * everything is freed and the cache emptied, the backend holds nothing.
+ * The run is made twice: with plain segments, and with expandable segments
+ * (32 reservations growing and unmapping under the threads, real memory
+ * behind every mapped granule).
  * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread.
  */
 #include <pthread.h>
@@ -173,7 +176,7 @@ static void *completer(void *arg)
     return NULL;
 }
 
-TEST(threads_streams_events)
+static void run_stress(const char *settings, size_t total_memory)
 {
     const char *env = getenv("STRESS_OPS");
     if (env && atoi(env) > 0)
@@ -182,10 +185,15 @@ TEST(threads_streams_events)
         streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
-    cfg.total_memory = 64ull << 30;
+    cfg.total_memory = total_memory;
     cfg.backed = true;
     cfg.manual_events = true;
-    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+    atomic_store(&stop_completer, false);
+    atomic_store(&ops_done, 0);
+    atomic_store(&bad_patterns, 0);
+    atomic_store(&errors, 0);
+    atomic_store(&cross_frees, 0);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
         HARNESS_FAIL("setup: %s", cca_last_error()->message);
         return;
     }
@@ -224,16 +232,23 @@ TEST(threads_streams_events)
     expect_eq_u64(atomic_load(&bad_patterns), 0);
     expect_eq_u64(atomic_load(&errors), 0);
     expect_eq_u64(atomic_load(&ops_done), (uint64_t)THREADS * (uint64_t)ops_per_thread);
-    printf("stress: %d threads, %llu operations, %llu cross-thread frees, %lld allocations, "
-           "%lld segments\n",
-           THREADS, (unsigned long long)atomic_load(&ops_done),
+    expect_eq_u64(u.live_handles, 0);
+    printf("stress%s%s: %d threads, %llu operations, %llu cross-thread frees, %lld allocations, "
+           "%lld segments, %lld maps, %lld unmaps\n",
+           *settings ? " " : "", settings, THREADS, (unsigned long long)atomic_load(&ops_done),
            (unsigned long long)atomic_load(&cross_frees),
-           (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated);
+           (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated,
+           *settings ? (long long)s.num_device_alloc : 0ll,
+           *settings ? (long long)s.num_device_free : 0ll);
     cca_shutdown();
 }
+
+TEST(threads_streams_events) { run_stress("", 64ull << 30); }
+TEST(threads_streams_events_expandable) { run_stress("expandable_segments:True", 8ull << 30); }
 
 int main(void)
 {
     RUN(threads_streams_events);
+    RUN(threads_streams_events_expandable);
     return harness_done();
 }

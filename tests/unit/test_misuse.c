@@ -160,7 +160,7 @@ TEST(settings_strings)
     MISUSE(cca_set_settings("roundup_power2_divisions:3"), CCA_ERR_BAD_SETTINGS,
            "roundup_power2_divisions");
     MISUSE(cca_set_settings("max_split_size_mb:20,,"), CCA_ERR_BAD_SETTINGS, "");
-    MISUSE(cca_set_settings("expandable_segments:True"), CCA_ERR_NOT_SUPPORTED, "expandable_segments");
+    MISUSE(cca_set_settings("expandable_segments:Maybe"), CCA_ERR_BAD_SETTINGS, "expandable_segments");
     expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
     char *text = NULL;
     expect_status(cca_settings_describe("max_split_size_mb:", &text), CCA_ERR_BAD_SETTINGS);
@@ -192,6 +192,38 @@ TEST(devices_and_processes)
     MISUSE(cca_ipc_release_handle(&bad), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
     MISUSE(cca_ipc_release_handle(NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
     expect_ok(cca_free(p));
+    cca_shutdown();
+}
+
+/* Pointers into expandable segments: blocks, unmapped space, after unmapping. */
+TEST(expandable_pointers)
+{
+    setup();
+    expect_ok(cca_set_settings("expandable_segments:True"));
+    void *a, *b;
+    expect_ok(cca_malloc(&a, 5 * MiB, NULL));
+    expect_ok(cca_malloc(&b, 1000, S1));
+    MISUSE(cca_free((char *)a + 512), CCA_ERR_INVALID_POINTER, "is inside the block");
+    MISUSE(cca_free((char *)a + 20 * MiB), CCA_ERR_INVALID_POINTER, "not allocated by cca");
+    MISUSE(cca_free((char *)a + 100 * MiB), CCA_ERR_INVALID_POINTER, "not allocated by cca");
+    MISUSE(cca_record_stream((char *)a + 30 * MiB, S1), CCA_ERR_INVALID_POINTER, "not allocated");
+    /* PyTorch refuses to share expandable memory between processes */
+    MISUSE(cca_get_base_allocation(a, NULL, NULL), CCA_ERR_NOT_SUPPORTED, "expandable_segments");
+    MISUSE(cca_get_base_allocation((char *)a + 4096, NULL, NULL), CCA_ERR_NOT_SUPPORTED,
+           "expandable_segments");
+    cca_ipc_mem_handle_t h;
+    MISUSE(cca_ipc_get_handle(a, NULL, &h), CCA_ERR_NOT_SUPPORTED, "expandable_segments");
+    expect_ok(cca_free(a));
+    MISUSE(cca_free(a), CCA_ERR_INVALID_POINTER, "already freed");
+    expect_ok(cca_empty_cache()); /* a's granule is unmapped, its reservation freed */
+    MISUSE(cca_free(a), CCA_ERR_INVALID_POINTER, "already freed");
+    MISUSE(cca_record_stream(a, S1), CCA_ERR_INVALID_POINTER, "already freed");
+    expect_ok(cca_free(b));
+    MISUSE(cca_free(b), CCA_ERR_INVALID_POINTER, "already freed");
+    expect_ok(cca_empty_cache());
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_reservations + u.live_handles + u.device_bytes[0], 0);
 }
 
 TEST(host_pointers)
@@ -226,6 +258,7 @@ int main(void)
     RUN(device_pointers);
     RUN(arguments);
     RUN(settings_strings);
+    RUN(expandable_pointers);
     RUN(host_pointers);
     RUN(devices_and_processes);
     printf("misuse cases: %d\n", cases);

@@ -22,7 +22,7 @@ static cca_status_t vmm_invalid(cca_backend_op_t op, const char *why, const void
                              cca_backend_op_name(op), addr, size, why);
 }
 
-/* The reservation of device holding [addr, addr + size), or NULL. */
+/* The reservation of device (-1: of any device) holding [addr, addr + size), or NULL. */
 static sim_resv_t *find_resv(sim_ctx_t *c, int device, uint64_t addr, uint64_t size)
 {
     if (size == 0 || addr + size < addr)
@@ -31,7 +31,7 @@ static sim_resv_t *find_resv(sim_ctx_t *c, int device, uint64_t addr, uint64_t s
     if (!n || n->kind != SIM_RANGE_RESV || addr + size > n->start + n->len)
         return NULL;
     sim_resv_t *r = n->data;
-    return r->device == device ? r : NULL;
+    return device < 0 || r->device == device ? r : NULL;
 }
 
 /* The configured granularity. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
@@ -316,7 +316,8 @@ out_unlock:
     return st;
 }
 
-/* Check that the range is entirely mapped (mapping already grants access).
+/* Check that the range is entirely mapped (mapping already grants access);
+ * device is the one given access: the owner, or a peer of it.
  * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t size)
 {
@@ -326,9 +327,13 @@ static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t
     cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_SET_ACCESS);
     if (st != CCA_OK)
         goto out_unlock;
-    sim_resv_t *r = find_resv(c, device, start, size);
+    if (device < 0 || device >= c->device_count) {
+        st = sim_bad_device(c, CCA_OP_VMM_SET_ACCESS, device);
+        goto out_unlock;
+    }
+    sim_resv_t *r = find_resv(c, -1, start, size);
     if (!r) {
-        st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "not inside a live reservation of this device",
+        st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "not inside a live reservation",
                          addr, size);
         goto out_unlock;
     }

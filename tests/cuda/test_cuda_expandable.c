@@ -1,0 +1,263 @@
+/*
+ * test_cuda_expandable.c - expandable segments on a real GPU (CUDA virtual
+ * memory through the driver API): blocks that grow across granule boundaries
+ * are written and read across them (memset kernels and device-to-device
+ * copies), a hole unmapped by empty_cache is mapped again and used, unmapping
+ * gives the memory back to the driver (cudaMemGetInfo), and the memory
+ * fraction caps growth with PyTorch's out-of-memory error. Each test starts
+ * from a fresh cca_init and ends with cca_shutdown. Exits 77 (skipped) when
+ * no GPU is usable.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setenv under -std=c11 */
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static const size_t MiB = 1024 * 1024;
+
+static bool setup(const char *settings)
+{
+    setenv("CCA_BACKEND", "cuda", 1);
+    setenv("CCA_ALLOC_CONF", settings, 1);
+    cca_status_t st = cca_init();
+    if (st != CCA_OK) {
+        HARNESS_FAIL("cca_init: %s: %s", cca_status_str(st), cca_last_error()->message);
+        return false;
+    }
+    return true;
+}
+
+static void teardown(void)
+{
+    cca_shutdown();
+    unsetenv("CCA_ALLOC_CONF");
+}
+
+static cudaStream_t new_stream(void)
+{
+    cudaStream_t s = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        HARNESS_FAIL("cudaStreamCreateWithFlags failed");
+    return s;
+}
+
+/* Bytes of [ptr + at - 4 KiB, ptr + at + 4 KiB) that differ from value (a window on a boundary). */
+static size_t check_window(const void *ptr, size_t at, int value, cudaStream_t s)
+{
+    unsigned char buf[8192];
+    if (cudaMemcpyAsync(buf, (const char *)ptr + at - 4096, sizeof(buf), cudaMemcpyDeviceToHost, s) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+        return sizeof(buf);
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof(buf); i++)
+        bad += buf[i] != (unsigned char)value;
+    return bad;
+}
+
+/* A block grown over three granules is usable across both boundaries. */
+TEST(growth_across_granules)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    cudaStream_t s = new_stream();
+    char *a = NULL, *b = NULL, *c = NULL;
+    expect_ok(cca_malloc((void **)&a, 15 * MiB, (cca_stream_t)s)); /* maps granule 0 */
+    expect_ok(cca_malloc((void **)&b, 40 * MiB, (cca_stream_t)s)); /* grows: granules 1, 2 */
+    expect_eq_u64((uintptr_t)b, (uintptr_t)a + 15 * MiB);
+    cca_device_stats_t st;
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, 60 * MiB);
+    expect_eq_i64(st.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(st.num_device_alloc, 2);
+    if (a && b) {
+        expect_true(cudaMemsetAsync(a, 0x11, 15 * MiB, s) == cudaSuccess);
+        expect_true(cudaMemsetAsync(b, 0x5a, 40 * MiB, s) == cudaSuccess);
+        /* granule boundaries at a + 20 MiB and a + 40 MiB lie inside b */
+        expect_eq_u64(check_window(a, 20 * MiB, 0x5a, s), 0);
+        expect_eq_u64(check_window(a, 40 * MiB, 0x5a, s), 0);
+        expect_eq_u64(check_window(b, 40 * MiB - 4096, 0x5a, s), 0);
+        /* a device-to-device copy across both boundaries, into a third block */
+        expect_ok(cca_malloc((void **)&c, 40 * MiB, (cca_stream_t)s));
+        if (c) {
+            expect_true(cudaMemsetAsync(c, 0, 40 * MiB, s) == cudaSuccess);
+            expect_true(cudaMemcpyAsync(c, b, 40 * MiB, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+            expect_eq_u64(check_window(c, 5 * MiB, 0x5a, s), 0);
+            expect_eq_u64(check_window(c, 25 * MiB, 0x5a, s), 0);
+            expect_eq_u64(check_window(c, 40 * MiB - 4096, 0x5a, s), 0);
+        }
+        expect_eq_u64(check_window(a, 15 * MiB - 4096, 0x11, s), 0);
+    }
+    expect_true(cudaStreamSynchronize(s) == cudaSuccess);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(c));
+    cudaStreamDestroy(s);
+    teardown();
+}
+
+/* empty_cache unmaps whole free granules: the driver gets them back. */
+TEST(empty_cache_unmaps_and_returns_memory)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    cudaStream_t s = new_stream();
+    const size_t size = 1000 * MiB;
+    size_t free_before, free_cached, free_after, total;
+    expect_ok(cca_mem_get_info(0, &free_before, &total));
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, size, (cca_stream_t)s));
+    if (p)
+        expect_true(cudaMemsetAsync(p, 0x33, size, s) == cudaSuccess);
+    expect_ok(cca_free(p));
+    expect_ok(cca_mem_get_info(0, &free_cached, &total));
+    expect_true(free_cached + size <= free_before + 64 * MiB);
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_mem_get_info(0, &free_after, &total));
+    expect_true(free_after >= free_cached + size);
+    cca_device_stats_t st;
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(st.num_device_free, 1);
+    cudaStreamDestroy(s);
+    teardown();
+}
+
+/* A hole unmapped in the middle is mapped again and used. */
+TEST(hole_mapped_again)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    cudaStream_t s = new_stream();
+    char *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    expect_ok(cca_malloc((void **)&a, 30 * MiB, (cca_stream_t)s));
+    expect_ok(cca_malloc((void **)&b, 30 * MiB, (cca_stream_t)s));
+    expect_ok(cca_malloc((void **)&c, 15 * MiB, (cca_stream_t)s));
+    expect_ok(cca_free(b));
+    expect_ok(cca_empty_cache()); /* unmaps the granule [a + 40, a + 60) MiB */
+    cca_device_stats_t st;
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, 60 * MiB);
+    expect_ok(cca_malloc((void **)&d, 25 * MiB, (cca_stream_t)s));
+    expect_eq_u64((uintptr_t)d, (uintptr_t)a + 30 * MiB);
+    if (d && c) {
+        expect_true(cudaMemsetAsync(d, 0x7e, 25 * MiB, s) == cudaSuccess);
+        expect_true(cudaMemsetAsync(c, 0x01, 15 * MiB, s) == cudaSuccess);
+        expect_eq_u64(check_window(d, 10 * MiB, 0x7e, s), 0); /* the remapped granule's start */
+        expect_eq_u64(check_window(d, 25 * MiB - 4096, 0x7e, s), 0);
+        expect_eq_u64(check_window(c, 4096, 0x01, s), 0);
+    }
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(c));
+    expect_ok(cca_free(d));
+    expect_ok(cca_empty_cache());
+    cudaStreamDestroy(s);
+    teardown();
+}
+
+/* The memory fraction stops growth with PyTorch's error; the allocator stays usable. */
+TEST(out_of_memory_with_fraction)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    size_t free_bytes = 0, total = 0;
+    expect_ok(cca_mem_get_info(0, &free_bytes, &total));
+    expect_ok(cca_set_memory_fraction(0.05, 0));
+    cudaStream_t s = new_stream();
+    const size_t chunk = 100 * MiB;
+    void *blocks[1024];
+    size_t count = 0;
+    cca_status_t st = CCA_OK;
+    while (count < sizeof(blocks) / sizeof(blocks[0])) {
+        void *p = NULL;
+        st = cca_malloc(&p, chunk, (cca_stream_t)s);
+        if (st != CCA_OK)
+            break;
+        blocks[count++] = p;
+    }
+    expect_eq_i64(st, CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "Tried to allocate");
+    expect_contains(cca_last_error()->message, "allowed");
+    expect_true(count >= 1);
+    expect_true(count * chunk <= total / 20);
+    for (size_t i = 1; i < count; i++)
+        expect_eq_u64((uintptr_t)blocks[i], (uintptr_t)blocks[i - 1] + chunk); /* one growing range */
+    cca_device_stats_t ds;
+    expect_ok(cca_get_device_stats(0, &ds));
+    expect_true((size_t)ds.reserved_bytes[CCA_STAT_ALL].current <= total / 20);
+    expect_true(cudaPeekAtLastError() == cudaSuccess);
+    for (size_t i = 0; i < count; i++)
+        expect_ok(cca_free(blocks[i]));
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, chunk, (cca_stream_t)s));
+    if (p)
+        expect_true(cudaMemsetAsync(p, 0x44, chunk, s) == cudaSuccess);
+    if (p)
+        expect_eq_u64(check_window(p, chunk - 4096, 0x44, s), 0);
+    expect_ok(cca_free(p));
+    cudaStreamDestroy(s);
+    teardown();
+}
+
+/* Several streams and both pools: one reservation each, all usable. */
+TEST(streams_and_pools)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    cudaStream_t s[3] = {new_stream(), new_stream(), new_stream()};
+    void *small[3] = {0}, *large[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        expect_ok(cca_malloc(&small[i], 3000, (cca_stream_t)s[i]));
+        expect_ok(cca_malloc(&large[i], 25 * MiB, (cca_stream_t)s[i]));
+        if (small[i] && large[i]) {
+            expect_true(cudaMemsetAsync(small[i], 0x20 + i, 3000, s[i]) == cudaSuccess);
+            expect_true(cudaMemsetAsync(large[i], 0x30 + i, 25 * MiB, s[i]) == cudaSuccess);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        if (large[i])
+            expect_eq_u64(check_window(large[i], 20 * MiB, 0x30 + i, s[i]), 0);
+    cca_snapshot_t *snap = NULL;
+    expect_ok(cca_snapshot(&snap));
+    if (snap) {
+        expect_eq_u64(snap->segment_count, 6);
+        for (size_t i = 0; i < snap->segment_count; i++)
+            expect_true(snap->segments[i].is_expandable);
+        cca_snapshot_free(snap);
+    }
+    for (int i = 0; i < 3; i++) {
+        expect_ok(cca_free(small[i]));
+        expect_ok(cca_free(large[i]));
+    }
+    expect_ok(cca_empty_cache());
+    for (int i = 0; i < 3; i++)
+        cudaStreamDestroy(s[i]);
+    teardown();
+}
+
+int main(void)
+{
+    setenv("CCA_BACKEND", "cuda", 1);
+    cca_status_t st = cca_init();
+    if (st == CCA_ERR_NO_DEVICE) {
+        printf("SKIPPED: no GPU (%s)\n", cca_last_error()->message);
+        return 77;
+    }
+    if (st != CCA_OK) {
+        printf("FAIL cca_init: %s: %s\n", cca_status_str(st), cca_last_error()->message);
+        return 1;
+    }
+    cca_shutdown();
+    RUN(growth_across_granules);
+    RUN(empty_cache_unmaps_and_returns_memory);
+    RUN(hole_mapped_again);
+    RUN(out_of_memory_with_fraction);
+    RUN(streams_and_pools);
+    return harness_done();
+}

@@ -1,0 +1,465 @@
+/*
+ * test_expandable.c - expandable segments (expandable_segments:True) on the
+ * simulated backend: growth at the end in granules, PyTorch's statistics in
+ * this mode, segment_map / segment_unmap history, unmapping of whole free
+ * granules on empty_cache and on the out-of-memory path, the release of an
+ * empty reservation, run-time switching, peers, snapshots, real (backed)
+ * memory across granule boundaries, and misuse.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+#include "pickle.h"
+
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+
+static cca_backend_t *sim;
+
+static void setup_with(const char *settings, size_t memory, bool backed, int devices)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = devices;
+    cfg.total_memory = memory ? memory : 8ull << 30;
+    cfg.backed = backed;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK) {
+        printf("cannot create sim backend: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+    if (cca_init_with_backend(sim, settings) != CCA_OK) {
+        printf("cannot init: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static void setup(const char *settings)
+{
+    setup_with(settings, 0, false, 1);
+}
+
+static cca_device_stats_t stats(void)
+{
+    cca_device_stats_t s;
+    cca_get_device_stats(0, &s);
+    return s;
+}
+
+static void *xmalloc(size_t size, cca_stream_t stream)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc(&p, size, stream);
+    if (st != CCA_OK)
+        printf("  cca_malloc(%zu) failed: %s\n", size, cca_last_error()->message);
+    return p;
+}
+
+static cca_sim_usage_t usage(void)
+{
+    cca_sim_usage_t u;
+    memset(&u, 0, sizeof(u));
+    cca_sim_usage(sim, &u);
+    return u;
+}
+
+/* Count history entries of one action. */
+static size_t history_count(cca_trace_action_t action, size_t *bytes)
+{
+    cca_trace_entry_t *e = NULL;
+    size_t n = 0, found = 0;
+    if (bytes)
+        *bytes = 0;
+    if (cca_history_get(&e, &n) != CCA_OK)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (e[i].action == action) {
+            found++;
+            if (bytes)
+                *bytes += e[i].size;
+        }
+    cca_history_free(e);
+    return found;
+}
+
+TEST(small_pool_maps_2mib_granules)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(1000, NULL);
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_SMALL_POOL].current, 2 * MiB);
+    expect_eq_i64(s.num_device_alloc, 1);
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0); /* PyTorch keeps segment.* at 0 */
+    expect_eq_u64(usage().live_reservations, 1);
+    expect_eq_u64(usage().live_handles, 1);
+    /* fill the granule: the next small block comes from the next granule, contiguous */
+    void *b = xmalloc(MiB, NULL);
+    void *c = xmalloc(MiB, NULL);
+    expect_eq_u64((uintptr_t)b, (uintptr_t)a + 1024);
+    expect_eq_u64((uintptr_t)c, (uintptr_t)b + MiB);
+    s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 4 * MiB);
+    expect_eq_i64(s.num_device_alloc, 2);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 0);
+    expect_true(device_is_valid());
+    cca_free(a);
+    cca_free(b);
+    cca_free(c);
+    expect_true(device_is_valid());
+    cca_shutdown();
+}
+
+TEST(large_pool_grows_at_the_end)
+{
+    setup("expandable_segments:True");
+    cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER);
+    void *a = xmalloc(3 * MiB, NULL);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_LARGE_POOL].current, 20 * MiB);
+    /* 17 MiB are free after a; 30 MiB more map one granule and continue there */
+    void *b = xmalloc(30 * MiB, NULL);
+    expect_eq_u64((uintptr_t)b, (uintptr_t)a + 3 * MiB);
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_LARGE_POOL].current, 40 * MiB);
+    expect_eq_i64(s.num_device_alloc, 2);
+    expect_eq_i64(s.segment[CCA_STAT_LARGE_POOL].current, 0);
+    expect_eq_i64(s.oversize_segments.current, 0);
+    /* a request of several granules is one map entry of whole granules */
+    void *c = xmalloc(100 * MiB, NULL);
+    expect_eq_u64((uintptr_t)c, (uintptr_t)b + 30 * MiB);
+    size_t mapped = 0;
+    expect_eq_u64(history_count(CCA_TRACE_SEGMENT_MAP, &mapped), 3);
+    expect_eq_u64(mapped, 140 * MiB);
+    expect_eq_u64(history_count(CCA_TRACE_SEGMENT_ALLOC, NULL), 0);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 140 * MiB);
+    expect_true(device_is_valid());
+    cca_free(a);
+    cca_free(b);
+    cca_free(c);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    cca_shutdown();
+}
+
+TEST(empty_cache_unmaps_and_frees_the_reservation)
+{
+    setup("expandable_segments:True");
+    cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER);
+    void *a = xmalloc(50 * MiB, NULL);
+    void *b = xmalloc(4000, NULL);
+    cca_free(a);
+    cca_free(b);
+    expect_true(usage().device_bytes[0] == 62 * MiB);
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.num_device_free, 2); /* one unmap per pool */
+    size_t unmapped = 0;
+    expect_eq_u64(history_count(CCA_TRACE_SEGMENT_UNMAP, &unmapped), 2);
+    expect_eq_u64(unmapped, 62 * MiB);
+    cca_sim_usage_t u = usage();
+    expect_eq_u64(u.device_bytes[0], 0);
+    expect_eq_u64(u.live_handles, 0);
+    expect_eq_u64(u.live_reservations, 0);
+    expect_true(device_is_valid());
+    /* the next allocation reserves again */
+    void *c = xmalloc(50 * MiB, NULL);
+    expect_true(c != NULL);
+    expect_eq_u64(usage().live_reservations, 1);
+    cca_free(c);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    cca_shutdown();
+}
+
+TEST(empty_cache_unmaps_only_whole_free_granules)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(30 * MiB, NULL);  /* [0, 30) */
+    void *b = xmalloc(30 * MiB, NULL);  /* [30, 60) */
+    void *c = xmalloc(15 * MiB, NULL);  /* [60, 75) */
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 80 * MiB);
+    cca_free(b); /* free [30, 60): only granule [40, 60) is whole */
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 60 * MiB);
+    expect_eq_i64(s.num_device_free, 1);
+    expect_eq_u64(usage().device_bytes[0], 60 * MiB);
+    expect_true(device_is_valid());
+    /* the snapshot shows two mapped ranges, both expandable */
+    cca_snapshot_t *snap = NULL;
+    expect_ok(cca_snapshot(&snap));
+    expect_eq_u64(snap->segment_count, 2);
+    if (snap->segment_count == 2) {
+        expect_true(snap->segments[0].is_expandable && snap->segments[1].is_expandable);
+        expect_eq_u64(snap->segments[0].address, (uintptr_t)a);
+        expect_eq_u64(snap->segments[0].total_size, 40 * MiB);
+        expect_eq_u64(snap->segments[0].block_count, 2); /* a, and b's free 10 MiB */
+        expect_eq_u64(snap->segments[1].address, (uintptr_t)a + 60 * MiB);
+        expect_eq_u64(snap->segments[1].total_size, 20 * MiB);
+    }
+    cca_snapshot_free(snap);
+    /* 20 MiB fit in the hole: mapped again there, not at the end */
+    void *d = xmalloc(25 * MiB, NULL);
+    expect_eq_u64((uintptr_t)d, (uintptr_t)a + 30 * MiB);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 80 * MiB);
+    expect_true(device_is_valid());
+    cca_free(a);
+    cca_free(c);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_reservations, 0);
+    cca_shutdown();
+}
+
+TEST(oom_unmaps_cached_granules_and_retries)
+{
+    /* a 1 GiB device: 600 MiB cached in one stream's segment, then 600 MiB on another */
+    setup_with("expandable_segments:True", 1ull << 30, false, 1);
+    void *a = xmalloc(600 * MiB, NULL);
+    cca_free(a);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 600 * MiB);
+    void *b = xmalloc(600 * MiB, S1);
+    expect_true(b != NULL);
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.num_alloc_retries, 1);
+    expect_eq_i64(s.num_device_free, 1);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 600 * MiB);
+    expect_eq_i64(s.num_ooms, 0);
+    expect_true(device_is_valid());
+    /* a real OOM: PyTorch's message, allocator still usable */
+    void *c = NULL;
+    expect_status(cca_malloc(&c, 600 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "CUDA out of memory");
+    expect_eq_i64(stats().num_ooms, 1);
+    expect_true(device_is_valid());
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().device_bytes[0], 0);
+    expect_eq_u64(usage().live_handles, 0);
+    cca_shutdown();
+}
+
+TEST(oom_in_the_middle_of_growth_maps_nothing_unaccounted)
+{
+    setup_with("expandable_segments:True", 1ull << 30, false, 1);
+    void *a = xmalloc(3 * MiB, NULL); /* 20 MiB mapped */
+    /* room for 5 more granules only: a 200 MiB growth fails in its 6th create */
+    cca_sim_set_cap(sim, 0, 120 * MiB);
+    void *b = NULL;
+    expect_status(cca_malloc(&b, 200 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    cca_device_stats_t s = stats();
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 20 * MiB);
+    expect_eq_u64(usage().device_bytes[0], 20 * MiB);
+    expect_eq_u64(usage().live_handles, 1);
+    expect_true(device_is_valid());
+    /* with the memory fraction: the check comes before any growth */
+    cca_sim_set_cap(sim, 0, 0);
+    expect_ok(cca_set_memory_fraction(0.05, 0)); /* ~51 MiB */
+    expect_status(cca_malloc(&b, 60 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "allowed");
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 20 * MiB);
+    b = xmalloc(10 * MiB, NULL);
+    expect_true(b != NULL);
+    expect_true(device_is_valid());
+    cca_free(a);
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().device_bytes[0], 0);
+    cca_shutdown();
+}
+
+TEST(one_segment_per_stream_and_kind)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(5 * MiB, NULL);
+    void *b = xmalloc(5 * MiB, S1);
+    void *c = xmalloc(100, NULL);
+    void *d = xmalloc(100, S1);
+    expect_eq_u64(usage().live_reservations, 4);
+    cca_snapshot_t *snap = NULL;
+    expect_ok(cca_snapshot(&snap));
+    expect_eq_u64(snap->segment_count, 4);
+    size_t large = 0;
+    for (size_t i = 0; i < snap->segment_count; i++) {
+        expect_true(snap->segments[i].is_expandable);
+        large += snap->segments[i].is_large;
+    }
+    expect_eq_u64(large, 2);
+    cca_snapshot_free(snap);
+    cca_free(a);
+    cca_free(b);
+    cca_free(c);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_reservations, 0);
+    cca_shutdown();
+}
+
+TEST(switching_at_run_time_affects_new_segments_only)
+{
+    setup("");
+    void *a = xmalloc(5 * MiB, NULL); /* a plain 20 MiB segment */
+    cca_free(a);
+    expect_ok(cca_set_settings("expandable_segments:True"));
+    /* the cached plain block still serves a fitting request */
+    void *b = xmalloc(5 * MiB, NULL);
+    expect_eq_ptr(b, a);
+    /* a new segment is expandable */
+    void *c = xmalloc(50 * MiB, NULL);
+    expect_eq_i64(stats().segment[CCA_STAT_ALL].current, 1);
+    expect_eq_u64(usage().live_reservations, 1);
+    cca_free(c);
+    expect_ok(cca_set_settings("expandable_segments:False"));
+    /* expandable blocks are skipped now: a new plain segment */
+    void *d = xmalloc(30 * MiB, NULL);
+    expect_true((uintptr_t)d != (uintptr_t)c);
+    expect_eq_i64(stats().segment[CCA_STAT_ALL].current, 2);
+    expect_true(device_is_valid());
+    cca_free(b);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    cca_sim_usage_t u = usage();
+    expect_eq_u64(u.live_reservations, 0);
+    expect_eq_u64(u.live_allocations, 0);
+    expect_eq_u64(u.device_bytes[0], 0);
+    cca_shutdown();
+}
+
+TEST(backed_memory_across_granules)
+{
+    setup_with("expandable_segments:True", 1ull << 30, true, 1);
+    unsigned char *a = xmalloc(15 * MiB, NULL);
+    unsigned char *b = xmalloc(40 * MiB, NULL); /* spans granules 0..2 */
+    expect_eq_u64((uintptr_t)b, (uintptr_t)a + 15 * MiB);
+    if (b) {
+        memset(b, 0x5a, 40 * MiB);
+        size_t bad = 0;
+        for (size_t i = 0; i < 40 * MiB; i += 4096)
+            bad += b[i] != 0x5a;
+        expect_eq_u64(bad, 0);
+        expect_eq_u64(b[40 * MiB - 1], 0x5a);
+    }
+    cca_free(a);
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_handles, 0);
+    cca_shutdown();
+}
+
+TEST(peers_get_access_to_mapped_ranges)
+{
+    setup_with("expandable_segments:True", 1ull << 30, false, 2);
+    void *a = xmalloc(30 * MiB, NULL);
+    uint64_t before = cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS);
+    /* device 1 may access device 0's memory: the range mapped so far gets its access */
+    expect_ok(cca_enable_peer_access(1, 0));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 1);
+    expect_ok(cca_enable_peer_access(1, 0)); /* already enabled: nothing more */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 1);
+    /* a later growth sets access for the device and the peer */
+    void *b = xmalloc(30 * MiB, NULL);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 3);
+    cca_free(a);
+    cca_free(b);
+    cca_shutdown();
+}
+
+/* The pickle PyTorch's viewer reads: expandable segments and map/unmap entries. */
+TEST(snapshot_file)
+{
+    setup("expandable_segments:True");
+    cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER);
+    void *a = xmalloc(30 * MiB, NULL);
+    void *b = xmalloc(30 * MiB, NULL);
+    void *c = xmalloc(15 * MiB, NULL);
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    char path[] = "/tmp/cca-expandable-XXXXXX";
+    int fd = mkstemp(path);
+    expect_true(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    expect_ok(cca_dump_snapshot(path));
+    pv_doc_t *doc = NULL;
+    expect_ok(pickle_load_file(path, &doc));
+    unlink(path);
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    const pv_node_t *segs = root ? pv_dict_get(root, "segments") : NULL;
+    expect_true(segs && pv_len(segs) == 2);
+    for (size_t i = 0; segs && i < pv_len(segs); i++) {
+        bool expandable = false;
+        expect_true(pv_get_bool(pv_dict_get(pv_at(segs, i), "is_expandable"), &expandable));
+        expect_true(expandable);
+    }
+    const pv_node_t *traces = root ? pv_dict_get(root, "device_traces") : NULL;
+    const pv_node_t *ev = traces ? pv_at(traces, 0) : NULL;
+    size_t maps = 0, unmaps = 0, seg_allocs = 0;
+    for (size_t i = 0; ev && i < pv_len(ev); i++) {
+        const pv_node_t *action = pv_dict_get(pv_at(ev, i), "action");
+        maps += pv_str_eq(action, "segment_map");
+        unmaps += pv_str_eq(action, "segment_unmap");
+        seg_allocs += pv_str_eq(action, "segment_alloc");
+    }
+    expect_eq_u64(maps, 3);
+    expect_eq_u64(unmaps, 1);
+    expect_eq_u64(seg_allocs, 0);
+    pv_doc_free(doc);
+    cca_free(a);
+    cca_free(c);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    cca_shutdown();
+}
+
+TEST(misuse)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(5 * MiB, NULL);
+    void *base = NULL;
+    size_t size = 0;
+    /* PyTorch refuses to share expandable memory between processes */
+    expect_status(cca_get_base_allocation(a, &base, &size), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "expandable_segments");
+    expect_status(cca_free((char *)a + 512), CCA_ERR_INVALID_POINTER);
+    expect_ok(cca_free(a));
+    expect_status(cca_free(a), CCA_ERR_INVALID_POINTER);
+    expect_true(device_is_valid());
+    cca_shutdown();
+
+    /* a granule the backend cannot map is refused with a clear error */
+    cca_sim_config_t cfg = {0};
+    cfg.total_memory = 1ull << 30;
+    cfg.granularity = 4 * MiB;
+    expect_ok(cca_sim_create(&cfg, &sim));
+    expect_ok(cca_init_with_backend(sim, "expandable_segments:True"));
+    void *b = NULL;
+    expect_status(cca_malloc(&b, 100, NULL), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "granularity");
+    expect_ok(cca_malloc(&b, 5 * MiB, NULL)); /* 20 MiB granules are fine */
+    expect_ok(cca_free(b));
+    expect_true(device_is_valid());
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_reservations, 0);
+    cca_shutdown();
+}
+
+int main(void)
+{
+    RUN(small_pool_maps_2mib_granules);
+    RUN(large_pool_grows_at_the_end);
+    RUN(empty_cache_unmaps_and_frees_the_reservation);
+    RUN(empty_cache_unmaps_only_whole_free_granules);
+    RUN(oom_unmaps_cached_granules_and_retries);
+    RUN(oom_in_the_middle_of_growth_maps_nothing_unaccounted);
+    RUN(one_segment_per_stream_and_kind);
+    RUN(switching_at_run_time_affects_new_segments_only);
+    RUN(backed_memory_across_granules);
+    RUN(peers_get_access_to_mapped_ranges);
+    RUN(snapshot_file);
+    RUN(misuse);
+    cca_shutdown();
+    return harness_done();
+}
