@@ -46,13 +46,13 @@ static cca_backend_t *make_backend(void)
 static double pair_ns(host_alloc_t *h, size_t size, long iterations)
 {
     void *p;
-    if (host_malloc(h, &p, size) != CCA_OK || host_free(h, p) != CCA_OK)
+    if (host_malloc(h, &p, size) != CCA_OK || host_release_ptr(h, p) != CCA_OK)
         return -1;
     uint64_t t0 = cca_now_ns();
     for (long i = 0; i < iterations; i++) {
         if (host_malloc(h, &p, size) != CCA_OK)
             return -1;
-        host_free(h, p);
+        host_release_ptr(h, p);
     }
     return (double)(cca_now_ns() - t0) / (double)iterations;
 }
@@ -105,7 +105,7 @@ static double first_alloc_ms(bool reg, size_t threads, size_t size)
     uint64_t t0 = cca_now_ns();
     if (host_malloc(h, &p, size) == CCA_OK) {
         ms = (double)(cca_now_ns() - t0) / 1e6;
-        host_free(h, p);
+        host_release_ptr(h, p);
     } else {
         fprintf(stderr, "host_malloc(%zu): %s\n", size, cca_last_error()->message);
     }

@@ -46,7 +46,7 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size);
  * CCA_OK, CCA_ERR_INVALID_POINTER (unknown, interior or already freed),
  * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND (event create/record failed).
  */
-cca_status_t host_free(host_alloc_t *h, void *ptr);
+cca_status_t host_release_ptr(host_alloc_t *h, void *ptr);
 
 /*
  * Mark the block holding ptr (any address inside it) as used by stream on

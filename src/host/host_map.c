@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "host_internal.h"
+#include "pinned.h"
 
 /* ------------------------------------------------------------------------ */
 /* The pointer map and the range array                                      */

@@ -76,10 +76,10 @@ static void copies_on_two_streams(bool use_register)
         !cuda_ok(cudaMemcpyAsync(dev, src, COPY_BYTES, cudaMemcpyHostToDevice, s1), "H2D"))
         goto out;
     expect_ok(host_record_event(h, src + 4096, s1)); /* an interior pointer names the block */
-    expect_ok(host_free(h, src));
+    expect_ok(host_release_ptr(h, src));
     expect_ok(host_malloc(h, (void **)&other, COPY_BYTES));
     expect_true(other != src); /* still in use by s1 */
-    expect_ok(host_free(h, other));
+    expect_ok(host_release_ptr(h, other));
     other = NULL;
 
     atomic_store(&gate_open, true);
@@ -102,12 +102,12 @@ static void copies_on_two_streams(bool use_register)
     expect_eq_u64(bad, 0);
 
     /* Both streams are done: src comes back (LIFO over other), then dst. */
-    expect_ok(host_free(h, dst));
+    expect_ok(host_release_ptr(h, dst));
     dst = NULL;
     void *again = NULL;
     expect_ok(host_malloc(h, &again, COPY_BYTES));
     expect_true(again != NULL);
-    expect_ok(host_free(h, again));
+    expect_ok(host_release_ptr(h, again));
 
     cca_host_stats_t st;
     expect_ok(host_get_stats(h, &st));
@@ -124,7 +124,7 @@ static void copies_on_two_streams(bool use_register)
 out:
     atomic_store(&gate_open, true); /* never leave s1 held */
     if (dst)
-        host_free(h, dst);
+        host_release_ptr(h, dst);
     if (dev)
         cudaFree(dev);
     if (s1)
@@ -170,7 +170,7 @@ TEST(first_gib)
                    modes[m].reg ? "register" : "cudaHostAlloc", modes[m].threads,
                    (double)(t1 - t0) / 1e6);
             ((volatile char *)p)[1024 * MiB - 1] = 1;
-            expect_ok(host_free(h, p));
+            expect_ok(host_release_ptr(h, p));
         }
         expect_ok(host_empty_cache(h));
         host_destroy(h);

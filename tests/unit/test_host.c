@@ -126,7 +126,7 @@ TEST(size_zero_huge_and_null)
     expect_contains(cca_last_error()->message, "1 EB");
     expect_status(host_malloc(f.h, &p, SIZE_MAX), CCA_ERR_INVALID_ARGUMENT);
     expect_status(host_malloc(f.h, NULL, 16), CCA_ERR_INVALID_ARGUMENT);
-    expect_ok(host_free(f.h, NULL));
+    expect_ok(host_release_ptr(f.h, NULL));
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 0);
     cca_host_stats_t st = stats(&f);
     expect_stat(st.allocations, 0, 0, 0, 0);
@@ -146,12 +146,12 @@ TEST(power_of_two_rounding_and_classes)
     expect_eq_i64(st.active_bytes.current, 1024);
     expect_eq_i64(st.allocated_bytes.current, 1024);
 
-    expect_ok(host_free(f.h, a));
+    expect_ok(host_release_ptr(f.h, a));
     expect_ok(host_malloc(f.h, &b, 513)); /* 1024 class: the cached block */
     expect_eq_ptr(b, a);
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 1);
 
-    expect_ok(host_free(f.h, b));
+    expect_ok(host_release_ptr(f.h, b));
     expect_ok(host_malloc(f.h, &c, 512)); /* 512 class: the 1024 block is not taken */
     expect_ne_u64((uintptr_t)c, (uintptr_t)a);
     expect_ok(host_malloc(f.h, &d, 1025)); /* 2048 class */
@@ -162,9 +162,9 @@ TEST(power_of_two_rounding_and_classes)
     expect_eq_i64(st.allocated_bytes.current, 1024 + 512 + 2048 + 1);
     expect_eq_i64(st.active_bytes.current, 512 + 2048 + 1);
     expect_eq_i64(st.active_requests.current, 3);
-    expect_ok(host_free(f.h, c));
-    expect_ok(host_free(f.h, d));
-    expect_ok(host_free(f.h, one));
+    expect_ok(host_release_ptr(f.h, c));
+    expect_ok(host_release_ptr(f.h, d));
+    expect_ok(host_release_ptr(f.h, one));
     fx_close(&f);
 }
 
@@ -177,14 +177,14 @@ TEST(free_list_is_lifo)
     void *a, *b, *c;
     expect_ok(host_malloc(f.h, &a, 4096));
     expect_ok(host_malloc(f.h, &b, 4096));
-    expect_ok(host_free(f.h, a));
-    expect_ok(host_free(f.h, b));
+    expect_ok(host_release_ptr(f.h, a));
+    expect_ok(host_release_ptr(f.h, b));
     expect_ok(host_malloc(f.h, &c, 4000));
     expect_eq_ptr(c, b);
     expect_ok(host_malloc(f.h, &c, 4000));
     expect_eq_ptr(c, a);
-    expect_ok(host_free(f.h, a));
-    expect_ok(host_free(f.h, b));
+    expect_ok(host_release_ptr(f.h, a));
+    expect_ok(host_release_ptr(f.h, b));
     fx_close(&f);
 }
 
@@ -197,14 +197,14 @@ TEST(reuse_only_after_events_complete)
     void *p, *q, *r;
     expect_ok(host_malloc(f.h, &p, 64 * KiB));
     expect_ok(host_record_event(f.h, p, S1));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_u64(cca_sim_pending_events(f.be), 1);
     cca_host_stats_t st = stats(&f);
     expect_eq_i64(st.active_requests.current, 1); /* waiting on its event */
 
     expect_ok(host_malloc(f.h, &q, 64 * KiB));
     expect_ne_u64((uintptr_t)q, (uintptr_t)p);
-    expect_ok(host_free(f.h, q)); /* no stream recorded: cached at once */
+    expect_ok(host_release_ptr(f.h, q)); /* no stream recorded: cached at once */
     expect_ok(host_malloc(f.h, &r, 64 * KiB));
     expect_eq_ptr(r, q);
 
@@ -218,8 +218,8 @@ TEST(reuse_only_after_events_complete)
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 2);
     st = stats(&f);
     expect_eq_i64(st.active_requests.current, 2);
-    expect_ok(host_free(f.h, again));
-    expect_ok(host_free(f.h, r));
+    expect_ok(host_release_ptr(f.h, again));
+    expect_ok(host_release_ptr(f.h, r));
     fx_close(&f);
 }
 
@@ -236,7 +236,7 @@ TEST(several_streams_per_block)
     expect_ok(host_record_event(f.h, p, S2));
     expect_ok(host_record_event(f.h, p, S1)); /* a set: S1 once */
     expect_ok(host_record_event(f.h, (char *)p + 100, S3)); /* interior pointer */
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_u64(calls(&f, CCA_OP_EVENT_RECORD) - records, 3);
     expect_eq_u64(cca_sim_pending_events(f.be), 3);
 
@@ -244,13 +244,13 @@ TEST(several_streams_per_block)
     complete(&f, S3);
     expect_ok(host_malloc(f.h, &q, 8 * KiB));
     expect_ne_u64((uintptr_t)q, (uintptr_t)p); /* S1 still pending */
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
 
     complete(&f, S1);
     expect_ok(host_malloc(f.h, &q, 8 * KiB));
     expect_ok(host_malloc(f.h, &p, 8 * KiB));
-    expect_ok(host_free(f.h, q));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, q));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 2);
     fx_close(&f);
 }
@@ -265,7 +265,7 @@ TEST(more_streams_than_inline_slots_and_event_pool)
     expect_ok(host_malloc(f.h, &p, 100));
     for (uintptr_t i = 1; i <= 10; i++)
         expect_ok(host_record_event(f.h, p, (cca_stream_t)i));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_u64(cca_sim_pending_events(f.be), 10);
     expect_eq_u64(calls(&f, CCA_OP_EVENT_CREATE), 10);
     expect_ok(cca_sim_complete_stream(f.be, 0, NULL, true));
@@ -276,7 +276,7 @@ TEST(more_streams_than_inline_slots_and_event_pool)
     expect_eq_ptr(q, p);
     for (uintptr_t i = 1; i <= 10; i++)
         expect_ok(host_record_event(f.h, q, (cca_stream_t)i));
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
     expect_eq_u64(calls(&f, CCA_OP_EVENT_CREATE), 10);
     expect_eq_u64(usage(&f).live_events, 10);
     fx_close(&f); /* pending events are destroyed with the allocator */
@@ -297,22 +297,22 @@ TEST(round_threshold)
     expect_eq_i64(st.allocated_bytes.current, 1024 + 1 * MiB + 1 * MiB + 512 * KiB + 4096);
 
     /* A page-rounded block serves a smaller request of its class (2 MiB). */
-    expect_ok(host_free(f.h, big));
+    expect_ok(host_release_ptr(f.h, big));
     expect_ok(host_malloc(f.h, &reuse, 1 * MiB + 256 * KiB));
     expect_eq_ptr(reuse, big);
-    expect_ok(host_free(f.h, reuse));
+    expect_ok(host_release_ptr(f.h, reuse));
     /* ... but not a larger one. */
     expect_ok(host_malloc(f.h, &other, 1 * MiB + 900 * KiB));
     expect_ne_u64((uintptr_t)other, (uintptr_t)big);
     /* Best fit inside the class: the smaller of two cached blocks that fit. */
-    expect_ok(host_free(f.h, other));
+    expect_ok(host_release_ptr(f.h, other));
     void *fit;
     expect_ok(host_malloc(f.h, &fit, 1 * MiB + 100 * KiB));
     expect_eq_ptr(fit, big);
     expect_true(host_is_valid(f.h));
-    expect_ok(host_free(f.h, fit));
-    expect_ok(host_free(f.h, small));
-    expect_ok(host_free(f.h, edge));
+    expect_ok(host_release_ptr(f.h, fit));
+    expect_ok(host_release_ptr(f.h, small));
+    expect_ok(host_release_ptr(f.h, edge));
     fx_close(&f);
 }
 
@@ -326,8 +326,8 @@ TEST(cached_size_limit)
     void *big, *small;
     expect_ok(host_malloc(f.h, &big, 2 * MiB));
     expect_ok(host_malloc(f.h, &small, 1 * MiB));
-    expect_ok(host_free(f.h, big)); /* larger than the limit: back to the system */
-    expect_ok(host_free(f.h, small)); /* at the limit: cached */
+    expect_ok(host_release_ptr(f.h, big)); /* larger than the limit: back to the system */
+    expect_ok(host_release_ptr(f.h, small)); /* at the limit: cached */
     cca_host_stats_t st = stats(&f);
     expect_eq_i64(st.num_host_free, 1);
     expect_stat(st.allocations, 1, 2, 2, 1);
@@ -336,7 +336,7 @@ TEST(cached_size_limit)
     /* With a pending event, the release waits for it. */
     expect_ok(host_malloc(f.h, &big, 4 * MiB));
     expect_ok(host_record_event(f.h, big, S1));
-    expect_ok(host_free(f.h, big));
+    expect_ok(host_release_ptr(f.h, big));
     expect_eq_u64(usage(&f).live_host, 2);
     complete(&f, S1);
     expect_ok(host_malloc(f.h, &small, 1 * MiB)); /* processes events */
@@ -344,7 +344,7 @@ TEST(cached_size_limit)
     st = stats(&f);
     expect_eq_i64(st.num_host_free, 2);
     expect_eq_i64(st.active_requests.current, 1);
-    expect_ok(host_free(f.h, small));
+    expect_ok(host_release_ptr(f.h, small));
     fx_close(&f);
 }
 
@@ -373,10 +373,10 @@ TEST(reserve_segment)
     expect_stat(st.allocations, 4, 4, 4, 0);
     expect_eq_i64(st.allocated_bytes.current, 1024 + 8192 + 512 * KiB + 512 * KiB);
 
-    expect_ok(host_free(f.h, a));
-    expect_ok(host_free(f.h, b));
-    expect_ok(host_free(f.h, c));
-    expect_ok(host_free(f.h, d));
+    expect_ok(host_release_ptr(f.h, a));
+    expect_ok(host_release_ptr(f.h, b));
+    expect_ok(host_release_ptr(f.h, c));
+    expect_ok(host_release_ptr(f.h, d));
     expect_ok(host_empty_cache(f.h));
     /* Carved blocks stay cached; only d went back. */
     expect_eq_u64(usage(&f).live_host, 1);
@@ -387,7 +387,7 @@ TEST(reserve_segment)
     expect_ok(host_malloc(f.h, &again, 700));
     expect_eq_ptr(again, a);
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 2);
-    expect_ok(host_free(f.h, again));
+    expect_ok(host_release_ptr(f.h, again));
     fx_close(&f); /* the segment goes back at destroy */
 }
 
@@ -414,9 +414,9 @@ static void register_mode(size_t threads)
     cca_host_stats_t st = stats(&f);
     expect_eq_i64(st.num_host_alloc, 3);
     expect_eq_i64(st.host_alloc_time.count, 3);
-    expect_ok(host_free(f.h, p));
-    expect_ok(host_free(f.h, tiny));
-    expect_ok(host_free(f.h, big));
+    expect_ok(host_release_ptr(f.h, p));
+    expect_ok(host_release_ptr(f.h, tiny));
+    expect_ok(host_release_ptr(f.h, big));
     expect_ok(host_empty_cache(f.h));
     expect_eq_u64(calls(&f, CCA_OP_HOST_UNREGISTER), 3);
     expect_eq_u64(usage(&f).live_host, 0);
@@ -489,8 +489,8 @@ TEST(modes_switch_at_run_time)
     expect_ok(host_malloc(f.h, &b, 128 * KiB));
     expect_eq_u64(calls(&f, CCA_OP_HOST_ALLOC), 1);
     expect_eq_u64(calls(&f, CCA_OP_HOST_REGISTER), 1);
-    expect_ok(host_free(f.h, a));
-    expect_ok(host_free(f.h, b));
+    expect_ok(host_release_ptr(f.h, a));
+    expect_ok(host_release_ptr(f.h, b));
     expect_ok(host_empty_cache(f.h)); /* each freed the way it was allocated */
     expect_eq_u64(calls(&f, CCA_OP_HOST_FREE), 1);
     expect_eq_u64(calls(&f, CCA_OP_HOST_UNREGISTER), 1);
@@ -523,7 +523,7 @@ TEST(stats_after_each_operation)
     expect_stat(st.allocated_bytes, 1024 + 4096, 1024 + 4096, 1024 + 4096, 0);
     expect_stat(st.active_requests, 2, 2, 2, 0);
 
-    expect_ok(host_free(f.h, a));
+    expect_ok(host_release_ptr(f.h, a));
     st = stats(&f);
     expect_stat(st.allocations, 2, 2, 2, 0);
     expect_stat(st.active_requests, 1, 2, 2, 1);
@@ -541,8 +541,8 @@ TEST(stats_after_each_operation)
     st = stats(&f);
     expect_eq_i64(st.num_host_free, 0);
 
-    expect_ok(host_free(f.h, b));
-    expect_ok(host_free(f.h, c));
+    expect_ok(host_release_ptr(f.h, b));
+    expect_ok(host_release_ptr(f.h, c));
     expect_ok(host_empty_cache(f.h));
     st = stats(&f);
     expect_stat(st.allocations, 0, 2, 2, 2);
@@ -576,7 +576,7 @@ TEST(stats_after_each_operation)
     st = stats(&f);
     expect_stat(st.allocations, 1, 1, 1, 0);
     expect_stat(st.active_bytes, 2048, 2048, 2048, 0);
-    expect_ok(host_free(f.h, a));
+    expect_ok(host_release_ptr(f.h, a));
     expect_status(host_get_stats(f.h, NULL), CCA_ERR_INVALID_ARGUMENT);
     fx_close(&f);
 }
@@ -592,7 +592,7 @@ TEST(empty_cache_returns_everything)
         expect_ok(host_malloc(f.h, &p[i], (size_t)(i + 1) * 3000));
     expect_ok(host_record_event(f.h, p[5], S1));
     for (int i = 0; i < 40; i++)
-        expect_ok(host_free(f.h, p[i]));
+        expect_ok(host_release_ptr(f.h, p[i]));
     expect_ok(host_empty_cache(f.h));
     /* p[5] waits for its event */
     expect_eq_u64(usage(&f).live_host, 1);
@@ -619,17 +619,17 @@ TEST(misuse)
     int local;
     void *p;
     expect_ok(host_malloc(f.h, &p, 4096));
-    expect_status(host_free(f.h, &local), CCA_ERR_INVALID_POINTER);
+    expect_status(host_release_ptr(f.h, &local), CCA_ERR_INVALID_POINTER);
     expect_contains(cca_last_error()->message, "not allocated by cca");
-    expect_status(host_free(f.h, (char *)p + 8), CCA_ERR_INVALID_POINTER);
+    expect_status(host_release_ptr(f.h, (char *)p + 8), CCA_ERR_INVALID_POINTER);
     expect_contains(cca_last_error()->message, "inside the pinned block");
     expect_status(host_record_event(f.h, &local, S1), CCA_ERR_INVALID_POINTER);
     expect_contains(cca_last_error()->message, "not allocated by cca");
     expect_status(host_record_event(f.h, NULL, S1), CCA_ERR_INVALID_POINTER);
     expect_status(host_record_event(f.h, (char *)p + 4096, S1), CCA_ERR_INVALID_POINTER);
     expect_ok(host_record_event(f.h, (char *)p + 4095, S1));
-    expect_ok(host_free(f.h, p));
-    expect_status(host_free(f.h, p), CCA_ERR_INVALID_POINTER);
+    expect_ok(host_release_ptr(f.h, p));
+    expect_status(host_release_ptr(f.h, p), CCA_ERR_INVALID_POINTER);
     expect_contains(cca_last_error()->message, "already freed");
     expect_status(host_record_event(f.h, p, S2), CCA_ERR_INVALID_POINTER);
     expect_status(host_record_event(f.h, (char *)p + 1, S2), CCA_ERR_INVALID_POINTER);
@@ -657,7 +657,7 @@ TEST(fault_host_alloc)
     expect_eq_i64(st.num_host_alloc, 0);
     expect_eq_i64(st.active_requests.current, 0);
     expect_ok(host_malloc(f.h, &p, 4096));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     fx_close(&f);
 }
 
@@ -676,7 +676,7 @@ TEST(fault_host_register)
     expect_eq_u64(usage(&f).live_host, 0);
     expect_eq_i64(stats(&f).num_host_alloc, 0);
     expect_ok(host_malloc(f.h, &p, 64 * KiB));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     /* unregister failing at empty_cache keeps the block cached */
     expect_ok(cca_sim_inject_fault(f.be, CCA_OP_HOST_UNREGISTER, 1, false, CCA_ERR_BACKEND));
     expect_status(host_empty_cache(f.h), CCA_ERR_BACKEND);
@@ -686,7 +686,7 @@ TEST(fault_host_register)
     void *q;
     expect_ok(host_malloc(f.h, &q, 64 * KiB));
     expect_eq_ptr(q, p);
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
     expect_ok(host_empty_cache(f.h));
     expect_eq_u64(usage(&f).live_host, 0);
     fx_close(&f);
@@ -700,7 +700,7 @@ TEST(fault_host_free_at_empty_cache)
         return;
     void *p;
     expect_ok(host_malloc(f.h, &p, 4096));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_ok(cca_sim_inject_fault(f.be, CCA_OP_HOST_FREE, 1, false, CCA_ERR_BACKEND));
     expect_status(host_empty_cache(f.h), CCA_ERR_BACKEND);
     expect_eq_i64(stats(&f).num_host_free, 0);
@@ -723,18 +723,18 @@ static void event_fault(cca_backend_op_t op)
     expect_ok(host_record_event(f.h, p, S1));
     expect_ok(host_record_event(f.h, p, S2));
     expect_ok(cca_sim_inject_fault(f.be, op, 2, false, CCA_ERR_BACKEND));
-    expect_status(host_free(f.h, p), CCA_ERR_BACKEND);
+    expect_status(host_release_ptr(f.h, p), CCA_ERR_BACKEND);
     /* Nothing changed: still allocated, still recorded on both streams. */
     cca_host_stats_t st = stats(&f);
     expect_eq_i64(st.active_requests.current, 1);
     expect_eq_u64(cca_sim_pending_events(f.be), 1); /* S1's event, back in the pool */
     expect_ok(host_record_event(f.h, p, S1));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_u64(usage(&f).live_events, 2);
     void *q;
     expect_ok(host_malloc(f.h, &q, 4096));
     expect_ne_u64((uintptr_t)q, (uintptr_t)p);
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
     expect_ok(cca_sim_complete_stream(f.be, 0, NULL, true));
     expect_ok(host_empty_cache(f.h));
     expect_eq_u64(usage(&f).live_host, 0);
@@ -784,10 +784,10 @@ static bool fault_scenario(cca_backend_op_t op, uint64_t nth, bool persistent, b
                 failures++;
         }
         for (int i = 0; i < 6; i++) {
-            if (p[i] && host_free(f.h, p[i]) != CCA_OK) {
+            if (p[i] && host_release_ptr(f.h, p[i]) != CCA_OK) {
                 failures++;
                 /* a failed free changes nothing: retry once the fault passed */
-                if (!persistent && host_free(f.h, p[i]) != CCA_OK)
+                if (!persistent && host_release_ptr(f.h, p[i]) != CCA_OK)
                     HARNESS_FAIL("free retry failed after %s fault %" PRIu64,
                                  cca_backend_op_name(op), nth);
             }
@@ -881,7 +881,7 @@ static void *worker_main(void *arg)
             const unsigned char *c = old;
             if (c[0] != old_tag || c[old_size - 1] != old_tag || c[old_size / 2] != old_tag)
                 w->errors++;
-            if (host_free(w->h, old) != CCA_OK)
+            if (host_release_ptr(w->h, old) != CCA_OK)
                 w->errors++;
         }
     }
@@ -910,7 +910,7 @@ static void run_threads(bool background)
     }
     for (int i = 0; i < SLOTS; i++)
         if (x.ptr[i])
-            expect_ok(host_free(f.h, x.ptr[i]));
+            expect_ok(host_release_ptr(f.h, x.ptr[i]));
     pthread_mutex_destroy(&x.lock);
     /* Wait for every event to be collected (by the thread, or here). */
     uint64_t deadline = cca_now_ns() + 10ull * 1000000000ull;
@@ -964,7 +964,7 @@ TEST(background_thread)
     void *p, *q;
     expect_ok(host_malloc(f.h, &p, 32 * KiB));
     expect_ok(host_record_event(f.h, p, S1));
-    expect_ok(host_free(f.h, p));
+    expect_ok(host_release_ptr(f.h, p));
     expect_eq_i64(stats(&f).active_requests.current, 1);
     uint64_t queries = calls(&f, CCA_OP_EVENT_QUERY);
     complete(&f, S1);
@@ -978,7 +978,7 @@ TEST(background_thread)
     s.pinned_use_background_threads = false;
     expect_ok(host_apply_settings(f.h, &s));
     expect_ok(host_record_event(f.h, q, S2));
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
     complete(&f, S2);
     expect_ok(host_malloc(f.h, &q, 32 * KiB));
     expect_eq_ptr(q, p);
@@ -986,7 +986,7 @@ TEST(background_thread)
     s.pinned_use_background_threads = true;
     expect_ok(host_apply_settings(f.h, &s));
     expect_ok(host_record_event(f.h, q, S3));
-    expect_ok(host_free(f.h, q));
+    expect_ok(host_release_ptr(f.h, q));
     fx_close(&f);
 }
 

@@ -9,25 +9,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "sim_internal.h"
+#include "simulator.h"
 
 /* ---- fault injection (lock held) ------------------------------------------------ */
 
-/* Count a call of op and fire its injected fault, if due. */
-cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op)
-{
-    sim_fault_t *f = &c->faults[op];
-    c->calls[op]++;
-    if (f->failing)
-        goto fail;
-    if (f->countdown == 0 || --f->countdown > 0)
-        return CCA_OK;
-    if (f->persistent)
-        f->failing = true;
-fail:
-    return cca_backend_error(f->status, 0, "sim: %s: injected fault (call %llu)",
-                             cca_backend_op_name(op), (unsigned long long)c->calls[op]);
-}
 
 /* ---- test and replay controls --------------------------------------------------- */
 

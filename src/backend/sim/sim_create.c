@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "sim_internal.h"
+#include "simulator.h"
 
 #define SIM_WINDOW_BASE ((uint64_t)0x7f0000000000ull)
 #define SIM_WINDOW_MIN ((uint64_t)1 << 40)

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sim_internal.h"
+#include "simulator.h"
 
 static const unsigned char ipc_magic[8] = {'c', 'c', 'a', 's', 'i', 'm', '1', 0};
 

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "sim_internal.h"
+#include "simulator.h"
 
 static uint64_t granule_up(uint64_t x)
 {

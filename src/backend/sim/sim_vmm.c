@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#include "sim_internal.h"
+#include "simulator.h"
 
 /* ---- virtual memory ---------------------------------------------------------------- */
 

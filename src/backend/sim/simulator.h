@@ -1,14 +1,17 @@
 /*
- * sim_internal.h - the simulated backend's state, shared by its files:
- * sim.c (address windows and lists, device memory, device properties),
- * sim_events.c (events, stream synchronization, capture status), sim_vmm.c
- * (virtual memory), sim_host.c (host memory, IPC), sim_create.c (creation,
- * destruction, the address list), sim_control.c (fault injection, test and
- * replay controls) and sim_multi.c (peer access, IPC events, streams, the
- * stream-ordered memory pool). One mutex per backend guards all of it.
+ * simulator.h - the simulated backend's state, shared by its files:
+ * sim_faults.c (fault injection, shared errors), sim.c (address windows and
+ * lists, capacity, memory records), sim_device.c (device operations, malloc,
+ * free, mem_get_info), sim_events.c (event records, completion),
+ * sim_streams.c (stream and event operations, capture status), sim_vmm.c
+ * (virtual memory), sim_host.c (host memory, IPC), sim_multi.c (peer access,
+ * IPC events, streams it makes, the stream-ordered memory pool), sim_create.c
+ * (creation, destruction, the address list) and sim_control.c (test and
+ * replay controls), lowest first: a file calls only files before it.
+ * One mutex per backend guards all of it.
  */
-#ifndef CCA_SIM_INTERNAL_H
-#define CCA_SIM_INTERNAL_H
+#ifndef CCA_SIMULATOR_H
+#define CCA_SIMULATOR_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -141,6 +144,8 @@ cca_status_t sim_bad_device(sim_ctx_t *c, cca_backend_op_t op, int device);
 /* The error of a failed host allocation for bookkeeping (CCA_ERR_BACKEND). */
 cca_status_t sim_host_oom(cca_backend_op_t op);
 /* CCA_OK if size more bytes fit under the device's cap, else the OOM error. */
+/* Bytes a device may hold: min(cap, total). */
+size_t sim_device_limit(const sim_device_t *dev);
 cca_status_t sim_check_capacity(sim_ctx_t *c, cca_backend_op_t op, int device, size_t size);
 /* Make sure n tree nodes can be taken without allocating; false if out of memory. */
 bool sim_spare_reserve(sim_ctx_t *c, size_t n);
@@ -176,6 +181,8 @@ void sim_memory_install(cca_backend_t *b);
 
 /* ---- sim_events.c (lock held) ------------------------------------------------------ */
 
+/* Take a pending event off its stream's list (it stays live). */
+void sim_event_unlink(sim_ctx_t *c, sim_event_t *e);
 /* A new, completed event of device. CCA_OK or the host-memory error. */
 cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out);
 /* The live event of handle on device, or NULL after recording the error in *st. */
@@ -215,4 +222,4 @@ void sim_multi_install(cca_backend_t *b);
 /* A synchronisation point of device: its pool gives back memory above its threshold. */
 void sim_pool_sync_locked(sim_ctx_t *c, int device);
 
-#endif /* CCA_SIM_INTERNAL_H */
+#endif /* CCA_SIMULATOR_H */

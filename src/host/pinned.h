@@ -1,14 +1,15 @@
 /*
- * host_internal.h - the pinned host caching allocator's records, shared by its
- * files: host.c (the allocator core: free lists, creation, malloc, free,
- * record, empty_cache, statistics), host_map.c (the pointer map and the range
- * array), host_system.c (pinned memory from the system: backend host_alloc,
- * malloc + parallel pre-fault + host_register, the reserve segment),
- * host_events.c (events and the background thread). host_api.c holds the
- * process-global instance and the public cca_host_* functions.
+ * pinned.h - the pinned host caching allocator's records, shared by its
+ * files, lowest first: host_classes.c (the free lists), host_map.c (the
+ * pointer map and the range array), host_system.c (pinned memory from the
+ * system: backend host_alloc, malloc + parallel pre-fault + host_register,
+ * the reserve segment), host_events.c (events and the background thread),
+ * host_alloc.c (the allocator core: creation, malloc, free, record,
+ * empty_cache, statistics). The process-global instance and the public
+ * cca_host_* functions are in runtime/host_api.c.
  */
-#ifndef CCA_HOST_INTERNAL_H
-#define CCA_HOST_INTERNAL_H
+#ifndef CCA_PINNED_H
+#define CCA_PINNED_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -217,7 +218,7 @@ bool host_ranges_find(host_alloc_t *h, const void *ptr, void **base, size_t *siz
 /* Raise CCA_ERR_INVALID_POINTER for a pointer that is not the start of a block. */
 cca_status_t host_raise_unknown(host_alloc_t *h, const void *ptr, const char *what);
 
-/* ---- host.c: free lists ---------------------------------------------------------------- */
+/* ---- host_alloc.c: free lists ---------------------------------------------------------------- */
 
 /* Cache b in its class; returned: b comes back from a caller (counted as such). */
 void host_class_push(host_alloc_t *h, host_block_t *b, bool returned);
@@ -257,4 +258,4 @@ cca_status_t host_process_events(host_alloc_t *h);
 cca_status_t host_background_start(host_alloc_t *h);
 void host_background_stop(host_alloc_t *h);
 
-#endif /* CCA_HOST_INTERNAL_H */
+#endif /* CCA_PINNED_H */

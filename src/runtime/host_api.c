@@ -60,7 +60,7 @@ cca_status_t cca_host_free(void *ptr)
 {
     host_alloc_t *h;
     cca_status_t status = global_get(&h);
-    return status != CCA_OK ? status : host_free(h, ptr);
+    return status != CCA_OK ? status : host_release_ptr(h, ptr);
 }
 
 cca_status_t cca_host_record_event(void *ptr, cca_stream_t stream)

@@ -1,7 +1,7 @@
 /*
- * host.c - the pinned host caching allocator (PyTorch's CachingHostAllocator):
+ * host_alloc.c - the pinned host caching allocator (PyTorch's CachingHostAllocator):
  * its core (free lists, creation, malloc, free, record, empty_cache,
- * statistics); host_internal.h lists the other files.
+ * statistics); pinned.h lists the other files.
  *
  * Requests are rounded up to a power of two (or, above
  * pinned_max_round_threshold, to a page) and served from one LIFO free list
@@ -31,77 +31,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "host_internal.h"
-
-/* ------------------------------------------------------------------------ */
-/* Free lists                                                                */
-/* ------------------------------------------------------------------------ */
-
-/* Cache b in its class; returned: b comes back from a caller (counted as such). */
-void host_class_push(host_alloc_t *h, host_block_t *b, bool returned)
-{
-    size_t index = host_ceil_log2(b->size);
-    host_class_t *c = &h->classes[index];
-    pthread_mutex_lock(&c->lock);
-    if (returned) {
-        c->returned++;
-        c->returned_bytes += (int64_t)b->size;
-    }
-    b->free_next = c->head;
-    c->head = b;
-    c->count++;
-    if (b->size != (size_t)1 << index)
-        c->odd++;
-    pthread_mutex_unlock(&c->lock);
-}
-
-/*
- * Take a free block of at least size bytes from size's class: the most
- * recently freed one, or, where the class holds page-rounded blocks, the
- * smallest that fits. NULL if none.
- */
-host_block_t *host_class_take(host_alloc_t *h, size_t size)
-{
-    size_t index = host_ceil_log2(size);
-    host_class_t *c = &h->classes[index];
-    host_block_t *found = NULL;
-    pthread_mutex_lock(&c->lock);
-    host_block_t **link = &c->head;
-    if (c->odd) {
-        host_block_t **best = NULL;
-        for (host_block_t **it = &c->head; *it; it = &(*it)->free_next)
-            if ((*it)->size >= size && (!best || (*it)->size < (*best)->size))
-                best = it;
-        link = best;
-    }
-    if (link && *link) {
-        found = *link;
-        *link = found->free_next;
-        found->free_next = NULL;
-        c->count--;
-        if (found->size != (size_t)1 << index)
-            c->odd--;
-        c->taken++;
-        c->taken_bytes += (int64_t)found->size;
-    }
-    pthread_mutex_unlock(&c->lock);
-    return found;
-}
-
-/* Count a block handed out (taken) or returned outside the free-list operations. */
-void host_class_count(host_alloc_t *h, size_t size, bool taken)
-{
-    host_class_t *c = &h->classes[host_ceil_log2(size)];
-    pthread_mutex_lock(&c->lock);
-    if (taken) {
-        c->taken++;
-        c->taken_bytes += (int64_t)size;
-    } else {
-        c->returned++;
-        c->returned_bytes += (int64_t)size;
-    }
-    pthread_mutex_unlock(&c->lock);
-}
+#include "pinned.h"
 
 /* ------------------------------------------------------------------------ */
 /* Creation and destruction                                                  */
@@ -309,7 +239,7 @@ out_release:
     return status;
 }
 
-cca_status_t host_free(host_alloc_t *h, void *ptr)
+cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
 {
     cca_backend_t *be = h->backend;
     cca_status_t status = CCA_OK;
