@@ -492,8 +492,8 @@ static size_t expandable_size(const cca_block_t *b)
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b)
 {
     if (cca_state->settings.expandable_segments) {
-        if (expandable_size(b) == b->size)
-            return b; /* nothing to grow into: no later block can count as smaller */
+        if (expandable_size(b) == b->size || pool->bins.count == 1)
+            return b; /* nothing to grow into, or no other block: no later block counts as smaller */
         cca_block_t *next = bins_next(&pool->bins, b);
         while (b->segment->es && next && expandable_size(next) < expandable_size(b)) {
             b = next;
