@@ -58,13 +58,13 @@ typedef struct async_orphan {
 } async_orphan_t;
 
 typedef struct async_device {
-    pthread_mutex_t lock;        /* set-up and the limit */
+    pthread_mutex_t lock;        /* set-up, the orphans */
     pthread_rwlock_t pool_lock;  /* read: calls that change the pool; write: reading its
                                     statistics, so they are one consistent picture */
     atomic_bool ready;           /* pool configured, unifying stream made */
     cca_stream_t unifying;       /* frees of blocks used on several streams */
     _Atomic size_t used_bytes;   /* allocated through cca (PyTorch's pytorch_used_bytes) */
-    size_t limit;                /* bytes; SIZE_MAX: no memory fraction */
+    _Atomic size_t limit;        /* bytes; SIZE_MAX: no memory fraction */
     async_orphan_t *orphans;     /* releases to retry (lock) */
 } async_device_t;
 
@@ -230,9 +230,10 @@ cca_status_t async_init(int device_count)
     for (int d = 0; d < device_count; d++) {
         pthread_mutex_init(&s->devices[d].lock, NULL);
         pthread_rwlock_init(&s->devices[d].pool_lock, NULL);
-        s->devices[d].limit = SIZE_MAX;
+        size_t limit = SIZE_MAX;
         if (fraction > 0.0)
-            s->devices[d].limit = (size_t)(fraction * (double)cca_state->devices[d].total_memory);
+            limit = (size_t)(fraction * (double)cca_state->devices[d].total_memory);
+        atomic_init(&s->devices[d].limit, limit);
     }
     for (int i = 0; i < ASYNC_SHARDS; i++)
         pthread_mutex_init(&s->shards[i].lock, NULL);
@@ -330,7 +331,7 @@ static cca_status_t async_oom(int device, size_t size)
     stats_format_size(size, req, sizeof(req));
     stats_format_size(device_total, total, sizeof(total));
     stats_format_size(device_free, freeb, sizeof(freeb));
-    stats_format_size(ad->limit, limit, sizeof(limit));
+    stats_format_size(atomic_load(&ad->limit), limit, sizeof(limit));
     return cca_raise(CCA_ERR_OUT_OF_MEMORY,
                      "Allocation on device %d would exceed allowed memory. (out of memory)\n"
                      "Currently allocated     : %s\n"
@@ -346,7 +347,8 @@ static cca_status_t async_oom(int device, size_t size)
 static bool charge(async_device_t *ad, size_t size)
 {
     size_t before = atomic_fetch_add_explicit(&ad->used_bytes, size, memory_order_relaxed);
-    if (before + size < before || before + size > ad->limit) {
+    size_t limit = atomic_load_explicit(&ad->limit, memory_order_relaxed);
+    if (before + size < before || before + size > limit) {
         atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
         return false;
     }
@@ -526,7 +528,8 @@ cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_
     if (st != CCA_OK)
         return st;
     size_t used = atomic_load(&ad->used_bytes);
-    size_t headroom = ad->limit > used ? ad->limit - used : 0;
+    size_t limit = atomic_load(&ad->limit);
+    size_t headroom = limit > used ? limit - used : 0;
     size_t guess = free_bytes < headroom ? free_bytes : headroom;
     /* As PyTorch: the largest workspace found by trial, halving on failure. */
     pthread_rwlock_rdlock(&ad->pool_lock);
@@ -591,9 +594,7 @@ cca_status_t async_set_memory_fraction(double fraction, int device)
     if (st != CCA_OK)
         return st;
     async_device_t *ad = &AS->devices[device];
-    pthread_mutex_lock(&ad->lock);
-    ad->limit = (size_t)(fraction * (double)total);
-    pthread_mutex_unlock(&ad->lock);
+    atomic_store(&ad->limit, (size_t)(fraction * (double)total));
     return CCA_OK;
 }
 
