@@ -368,6 +368,44 @@ TEST(peers_get_access_to_mapped_ranges)
     cca_shutdown();
 }
 
+/* A MemPool in this mode: its own reservation, freed with the pool; no checkpoint. */
+TEST(private_pool)
+{
+    setup("expandable_segments:True");
+    cca_mempool_id_t id = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, id));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, id));
+    void *a = xmalloc(30 * MiB, NULL);
+    expect_ok(cca_end_allocate_to_pool(0, id));
+    expect_ok(cca_release_pool(0, id)); /* as use_mem_pool's exit */
+    void *b = xmalloc(30 * MiB, NULL); /* the default pool: another reservation */
+    expect_eq_u64(usage().live_reservations, 2);
+    cca_snapshot_t *snap = NULL;
+    expect_ok(cca_snapshot(&snap));
+    size_t in_pool = 0;
+    for (size_t i = 0; snap && i < snap->segment_count; i++) {
+        expect_true(snap->segments[i].is_expandable);
+        in_pool += snap->segments[i].owner_private_pool_id[1] == id.second &&
+                   snap->segments[i].address == (uintptr_t)a;
+    }
+    expect_eq_u64(in_pool, 1);
+    cca_snapshot_free(snap);
+    cca_pool_state_t *state = NULL;
+    expect_status(cca_pool_get_checkpoint(0, id, &state), CCA_ERR_NOT_SUPPORTED);
+    expect_true(device_is_valid());
+    cca_free(a);
+    expect_ok(cca_release_pool(0, id)); /* the MemPool is deleted */
+    expect_ok(cca_empty_cache()); /* the freeable pool's granules go, then its reservation */
+    expect_eq_u64(usage().live_reservations, 1);
+    int count = 0;
+    expect_status(cca_pool_use_count(0, id, &count), CCA_ERR_INVALID_ARGUMENT); /* pool gone */
+    expect_true(device_is_valid());
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_reservations, 0);
+    cca_shutdown();
+}
+
 /* The pickle PyTorch's viewer reads: expandable segments and map/unmap entries. */
 TEST(snapshot_file)
 {
@@ -458,6 +496,7 @@ int main(void)
     RUN(switching_at_run_time_affects_new_segments_only);
     RUN(backed_memory_across_granules);
     RUN(peers_get_access_to_mapped_ranges);
+    RUN(private_pool);
     RUN(snapshot_file);
     RUN(misuse);
     cca_shutdown();
