@@ -186,8 +186,7 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
     host_block_t *b = host_class_take(h, rounded);
     if (b) {
         atomic_store_explicit(&b->allocated, true, memory_order_release);
-        host_gauge_add(&h->active_requests, 1);
-        host_gauge_add(&h->active_bytes, (int64_t)b->size);
+        host_active_move(h, 1, (int64_t)b->size);
         *ptr = b->ptr;
         return CCA_OK;
     }
@@ -225,8 +224,7 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
     host_stat_increase(&h->allocated_bytes, (int64_t)rounded);
     pthread_mutex_unlock(&h->stats_lock);
     host_class_count(h, rounded, true);
-    host_gauge_add(&h->active_requests, 1);
-    host_gauge_add(&h->active_bytes, (int64_t)rounded);
+    host_active_move(h, 1, (int64_t)rounded);
     *ptr = mem;
     return CCA_OK;
 
@@ -489,10 +487,10 @@ cca_status_t host_get_stats(host_alloc_t *h, cca_host_stats_t *stats)
         stats->active_bytes.freed += c->returned_bytes;
         pthread_mutex_unlock(&c->lock);
     }
-    stats->active_requests.current = atomic_load(&h->active_requests.current);
-    stats->active_requests.peak = atomic_load(&h->active_requests.peak);
-    stats->active_bytes.current = atomic_load(&h->active_bytes.current);
-    stats->active_bytes.peak = atomic_load(&h->active_bytes.peak);
+    stats->active_requests.current = __atomic_load_n(&h->active.requests, __ATOMIC_RELAXED);
+    stats->active_requests.peak = atomic_load(&h->active.peak_requests);
+    stats->active_bytes.current = __atomic_load_n(&h->active.bytes, __ATOMIC_RELAXED);
+    stats->active_bytes.peak = atomic_load(&h->active.peak_bytes);
     return CCA_OK;
 }
 
@@ -521,8 +519,8 @@ void host_reset_peak_stats(host_alloc_t *h)
     h->alloc_time.max = h->alloc_time.min = 0;
     h->free_time.max = h->free_time.min = 0;
     pthread_mutex_unlock(&h->stats_lock);
-    atomic_store(&h->active_requests.peak, atomic_load(&h->active_requests.current));
-    atomic_store(&h->active_bytes.peak, atomic_load(&h->active_bytes.current));
+    atomic_store(&h->active.peak_requests, __atomic_load_n(&h->active.requests, __ATOMIC_RELAXED));
+    atomic_store(&h->active.peak_bytes, __atomic_load_n(&h->active.bytes, __ATOMIC_RELAXED));
 }
 
 bool host_is_valid(host_alloc_t *h)

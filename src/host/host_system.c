@@ -232,8 +232,7 @@ cca_status_t host_block_release(host_alloc_t *h, host_block_t *b)
 void host_block_available(host_alloc_t *h, host_block_t *b)
 {
     size_t size = b->size;
-    host_gauge_sub(&h->active_requests, 1);
-    host_gauge_sub(&h->active_bytes, (int64_t)size);
+    host_active_move(h, -1, -(int64_t)size);
     if (b->origin != HOST_ORIGIN_RESERVE &&
         size > atomic_load_explicit(&h->max_cached, memory_order_relaxed) &&
         host_block_release(h, b) == CCA_OK) {

@@ -942,6 +942,66 @@ TEST(eight_threads_background)
     run_threads(true);
 }
 
+/*
+ * Exact peaks across threads: each round, every thread takes one block of its
+ * own size, all meet at a barrier (so all are live at once), then free; the
+ * active peaks must be exactly the round's sum, whatever the interleaving.
+ */
+typedef struct peak_worker {
+    host_alloc_t *h;
+    pthread_barrier_t *barrier;
+    size_t size;
+    int errors;
+} peak_worker_t;
+
+#define PEAK_ROUNDS 200
+
+static void *peak_worker_main(void *arg)
+{
+    peak_worker_t *w = arg;
+    for (int round = 0; round < PEAK_ROUNDS; round++) {
+        void *p = NULL;
+        if (host_malloc(w->h, &p, w->size) != CCA_OK)
+            w->errors++;
+        pthread_barrier_wait(w->barrier);
+        if (host_release_ptr(w->h, p) != CCA_OK)
+            w->errors++;
+        pthread_barrier_wait(w->barrier);
+    }
+    return NULL;
+}
+
+TEST(exact_peaks_across_threads)
+{
+    fixture_t f;
+    cca_settings_t s = defaults();
+    if (!fx_open_events(&f, &s, false))
+        return;
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, THREADS);
+    peak_worker_t w[THREADS];
+    pthread_t t[THREADS];
+    int64_t bytes = 0;
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (peak_worker_t){f.h, &barrier, (size_t)4096 << i, 0};
+        bytes += (int64_t)4096 << i; /* powers of two: the rounded sizes */
+        pthread_create(&t[i], NULL, peak_worker_main, &w[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        expect_eq_i64(w[i].errors, 0);
+    }
+    pthread_barrier_destroy(&barrier);
+    cca_host_stats_t st = stats(&f);
+    expect_eq_i64(st.active_requests.current, 0);
+    expect_eq_i64(st.active_bytes.current, 0);
+    expect_eq_i64(st.active_requests.peak, THREADS);
+    expect_eq_i64(st.active_bytes.peak, bytes);
+    expect_eq_i64(st.active_requests.allocated, THREADS * PEAK_ROUNDS);
+    expect_eq_i64(st.active_bytes.allocated, bytes * PEAK_ROUNDS);
+    fx_close(&f);
+}
+
 /* Poll the statistics (bounded, no sleeps) until active_requests reaches want. */
 static bool wait_active(fixture_t *f, int64_t want)
 {
@@ -1063,6 +1123,7 @@ int main(void)
     RUN(fault_event_record);
     RUN(fault_loops);
     RUN(eight_threads);
+    RUN(exact_peaks_across_threads);
     RUN(eight_threads_background);
     RUN(background_thread);
     RUN(public_functions_on_the_global_instance);
