@@ -14,10 +14,13 @@
  * run ("RESULT glibc pair_latency ..."), and cca's pair over glibc's:
  *   # cpu pair ratio size=512 cca/glibc=3.12
  *
- * Usage: bench_gpu [--backend cuda|sim] [--quick]
+ * Usage: bench_gpu [--backend cuda|sim] [--quick] [--devices N] [--name LABEL]
  *   --backend sim  runs on cca's simulated device (CPU-only figures); the
  *                  name printed is then "cca-sim".
  *   --quick        a tenth of the iterations (a smoke run).
+ *   --devices N    the threads=T workloads spread their threads over N
+ *                  devices (thread t on device t % N), each with its own
+ *                  allocator: how per-device allocators scale together.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* setenv, clock_gettime, aligned_alloc under -std=c11 */
@@ -41,6 +44,7 @@
 static const char *allocator_name = "cca";
 static bool use_cuda;
 static long scale_div = 1; /* --quick divides iteration counts */
+static int device_count = 1; /* --devices: threads spread over this many devices */
 
 static double now_ns(void)
 {
@@ -56,13 +60,15 @@ static void die(const char *what, cca_status_t st)
     exit(1);
 }
 
-/* A stream for a workload: a non-blocking CUDA stream, or a distinct handle on sim. */
-static cca_stream_t stream_create(int index)
+/* A stream for a workload on device: a non-blocking CUDA stream, or a distinct handle on sim. */
+static cca_stream_t stream_create(int index, int device)
 {
 #ifdef BENCH_HAVE_CUDA
     if (use_cuda) {
         cudaStream_t s;
-        cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaError_t err = cudaSetDevice(device);
+        if (err == cudaSuccess)
+            err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
         if (err != cudaSuccess) {
             fprintf(stderr, "bench_gpu: cudaStreamCreateWithFlags: %s\n", cudaGetErrorString(err));
             exit(1);
@@ -70,6 +76,7 @@ static cca_stream_t stream_create(int index)
         return (cca_stream_t)s;
     }
 #endif
+    (void)device;
     return (cca_stream_t)(uintptr_t)(0x1000 + 0x10 * (uintptr_t)index);
 }
 
@@ -159,6 +166,7 @@ static double random_workload(cca_stream_t s, int slots, long steps, size_t max_
 typedef struct worker {
     pthread_t thread;
     cca_stream_t stream;
+    int device;
     long steps;
     unsigned seed;
     double ns_per_op;
@@ -167,7 +175,7 @@ typedef struct worker {
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
-    cca_status_t st = cca_set_device(0);
+    cca_status_t st = cca_set_device(w->device);
     if (st != CCA_OK)
         die("cca_set_device", st);
     w->ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed);
@@ -185,8 +193,15 @@ int main(int argc, char **argv)
             name = argv[++i];
         } else if (!strcmp(argv[i], "--quick")) {
             scale_div = 10;
+        } else if (!strcmp(argv[i], "--devices") && i + 1 < argc) {
+            device_count = atoi(argv[++i]);
+            if (device_count < 1 || device_count > 16) {
+                fprintf(stderr, "bench_gpu: --devices takes 1 to 16\n");
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: %s [--backend cuda|sim] [--quick] [--name LABEL]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--backend cuda|sim] [--quick] [--devices N] [--name LABEL]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -206,15 +221,27 @@ int main(int argc, char **argv)
     if (name)
         allocator_name = name;
     setenv("CCA_BACKEND", backend, 1);
+    if (!use_cuda && device_count > 1) {
+        char n[16];
+        snprintf(n, sizeof(n), "%d", device_count);
+        setenv("CCA_SIM_DEVICES", n, 1);
+    }
     cca_status_t st = cca_init();
     if (st != CCA_OK)
         die("cca_init", st);
+    int have = 0;
+    if ((st = cca_device_count(&have)) != CCA_OK)
+        die("cca_device_count", st);
+    if (device_count > have) {
+        fprintf(stderr, "bench_gpu: --devices %d but the backend has %d\n", device_count, have);
+        return 2;
+    }
     if ((st = cca_set_device(0)) != CCA_OK)
         die("cca_set_device", st);
     printf("# cca %d.%d.%d on backend %s\n", CCA_VERSION_MAJOR, CCA_VERSION_MINOR,
            CCA_VERSION_PATCH, cca_backend_name());
 
-    cca_stream_t s = stream_create(0);
+    cca_stream_t s = stream_create(0, 0);
     const size_t sizes[] = {512, 65536, 1u << 20, 8u << 20, 64u << 20};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         double ns = pair_latency(sizes[i], s, 1000000 / scale_div);
@@ -235,7 +262,8 @@ int main(int argc, char **argv)
         worker_t workers[16];
         long steps = 200000 / scale_div;
         for (int t = 0; t < n; t++) {
-            workers[t].stream = stream_create(t + 1);
+            workers[t].device = t % device_count;
+            workers[t].stream = stream_create(t + 1, workers[t].device);
             workers[t].steps = steps;
             workers[t].seed = 1000u + (unsigned)t;
         }
