@@ -190,6 +190,12 @@ cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size);
  */
 cca_status_t cca_set_memory_fraction(double fraction, int device);
 
+/**
+ * The memory fraction in force on a device (1.0 when none was set).
+ * Returns CCA_OK or CCA_ERR_INVALID_ARGUMENT (fraction NULL, bad device).
+ */
+cca_status_t cca_get_memory_fraction(int device, double *fraction);
+
 /** Free and total memory of a device, as cudaMemGetInfo. */
 cca_status_t cca_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
 
@@ -725,6 +731,18 @@ typedef struct cca_trace_entry {
  * so it may take its own locks, but it must not allocate through cca.
  */
 typedef const char *(*cca_context_fn)(void *arg);
+
+/**
+ * Called with a context string (as the context function returned it) when
+ * cca drops its last copy: no history entry and no live block refers to it
+ * any more. A caller whose strings name objects of its own (an id into a
+ * table of stacks) frees them here. It may be called inside cca's locks: it
+ * must be quick and must not call cca.
+ */
+typedef void (*cca_context_release_fn)(const char *context, void *arg);
+
+/** Set (NULL: clear) the context release callback. Set it before recording starts. */
+void cca_set_context_release(cca_context_release_fn fn, void *arg);
 
 /**
  * Start or stop recording the allocation history into a ring of max_entries

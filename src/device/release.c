@@ -529,6 +529,27 @@ cca_status_t cca_set_memory_fraction(double fraction, int device)
     return CCA_OK;
 }
 
+/* The fraction in force: allowed_memory_maximum over the device's memory, 1.0 when none is set. */
+cca_status_t cca_get_memory_fraction(int device, double *fraction)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (!fraction)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_memory_fraction: fraction is NULL");
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_memory_fraction: device %d is out of range",
+                         device);
+    cca_device_t *dev = &cca_state->devices[device];
+    pthread_mutex_lock(&dev->lock);
+    double f = 1.0;
+    if (dev->set_fraction && dev->total_memory > 0)
+        f = (double)dev->allowed_memory_maximum / (double)dev->total_memory;
+    pthread_mutex_unlock(&dev->lock);
+    *fraction = f;
+    return CCA_OK;
+}
+
 cca_status_t cca_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     cca_status_t st = state_ensure();

@@ -90,10 +90,24 @@ static trace_ctx_t *ctx_ref(trace_ctx_t *c)
     return c;
 }
 
+/* Told when a context string is dropped (cca_set_context_release). */
+static _Atomic(cca_context_release_fn) context_release_fn;
+static void *_Atomic context_release_arg;
+
 static void ctx_unref(trace_ctx_t *c)
 {
-    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
+        cca_context_release_fn fn = atomic_load_explicit(&context_release_fn, memory_order_acquire);
+        if (fn)
+            fn(c->text, atomic_load_explicit(&context_release_arg, memory_order_relaxed));
         free(c);
+    }
+}
+
+void cca_set_context_release(cca_context_release_fn fn, void *arg)
+{
+    atomic_store_explicit(&context_release_arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&context_release_fn, fn, memory_order_release);
 }
 
 bool trace_context_gather_slow(int level)
