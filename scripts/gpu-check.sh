@@ -11,7 +11,9 @@
 #      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu
 #      (default, relaxed statistics, expandable segments),
 #      bench_host, and bench_replay (the replay against Python's unpickler);
-#   5. print one comparison table.
+#   5. run PyTorch on cca: the pluggable path, the C++ adapter
+#      (tests/cuda/torch_adapter.py) and bench/torch_bench.py;
+#   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
 # run ends within about 8 minutes. Logs go under $OUT (else ./gpu-check-out).
@@ -100,6 +102,14 @@ run_torch() {
 run_torch_ddp() {
     python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
 }
+run_torch_adapter() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so"
+}
+run_torch_bench() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1
+}
 run_anchor() {
     OUT="$logs" bash "$root/.anchor/run.sh"
 }
@@ -123,7 +133,7 @@ run_bench_replay() {
 }
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -158,6 +168,7 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
+run_step torch-adapter "$(left 150)" run_torch_adapter
 gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "${gpu_count:-0}" -ge 2 ]; then
     run_step torch-ddp-2gpu "$(left 150)" run_torch_ddp
@@ -191,6 +202,7 @@ fi
 if [ -x "$root/build-gpu-release/bench/bench_replay" ]; then
     run_step bench-replay "$(left 4)" run_bench_replay
 fi
+run_step torch-bench "$(left 0)" run_torch_bench
 
 cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log "$logs"/bench-cca-expandable.log \
     2>/dev/null | grep '^RESULT ' >"$logs/results.txt"

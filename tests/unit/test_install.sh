@@ -16,6 +16,16 @@ for f in include/cca.h include/cca_backend.h lib/libcca.a lib/libcca.so bin/cca 
 done
 "$tmp/prefix/bin/cca" settings >/dev/null || fail "installed cca settings"
 
+# the Python package, with the adapter source, finding the installed library
+pkg=$(ls -d "$tmp"/prefix/lib/python3*/site-packages/cca 2>/dev/null | head -1)
+[ -n "$pkg" ] && [ -f "$pkg/__init__.py" ] && [ -f "$pkg/torch_adapter.cpp" ] || fail "Python package not installed"
+if command -v python3 >/dev/null 2>&1; then
+    got=$(cd "$tmp" && env -u CCA_LIBRARY PYTHONPATH="$(dirname "$pkg")" python3 -c \
+        'import cca, cca._lib as l; print(cca.library_path()); print(l.include_dir())') || fail "import cca"
+    echo "$got" | grep -q "^$tmp/prefix/lib/libcca.so" || fail "installed cca uses $got"
+    echo "$got" | grep -q "^$tmp/prefix/include$" || fail "installed cca's header: $got"
+fi
+
 cat >"$tmp/app.c" <<'EOC'
 #include <cca.h>
 #include <cca_backend.h>

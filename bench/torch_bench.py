@@ -1,0 +1,138 @@
+"""PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
+
+Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N]
+Allocators (one fresh process each, in turn, N rounds): PyTorch native,
+PyTorch native with expandable_segments:True, cca (cca.torch.install()).
+Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
+AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
+and torch.empty(1 MiB) + free from Python. Prints one RESULT line per figure
+(median over rounds) and a table. Random weights; needs torchvision and
+transformers.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+MODES = ("native", "native-expandable", "cca")
+
+
+def timed_steps(torch, step, warmup, steps):
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def worker(mode):
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    import torchvision
+    import transformers
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    out = {}
+
+    # torch.empty + free of 1 MiB from Python
+    torch.empty(1, device="cuda")
+    for _ in range(2000):
+        torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    n = 200000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    out["empty_free_1MiB_us"] = (time.perf_counter() - t0) / n * 1e6
+
+    model = torchvision.models.resnet50(weights=None).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (64,), device="cuda")
+
+    def resnet_step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    out["resnet50_train_ms"] = timed_steps(torch, resnet_step, 5, 30) * 1e3
+    del model, opt, x, y
+
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
+    gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
+
+    def gpt_step():
+        gopt.zero_grad(set_to_none=True)
+        gpt(input_ids=ids, labels=ids).loss.backward()
+        gopt.step()
+    out["gpt2_train_ms"] = timed_steps(torch, gpt_step, 3, 15) * 1e3
+    del gopt
+    gpt.eval()
+    prompt = ids[:1, :32]
+
+    def gen():
+        with torch.no_grad():
+            gpt.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
+    out["gpt2_generate_ms"] = timed_steps(torch, gen, 1, 3) * 1e3
+    out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    out["backend"] = cca.torch.installed() or "pytorch"
+    return out
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    repeat = 2
+    if "--repeat" in sys.argv:
+        repeat = int(sys.argv[sys.argv.index("--repeat") + 1])
+        args = [a for a in args if a != str(repeat)]
+    lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
+    os.environ["CCA_LIBRARY"] = lib
+    import cca.torch
+    cca.torch.build_adapter()  # not timed
+    results = {m: [] for m in MODES}
+    for _ in range(repeat):
+        for mode in MODES:
+            env = dict(os.environ)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            env.pop("CCA_ALLOC_CONF", None)
+            if mode == "native-expandable":
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode],
+                                  capture_output=True, text=True, env=env, timeout=300)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                print(proc.stdout[-2000:], proc.stderr[-4000:])
+                raise SystemExit("worker %s failed" % mode)
+            results[mode].append(json.loads(lines[-1]))
+    keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
+            "peak_reserved_bytes")
+    med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
+    for m in MODES:
+        for k in keys:
+            print("RESULT torch-%s %s value=%g" % (m, k, med[m][k]))
+    print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca / native |")
+    print("|---|---|---|---|---|---|")
+    units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
+             "empty_free_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
+    for k in keys:
+        div = (1 << 20) if k == "peak_reserved_bytes" else 1
+        vals = [med[m][k] / div for m in MODES]
+        print("| %s | %s | %.3f | %.3f | %.3f | %.3f |" % (k, units[k], vals[0], vals[1], vals[2],
+                                                          vals[2] / vals[0]))
+    print("rounds:", repeat, "backend of the cca runs:", results["cca"][0]["backend"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(sys.argv[2])))
+        sys.exit(0)
+    main()

@@ -1,0 +1,173 @@
+"""Finding and loading libcca, and the ctypes mirror of the structures of cca.h."""
+import ctypes
+import ctypes.util
+import os
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("CCA_LIBRARY")
+    if env:
+        yield env
+        return
+    try:
+        from . import _install_paths  # written by `make install`
+        yield os.path.join(_install_paths.LIBDIR, "libcca.so")
+    except ImportError:
+        pass
+    # the build tree: python/cca/ beside build/
+    yield os.path.join(_here, "..", "..", "build", "libcca.so")
+    found = ctypes.util.find_library("cca")
+    if found:
+        yield found
+
+
+def library_path():
+    """The libcca.so this package uses: $CCA_LIBRARY, the installed one, the
+    build tree's (build/libcca.so), or one the system linker finds."""
+    for path in _candidates():
+        if os.path.sep not in path or os.path.exists(path):
+            return os.path.realpath(path) if os.path.exists(path) else path
+    raise OSError("libcca.so not found: build cca (make), install it (make install), "
+                  "or set CCA_LIBRARY to its path")
+
+
+def include_dir():
+    """The folder holding cca.h (installed or in the source tree)."""
+    try:
+        from . import _install_paths
+        if os.path.exists(os.path.join(_install_paths.INCLUDEDIR, "cca.h")):
+            return _install_paths.INCLUDEDIR
+    except ImportError:
+        pass
+    src = os.path.realpath(os.path.join(_here, "..", "..", "include"))
+    if os.path.exists(os.path.join(src, "cca.h")):
+        return src
+    raise OSError("cca.h not found: install cca (make install) or use the source tree")
+
+
+def source_dir():
+    """The folder holding the C++ PyTorch adapter source (installed or source tree)."""
+    inst = os.path.join(_here, "torch_adapter.cpp")
+    if os.path.exists(inst):
+        return _here
+    src = os.path.realpath(os.path.join(_here, "..", "..", "src", "bindings"))
+    if os.path.exists(os.path.join(src, "torch_adapter.cpp")):
+        return src
+    raise OSError("torch_adapter.cpp not found: install cca (make install) or use the source tree")
+
+
+class Stat(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64),
+                ("allocated", ctypes.c_int64), ("freed", ctypes.c_int64)]
+
+
+STAT_TYPES = 3
+_StatArray = Stat * STAT_TYPES
+
+
+class DeviceStats(ctypes.Structure):
+    _fields_ = [("allocation", _StatArray), ("segment", _StatArray), ("active", _StatArray),
+                ("inactive_split", _StatArray), ("allocated_bytes", _StatArray),
+                ("reserved_bytes", _StatArray), ("active_bytes", _StatArray),
+                ("inactive_split_bytes", _StatArray), ("requested_bytes", _StatArray),
+                ("num_alloc_retries", ctypes.c_int64), ("num_ooms", ctypes.c_int64),
+                ("num_sync_all_streams", ctypes.c_int64), ("num_device_alloc", ctypes.c_int64),
+                ("num_device_free", ctypes.c_int64), ("oversize_allocations", Stat),
+                ("oversize_segments", Stat), ("max_split_size", ctypes.c_int64)]
+
+
+class StatEntry(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_int64)]
+
+
+MEMORY_STATS_COUNT = 122
+
+
+class ReplayOptions(ctypes.Structure):
+    _fields_ = [("settings", ctypes.c_char_p), ("cap", ctypes.c_size_t),
+                ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
+                ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
+                ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p)]
+
+
+class ReplayResult(ctypes.Structure):
+    _fields_ = [("events", ctypes.c_uint64), ("allocs", ctypes.c_uint64),
+                ("frees", ctypes.c_uint64), ("segment_allocs", ctypes.c_uint64),
+                ("segment_frees", ctypes.c_uint64), ("ooms", ctypes.c_uint64),
+                ("address_mismatches", ctypes.c_uint64), ("unexpected_ooms", ctypes.c_uint64),
+                ("peak_reserved_bytes", ctypes.c_int64), ("peak_allocated_bytes", ctypes.c_int64),
+                ("peak_requested_bytes", ctypes.c_int64), ("peak_active_bytes", ctypes.c_int64),
+                ("seconds", ctypes.c_double), ("load_seconds", ctypes.c_double),
+                ("events_per_second", ctypes.c_double),
+                ("memory_stats", StatEntry * MEMORY_STATS_COUNT),
+                ("memory_summary", ctypes.c_void_p), ("settings", ctypes.c_char * 1024),
+                ("has_expected", ctypes.c_bool), ("expected_allocs", ctypes.c_uint64),
+                ("expected_segment_allocs", ctypes.c_uint64),
+                ("expected_segment_frees", ctypes.c_uint64), ("expected_ooms", ctypes.c_uint64),
+                ("expected_peak_reserved_bytes", ctypes.c_int64),
+                ("stats_mismatches", ctypes.c_uint64), ("first_stats_mismatch", ctypes.c_char * 160),
+                ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160)]
+
+
+class Error(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_int), ("message", ctypes.c_char * 2048),
+                ("file", ctypes.c_char_p), ("line", ctypes.c_int), ("backend_code", ctypes.c_long)]
+
+
+_lib = None
+
+
+def load():
+    """Load libcca once and declare the functions the package calls."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = ctypes.CDLL(library_path())
+    st = ctypes.c_int
+    vp, sz, cp = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+    decl = {
+        "cca_status_str": (cp, [st]),
+        "cca_last_error": (ctypes.POINTER(Error), []),
+        "cca_init": (st, []),
+        "cca_is_initialized": (ctypes.c_bool, []),
+        "cca_shutdown": (None, []),
+        "cca_backend_name": (cp, []),
+        "cca_device_count": (st, [ctypes.POINTER(ctypes.c_int)]),
+        "cca_set_settings": (st, [cp]),
+        "cca_settings_describe": (st, [cp, ctypes.POINTER(vp)]),
+        "cca_malloc_device": (st, [ctypes.POINTER(vp), sz, ctypes.c_int, vp]),
+        "cca_free": (st, [vp]),
+        "cca_empty_cache": (st, []),
+        "cca_get_device_stats": (st, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
+        "cca_memory_stats": (st, [ctypes.c_int, ctypes.POINTER(StatEntry), sz]),
+        "cca_memory_summary": (st, [ctypes.c_int, ctypes.c_bool, ctypes.POINTER(vp)]),
+        "cca_reset_peak_stats": (st, [ctypes.c_int]),
+        "cca_reset_accumulated_stats": (st, [ctypes.c_int]),
+        "cca_record_history": (st, [ctypes.c_bool, vp, vp, sz, ctypes.c_int]),
+        "cca_dump_snapshot": (st, [cp]),
+        "cca_snapshot_file_to_json": (st, [cp, ctypes.POINTER(vp)]),
+        "cca_snapshot_file_to_svg": (st, [cp, cp]),
+        "cca_replay_file": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult)]),
+        "cca_replay_result_free": (None, [ctypes.POINTER(ReplayResult)]),
+    }
+    for name, (res, args) in decl.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [vp]
+    libc.free.restype = None
+    lib.c_free = libc.free
+    _lib = lib
+    return lib
+
+
+def take_string(lib, ptr):
+    """The text of a malloc'd C string from cca, freed."""
+    try:
+        return ctypes.string_at(ptr.value).decode("utf-8", "replace") if ptr.value else ""
+    finally:
+        if ptr.value:
+            lib.c_free(ptr)

@@ -1,0 +1,187 @@
+"""cca as PyTorch's CUDA allocator.
+
+    import cca.torch
+    cca.torch.install()            # first thing, before any CUDA tensor
+    import torch
+    ...                            # torch.cuda.memory_stats() etc. now report cca
+
+install() compiles a small C++ adapter (src/bindings/torch_adapter.cpp)
+against the installed torch the first time (about half a minute; the result is
+cached under $CCA_TORCH_BUILD_DIR, else ~/.cache/cca), and makes it PyTorch's
+CUDA allocator the way torch.cuda.memory.change_current_allocator does. Where
+the adapter cannot be built (no C++ compiler, no CUDA headers), it falls back
+to PyTorch's pluggable-allocator path and warns about what is lost.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import cca
+from . import _lib
+
+PLUGGABLE_LOSSES = (
+    "torch.cuda.memory_stats, memory_summary, memory_allocated/reserved and their max_ forms, "
+    "reset_peak_memory_stats, _record_memory_history and _snapshot see nothing (read cca's "
+    "figures with cca.memory_stats() and cca.memory_summary() instead); CUDA graphs and "
+    "MemPool do not work; Tensor.record_stream does nothing; an allocation costs more")
+
+_mode = None      # None, "adapter" or "pluggable"
+_adapter = None   # the loaded adapter library
+_adapter_error = None
+
+
+def installed():
+    """How cca serves PyTorch in this process: "adapter", "pluggable" or None."""
+    return _mode
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("cca.torch needs PyTorch (import torch failed: %s)" % e) from e
+    return torch
+
+
+def _paths(torch):
+    """Include and library folders of torch and CUDA, as torch's own extension builder sees them."""
+    from torch.utils import cpp_extension
+    try:
+        incs = cpp_extension.include_paths(device_type="cuda")
+        libs = cpp_extension.library_paths(device_type="cuda")
+    except TypeError:  # older signature: include_paths(cuda=True)
+        incs = cpp_extension.include_paths(cuda=True)
+        libs = cpp_extension.library_paths(cuda=True)
+    return incs, libs
+
+
+def _compiler():
+    for cxx in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if cxx and shutil.which(cxx):
+            return cxx
+    raise RuntimeError("no C++ compiler found (set CXX)")
+
+
+def _build_dir():
+    base = os.environ.get("CCA_TORCH_BUILD_DIR")
+    if not base:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cca")
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def adapter_command(output):
+    """The compiler command that builds the adapter into output (a list)."""
+    torch = _torch()
+    src = os.path.join(_lib.source_dir(), "torch_adapter.cpp")
+    incs, libs = _paths(torch)
+    libdir = os.path.dirname(_lib.library_path())
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cmd = [_compiler(), "-O2", "-shared", "-fPIC", "-std=" + os.environ.get("CCA_TORCH_CXX_STD", "c++17"),
+           "-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+           '-DTORCH_ADAPTER_TORCH_VERSION="%s"' % torch.__version__,
+           "-I" + _lib.include_dir()]
+    cmd += ["-isystem" + d for d in incs]
+    cmd += os.environ.get("CCA_TORCH_CXXFLAGS", "").split()
+    cmd += [src, "-o", output, "-L" + libdir, "-lcca", "-Wl,-rpath," + libdir]
+    for d in libs:
+        cmd += ["-L" + d, "-Wl,-rpath," + d]
+    cmd += ["-lc10", "-lc10_cuda", "-lcudart"]
+    return cmd
+
+
+def build_adapter(verbose=False):
+    """Compile the adapter for this torch and this libcca (or find it already
+    built) and return its path. Raises RuntimeError with the compiler's output."""
+    torch = _torch()
+    src = os.path.join(_lib.source_dir(), "torch_adapter.cpp")
+    with open(src, "rb") as f:
+        key = hashlib.sha256(f.read())
+    with open(os.path.join(_lib.include_dir(), "cca.h"), "rb") as f:
+        key.update(f.read())
+    key.update(torch.__version__.encode())
+    key.update(_lib.library_path().encode())
+    key.update(os.environ.get("CCA_TORCH_CXX_STD", "").encode())
+    key.update(os.environ.get("CCA_TORCH_CXXFLAGS", "").encode())
+    path = os.path.join(_build_dir(), "cca_torch_adapter-%s.so" % key.hexdigest()[:16])
+    if os.path.exists(path):
+        return path
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    cmd = adapter_command(tmp)
+    if verbose:
+        print(" ".join(cmd))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError("building the cca PyTorch adapter failed:\n%s\n%s"
+                           % (" ".join(cmd), proc.stdout[-6000:]))
+    os.replace(tmp, path)
+    return path
+
+
+def _load_adapter(verbose):
+    global _adapter
+    if _adapter is None:
+        lib = ctypes.CDLL(build_adapter(verbose))
+        lib.cca_torch_adapter_install.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.cca_torch_adapter_install.restype = ctypes.c_int
+        _adapter = lib
+    return _adapter
+
+
+def _apply_settings(text):
+    cca.settings(text)  # validates; raises CcaError naming the bad key:value
+    lib = _lib.load()
+    if lib.cca_is_initialized():
+        cca._check(lib, lib.cca_set_settings(text.encode()), "settings")
+    else:
+        os.environ["CCA_ALLOC_CONF"] = text
+
+
+def install(settings=None, fallback=True, verbose=False):
+    """Make cca PyTorch's CUDA allocator in this process. Call it before the
+    first CUDA allocation (before any tensor goes to the GPU); after it,
+    RuntimeError. settings: cca's settings string (PYTORCH_CUDA_ALLOC_CONF
+    syntax); None takes $CCA_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF.
+    fallback: when the adapter cannot be built, use PyTorch's pluggable
+    allocator path (with a warning saying what is lost) instead of raising.
+    Returns "adapter" or "pluggable". A second call does nothing."""
+    global _mode, _adapter_error
+    if _mode:
+        return _mode
+    torch = _torch()
+    if torch.cuda.is_initialized():
+        raise RuntimeError("cca.torch.install() must run before the first CUDA call of the process: "
+                           "PyTorch's CUDA allocator is already in use here. Call it at the start of "
+                           "the program, before any tensor is put on the GPU.")
+    if settings is None:
+        settings = os.environ.get("CCA_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    _apply_settings(settings)
+    try:
+        adapter = _load_adapter(verbose)
+    except (RuntimeError, OSError) as e:
+        _adapter_error = str(e)
+        if not fallback:
+            raise
+        torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
+            _lib.library_path(), "cca_torch_malloc", "cca_torch_free"))
+        _mode = "pluggable"
+        warnings.warn("cca.torch: the C++ adapter could not be built, so cca runs as PyTorch's "
+                      "pluggable allocator; lost: %s. Reason: %s"
+                      % (PLUGGABLE_LOSSES, _adapter_error.splitlines()[0]), RuntimeWarning, stacklevel=2)
+        return _mode
+    err = ctypes.create_string_buffer(1024)
+    if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
+        raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
+    _mode = "adapter"
+    return _mode
+
+
+def adapter_error():
+    """Why the adapter could not be built (after a fallback), or None."""
+    return _adapter_error

@@ -1,0 +1,530 @@
+/*
+ * torch_adapter.cpp - cca as PyTorch's CUDA allocator.
+ *
+ * PyTorch keeps its CUDA allocator behind one C++ interface,
+ * c10::cuda::CUDACachingAllocator::CUDAAllocator; every torch.cuda.memory
+ * function (memory_stats, empty_cache, _snapshot, ...) and every CUDA tensor
+ * goes through the object installed there. This file implements that
+ * interface over cca's C API and nothing else: each method converts its
+ * arguments, calls cca, and converts the result or the error. No decision
+ * about memory is taken here.
+ *
+ * It is the only C++ in cca and is built only where torch is installed
+ * (python/cca/torch.py compiles it against the installed headers). It
+ * exports two C functions for ctypes: cca_torch_adapter_install and
+ * cca_torch_adapter_abi.
+ */
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cca.h"
+
+namespace {
+
+namespace cc = c10::cuda::CUDACachingAllocator;
+
+/* Raise cca's last error as PyTorch does: out of memory as OutOfMemoryError. */
+[[noreturn]] void raise_cca(cca_status_t st, const char *what)
+{
+    const char *msg = cca_last_error()->message;
+    if (st == CCA_ERR_OUT_OF_MEMORY)
+        TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    TORCH_CHECK(false, "cca: ", what, ": ", cca_status_str(st), ": ", msg);
+}
+
+inline void check(cca_status_t st, const char *what)
+{
+    if (st != CCA_OK)
+        raise_cca(st, what);
+}
+
+/* The deleter of every DataPtr cca hands out; also how recordStream knows its own. */
+void delete_block(void *ptr)
+{
+    cca_status_t st = cca_free(ptr);
+    if (st != CCA_OK) /* a deleter cannot throw: say it */
+        std::fprintf(stderr, "cca: free: %s: %s\n", cca_status_str(st), cca_last_error()->message);
+}
+
+/*
+ * The user context of the history: PyTorch's recorder returns a
+ * GatheredContext object; cca keeps strings. The string is "torch:<id>", the
+ * id a key into this table; cca says when it drops a string
+ * (cca_set_context_release) and the object goes. Objects dropped inside cca's
+ * locks are destroyed later, outside them.
+ */
+struct ContextTable {
+    std::mutex lock;
+    std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> live;
+    std::vector<std::shared_ptr<c10::GatheredContext>> dropped;
+    uint64_t next_id = 1;
+    cc::CreateContextFn recorder = nullptr;
+};
+ContextTable contexts;
+
+const char *gather_context(void *)
+{
+    static thread_local char text[32];
+    cc::CreateContextFn fn;
+    std::vector<std::shared_ptr<c10::GatheredContext>> to_drop;
+    {
+        std::lock_guard<std::mutex> g(contexts.lock);
+        fn = contexts.recorder;
+        to_drop.swap(contexts.dropped);
+    }
+    to_drop.clear();
+    if (!fn)
+        return nullptr;
+    std::shared_ptr<c10::GatheredContext> ctx = fn();
+    if (!ctx)
+        return nullptr;
+    std::lock_guard<std::mutex> g(contexts.lock);
+    uint64_t id = contexts.next_id++;
+    contexts.live.emplace(id, std::move(ctx));
+    std::snprintf(text, sizeof text, "torch:%llu", (unsigned long long)id);
+    return text;
+}
+
+bool context_id(const char *text, uint64_t *id)
+{
+    if (!text || std::strncmp(text, "torch:", 6) != 0)
+        return false;
+    *id = std::strtoull(text + 6, nullptr, 10);
+    return true;
+}
+
+void release_context(const char *text, void *)
+{
+    uint64_t id;
+    if (!context_id(text, &id))
+        return;
+    std::lock_guard<std::mutex> g(contexts.lock);
+    auto it = contexts.live.find(id);
+    if (it == contexts.live.end())
+        return;
+    contexts.dropped.push_back(std::move(it->second));
+    contexts.live.erase(it);
+}
+
+std::shared_ptr<c10::GatheredContext> find_context(const char *text)
+{
+    uint64_t id;
+    if (!context_id(text, &id))
+        return nullptr;
+    std::lock_guard<std::mutex> g(contexts.lock);
+    auto it = contexts.live.find(id);
+    return it == contexts.live.end() ? nullptr : it->second;
+}
+
+/* OOM observers registered by PyTorch (torch.cuda.memory._record_memory_history, users). */
+std::mutex observer_lock;
+std::vector<cc::OutOfMemoryObserver> oom_observers;
+void on_oom(int device, size_t size, size_t total, size_t free_bytes, void *)
+{
+    std::vector<cc::OutOfMemoryObserver> copy;
+    {
+        std::lock_guard<std::mutex> g(observer_lock);
+        copy = oom_observers;
+    }
+    for (auto &fn : copy)
+        fn(device, size, total, free_bytes);
+}
+
+/* Trace trackers: cca's entries, converted (tracker_lock is a leaf: taken inside cca's locks). */
+std::mutex tracker_lock;
+std::vector<cc::AllocatorTraceTracker> trackers;
+
+bool to_action(cca_trace_action_t a, cc::TraceEntry::Action *out)
+{
+    switch (a) {
+    case CCA_TRACE_ALLOC: *out = cc::TraceEntry::ALLOC; return true;
+    case CCA_TRACE_FREE_REQUESTED: *out = cc::TraceEntry::FREE_REQUESTED; return true;
+    case CCA_TRACE_FREE_COMPLETED: *out = cc::TraceEntry::FREE_COMPLETED; return true;
+    case CCA_TRACE_SEGMENT_ALLOC: *out = cc::TraceEntry::SEGMENT_ALLOC; return true;
+    case CCA_TRACE_SEGMENT_FREE: *out = cc::TraceEntry::SEGMENT_FREE; return true;
+    case CCA_TRACE_SEGMENT_MAP: *out = cc::TraceEntry::SEGMENT_MAP; return true;
+    case CCA_TRACE_SEGMENT_UNMAP: *out = cc::TraceEntry::SEGMENT_UNMAP; return true;
+    case CCA_TRACE_SNAPSHOT: *out = cc::TraceEntry::SNAPSHOT; return true;
+    case CCA_TRACE_OOM: *out = cc::TraceEntry::OOM; return true;
+    default: return false; /* cca's annotations have no TraceEntry action */
+    }
+}
+
+cc::TraceEntry to_entry(const cca_trace_entry_t &e, cc::TraceEntry::Action action,
+                        std::shared_ptr<c10::GatheredContext> ctx)
+{
+    cc::TraceEntry te(action, static_cast<c10::DeviceIndex>(e.device), static_cast<size_t>(e.addr), e.size,
+                      reinterpret_cast<cudaStream_t>(e.stream), c10::cuda::MempoolId_t{0, 0}, 0,
+                      std::move(ctx));
+    te.time_.t_ = static_cast<time_t>(e.time_us);
+    return te;
+}
+
+void on_trace(const cca_trace_entry_t *e, void *)
+{
+    cc::TraceEntry::Action action;
+    if (!to_action(e->action, &action))
+        return;
+    cc::TraceEntry te = to_entry(*e, action, nullptr);
+    std::lock_guard<std::mutex> g(tracker_lock);
+    for (auto &fn : trackers)
+        fn(te);
+}
+
+void fill_stat(c10::CachingDeviceAllocator::Stat &out, const cca_stat_t &in)
+{
+    out.current = in.current;
+    out.peak = in.peak;
+    out.allocated = in.allocated;
+    out.freed = in.freed;
+}
+
+void fill_stats(c10::CachingDeviceAllocator::StatArray &out, const cca_stat_t *in)
+{
+    for (size_t i = 0; i < CCA_STAT_TYPES; i++)
+        fill_stat(out[i], in[i]);
+}
+
+class CcaAllocator final : public cc::CUDAAllocator {
+  public:
+    c10::DataPtr allocate(size_t size) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        void *ptr = nullptr;
+        if (size != 0)
+            check(cca_malloc_device(&ptr, size, device,
+                                    reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream())),
+                  "allocate");
+        return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+    void copy_data(void *dest, const void *src, std::size_t count) const override
+    {
+        C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+    }
+
+    void *raw_alloc(size_t nbytes) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        return raw_alloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
+    {
+        return raw_alloc_on(nbytes, c10::cuda::current_device(), stream);
+    }
+    void raw_delete(void *ptr) override { check(cca_free(ptr), "raw_delete"); }
+
+    void init(int device_count) override
+    {
+        (void)device_count;
+        check(cca_init(), "init");
+        check(cca_register_free_memory_callback(&run_free_memory_callbacks, nullptr), "init");
+        check(cca_attach_oom_observer(&on_oom, nullptr), "init");
+        initialized_ = true;
+    }
+    bool initialized() override { return initialized_; }
+    double getMemoryFraction(c10::DeviceIndex device) override
+    {
+        double f = 1.0;
+        check(cca_get_memory_fraction(device, &f), "getMemoryFraction");
+        return f;
+    }
+    void setMemoryFraction(double fraction, c10::DeviceIndex device) override
+    {
+        check(cca_set_memory_fraction(fraction, device), "setMemoryFraction");
+    }
+    std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+    void enable(bool value) override { enabled_ = value; }
+    bool isEnabled() const override { return enabled_; }
+    void emptyCache(c10::cuda::MempoolId_t mempool_id) override
+    {
+        TORCH_CHECK(mempool_id.first == 0 && mempool_id.second == 0,
+                    "cca: emptyCache of a private pool needs private pools, not in this version");
+        check(cca_empty_cache(), "emptyCache");
+    }
+    void cacheInfo(c10::DeviceIndex device, size_t *largest) override
+    {
+        check(cca_cache_info(device, nullptr, largest), "cacheInfo");
+    }
+    void *getBaseAllocation(void *ptr, size_t *size) override
+    {
+        void *base = nullptr;
+        check(cca_get_base_allocation(ptr, &base, size), "getBaseAllocation");
+        return base;
+    }
+    void recordStream(const c10::DataPtr &ptr, c10::cuda::CUDAStream stream) override
+    {
+        /* empty tensors have no block; memory cca did not hand out is not its business */
+        if (!ptr.get() || ptr.get_deleter() != &delete_block)
+            return;
+        check(cca_record_stream(ptr.get(), reinterpret_cast<cca_stream_t>(stream.stream())), "recordStream");
+    }
+    c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override
+    {
+        cca_device_stats_t s;
+        check(cca_get_device_stats(device, &s), "getDeviceStats");
+        c10::CachingDeviceAllocator::DeviceStats out;
+        fill_stats(out.allocation, s.allocation);
+        fill_stats(out.segment, s.segment);
+        fill_stats(out.active, s.active);
+        fill_stats(out.inactive_split, s.inactive_split);
+        fill_stats(out.allocated_bytes, s.allocated_bytes);
+        fill_stats(out.reserved_bytes, s.reserved_bytes);
+        fill_stats(out.active_bytes, s.active_bytes);
+        fill_stats(out.inactive_split_bytes, s.inactive_split_bytes);
+        fill_stats(out.requested_bytes, s.requested_bytes);
+        out.num_alloc_retries = s.num_alloc_retries;
+        out.num_ooms = s.num_ooms;
+        out.num_sync_all_streams = s.num_sync_all_streams;
+        out.num_device_alloc = s.num_device_alloc;
+        out.num_device_free = s.num_device_free;
+        fill_stat(out.oversize_allocations, s.oversize_allocations);
+        fill_stat(out.oversize_segments, s.oversize_segments);
+        out.max_split_size = s.max_split_size;
+        return out;
+    }
+    void resetAccumulatedStats(c10::DeviceIndex device) override
+    {
+        check(cca_reset_accumulated_stats(device), "resetAccumulatedStats");
+    }
+    void resetPeakStats(c10::DeviceIndex device) override { check(cca_reset_peak_stats(device), "resetPeakStats"); }
+
+    cc::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool_id, bool include_traces) override
+    {
+        cc::SnapshotInfo out;
+        cca_snapshot_t *raw = nullptr;
+        check(cca_snapshot(&raw), "snapshot");
+        std::unique_ptr<cca_snapshot_t, void (*)(cca_snapshot_t *)> snap(raw, &cca_snapshot_free);
+        for (size_t i = 0; i < snap->segment_count; i++) {
+            const cca_segment_info_t &s = snap->segments[i];
+            c10::cuda::MempoolId_t owner{s.owner_private_pool_id[0], s.owner_private_pool_id[1]};
+            if ((mempool_id.first || mempool_id.second) && owner != mempool_id)
+                continue;
+            cc::SegmentInfo si;
+            si.device = static_cast<c10::DeviceIndex>(s.device);
+            si.address = static_cast<size_t>(s.address);
+            si.total_size = s.total_size;
+            si.requested_size = s.requested_size;
+            si.allocated_size = s.allocated_size;
+            si.active_size = s.active_size;
+            si.stream = reinterpret_cast<cudaStream_t>(s.stream);
+            si.is_large = s.is_large;
+            si.is_expandable = s.is_expandable;
+            si.owner_private_pool_id = owner;
+            for (size_t b = 0; b < s.block_count; b++) {
+                const cca_block_info_t &blk = s.blocks[b];
+                cc::BlockInfo bi;
+                bi.size = blk.size;
+                bi.requested_size = blk.requested_size;
+                bi.allocated = blk.state == CCA_BLOCK_ACTIVE_ALLOCATED;
+                bi.active = blk.state != CCA_BLOCK_INACTIVE;
+                bi.context_when_allocated = find_context(blk.context);
+                si.blocks.push_back(std::move(bi));
+            }
+            out.segments.push_back(std::move(si));
+        }
+        snap.reset();
+
+        int devices = 0;
+        check(cca_device_count(&devices), "snapshot");
+        out.device_traces.resize(devices);
+        cca_device_stats_t stats;
+        if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
+            out.config_metadata.max_split_size = static_cast<size_t>(stats.max_split_size);
+        out.config_metadata.last_allocator_settings = settings_;
+        out.config_metadata.expandable_segments = false;
+        if (!include_traces)
+            return out;
+        cca_trace_entry_t *list = nullptr;
+        size_t count = 0;
+        check(cca_history_get(&list, &count), "snapshot");
+        std::unique_ptr<cca_trace_entry_t, void (*)(cca_trace_entry_t *)> entries(list, &cca_history_free);
+        for (size_t i = 0; i < count; i++) {
+            const cca_trace_entry_t &e = list[i];
+            cc::TraceEntry::Action action;
+            if (e.device < 0 || e.device >= devices || !to_action(e.action, &action))
+                continue;
+            if (skip_[e.action])
+                continue;
+            out.device_traces[e.device].push_back(to_entry(e, action, find_context(e.context)));
+        }
+        return out;
+    }
+
+    void beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    void endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    void releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    int getPoolUseCount(c10::DeviceIndex, c10::cuda::MempoolId_t) override { return 0; }
+    void createOrIncrefPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::shared_ptr<cc::CUDAAllocator>) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    void setNoSplit(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    {
+        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+    }
+    cc::ShareableHandle shareIpcHandle(void *) override
+    {
+        TORCH_CHECK(false, "cca: sharing CUDA tensors between processes is not supported by cca");
+    }
+    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    {
+        TORCH_CHECK(false, "cca: sharing CUDA tensors between processes is not supported by cca");
+    }
+    bool isHistoryEnabled() override { return cca_history_enabled(); }
+    void recordHistory(bool enabled, cc::CreateContextFn recorder, size_t max_entries, cc::RecordContext when,
+                       bool clear_history, const std::vector<std::string> &skip_actions) override
+    {
+        cca_record_context_t level = static_cast<cca_record_context_t>(static_cast<int>(when));
+        if (!recorder)
+            level = CCA_RECORD_CONTEXT_NEVER;
+        {
+            std::lock_guard<std::mutex> g(contexts.lock);
+            contexts.recorder = enabled ? recorder : nullptr;
+        }
+        cca_set_context_release(&release_context, nullptr);
+        for (int a = 0; a < CCA_TRACE_ACTION_COUNT; a++) {
+            skip_[a] = false;
+            for (const std::string &name : skip_actions)
+                if (name == cca_trace_action_name(static_cast<cca_trace_action_t>(a)))
+                    skip_[a] = true;
+        }
+        if (enabled && clear_history)
+            check(cca_record_history(false, nullptr, nullptr, 0, CCA_RECORD_CONTEXT_NEVER), "recordHistory");
+        check(cca_record_history(enabled, &gather_context, nullptr, max_entries, level), "recordHistory");
+    }
+    void attachOutOfMemoryObserver(cc::OutOfMemoryObserver observer) override
+    {
+        std::lock_guard<std::mutex> g(observer_lock);
+        oom_observers.push_back(std::move(observer));
+    }
+    void attachAllocatorTraceTracker(cc::AllocatorTraceTracker tracker) override
+    {
+        bool first;
+        {
+            std::lock_guard<std::mutex> g(tracker_lock);
+            trackers.push_back(std::move(tracker));
+            first = trackers.size() == 1;
+        }
+        if (first)
+            check(cca_attach_trace_tracker(&on_trace, nullptr), "attachAllocatorTraceTracker");
+    }
+    void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
+    {
+        c10::cuda::CUDAGuard guard(dev);
+        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled) {
+            (void)cudaGetLastError();
+            return;
+        }
+        C10_CUDA_CHECK(err);
+    }
+    cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device, size_t count,
+                            cudaStream_t stream, bool p2p_enabled) override
+    {
+        /* cca's memory comes from cudaMalloc: plain copies work between devices */
+        if (p2p_enabled || dst_device == src_device)
+            return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+        return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+    }
+    std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    {
+        TORCH_CHECK(false, "cca: checkpointing a private pool needs private memory pools, not in this version");
+    }
+    cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<cc::AllocatorState>) override
+    {
+        TORCH_CHECK(false, "cca: checkpointing a private pool needs private memory pools, not in this version");
+    }
+    std::string name() override { return "cca"; }
+
+    std::string settings_;
+
+  private:
+    void *raw_alloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream)
+    {
+        void *ptr = nullptr;
+        if (nbytes != 0)
+            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), "raw_alloc");
+        return ptr;
+    }
+    /* PyTorch's own free-memory callbacks (e.g. CUDA IPC's reference counts). */
+    static bool run_free_memory_callbacks(void *)
+    {
+        bool freed = false;
+        for (const std::string &name : c10::FreeCudaMemoryCallbacksRegistry()->Keys())
+            freed |= c10::FreeCudaMemoryCallbacksRegistry()->Create(name)->Execute();
+        return freed;
+    }
+
+    bool initialized_ = false;
+    bool enabled_ = true;
+    bool skip_[CCA_TRACE_ACTION_COUNT] = {};
+};
+
+std::shared_ptr<CcaAllocator> installed;
+
+} // namespace
+
+/*
+ * Make cca PyTorch's CUDA allocator, as torch.cuda.memory.change_current_allocator
+ * does: refused once PyTorch's allocator has been initialised (after the first
+ * CUDA call). settings (may be NULL) is the settings string cca runs with, as
+ * snapshots report it (the caller applies it). Returns 0, or -1 with the
+ * reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(const char *settings, char *err,
+                                                                                size_t err_size)
+{
+    try {
+        cc::CUDAAllocator *current = cc::get();
+        if (current && current->initialized() && current->name() != "cca") {
+            std::snprintf(err, err_size,
+                          "PyTorch's CUDA allocator (%s) is already initialised: install cca before the "
+                          "first CUDA call of the process",
+                          current->name().c_str());
+            return -1;
+        }
+        if (installed && current == installed.get())
+            return 0;
+        auto alloc = std::make_shared<CcaAllocator>();
+        if (settings)
+            alloc->settings_ = settings;
+        installed = alloc; /* kept for the life of the process */
+        cc::allocator.store(installed.get());
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
+        return -1;
+    }
+}
+
+/* The torch version the adapter was compiled against (to rebuild when it changes). */
+extern "C" __attribute__((visibility("default"))) const char *cca_torch_adapter_abi(void)
+{
+    return TORCH_ADAPTER_TORCH_VERSION;
+}

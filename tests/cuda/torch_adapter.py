@@ -1,0 +1,313 @@
+"""PyTorch on cca through cca.torch.install() (the C++ adapter): real training
+matches a native run, and every torch.cuda.memory function works with cca's
+figures. Exits 77 when torch or a GPU is missing.
+
+Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO]
+  (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
+  build/libcca.so). Each check runs in a fresh process (the allocator is
+  chosen once per process): --worker native|cca --job train-resnet50|
+  train-gpt2|functions prints one JSON line.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+MiB = 1 << 20
+
+
+def deterministic(torch, seed):
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.manual_seed(seed)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def train_resnet50(torch, steps=6, batch=32):
+    import torchvision
+    model = torchvision.models.resnet50(weights=None).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def train_gpt2(torch, steps=6, batch=4, seq=256):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (batch, seq), device="cuda")
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    # generation (inference) in the same process
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(ids[:1, :16], max_new_tokens=24, do_sample=False, pad_token_id=0)
+    losses.append(float(out.sum().item()))
+    return losses
+
+
+def worker_train(mode, job):
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    deterministic(torch, 1234)
+    losses = train_resnet50(torch) if job == "train-resnet50" else train_gpt2(torch)
+    torch.cuda.synchronize()
+    return {"losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
+            "peak_allocated": torch.cuda.max_memory_allocated(),
+            "backend": cca.torch.installed() or "pytorch"}
+
+
+class Checks:
+    def __init__(self):
+        self.results = []
+
+    def __call__(self, name, ok, detail=""):
+        self.results.append({"name": name, "ok": bool(ok), "detail": str(detail)[:500]})
+
+
+def worker_functions():
+    import cca
+    import cca.torch
+    check = Checks()
+    mode = cca.torch.install()
+    check("install uses the adapter", mode == "adapter", cca.torch.adapter_error())
+    import torch
+    check("install twice is a no-op", cca.torch.install() == "adapter")
+    x = torch.randn(1024, 1024, device="cuda")
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
+            cca.library_path(), "cca_torch_malloc", "cca_torch_free"))
+        check("swapping after first use is refused", False)
+    except RuntimeError as e:
+        check("swapping after first use is refused", "initialized" in str(e) or "initialised" in str(e), e)
+
+    # statistics: torch's view equals cca's own
+    stats = torch.cuda.memory_stats()
+    own = cca.memory_stats(0)
+    check("memory_stats has cca's 122 keys", len(own) == 122 and all(k in stats for k in own),
+          (len(stats), len(own)))
+    check("memory_stats values are cca's", all(stats[k] == own[k] for k in own),
+          [(k, stats[k], own[k]) for k in own if stats.get(k) != own[k]][:5])
+    check("memory_allocated", torch.cuda.memory_allocated() == own["allocated_bytes.all.current"]
+          and torch.cuda.memory_allocated() >= 4 * MiB, torch.cuda.memory_allocated())
+    check("memory_reserved", torch.cuda.memory_reserved() == own["reserved_bytes.all.current"]
+          and torch.cuda.memory_reserved() >= torch.cuda.memory_allocated())
+    y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    peak = torch.cuda.max_memory_allocated()
+    del y
+    check("max_memory_allocated", peak >= 68 * MiB and torch.cuda.max_memory_allocated() == peak, peak)
+    check("max_memory_reserved", torch.cuda.max_memory_reserved() >= peak)
+    torch.cuda.reset_peak_memory_stats()
+    check("reset_peak_memory_stats", torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated(),
+          (torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+    summary = torch.cuda.memory_summary()
+    check("memory_summary", "PyTorch CUDA memory summary" in summary and "Allocated memory" in summary,
+          summary[:200])
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    check("empty_cache releases the 64 MiB segment", after <= before - 64 * MiB, (before, after))
+    free_b, total_b = torch.cuda.mem_get_info()
+    check("mem_get_info", 0 < free_b <= total_b, (free_b, total_b))
+
+    # memory fraction and out of memory
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    check("get_per_process_memory_fraction", abs(torch.cuda.get_per_process_memory_fraction() - 0.25) < 1e-9)
+    try:
+        torch.empty(int(total_b * 0.3), dtype=torch.uint8, device="cuda")
+        check("fraction caps allocations (OutOfMemoryError)", False)
+    except torch.OutOfMemoryError as e:
+        check("fraction caps allocations (OutOfMemoryError)", "CUDA out of memory. Tried to allocate" in str(e)
+              and "allowed;" in str(e), e)
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        check("OOM raises torch.OutOfMemoryError", False)
+    except torch.OutOfMemoryError as e:
+        check("OOM raises torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate" in str(e), e)
+    check("num_ooms counts them", torch.cuda.memory_stats()["num_ooms"] == 2, torch.cuda.memory_stats()["num_ooms"])
+    z = torch.ones(1000, device="cuda")
+    check("usable after OOM", float(z.sum()) == 1000.0)
+
+    # caching_allocator_alloc / _delete
+    base = torch.cuda.memory_allocated()
+    p = torch.cuda.caching_allocator_alloc(3 * MiB)
+    mid = torch.cuda.memory_allocated()
+    torch.cuda.caching_allocator_delete(p)
+    check("caching_allocator_alloc/_delete", mid == base + 3 * MiB and torch.cuda.memory_allocated() == base,
+          (base, mid, torch.cuda.memory_allocated()))
+
+    # record_stream: the block is not reused while the side stream still runs
+    side = torch.cuda.Stream()
+    a = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    a_ptr = a.data_ptr()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)   # keep the side stream busy
+        a.fill_(7)
+    a.record_stream(side)
+    del a
+    b = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    check("record_stream defers reuse", b.data_ptr() != a_ptr, (hex(b.data_ptr()), hex(a_ptr)))
+    del b
+    torch.cuda.synchronize()
+    c = [torch.empty(8 * MiB, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    ptrs = [t.data_ptr() for t in c]
+    del c
+    check("block reused once the stream is done", a_ptr in ptrs, ([hex(p) for p in ptrs], hex(a_ptr)))
+
+    # history, snapshot, _dump_snapshot, _memory_viz
+    torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+    tensors = [torch.empty((i + 1) * 4096, device="cuda") for i in range(40)]
+    del tensors[::2]
+    snap = torch.cuda.memory._snapshot()
+    traces = snap["device_traces"][0]
+    actions = {e["action"] for e in traces}
+    check("_snapshot has the history", {"alloc", "free_requested", "free_completed"} <= actions, actions)
+    with_frames = [e for e in traces if e["action"] == "alloc" and e.get("frames")]
+    check("history entries carry Python stacks", len(with_frames) >= 40 and any(
+        "torch_adapter.py" in f.get("filename", "") for f in with_frames[0]["frames"]), len(with_frames))
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    check("_snapshot has the segments and live blocks", len(blocks) >= 20 and sum(
+        1 for b in blocks if b.get("frames")) >= 20, len(blocks))
+    check("_snapshot segments agree with memory_reserved", sum(s["total_size"] for s in snap["segments"])
+          == torch.cuda.memory_reserved())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "snap.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        from torch.cuda import _memory_viz
+        import pickle
+        with open(path, "rb") as f:
+            dumped = pickle.load(f)
+        html = _memory_viz.trace_plot(dumped)
+        seg = _memory_viz.segment_plot(dumped)
+        check("_dump_snapshot renders in torch.cuda._memory_viz", len(html) > 1000 and len(seg) > 1000)
+        out = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", path, "-o",
+                              os.path.join(tmp, "t.html")], capture_output=True, text=True)
+        check("python -m torch.cuda._memory_viz trace_plot", out.returncode == 0 and os.path.getsize(
+            os.path.join(tmp, "t.html")) > 1000, out.stderr[-300:])
+        j = cca.snapshot_to_json(path)
+        check("cca reads the dumped snapshot", len(j["segments"]) == len(snap["segments"]))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del tensors
+
+    # an OOM observer attached by PyTorch runs
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    check("OOM observers run", len(seen) == 1, seen)
+
+    # graphs and MemPool
+    g_detail = ""
+    try:
+        g = torch.cuda.CUDAGraph()
+        s_in = torch.randn(256, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            s_in * 2
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            s_out = s_in * 2 + 1
+        s_in.copy_(torch.arange(256, device="cuda", dtype=torch.float32))
+        g.replay()
+        torch.cuda.synchronize()
+        ok = torch.equal(s_out, torch.arange(256, device="cuda", dtype=torch.float32) * 2 + 1)
+        check("CUDA graph captured and replayed", ok)
+    except RuntimeError as e:
+        g_detail = str(e)
+        check("CUDA graph: clear error without private pools", "private memory pools" in g_detail, g_detail)
+    try:
+        torch.cuda.MemPool()
+        check("MemPool", True)
+    except RuntimeError as e:
+        check("MemPool: clear error without private pools", "private memory pools" in str(e), e)
+    return {"mode": mode, "checks": check.results}
+
+
+def run_worker(mode, job, lib):
+    env = dict(os.environ, CCA_LIBRARY=lib)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode, job],
+                          capture_output=True, text=True, env=env, timeout=400)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not line:
+        print(proc.stdout[-3000:], proc.stderr[-5000:])
+        raise SystemExit("FAIL worker %s %s exited %d" % (mode, job, proc.returncode))
+    r = json.loads(line[-1])
+    r["seconds"] = time.time() - t0
+    return r
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("SKIPPED: no torch")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIPPED: no GPU")
+        return 77
+    lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libcca.so"))
+    failed = 0
+    # build the adapter once, visibly
+    os.environ["CCA_LIBRARY"] = lib
+    import cca.torch
+    t0 = time.time()
+    print("adapter:", cca.torch.build_adapter(), "(%.1f s)" % (time.time() - t0))
+    f = run_worker("cca", "functions", lib)
+    for c in f["checks"]:
+        print("%s %s%s" % ("PASS" if c["ok"] else "FAIL", c["name"], "" if c["ok"] else ": " + c["detail"]))
+        failed += not c["ok"]
+    for job in ("train-resnet50", "train-gpt2"):
+        native = run_worker("native", job, lib)
+        ours = run_worker("cca", job, lib)
+        same_loss = native["losses"] == ours["losses"]
+        close = all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in zip(native["losses"], ours["losses"]))
+        print("%s %s: losses %s (native %s, cca %s)" % ("PASS" if close else "FAIL", job,
+              "identical" if same_loss else "close" if close else "differ",
+              ["%.6f" % v for v in native["losses"]], ["%.6f" % v for v in ours["losses"]]))
+        failed += not close
+        same_peak = native["peak_reserved"] == ours["peak_reserved"]
+        print("%s %s: peak reserved native %d, cca %d; peak allocated native %d, cca %d (backend %s)" % (
+            "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
+            native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
+        failed += not same_peak
+    print("%s torch adapter: %d failed" % ("PASS" if not failed else "FAIL", failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        mode, job = sys.argv[2], sys.argv[3]
+        result = worker_functions() if job == "functions" else worker_train(mode, job)
+        print(json.dumps(result))
+        sys.exit(0)
+    sys.exit(main())

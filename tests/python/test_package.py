@@ -1,0 +1,221 @@
+"""The Python package without PyTorch: settings, replay, snapshot conversion and
+the statistics of this process's allocator, on the simulated backend.
+
+Run by ctest (python_package) with PYTHONPATH=python, CCA_LIBRARY=the built
+libcca.so and CCA_CLI=the built cca command; by hand:
+  CCA_BACKEND=sim PYTHONPATH=python python3 -m unittest discover -s tests/python
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("CCA_BACKEND", "sim")
+
+import cca  # noqa: E402
+from cca import _lib  # noqa: E402
+
+TRACES = os.path.join(ROOT, "tests", "data", "traces")
+TWO_STREAM = os.path.join(TRACES, "two_stream_pipeline_default.pickle.gz")
+GPT2_SPLIT = os.path.join(TRACES, "gpt2_train_split64.pickle.gz")
+MiB = 1 << 20
+
+
+def cli():
+    path = os.environ.get("CCA_CLI") or os.path.join(ROOT, "build", "cca")
+    return path if os.path.exists(path) else None
+
+
+class Settings(unittest.TestCase):
+    def test_defaults_and_argument(self):
+        s = cca.settings("max_split_size_mb:64,roundup_power2_divisions:4")
+        self.assertEqual(s["max_split_size_mb"], ("64", "argument"))
+        self.assertEqual(s["roundup_power2_divisions"], ("4", "argument"))
+        self.assertEqual(s["backend"][1], "default")
+        self.assertIn("garbage_collection_threshold", s)
+
+    def test_bad_string_names_the_key(self):
+        with self.assertRaises(cca.CcaError) as cm:
+            cca.settings("max_split_size_mb:3")
+        self.assertEqual(cm.exception.status, "CCA_ERR_BAD_SETTINGS")
+        self.assertIn("max_split_size_mb", str(cm.exception))
+        with self.assertRaises(cca.CcaError):
+            cca.settings("no_such_key:1")
+
+
+class Replay(unittest.TestCase):
+    def test_replay_matches_pytorch(self):
+        r = cca.replay(TWO_STREAM)
+        self.assertEqual(r["address_mismatches"], 0)
+        self.assertIsNotNone(r["expected"])
+        self.assertEqual(r["peak_reserved_bytes"], r["expected"]["peak_reserved_bytes"])
+        self.assertEqual(r["segment_allocs"], r["expected"]["segment_allocs"])
+        self.assertEqual(r["allocs"], r["expected"]["allocs"])
+        self.assertEqual(r["expected"]["memory_stats_mismatches"], 0)
+        self.assertTrue(r["expected"]["memory_summary_matches"])
+        self.assertEqual(len(r["memory_stats"]), 122)
+        self.assertEqual(r["memory_stats"]["num_device_alloc"], r["segment_allocs"])
+        self.assertIn("CUDA memory summary", r["memory_summary"])
+
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_replay_equals_the_command_line(self):
+        for settings in (None, "max_split_size_mb:64"):
+            args = [cli(), "replay", GPT2_SPLIT, "--json"]
+            if settings:
+                args += ["--settings", settings]
+            out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+            r = cca.replay(GPT2_SPLIT, settings=settings)
+            for key in ("allocs", "segment_allocs", "segment_frees", "ooms", "peak_reserved_bytes",
+                        "peak_allocated_bytes"):
+                self.assertEqual(r[key], out[key], (settings, key))
+            if "address_mismatches" in out:
+                self.assertEqual(r["address_mismatches"], out["address_mismatches"])
+            self.assertEqual(r["memory_stats"], out["memory_stats"])
+
+    def test_settings_change_the_outcome(self):
+        fresh = cca.replay(GPT2_SPLIT, settings="", addresses="fresh")
+        split = cca.replay(GPT2_SPLIT, settings="max_split_size_mb:64", addresses="fresh")
+        self.assertEqual(split["settings"], "max_split_size_mb:64")
+        self.assertNotEqual(fresh["segment_allocs"], split["segment_allocs"])
+        self.assertGreater(split["memory_stats"]["oversize_allocations.allocated"], 0)
+        self.assertEqual(fresh["memory_stats"]["oversize_allocations.allocated"], 0)
+
+    def test_small_device_runs_out_of_memory(self):
+        r = cca.replay(TWO_STREAM, cap=64 * MiB, addresses="fresh")
+        self.assertGreater(r["ooms"], 0)
+        self.assertLessEqual(r["peak_reserved_bytes"], 64 * MiB)
+
+    def test_snapshot_and_svg_outputs(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            snap = os.path.join(tmp, "end.pickle.gz")
+            svg = os.path.join(tmp, "end.svg")
+            r = cca.replay(TWO_STREAM, snapshot=snap, svg=svg)
+            j = cca.snapshot_to_json(snap)
+            self.assertEqual(sum(s["total_size"] for s in j["segments"]),
+                             r["memory_stats"]["reserved_bytes.all.current"])
+            actions = [e["action"] for e in j["device_traces"][0]]
+            self.assertEqual(actions.count("alloc"), r["allocs"])
+            with open(svg) as f:
+                self.assertIn("<svg", f.read(200))
+            svg2 = os.path.join(tmp, "again.svg")
+            cca.snapshot_to_svg(snap, svg2)
+            self.assertGreater(os.path.getsize(svg2), 1000)
+
+    def test_errors(self):
+        with self.assertRaises(cca.CcaError) as cm:
+            cca.replay(os.path.join(ROOT, "no-such-trace.pickle"))
+        self.assertEqual(cm.exception.status, "CCA_ERR_IO")
+        with self.assertRaises(cca.CcaError) as cm:
+            cca.snapshot_to_json(os.path.join(ROOT, "README.md"))
+        self.assertEqual(cm.exception.status, "CCA_ERR_FORMAT")
+        with self.assertRaises(cca.CcaError) as cm:
+            cca.replay(TWO_STREAM, settings="roundup_power2_divisions:3")
+        self.assertEqual(cm.exception.status, "CCA_ERR_BAD_SETTINGS")
+        with self.assertRaises(ValueError):
+            cca.replay(TWO_STREAM, addresses="somewhere")
+
+
+class ThisProcess(unittest.TestCase):
+    """The statistics of this process's allocator, driven through libcca."""
+
+    def setUp(self):
+        self.lib = _lib.load()
+        self.ptrs = []
+
+    def tearDown(self):
+        for p in self.ptrs:
+            self.lib.cca_free(p)
+        self.lib.cca_shutdown()
+
+    def malloc(self, size):
+        p = ctypes.c_void_p()
+        self.assertEqual(self.lib.cca_malloc_device(ctypes.byref(p), size, 0, None), 0)
+        self.ptrs.append(p)
+        return p
+
+    def test_statistics(self):
+        self.assertEqual(cca.backend(), "sim")
+        self.assertTrue(cca.is_initialized())
+        for _ in range(3):
+            self.malloc(3 * MiB)
+        self.malloc(512)
+        s = cca.memory_stats()
+        self.assertEqual(len(s), 122)
+        self.assertEqual(s["allocation.all.current"], 4)
+        self.assertEqual(s["allocation.small_pool.current"], 1)
+        self.assertEqual(s["allocated_bytes.all.current"], 9 * MiB + 512)
+        self.assertEqual(s["requested_bytes.all.current"], 9 * MiB + 512)
+        raw = cca.device_stats()
+        self.assertEqual(raw.allocation[0].current, 4)
+        self.assertEqual(raw.reserved_bytes[0].current, s["reserved_bytes.all.current"])
+        self.assertEqual(self.lib.cca_free(self.ptrs.pop()), 0)
+        cca.reset_peak_stats()
+        self.assertEqual(cca.memory_stats()["allocation.all.peak"], 3)
+        cca.reset_accumulated_stats()
+        self.assertEqual(cca.memory_stats()["allocation.all.allocated"], 0)
+        text = cca.memory_summary()
+        self.assertIn("cca CUDA memory summary", text)
+        self.assertIn("Allocated memory", text)
+        small = cca.memory_stats()["reserved_bytes.small_pool.current"]
+        self.assertGreater(small, 0)
+        cca.empty_cache()
+        self.assertEqual(cca.memory_stats()["reserved_bytes.small_pool.current"], 0)
+
+    def test_history_and_snapshot(self):
+        cca.record_history(True, max_entries=1000)
+        for _ in range(5):
+            self.malloc(MiB)
+        self.assertEqual(self.lib.cca_free(self.ptrs.pop()), 0)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.pickle")
+            cca.dump_snapshot(path)
+            j = cca.snapshot_to_json(path)
+        cca.record_history(False)
+        actions = [e["action"] for e in j["device_traces"][0]]
+        self.assertEqual(actions.count("alloc"), 5)
+        self.assertEqual(actions.count("free_requested"), 1)
+        live = [b for s in j["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        self.assertEqual(len(live), 4)
+
+    def test_replay_refused_while_serving(self):
+        self.malloc(MiB)
+        with self.assertRaises(cca.CcaError) as cm:
+            cca.replay(TWO_STREAM)
+        self.assertEqual(cm.exception.status, "CCA_ERR_BUSY")
+        self.assertEqual(cca.memory_stats()["allocation.all.current"], 1)
+
+    def test_out_of_memory_error(self):
+        cca.backend()
+        p = ctypes.c_void_p()
+        st = self.lib.cca_malloc_device(ctypes.byref(p), 1 << 59, 0, None)
+        with self.assertRaises(cca.OutOfMemoryError) as cm:
+            cca._check(self.lib, st, "malloc")
+        self.assertIn("CUDA out of memory. Tried to allocate", str(cm.exception))
+        self.assertIsInstance(cm.exception, MemoryError)
+
+
+class WithoutTorch(unittest.TestCase):
+    def test_library_path(self):
+        self.assertTrue(os.path.exists(cca.library_path()))
+
+    def test_install_needs_torch(self):
+        try:
+            import torch  # noqa: F401
+            self.skipTest("torch is installed here")
+        except ImportError:
+            pass
+        import cca.torch
+        self.assertIsNone(cca.torch.installed())
+        with self.assertRaises(ImportError) as cm:
+            cca.torch.install()
+        self.assertIn("PyTorch", str(cm.exception))
+        self.assertIsNone(cca.torch.installed())
+
+
+if __name__ == "__main__":
+    unittest.main()
