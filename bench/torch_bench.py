@@ -5,7 +5,8 @@ Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()).
 Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
-and torch.empty(1 MiB) + free from Python. Prints one RESULT line per figure
+and torch.empty(1 MiB) + free from Python. Each round starts with a
+different allocator. Prints each round's figures, one RESULT line per figure
 (median over rounds) and a table. Random weights; needs torchvision and
 transformers.
 """
@@ -82,7 +83,7 @@ def worker(mode):
     def gen():
         with torch.no_grad():
             gpt.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
-    out["gpt2_generate_ms"] = timed_steps(torch, gen, 1, 3) * 1e3
+    out["gpt2_generate_ms"] = timed_steps(torch, gen, 1, 5) * 1e3
     out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     out["backend"] = cca.torch.installed() or "pytorch"
     return out
@@ -99,8 +100,8 @@ def main():
     import cca.torch
     cca.torch.build_adapter()  # not timed
     results = {m: [] for m in MODES}
-    for _ in range(repeat):
-        for mode in MODES:
+    for r in range(repeat):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:  # each allocator first in turn
             env = dict(os.environ)
             env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
             env.pop("CCA_ALLOC_CONF", None)
@@ -113,6 +114,8 @@ def main():
                 print(proc.stdout[-2000:], proc.stderr[-4000:])
                 raise SystemExit("worker %s failed" % mode)
             results[mode].append(json.loads(lines[-1]))
+            print("round %d %s: %s" % (r, mode, " ".join("%s=%.4g" % (k, v) for k, v in
+                                                          results[mode][-1].items() if k != "backend")))
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
             "peak_reserved_bytes")
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}

@@ -73,7 +73,7 @@ def _result_dict(r):
         "settings": r.settings.decode(),
         "events": r.events, "allocs": r.allocs, "frees": r.frees,
         "segment_allocs": r.segment_allocs, "segment_frees": r.segment_frees,
-        "ooms": r.ooms, "address_mismatches": r.address_mismatches,
+        "ooms": r.ooms, "pool_ops": r.pool_ops, "address_mismatches": r.address_mismatches,
         "unexpected_ooms": r.unexpected_ooms,
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,

@@ -96,7 +96,7 @@ class ReplayResult(ctypes.Structure):
     _fields_ = [("events", ctypes.c_uint64), ("allocs", ctypes.c_uint64),
                 ("frees", ctypes.c_uint64), ("segment_allocs", ctypes.c_uint64),
                 ("segment_frees", ctypes.c_uint64), ("ooms", ctypes.c_uint64),
-                ("address_mismatches", ctypes.c_uint64), ("unexpected_ooms", ctypes.c_uint64),
+                ("pool_ops", ctypes.c_uint64), ("address_mismatches", ctypes.c_uint64), ("unexpected_ooms", ctypes.c_uint64),
                 ("peak_reserved_bytes", ctypes.c_int64), ("peak_allocated_bytes", ctypes.c_int64),
                 ("peak_requested_bytes", ctypes.c_int64), ("peak_active_bytes", ctypes.c_int64),
                 ("seconds", ctypes.c_double), ("load_seconds", ctypes.c_double),

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cca.h"
@@ -197,6 +198,30 @@ void fill_stats(c10::CachingDeviceAllocator::StatArray &out, const cca_stat_t *i
         fill_stat(out[i], in[i]);
 }
 
+cca_mempool_id_t to_pool(c10::cuda::MempoolId_t id)
+{
+    return {static_cast<uint64_t>(id.first), static_cast<uint64_t>(id.second)};
+}
+
+/* A routing filter of PyTorch's (graph capture, use_mem_pool), called by cca inside its lock. */
+using StreamFilter = std::function<bool(cudaStream_t)>;
+bool run_filter(cca_stream_t stream, void *arg)
+{
+    try {
+        return (*static_cast<StreamFilter *>(arg))(reinterpret_cast<cudaStream_t>(stream));
+    } catch (const std::exception &e) { /* nothing may cross cca's C frames */
+        std::fprintf(stderr, "cca: a pool routing filter failed: %s\n", e.what());
+        return false;
+    }
+}
+
+/* A private pool's checkpoint, owned by PyTorch's cudagraph trees. */
+struct PoolState final : cc::AllocatorState {
+    explicit PoolState(cca_pool_state_t *s) : state(s) {}
+    ~PoolState() override { cca_pool_state_free(state); }
+    cca_pool_state_t *state;
+};
+
 class CcaAllocator final : public cc::CUDAAllocator {
   public:
     c10::DataPtr allocate(size_t size) override
@@ -250,9 +275,10 @@ class CcaAllocator final : public cc::CUDAAllocator {
     bool isEnabled() const override { return enabled_; }
     void emptyCache(c10::cuda::MempoolId_t mempool_id) override
     {
-        TORCH_CHECK(mempool_id.first == 0 && mempool_id.second == 0,
-                    "cca: emptyCache of a private pool needs private pools, not in this version");
-        check(cca_empty_cache(), "emptyCache");
+        if (mempool_id.first == 0 && mempool_id.second == 0)
+            check(cca_empty_cache(), "emptyCache");
+        else
+            check(cca_empty_cache_pool(to_pool(mempool_id)), "emptyCache");
     }
     void cacheInfo(c10::DeviceIndex device, size_t *largest) override
     {
@@ -363,30 +389,52 @@ class CcaAllocator final : public cc::CUDAAllocator {
         return out;
     }
 
-    void beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) override
+    void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id, StreamFilter filter) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        auto fn = std::make_unique<StreamFilter>(std::move(filter));
+        std::lock_guard<std::mutex> g(filters_lock_);
+        check(cca_begin_allocate_to_pool(device, to_pool(id), &run_filter, fn.get()), "beginAllocateToPool");
+        filters_[{device, id}] = std::move(fn); /* lives until the route ends */
     }
-    void endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        std::lock_guard<std::mutex> g(filters_lock_);
+        check(cca_end_allocate_to_pool(device, to_pool(id)), "endAllocateToPool");
+        filters_.erase({device, id});
     }
-    void releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        check(cca_release_pool(device, to_pool(id)), "releasePool");
     }
-    int getPoolUseCount(c10::DeviceIndex, c10::cuda::MempoolId_t) override { return 0; }
-    void createOrIncrefPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::shared_ptr<cc::CUDAAllocator>) override
+    int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        int count = 0;
+        check(cca_pool_use_count(device, to_pool(id), &count), "getPoolUseCount");
+        return count;
     }
-    void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool) override
+    void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                            std::shared_ptr<cc::CUDAAllocator> allocator) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        TORCH_CHECK(!allocator || allocator.get() == this,
+                    "cca: a MemPool with an allocator of its own cannot be used while cca is PyTorch's allocator");
+        check(cca_pool_create(device, to_pool(id)), "createOrIncrefPool");
     }
-    void setNoSplit(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) override
     {
-        TORCH_CHECK(false, "cca: CUDA graphs and MemPool need private memory pools, not in this version of cca");
+        check(cca_pool_set_use_on_oom(device, to_pool(id), use_on_oom), "setUseOnOOM");
+    }
+    void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override
+    {
+        check(cca_pool_set_no_split(device, to_pool(id)), "setNoSplit");
+    }
+    bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                                  const std::unordered_set<void *> &expected) override
+    {
+        std::vector<void *> ptrs(expected.begin(), expected.end());
+        bool matches = false;
+        check(cca_pool_check_live_allocations(device, to_pool(id), ptrs.data(), ptrs.size(), &matches),
+              "checkPoolLiveAllocations");
+        return matches;
     }
     cc::ShareableHandle shareIpcHandle(void *) override
     {
@@ -436,29 +484,40 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
     {
-        c10::cuda::CUDAGuard guard(dev);
-        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-        if (err == cudaErrorPeerAccessAlreadyEnabled) {
-            (void)cudaGetLastError();
-            return;
-        }
-        C10_CUDA_CHECK(err);
+        check(cca_enable_peer_access(dev, dev_to_access), "enablePeerAccess");
     }
     cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device, size_t count,
                             cudaStream_t stream, bool p2p_enabled) override
     {
-        /* cca's memory comes from cudaMalloc: plain copies work between devices */
+        /* cca's memory comes from cudaMalloc: plain copies work between devices with peer access */
         if (p2p_enabled || dst_device == src_device)
             return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
-        return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+        cca_status_t st = cca_memcpy_peer_async(dst, dst_device, src, src_device, count,
+                                                reinterpret_cast<cca_stream_t>(stream));
+        if (st == CCA_OK)
+            return cudaSuccess;
+        long code = cca_last_error()->backend_code;
+        return code ? static_cast<cudaError_t>(code) : cudaErrorInvalidValue;
     }
-    std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::cuda::MempoolId_t) override
+    std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override
     {
-        TORCH_CHECK(false, "cca: checkpointing a private pool needs private memory pools, not in this version");
+        cca_pool_state_t *state = nullptr;
+        check(cca_pool_get_checkpoint(device, to_pool(id), &state), "getCheckpointState");
+        return std::make_shared<PoolState>(state);
     }
-    cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<cc::AllocatorState>) override
+    cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<cc::AllocatorState> pps) override
     {
-        TORCH_CHECK(false, "cca: checkpointing a private pool needs private memory pools, not in this version");
+        auto *state = dynamic_cast<PoolState *>(pps.get());
+        TORCH_CHECK(state, "cca: setCheckpointPoolState: the state was not made by cca");
+        cca_checkpoint_delta_t delta{};
+        check(cca_pool_set_checkpoint(device, state->state, &delta), "setCheckpointPoolState");
+        cc::CheckpointDelta out;
+        out.ptrs_freed.assign(delta.freed, delta.freed + delta.freed_count);
+        for (size_t i = 0; i < delta.allocated_count; i++) /* the caller owns them now, as DataPtrs */
+            out.dataptrs_allocd.emplace_back(delta.allocated[i], delta.allocated[i], &delete_block,
+                                             c10::Device(c10::DeviceType::CUDA, device));
+        cca_checkpoint_delta_free(&delta);
+        return out;
     }
     std::string name() override { return "cca"; }
 
@@ -481,6 +540,14 @@ class CcaAllocator final : public cc::CUDAAllocator {
         return freed;
     }
 
+    struct PoolKeyHash {
+        size_t operator()(const std::pair<int, c10::cuda::MempoolId_t> &k) const
+        {
+            return std::hash<unsigned long long>()(k.second.first * 31 + k.second.second) ^ (size_t)k.first;
+        }
+    };
+    std::mutex filters_lock_;
+    std::unordered_map<std::pair<int, c10::cuda::MempoolId_t>, std::unique_ptr<StreamFilter>, PoolKeyHash> filters_;
     bool initialized_ = false;
     bool enabled_ = true;
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};

@@ -223,31 +223,91 @@ def worker_functions():
         pass
     check("OOM observers run", len(seen) == 1, seen)
 
-    # graphs and MemPool
-    g_detail = ""
-    try:
-        g = torch.cuda.CUDAGraph()
-        s_in = torch.randn(256, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
+    # CUDA graphs and MemPool, on cca's private pools
+    def guarded(name, fn):
+        try:
+            fn()
+        except Exception as e:  # a failure here must not hide the other checks
+            check(name, False, "%s: %s" % (type(e).__name__, e))
+
+    def graph_checks():
+        torch.cuda.synchronize()
+        reserved0 = torch.cuda.memory_reserved()
+        s_in = torch.randn(1 << 20, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
             s_in * 2
-        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             s_out = s_in * 2 + 1
-        s_in.copy_(torch.arange(256, device="cuda", dtype=torch.float32))
+        expect = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+        s_in.copy_(expect)
         g.replay()
         torch.cuda.synchronize()
-        ok = torch.equal(s_out, torch.arange(256, device="cuda", dtype=torch.float32) * 2 + 1)
-        check("CUDA graph captured and replayed", ok)
-    except RuntimeError as e:
-        g_detail = str(e)
-        check("CUDA graph: clear error without private pools", "private memory pools" in g_detail, g_detail)
-    try:
-        torch.cuda.MemPool()
-        check("MemPool", True)
-    except RuntimeError as e:
-        check("MemPool: clear error without private pools", "private memory pools" in str(e), e)
+        check("CUDA graph captured and replayed", torch.equal(s_out, expect * 2 + 1))
+        pool = g.pool()
+        segs = [sg for sg in torch.cuda.memory._snapshot()["segments"]
+                if tuple(sg.get("segment_pool_id", (0, 0))) == tuple(pool)]
+        check("graph allocations live in the graph's private pool", len(segs) >= 1 and any(
+            b["state"] == "active_allocated" for sg in segs for b in sg["blocks"]), (pool, len(segs)))
+        # a second graph sharing the first one's pool
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2, pool=pool):
+            s_out2 = s_out * 3
+        g.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        check("second graph on a shared pool", torch.equal(s_out2, (expect * 2 + 1) * 3))
+        del g, g2, s_out, s_out2
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        left = [sg for sg in torch.cuda.memory._snapshot()["segments"]
+                if tuple(sg.get("segment_pool_id", (0, 0))) == tuple(pool)]
+        check("destroyed graphs' pool returns its memory", not left, (len(left), reserved0,
+                                                                    torch.cuda.memory_reserved()))
+
+    def graphed_callables():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+        ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+        ref.load_state_dict(model.state_dict())
+        x = torch.randn(32, 64, device="cuda", requires_grad=True)
+        graphed = torch.cuda.make_graphed_callables(model, (x,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for i in range(3):
+            inp = torch.randn(32, 64, device="cuda", requires_grad=True)
+            for m, o in ((graphed, opt), (ref, ropt)):
+                o.zero_grad(set_to_none=True)
+                m(inp).square().sum().backward()
+                o.step()
+        torch.cuda.synchronize()
+        same = all(torch.allclose(a, b, atol=1e-5) for a, b in zip(model.parameters(), ref.parameters()))
+        check("make_graphed_callables trains as eager", same)
+
+    def mempool_checks():
+        pool = torch.cuda.MemPool()
+        check("MemPool use_count", pool.use_count() >= 1, pool.use_count())
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        seg_ptrs = [(sg["address"], sg["address"] + sg["total_size"]) for sg in pool.snapshot()]
+        inside = lambda p: any(lo <= p < hi for lo, hi in seg_ptrs)
+        check("use_mem_pool routes to the MemPool", inside(a.data_ptr()) and not inside(b.data_ptr()),
+              (hex(a.data_ptr()), hex(b.data_ptr()), seg_ptrs))
+        before = torch.cuda.memory_reserved()
+        del a, b
+        del pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        check("a deleted MemPool's memory returns", torch.cuda.memory_reserved() < before,
+              (before, torch.cuda.memory_reserved()))
+
+    guarded("CUDA graph captured and replayed", graph_checks)
+    guarded("make_graphed_callables trains as eager", graphed_callables)
+    guarded("MemPool", mempool_checks)
     return {"mode": mode, "checks": check.results}
 
 

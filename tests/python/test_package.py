@@ -199,6 +199,27 @@ class ThisProcess(unittest.TestCase):
         self.assertIsInstance(cm.exception, MemoryError)
 
 
+class Layout(unittest.TestCase):
+    """The ctypes mirrors match cca.h (sizes and the offset of each last field)."""
+
+    @unittest.skipUnless(os.environ.get("CCA_STRUCT_LAYOUT"), "struct_layout is not built")
+    def test_mirrors_match_the_header(self):
+        out = subprocess.run([os.environ["CCA_STRUCT_LAYOUT"]], check=True, capture_output=True,
+                             text=True).stdout
+        mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
+                   "cca_stat_entry_t": (_lib.StatEntry, "value"),
+                   "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
+                   "cca_replay_options_t": (_lib.ReplayOptions, "svg_path"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "first_address_mismatch")}
+        seen = set()
+        for line in out.splitlines():
+            name, size, offset = line.split()
+            cls, last = mirrors[name]
+            self.assertEqual((ctypes.sizeof(cls), getattr(cls, last).offset), (int(size), int(offset)), name)
+            seen.add(name)
+        self.assertEqual(seen, set(mirrors))
+
+
 class WithoutTorch(unittest.TestCase):
     def test_library_path(self):
         self.assertTrue(os.path.exists(cca.library_path()))
