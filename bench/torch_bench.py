@@ -84,6 +84,9 @@ def worker(mode):
         with torch.no_grad():
             gpt.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
     out["gpt2_generate_ms"] = timed_steps(torch, gen, 1, 5) * 1e3
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    gen()
+    out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     out["backend"] = cca.torch.installed() or "pytorch"
     return out
