@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -270,7 +271,20 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         check(cca_set_memory_fraction(fraction, device), "setMemoryFraction");
     }
-    std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+    /* From a snapshot (which, like PyTorch's own snapshots, adds a snapshot entry to the history). */
+    std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override
+    {
+        cca_snapshot_t *raw = nullptr;
+        check(cca_snapshot(&raw), "getExpandableSegmentSizes");
+        std::unique_ptr<cca_snapshot_t, void (*)(cca_snapshot_t *)> snap(raw, &cca_snapshot_free);
+        std::vector<cc::StreamSegmentSize> out;
+        for (size_t i = 0; i < snap->segment_count; i++) {
+            const cca_segment_info_t &seg = snap->segments[i];
+            if (seg.device == device && seg.is_expandable)
+                out.emplace_back(reinterpret_cast<cudaStream_t>(seg.stream), !seg.is_large, seg.total_size);
+        }
+        return out;
+    }
     void enable(bool value) override { enabled_ = value; }
     bool isEnabled() const override { return enabled_; }
     void emptyCache(c10::cuda::MempoolId_t mempool_id) override
@@ -370,7 +384,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
             out.config_metadata.max_split_size = static_cast<size_t>(stats.max_split_size);
         out.config_metadata.last_allocator_settings = settings_;
-        out.config_metadata.expandable_segments = false;
+        out.config_metadata.expandable_segments = expandable_setting();
         if (!include_traces)
             return out;
         cca_trace_entry_t *list = nullptr;
@@ -524,6 +538,16 @@ class CcaAllocator final : public cc::CUDAAllocator {
     std::string settings_;
 
   private:
+    /* Whether the settings cca started with (environment, then install()'s) turn expandable segments on. */
+    bool expandable_setting()
+    {
+        char *text = nullptr;
+        if (cca_settings_describe(nullptr, &text) != CCA_OK)
+            return false;
+        bool on = std::strstr(text, "expandable_segments True") != nullptr;
+        std::free(text);
+        return on;
+    }
     void *raw_alloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream)
     {
         void *ptr = nullptr;
