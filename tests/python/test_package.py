@@ -238,5 +238,101 @@ class WithoutTorch(unittest.TestCase):
         self.assertIsNone(cca.torch.installed())
 
 
+class InstallLogic(unittest.TestCase):
+    """cca.torch.install()'s decisions, with a stand-in torch module: the refusal after CUDA
+    is initialised, settings validation, and the fallback to the pluggable path when the
+    adapter cannot be built (here: no c10 headers)."""
+
+    def setUp(self):
+        import types
+        self.calls = []
+        self.cuda_initialised = False
+        fake = types.ModuleType("torch")
+        fake.__version__ = "0.0+stand-in"
+        fake._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+        memory = types.SimpleNamespace(
+            CUDAPluggableAllocator=lambda path, alloc, free: ("pluggable", path, alloc, free),
+            change_current_allocator=self.calls.append)
+        fake.cuda = types.SimpleNamespace(is_initialized=lambda: self.cuda_initialised, memory=memory)
+        ext = types.ModuleType("torch.utils.cpp_extension")
+        ext.include_paths = lambda device_type="cpu": ["/nonexistent/torch/include"]
+        ext.library_paths = lambda device_type="cpu": ["/nonexistent/torch/lib"]
+        utils = types.ModuleType("torch.utils")
+        utils.cpp_extension = ext
+        fake.utils = utils
+        self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.utils", "torch.utils.cpp_extension")}
+        sys.modules.update({"torch": fake, "torch.utils": utils, "torch.utils.cpp_extension": ext})
+        self.tmp = tempfile.TemporaryDirectory()
+        self.env = {k: os.environ.get(k) for k in ("CCA_TORCH_BUILD_DIR", "CCA_ALLOC_CONF",
+                                                   "PYTORCH_CUDA_ALLOC_CONF")}
+        os.environ["CCA_TORCH_BUILD_DIR"] = self.tmp.name
+        os.environ.pop("CCA_ALLOC_CONF", None)
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        import cca.torch
+        self.mod = cca.torch
+        self.mod._mode = None
+        self.mod._adapter = None
+        self.mod._adapter_error = None
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        for k, v in self.env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.mod._mode = None
+        self.tmp.cleanup()
+
+    def test_fallback_to_pluggable(self):
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(self.mod.install(), "pluggable")
+        self.assertEqual(self.calls, [("pluggable", cca.library_path(), "cca_torch_malloc", "cca_torch_free")])
+        self.assertTrue(any("memory_stats" in str(w.message) for w in caught))
+        self.assertTrue(self.mod.adapter_error())
+        self.assertEqual(self.mod.installed(), "pluggable")
+        self.assertEqual(self.mod.install(), "pluggable")  # a second call changes nothing
+        self.assertEqual(len(self.calls), 1)
+        self.assertEqual(os.listdir(self.tmp.name), [])  # a failed build leaves nothing behind
+
+    def test_no_fallback_raises(self):
+        with self.assertRaises(RuntimeError):
+            self.mod.install(fallback=False)
+        self.assertEqual(self.calls, [])
+        self.assertIsNone(self.mod.installed())
+
+    def test_refused_after_cuda_init(self):
+        self.cuda_initialised = True
+        with self.assertRaises(RuntimeError) as cm:
+            self.mod.install()
+        self.assertIn("before the first CUDA call", str(cm.exception))
+        self.assertEqual(self.calls, [])
+
+    def test_settings(self):
+        with self.assertRaises(cca.CcaError) as cm:
+            self.mod.install(settings="max_split_size_mb:1")
+        self.assertEqual(cm.exception.status, "CCA_ERR_BAD_SETTINGS")
+        self.assertEqual(self.calls, [])
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:2"
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.mod.install(fallback=True)
+        self.assertEqual(os.environ.get("CCA_ALLOC_CONF"), "roundup_power2_divisions:2")
+
+    def test_adapter_command(self):
+        cmd = self.mod.adapter_command("/tmp/out.so")
+        self.assertIn("-isystem/nonexistent/torch/include", cmd)
+        self.assertIn("-I" + _lib.include_dir(), cmd)
+        self.assertIn("-lcca", cmd)
+        self.assertTrue(any(a.endswith("torch_adapter.cpp") for a in cmd))
+
+
 if __name__ == "__main__":
     unittest.main()
