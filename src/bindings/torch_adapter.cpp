@@ -479,6 +479,11 @@ class CcaAllocator final : public cc::CUDAAllocator {
         if (enabled && clear_history)
             check(cca_record_history(false, nullptr, nullptr, 0, CCA_RECORD_CONTEXT_NEVER), "recordHistory");
         check(cca_record_history(enabled, &gather_context, nullptr, max_entries, level), "recordHistory");
+        std::vector<std::shared_ptr<c10::GatheredContext>> to_drop; /* what stopping or clearing let go */
+        {
+            std::lock_guard<std::mutex> g(contexts.lock);
+            to_drop.swap(contexts.dropped);
+        }
     }
     void attachOutOfMemoryObserver(cc::OutOfMemoryObserver observer) override
     {
