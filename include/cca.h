@@ -449,7 +449,7 @@ typedef struct cca_pool_state cca_pool_state_t;
  * state with cca_pool_state_free. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
  * (bad device, unknown id, state NULL), CCA_ERR_BUSY (the pool was released
  * to 0, a route is active, or a block of it waits for stream events),
- * CCA_ERR_OUT_OF_MEMORY.
+ * CCA_ERR_NOT_SUPPORTED (the pool holds expandable segments), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_state_t **state);
 void cca_pool_state_free(cca_pool_state_t *state);

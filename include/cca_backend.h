@@ -86,6 +86,8 @@ typedef enum cca_backend_op {
     CCA_OP_IPC_EVENT_CREATE,
     CCA_OP_IPC_EVENT_GET,
     CCA_OP_IPC_EVENT_OPEN,
+    CCA_OP_STREAM_CAPTURE_INFO,
+    CCA_OP_GRAPH_NODE_DEPENDENCIES,
     CCA_OP_COUNT
 } cca_backend_op_t;
 
@@ -104,6 +106,9 @@ typedef enum cca_mempool_attr {
     CCA_MEMPOOL_USED_HIGH,              /**< its high-water mark (set: 0 resets it) */
     CCA_MEMPOOL_ATTR_COUNT
 } cca_mempool_attr_t;
+
+/** A node of a graph being captured (cudaGraphNode_t for the CUDA backend). */
+typedef void *cca_graph_node_t;
 
 /** Stream capture states (cudaStreamCaptureStatus). */
 enum { CCA_CAPTURE_NONE = 0, CCA_CAPTURE_ACTIVE = 1, CCA_CAPTURE_INVALIDATED = 2 };
@@ -150,6 +155,22 @@ typedef struct cca_backend {
     cca_status_t (*event_synchronize)(void *ctx, int device, cca_event_t event);
     /** Capture status of a stream (CCA_CAPTURE_*). */
     cca_status_t (*stream_capture_status)(void *ctx, int device, cca_stream_t stream, int *status);
+    /**
+     * Capture status of a stream, and while it is captured the capture's id
+     * and the nodes work queued on it next would depend on (its terminal
+     * nodes; cudaStreamGetCaptureInfo). *terminals stays valid until the
+     * stream's next capture call; *count may be 0.
+     */
+    cca_status_t (*stream_capture_info)(void *ctx, int device, cca_stream_t stream, int *status,
+                                        uint64_t *capture_id, const cca_graph_node_t **terminals,
+                                        size_t *count);
+    /**
+     * The nodes a captured node depends on (cudaGraphNodeGetDependencies):
+     * with deps NULL only *count; else up to *count of them, *count set to
+     * the number written.
+     */
+    cca_status_t (*graph_node_dependencies)(void *ctx, int device, cca_graph_node_t node,
+                                            cca_graph_node_t *deps, size_t *count);
 
     /** Virtual memory: allocation granularity of physical memory (bytes). */
     cca_status_t (*vmm_granularity)(void *ctx, int device, size_t *granularity);
@@ -298,6 +319,22 @@ cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addr
  * CCA_ERR_INVALID_ARGUMENT (not a simulated backend), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t cca_sim_set_capturing(cca_backend_t *backend, cca_stream_t stream, bool capturing);
+
+/**
+ * Simulate a captured graph (for graph_capture_record_stream_reuse): begin a
+ * capture on stream (a new capture id, no node yet; it also counts as
+ * capturing for stream_capture_status); queue work on a capturing stream (a
+ * node depending on the stream's terminal nodes becomes its only terminal);
+ * join dst to src's capture (as an event recorded on src and waited for on
+ * dst: dst's terminals gain src's); end the capture of stream (every stream
+ * of that capture stops capturing). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (not a simulated backend; work, join or end on a stream not capturing;
+ * begin on one that is), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_sim_capture_begin(cca_backend_t *backend, cca_stream_t stream);
+cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream);
+cca_status_t cca_sim_capture_join(cca_backend_t *backend, cca_stream_t dst, cca_stream_t src);
+cca_status_t cca_sim_capture_end(cca_backend_t *backend, cca_stream_t stream);
 
 /** The backend cca is running on (NULL before initialisation). */
 cca_backend_t *cca_current_backend(void);

@@ -47,6 +47,8 @@ static const char *const op_names[CCA_OP_COUNT] = {
     [CCA_OP_IPC_EVENT_CREATE] = "ipc_event_create",
     [CCA_OP_IPC_EVENT_GET] = "ipc_event_get_handle",
     [CCA_OP_IPC_EVENT_OPEN] = "ipc_event_open",
+    [CCA_OP_STREAM_CAPTURE_INFO] = "stream_capture_info",
+    [CCA_OP_GRAPH_NODE_DEPENDENCIES] = "graph_node_dependencies",
 };
 
 /* Name of a backend operation; "unknown" for a value outside the enum. */

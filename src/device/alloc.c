@@ -402,10 +402,15 @@ static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream
     *out = NULL;
     pthread_mutex_lock(&dev->lock);
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
-        st = pools_route_locked(dev, stream, out);
+        /* graph_capture_record_stream_reuse: blocks the capture has passed are free again */
+        st = events_free_safe_in_capture(dev, stream);
+        if (st == CCA_OK)
+            st = pools_route_locked(dev, stream, out);
         pthread_mutex_unlock(&dev->lock);
         return st;
     }
+    if (dev->reuse_count)
+        events_reuse_reset_locked(dev);
     st = events_insert_deferred_locked(dev);
     pthread_mutex_unlock(&dev->lock);
     if (st == CCA_OK && atomic_load_explicit(&dev->pending_event_count, memory_order_acquire))

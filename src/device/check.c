@@ -358,6 +358,15 @@ static void check_events(check_ctx_t *c, cca_device_t *dev)
         else
             s->deferred_refs++;
     }
+    for (size_t i = 0; i < dev->marker_count && !c->failed; i++) {
+        const cca_block_t *b = dev->markers[i].block;
+        bool listed = false;
+        for (const cca_block_t *d = dev->deferred_head; d && !listed; d = d->bin_next)
+            listed = d == b;
+        if (!listed || !dev->markers[i].count)
+            fail(c, "device %d: free markers name block 0x%" PRIxPTR ", which is not set aside "
+                 "(or they are empty)", dev->index, b->addr);
+    }
     if (!c->failed && nd != atomic_load(&dev->deferred_count))
         fail(c, "device %d: %zu set-aside frees listed, deferred_count says %u", dev->index, nd,
              (unsigned)atomic_load(&dev->deferred_count));

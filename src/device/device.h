@@ -172,6 +172,21 @@ typedef struct cca_capture_use {
     cca_stream_t stream;
 } cca_capture_use_t;
 
+/* The free markers of a set-aside free (graph_capture_record_stream_reuse; events.c). */
+typedef struct cca_free_markers {
+    struct cca_block *block;
+    cca_graph_node_t *nodes;    /* the capture's terminal nodes of every stream that used it */
+    size_t count;
+} cca_free_markers_t;
+
+/* Nodes found behind a capturing stream's terminals, per (capture, stream) (events.c). */
+typedef struct cca_reuse_ctx {
+    uint64_t capture_id;
+    cca_stream_t stream;
+    cca_graph_node_t *visited;  /* open-addressing set, NULL = empty slot */
+    size_t cap, count;
+} cca_reuse_ctx_t;
+
 /* A registered callback (free-memory callbacks, OOM observers). */
 typedef struct cca_callback {
     void *fn;
@@ -223,6 +238,10 @@ typedef struct cca_device {
     cca_capture_use_t *capture_uses; /* (events_lock) */
     size_t capture_use_count, capture_use_cap;
     _Atomic bool capture_uses_present;
+    cca_free_markers_t *markers;     /* (events_lock) */
+    size_t marker_count, marker_cap;
+    cca_reuse_ctx_t *reuse;          /* (device lock) */
+    size_t reuse_count, reuse_cap;
     cca_event_t *event_pool;    /* reusable events */
     size_t event_pool_count, event_pool_cap;
     size_t events_created;      /* live events owned (pooled + pending) */
@@ -431,6 +450,10 @@ cca_status_t events_note_capture_use(cca_device_t *dev, cca_block_t *block, cca_
 void events_forget_capture_uses(cca_device_t *dev, cca_block_t *block, bool drop);
 /* Complete the set-aside frees (device lock held, no route active). */
 cca_status_t events_insert_deferred_locked(cca_device_t *dev);
+/* Return the set-aside blocks of stream that its capture has passed (device lock held). */
+cca_status_t events_free_safe_in_capture(cca_device_t *dev, cca_stream_t stream);
+/* Forget the capture graphs' traversals (device lock held, no route active). */
+void events_reuse_reset_locked(cca_device_t *dev);
 /* Give the device's idle events back to the backend. */
 cca_status_t events_destroy_pooled(cca_device_t *dev);
 /* events_process on every device (replay, tests). */

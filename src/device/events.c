@@ -242,23 +242,6 @@ cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *h
 /* ---- frees set aside while routes to private pools are active ------------------------ */
 
 /*
- * A block used on other streams was freed while a route is active: set it
- * aside until no route is (PyTorch's deferred blocks); no event may be
- * recorded or queried during a capture (its stream pool lock held).
- */
-void events_defer_free(cca_device_t *dev, cca_block_t *block)
-{
-    pthread_mutex_lock(&dev->events_lock);
-    block->bin_prev = NULL;
-    block->bin_next = dev->deferred_head;
-    if (dev->deferred_head)
-        dev->deferred_head->bin_prev = block;
-    dev->deferred_head = block;
-    atomic_fetch_add_explicit(&dev->deferred_count, 1, memory_order_release);
-    pthread_mutex_unlock(&dev->events_lock);
-}
-
-/*
  * record_stream while a route is active: remember (block, stream), so the
  * use is dropped if the block's free is set aside (work captured in a graph
  * needs no event; PyTorch's block_to_cudagraph_stream_uses). Stream pool lock
@@ -325,6 +308,9 @@ cca_status_t events_insert_deferred_locked(cca_device_t *dev)
     cca_block_t *list = dev->deferred_head;
     dev->deferred_head = NULL;
     atomic_store_explicit(&dev->deferred_count, 0, memory_order_relaxed);
+    for (size_t i = 0; i < dev->marker_count; i++)
+        free(dev->markers[i].nodes);
+    dev->marker_count = 0;
     pthread_mutex_unlock(&dev->events_lock);
     cca_status_t result = CCA_OK;
     while (list) {
@@ -344,6 +330,294 @@ cca_status_t events_insert_deferred_locked(cca_device_t *dev)
             result = st;
     }
     return result;
+}
+
+/* ---- graph_capture_record_stream_reuse ------------------------------------------------- */
+
+/*
+ * With graph_capture_record_stream_reuse, a block set aside during a capture
+ * carries free markers: the capture's terminal nodes, at free time, of its
+ * allocation stream and of every stream that used it. Once every marker lies
+ * behind the terminals of the allocation stream (all work captured after it
+ * follows the block's last uses), the block is reused within the capture
+ * (PyTorch 2.11's record_free_markers / free_safe_blocks_in_capture). The
+ * test is on the graph's shape alone: no event is queried.
+ */
+
+/* Remove a set-aside block from the deferred list (events_lock held). */
+static void deferred_unlink_locked(cca_device_t *dev, cca_block_t *block)
+{
+    if (block->bin_prev)
+        block->bin_prev->bin_next = block->bin_next;
+    else
+        dev->deferred_head = block->bin_next;
+    if (block->bin_next)
+        block->bin_next->bin_prev = block->bin_prev;
+    block->bin_next = block->bin_prev = NULL;
+    atomic_fetch_sub_explicit(&dev->deferred_count, 1, memory_order_relaxed);
+}
+
+/* Add the terminal nodes of stream's capture to *nodes; false: not capturing (or failed). */
+static bool add_terminals(cca_device_t *dev, cca_stream_t stream, uint64_t *capture,
+                          cca_graph_node_t **nodes, size_t *count, size_t *cap)
+{
+    cca_backend_t *be = cca_state->backend;
+    int status = CCA_CAPTURE_NONE;
+    uint64_t id = 0;
+    const cca_graph_node_t *terms = NULL;
+    size_t n = 0;
+    if (be->stream_capture_info(be->ctx, dev->index, stream, &status, &id, &terms, &n) != CCA_OK ||
+        status != CCA_CAPTURE_ACTIVE || (*capture && id != *capture))
+        return false;
+    *capture = id;
+    for (size_t i = 0; i < n; i++) {
+        bool present = false;
+        for (size_t j = 0; j < *count && !present; j++)
+            present = (*nodes)[j] == terms[i];
+        if (present)
+            continue;
+        if (*count == *cap) {
+            size_t ncap = *cap ? *cap * 2 : 8;
+            cca_graph_node_t *grown = realloc(*nodes, ncap * sizeof(*grown));
+            if (!grown)
+                return false;
+            *nodes = grown;
+            *cap = ncap;
+        }
+        (*nodes)[(*count)++] = terms[i];
+    }
+    return true;
+}
+
+/*
+ * The free markers of block under graph_capture_record_stream_reuse: the
+ * terminal nodes of its streams' capture (*nodes malloc'd), or 0 when the
+ * setting is off or a stream is not captured (it then waits for the end).
+ */
+static size_t free_markers(cca_device_t *dev, cca_block_t *block, cca_graph_node_t **nodes)
+{
+    *nodes = NULL;
+    if (!cca_state->settings.graph_capture_record_stream_reuse)
+        return 0;
+    size_t count = 0, cap = 0;
+    uint64_t capture = 0;
+    bool ok = add_terminals(dev, block->pool->owner->stream, &capture, nodes, &count, &cap);
+    for (uint32_t i = 0; ok && i < block->stream_use_count; i++)
+        ok = add_terminals(dev, block->stream_uses[i], &capture, nodes, &count, &cap);
+    if (!ok || !count) {
+        free(*nodes);
+        *nodes = NULL;
+        return 0;
+    }
+    return count;
+}
+
+/*
+ * A block used on other streams was freed while a route is active: set it
+ * aside until no route is (PyTorch's deferred blocks), with its free markers
+ * if graph_capture_record_stream_reuse is on; no event may be recorded or
+ * queried during a capture (its stream pool lock held).
+ */
+void events_defer_free(cca_device_t *dev, cca_block_t *block)
+{
+    cca_graph_node_t *nodes;
+    size_t count = free_markers(dev, block, &nodes);
+    pthread_mutex_lock(&dev->events_lock);
+    if (count && dev->marker_count == dev->marker_cap) {
+        size_t ncap = dev->marker_cap ? dev->marker_cap * 2 : 8;
+        cca_free_markers_t *grown = realloc(dev->markers, ncap * sizeof(*grown));
+        if (grown) {
+            dev->markers = grown;
+            dev->marker_cap = ncap;
+        }
+    }
+    if (count && dev->marker_count < dev->marker_cap) {
+        dev->markers[dev->marker_count++] = (cca_free_markers_t){block, nodes, count};
+    } else {
+        free(nodes); /* no markers: it waits for the end of the capture */
+    }
+    block->bin_prev = NULL;
+    block->bin_next = dev->deferred_head;
+    if (dev->deferred_head)
+        dev->deferred_head->bin_prev = block;
+    dev->deferred_head = block;
+    atomic_fetch_add_explicit(&dev->deferred_count, 1, memory_order_release);
+    pthread_mutex_unlock(&dev->events_lock);
+}
+
+static inline size_t node_hash(cca_graph_node_t n)
+{
+    uint64_t x = (uint64_t)(uintptr_t)n * 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 20);
+}
+
+static bool visited_has(const cca_reuse_ctx_t *r, cca_graph_node_t n)
+{
+    if (!r->cap)
+        return false;
+    for (size_t i = node_hash(n) & (r->cap - 1);; i = (i + 1) & (r->cap - 1)) {
+        if (r->visited[i] == n)
+            return true;
+        if (!r->visited[i])
+            return false;
+    }
+}
+
+/* Add n to the visited set; false: out of host memory. */
+static bool visited_add(cca_reuse_ctx_t *r, cca_graph_node_t n)
+{
+    if ((r->count + 1) * 2 > r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        cca_graph_node_t *set = calloc(cap, sizeof(*set));
+        if (!set)
+            return false;
+        for (size_t i = 0; i < r->cap; i++) {
+            if (!r->visited[i])
+                continue;
+            size_t j = node_hash(r->visited[i]) & (cap - 1);
+            while (set[j])
+                j = (j + 1) & (cap - 1);
+            set[j] = r->visited[i];
+        }
+        free(r->visited);
+        r->visited = set;
+        r->cap = cap;
+    }
+    size_t j = node_hash(n) & (r->cap - 1);
+    while (r->visited[j])
+        j = (j + 1) & (r->cap - 1);
+    r->visited[j] = n;
+    r->count++;
+    return true;
+}
+
+/* The traversal state of (capture, stream), created on first use (device lock held). */
+static cca_reuse_ctx_t *reuse_ctx(cca_device_t *dev, uint64_t capture, cca_stream_t stream)
+{
+    for (size_t i = 0; i < dev->reuse_count; i++)
+        if (dev->reuse[i].capture_id == capture && dev->reuse[i].stream == stream)
+            return &dev->reuse[i];
+    if (dev->reuse_count == dev->reuse_cap) {
+        size_t cap = dev->reuse_cap ? dev->reuse_cap * 2 : 4;
+        cca_reuse_ctx_t *grown = realloc(dev->reuse, cap * sizeof(*grown));
+        if (!grown)
+            return NULL;
+        dev->reuse = grown;
+        dev->reuse_cap = cap;
+    }
+    cca_reuse_ctx_t *r = &dev->reuse[dev->reuse_count++];
+    memset(r, 0, sizeof(*r));
+    r->capture_id = capture;
+    r->stream = stream;
+    return r;
+}
+
+/*
+ * Visit every node behind the terminals of stream's capture, skipping what an
+ * earlier call already visited (device lock held). CCA_OK, a backend error,
+ * or CCA_ERR_OUT_OF_MEMORY.
+ */
+static cca_status_t visit_behind(cca_device_t *dev, cca_reuse_ctx_t *r, const cca_graph_node_t *terms,
+                                 size_t nterms)
+{
+    cca_backend_t *be = cca_state->backend;
+    size_t cap = nterms + 16, top = 0;
+    cca_graph_node_t *stack = malloc(cap * sizeof(*stack));
+    if (!stack)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory walking a captured graph");
+    for (size_t i = 0; i < nterms; i++)
+        stack[top++] = terms[i];
+    cca_status_t st = CCA_OK;
+    while (top && st == CCA_OK) {
+        cca_graph_node_t v = stack[--top];
+        if (!v || visited_has(r, v))
+            continue;
+        if (!visited_add(r, v)) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory walking a captured graph");
+            break;
+        }
+        size_t n = 0;
+        st = be->graph_node_dependencies(be->ctx, dev->index, v, NULL, &n);
+        if (st != CCA_OK || !n)
+            continue;
+        if (top + n > cap) {
+            size_t ncap = (top + n) * 2;
+            cca_graph_node_t *grown = realloc(stack, ncap * sizeof(*grown));
+            if (!grown) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory walking a captured graph");
+                break;
+            }
+            stack = grown;
+            cap = ncap;
+        }
+        st = be->graph_node_dependencies(be->ctx, dev->index, v, stack + top, &n);
+        if (st == CCA_OK)
+            top += n;
+    }
+    free(stack);
+    return st;
+}
+
+cca_status_t events_free_safe_in_capture(cca_device_t *dev, cca_stream_t stream)
+{
+    if (!cca_state->settings.graph_capture_record_stream_reuse ||
+        !atomic_load_explicit(&dev->deferred_count, memory_order_acquire))
+        return CCA_OK;
+    cca_backend_t *be = cca_state->backend;
+    int status = CCA_CAPTURE_NONE;
+    uint64_t capture = 0;
+    const cca_graph_node_t *terms = NULL;
+    size_t nterms = 0;
+    cca_status_t st = be->stream_capture_info(be->ctx, dev->index, stream, &status, &capture, &terms,
+                                              &nterms);
+    if (st != CCA_OK || status != CCA_CAPTURE_ACTIVE || !nterms)
+        return st;
+    cca_reuse_ctx_t *r = reuse_ctx(dev, capture, stream);
+    if (!r)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory walking a captured graph");
+    st = visit_behind(dev, r, terms, nterms);
+    if (st != CCA_OK)
+        return st;
+    /* the set-aside blocks of this stream whose markers are all behind its terminals */
+    cca_block_t *ready = NULL;
+    pthread_mutex_lock(&dev->events_lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < dev->marker_count; i++) {
+        cca_free_markers_t m = dev->markers[i];
+        bool reusable = m.block->pool->owner->stream == stream;
+        for (size_t j = 0; j < m.count && reusable; j++)
+            reusable = visited_has(r, m.nodes[j]);
+        if (!reusable) {
+            dev->markers[kept++] = m;
+            continue;
+        }
+        free(m.nodes);
+        deferred_unlink_locked(dev, m.block);
+        m.block->bin_next = ready;
+        ready = m.block;
+    }
+    dev->marker_count = kept;
+    pthread_mutex_unlock(&dev->events_lock);
+    while (ready) {
+        cca_block_t *block = ready;
+        ready = block->bin_next;
+        block->bin_next = NULL;
+        cca_stream_pool_t *sp = block->pool->owner;
+        cca_spin_lock(&sp->lock);
+        if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
+            events_forget_capture_uses(dev, block, false);
+        block->stream_use_count = 0; /* the graph orders its uses: no event */
+        pool_free_block(dev, block, false);
+        cca_spin_unlock(&sp->lock);
+    }
+    return CCA_OK;
+}
+
+void events_reuse_reset_locked(cca_device_t *dev)
+{
+    for (size_t i = 0; i < dev->reuse_count; i++)
+        free(dev->reuse[i].visited);
+    dev->reuse_count = 0;
 }
 
 cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)

@@ -351,6 +351,12 @@ void pool_device_shutdown(cca_device_t *dev)
         pool_private_destroy(dev, dev->private_pools);
     free(dev->routes);
     free(dev->capture_uses);
+    for (size_t i = 0; i < dev->marker_count; i++)
+        free(dev->markers[i].nodes);
+    free(dev->markers);
+    for (size_t i = 0; i < dev->reuse_count; i++)
+        free(dev->reuse[i].visited);
+    free(dev->reuse);
     for (size_t i = 0; i < dev->pool_table_cap; i++) {
         cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
         if (sp)

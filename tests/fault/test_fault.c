@@ -185,6 +185,110 @@ static void scenario_empty_cache(void)
     step_check(cca_empty_cache(), "cca_empty_cache");
 }
 
+/* Forget a held pointer (it is no longer live). */
+static void forget_held(void *p)
+{
+    for (size_t i = 0; i < nheld; i++)
+        if (held[i] == p) {
+            held[i] = held[--nheld];
+            return;
+        }
+}
+
+/* Checkpoint pool id, change it, restore it; the held list follows the delta. */
+static void do_checkpoint_cycle(cca_mempool_id_t id)
+{
+    cca_pool_state_t *state = NULL;
+    cca_status_t st = cca_pool_get_checkpoint(0, id, &state);
+    step_check(st, "cca_pool_get_checkpoint");
+    if (st != CCA_OK)
+        return;
+    step_check(cca_begin_allocate_stream_to_pool(0, id, S1), "cca_begin_allocate_stream_to_pool");
+    do_malloc(2000, 0, S1);
+    do_malloc(5 * MiB, 0, S1);
+    step_check(cca_end_allocate_to_pool(0, id), "cca_end_allocate_to_pool");
+    cca_checkpoint_delta_t d;
+    st = cca_pool_set_checkpoint(0, state, &d);
+    step_check(st, "cca_pool_set_checkpoint");
+    if (st == CCA_OK) {
+        for (size_t i = 0; i < d.freed_count; i++)
+            forget_held(d.freed[i]);
+        for (size_t i = 0; i < d.allocated_count; i++) {
+            forget_held(d.allocated[i]);
+            if (nheld < 256)
+                held[nheld++] = d.allocated[i];
+        }
+        cca_checkpoint_delta_free(&d);
+    }
+    cca_pool_state_free(state);
+    step_check(cca_release_pool(0, id), "cca_release_pool"); /* the second graph is gone */
+}
+
+/*
+ * Private pools: a graph capture (empty_cache, a route on S1, allocations and
+ * frees in the pool, frees set aside for blocks used on S2, the end of the
+ * capture and the set-aside frees completed), a checkpoint cycle with a second
+ * capture into the pool, the graphs' release and empty_cache; then a MemPool used by this thread, released and
+ * emptied.
+ */
+static void scenario_pools(void)
+{
+    cca_mempool_id_t g = {1, 0}, m = {0, 1};
+    do_malloc(3 * MiB, 0, S1);
+    do_record(0, S2);
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    step_check(cca_begin_allocate_stream_to_pool(0, g, S1), "cca_begin_allocate_stream_to_pool");
+    do_malloc(1000, 0, S1);
+    do_malloc(12 * MiB, 0, S1);
+    do_malloc(3 * MiB, 0, S1);
+    do_record(nheld - 1, S2); /* recorded during the capture */
+    do_free(nheld - 1);       /* set aside */
+    do_free(0);               /* used on S2 before the capture: set aside */
+    do_malloc(600 * 1024, 0, S1);
+    step_check(cca_end_allocate_to_pool(0, g), "cca_end_allocate_to_pool");
+    do_malloc(8192, 0, NULL); /* completes the set-aside frees */
+    step_check(cca_sim_complete_stream(sim, 0, S2, false), "complete S2");
+    do_checkpoint_cycle(g);
+    step_check(cca_release_pool(0, g), "cca_release_pool");
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    step_check(cca_pool_create(0, m), "cca_pool_create");
+    step_check(cca_begin_allocate_thread_to_pool(0, m), "cca_begin_allocate_thread_to_pool");
+    do_malloc(25 * MiB, 0, NULL);
+    do_malloc(1000, 0, S2);
+    step_check(cca_end_allocate_to_pool(0, m), "cca_end_allocate_to_pool");
+    step_check(cca_release_pool(0, m), "cca_release_pool");
+    do_free(nheld - 1);
+    step_check(cca_release_pool(0, m), "cca_release_pool"); /* ~MemPool */
+    step_check(cca_empty_cache_pool(m), "cca_empty_cache_pool");
+}
+
+/*
+ * graph_capture_record_stream_reuse: a block used on a second captured
+ * stream, freed, and reused in the capture once that stream joined back
+ * (the capture graph read through stream_capture_info and
+ * graph_node_dependencies).
+ */
+static void scenario_pools_reuse(void)
+{
+    cca_mempool_id_t g = {5, 0};
+    step_check(cca_sim_capture_begin(sim, S1), "cca_sim_capture_begin");
+    step_check(cca_begin_allocate_stream_to_pool(0, g, S1), "cca_begin_allocate_stream_to_pool");
+    do_malloc(4 * MiB, 0, S1);
+    do_malloc(4 * MiB, 0, S1);
+    step_check(cca_sim_capture_work(sim, S1), "cca_sim_capture_work");
+    step_check(cca_sim_capture_join(sim, S2, S1), "cca_sim_capture_join");
+    do_record(0, S2);
+    step_check(cca_sim_capture_work(sim, S2), "cca_sim_capture_work");
+    do_free(0);
+    step_check(cca_sim_capture_join(sim, S1, S2), "cca_sim_capture_join");
+    step_check(cca_sim_capture_work(sim, S1), "cca_sim_capture_work");
+    do_malloc(4 * MiB, 0, S1); /* the freed block again */
+    do_malloc(1000, 0, S1);
+    step_check(cca_sim_capture_end(sim, S1), "cca_sim_capture_end");
+    step_check(cca_end_allocate_to_pool(0, g), "cca_end_allocate_to_pool");
+    step_check(cca_release_pool(0, g), "cca_release_pool");
+}
+
 /* Run-time settings changes between allocations. */
 static void scenario_settings(void)
 {
@@ -347,6 +451,8 @@ static const scenario_t scenarios[] = {
     {"async", scenario_async, "backend:cudaMallocAsync", 96 * MiB},
     {"expandable", scenario_expandable, "expandable_segments:True", 120 * MiB},
     {"expandable_switch", scenario_expandable_switch, "", 0},
+    {"pools", scenario_pools, "", 0},
+    {"pools_reuse", scenario_pools_reuse, "graph_capture_record_stream_reuse:True", 0},
 };
 
 static void setup(const scenario_t *sc)
@@ -479,6 +585,8 @@ TEST(fault_ipc) { fault_loops(&scenarios[7]); }
 TEST(fault_async) { fault_loops(&scenarios[8]); }
 TEST(fault_expandable) { fault_loops(&scenarios[9]); }
 TEST(fault_expandable_switch) { fault_loops(&scenarios[10]); }
+TEST(fault_pools) { fault_loops(&scenarios[11]); }
+TEST(fault_pools_reuse) { fault_loops(&scenarios[12]); }
 
 int main(void)
 {
@@ -494,6 +602,8 @@ int main(void)
     RUN(fault_async);
     RUN(fault_expandable);
     RUN(fault_expandable_switch);
+    RUN(fault_pools);
+    RUN(fault_pools_reuse);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

@@ -6,7 +6,10 @@
  *    devices, frees, record_stream, completion of a stream's events,
  *    empty_cache, memory fraction, run-time settings changes, peer access,
  *    IPC handles (frees of shared blocks deferred, references released,
- *    collection); after every operation the invariant checker must pass;
+ *    collection), private pools (routes by stream and thread, their end,
+ *    create, release, empty_cache of a pool, a checkpoint saved and restored
+ *    at once, each status checked against the pool's use count); after
+ *    every operation the invariant checker must pass;
  *    when the first byte's second bit is set too, the same operations run
  *    with backend:cudaMallocAsync; with the third bit set instead, the run
  *    starts with expandable segments on (settings changes switch them on
@@ -325,10 +328,118 @@ static void release_handles(void)
     nhandles = 0;
 }
 
+/* Private pools of the general mode: 3 ids per device, and which are routed. */
+static bool routed[2][3];
+
+static cca_mempool_id_t pool_id(int k)
+{
+    cca_mempool_id_t id = {(uint64_t)k + 1, (uint64_t)(k & 1)}; /* (1,0) (2,1) (3,0) */
+    return id;
+}
+
+/* Forget a live pointer that a checkpoint restore freed. */
+static void forget_live(void *p)
+{
+    for (size_t i = 0; i < nlive; i++)
+        if (live[i] == p) {
+            live[i] = live[--nlive];
+            return;
+        }
+}
+
+/* One private-pool operation; its status must follow from the pool's use count. */
+static const char *pool_op(uint8_t b, bool async)
+{
+    int d = (b >> 3) & 1, k = ((b >> 4) & 3) % 3;
+    cca_mempool_id_t id = pool_id(k);
+    int uc = -1;
+    cca_status_t qs = cca_pool_use_count(d, id, &uc);
+    if (async) {
+        CHECK(qs == CCA_ERR_NOT_SUPPORTED, "pools under cudaMallocAsync: %s", cca_status_str(qs));
+        return "cca_pool_use_count";
+    }
+    CHECK(qs == CCA_OK || qs == CCA_ERR_INVALID_ARGUMENT, "use_count: %s", cca_last_error()->message);
+    bool exists = qs == CCA_OK, freeable = exists && uc == 0;
+    cca_status_t st;
+    switch (b % 7) {
+    case 0:
+    case 1:
+        st = b % 7 ? cca_begin_allocate_thread_to_pool(d, id)
+                   : cca_begin_allocate_stream_to_pool(d, id, streams[(b >> 6) & 3]);
+        CHECK(st == ((routed[d][k] || freeable) ? CCA_ERR_BUSY : CCA_OK), "begin: %s",
+              cca_status_str(st));
+        routed[d][k] |= st == CCA_OK;
+        return "cca_begin_allocate_to_pool";
+    case 2:
+        st = cca_end_allocate_to_pool(d, id);
+        CHECK(st == (routed[d][k] ? CCA_OK : CCA_ERR_BUSY), "end: %s", cca_status_str(st));
+        routed[d][k] = false;
+        return "cca_end_allocate_to_pool";
+    case 3:
+        st = cca_release_pool(d, id);
+        CHECK(st == (!exists ? CCA_ERR_INVALID_ARGUMENT
+                     : (freeable || (uc == 1 && routed[d][k])) ? CCA_ERR_BUSY : CCA_OK),
+              "release: %s", cca_status_str(st));
+        return "cca_release_pool";
+    case 4:
+        CHECK(cca_empty_cache_pool(id) == CCA_OK, "empty_cache_pool: %s", cca_last_error()->message);
+        return "cca_empty_cache_pool";
+    case 5: {
+        cca_pool_state_t *state = NULL;
+        st = cca_pool_get_checkpoint(d, id, &state);
+        /* NOT_SUPPORTED: a pool holding expandable segments (as PyTorch) */
+        CHECK(st == CCA_OK || st == CCA_ERR_BUSY || st == CCA_ERR_INVALID_ARGUMENT ||
+                  st == CCA_ERR_NOT_SUPPORTED,
+              "checkpoint: %s", cca_last_error()->message);
+        if (st != CCA_OK)
+            return "cca_pool_get_checkpoint";
+        cca_checkpoint_delta_t delta;
+        st = cca_pool_set_checkpoint(d, state, &delta);
+        cca_pool_state_free(state);
+        CHECK(st == CCA_OK, "set_checkpoint: %s", cca_last_error()->message);
+        for (size_t i = 0; i < delta.freed_count; i++)
+            forget_live(delta.freed[i]);
+        for (size_t i = 0; i < delta.allocated_count; i++) {
+            if (nlive < MAX_LIVE)
+                live[nlive++] = delta.allocated[i];
+            else
+                CHECK(cca_free(delta.allocated[i]) == CCA_OK, "free");
+        }
+        /* restoring the state just taken changes nothing: what was freed is allocated again */
+        CHECK(delta.freed_count == delta.allocated_count, "checkpoint: %zu freed, %zu allocated",
+              delta.freed_count, delta.allocated_count);
+        cca_checkpoint_delta_free(&delta);
+        return "cca_pool_set_checkpoint";
+    }
+    default:
+        st = cca_pool_create(d, id);
+        CHECK(st == (freeable ? CCA_ERR_BUSY : CCA_OK), "create: %s", cca_status_str(st));
+        return "cca_pool_create";
+    }
+}
+
+/* End every route and drop every use of the pools, so the final empty_cache frees them. */
+static void release_pools(bool async)
+{
+    if (async)
+        return;
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 3; k++) {
+            cca_mempool_id_t id = pool_id(k);
+            if (routed[d][k])
+                CHECK(cca_end_allocate_to_pool(d, id) == CCA_OK, "end");
+            routed[d][k] = false;
+            int uc = 0;
+            if (cca_pool_use_count(d, id, &uc) == CCA_OK)
+                while (uc-- > 0)
+                    CHECK(cca_release_pool(d, id) == CCA_OK, "release: %s", cca_last_error()->message);
+        }
+}
+
 static void run_general(reader_t *r, bool async)
 {
     for (int op = 0; op < MAX_OPS && r->pos < r->size; op++) {
-        uint8_t code = next_byte(r) % 12;
+        uint8_t code = next_byte(r) % 14;
         const char *what = "?";
         if (code < 4 || nlive == 0) {
             what = "cca_malloc";
@@ -371,6 +482,8 @@ static void run_general(reader_t *r, bool async)
             size_t n = 0;
             CHECK(cca_peer_access_list(peer, peers, 2, &n) == CCA_OK && n == 1 && peers[0] == device,
                   "peer list of %d", peer);
+        } else if (code >= 12) {
+            what = pool_op(next_byte(r), async);
         } else if (code == 11) {
             uint8_t b = next_byte(r);
             what = "cca_ipc_get_handle";
@@ -437,11 +550,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(cca_init_with_backend(sim, initial) == CCA_OK, "init: %s", cca_last_error()->message);
     nlive = 0;
     nhandles = 0;
+    memset(routed, 0, sizeof(routed));
     model_reset();
     if (model_mode)
         run_model(&r);
     else
         run_general(&r, async);
+    release_pools(async || model_mode);
     for (size_t i = 0; i < nlive; i++)
         CHECK(cca_free(live[i]) == CCA_OK, "final free: %s", cca_last_error()->message);
     nlive = 0;

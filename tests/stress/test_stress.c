@@ -7,7 +7,11 @@
  * completer thread completes the streams' events. Workers also empty the
  * cache and read the statistics. Each block's pattern is checked before it
  * is freed (a block handed out twice, or reused before its events, shows up
- * as a corrupted pattern). At the end the invariants hold and, once
+ * as a corrupted pattern). Two workers capture: every 150 operations they
+ * route their stream to a private pool of their own (a graph) or end that
+ * route and release the pool; a third routes its thread to a MemPool the
+ * same way; so allocations, cross-thread frees and empty_cache meet routes,
+ * set-aside frees and freeable pools. At the end the invariants hold and, once
  * everything is freed and the cache emptied, the backend holds nothing.
  * The run is made twice: with plain segments, and with expandable segments
  * (32 reservations growing and unmapping under the threads, real memory
@@ -109,13 +113,39 @@ static size_t pick_size(uint64_t *rng)
 }
 
 static int ops_per_thread = 3000;
+static atomic_uint_fast64_t routes_begun;
+
+/* Workers 1 and 2 capture their stream into pools of their own; worker 3 uses a MemPool. */
+static void toggle_route(int id, cca_stream_t stream, int op, bool *routing)
+{
+    cca_mempool_id_t pool = {id == 3 ? 0 : 100 + (uint64_t)(op / 300) * 8 + (uint64_t)id,
+                             id == 3 ? 100 : 0};
+    cca_status_t st = CCA_OK;
+    if (!*routing) {
+        st = id == 3 ? cca_begin_allocate_thread_to_pool(0, pool)
+                     : cca_begin_allocate_stream_to_pool(0, pool, stream);
+        atomic_fetch_add(&routes_begun, 1);
+    } else {
+        st = cca_end_allocate_to_pool(0, pool);
+        if (st == CCA_OK)
+            st = cca_release_pool(0, pool); /* the graph is gone; the end of use_mem_pool */
+    }
+    if (st != CCA_OK) {
+        atomic_fetch_add(&errors, 1);
+        printf("  route of worker %d: %s\n", id, cca_last_error()->message);
+    }
+    *routing = !*routing;
+}
 
 static void *worker(void *arg)
 {
     int id = (int)(intptr_t)arg;
     uint64_t rng = 0x5eed0000ull + (uint64_t)id;
     cca_stream_t mine = streams[id % STREAMS];
+    bool routes = id >= 1 && id <= 3, routing = false;
     for (int op = 0; op < ops_per_thread; op++) {
+        if (routes && op % 150 == 0)
+            toggle_route(id, mine, op, &routing);
         uint64_t r = rng_next(&rng) % 100;
         if (r < 55) {
             item_t it = {NULL, pick_size(&rng), rng_next(&rng)};
@@ -161,6 +191,8 @@ static void *worker(void *arg)
         }
         atomic_fetch_add(&ops_done, 1);
     }
+    if (routing)
+        toggle_route(id, mine, ops_per_thread - 1, &routing);
     return NULL;
 }
 
@@ -193,10 +225,13 @@ static void run_stress(const char *settings, size_t total_memory)
     atomic_store(&bad_patterns, 0);
     atomic_store(&errors, 0);
     atomic_store(&cross_frees, 0);
+    atomic_store(&routes_begun, 0);
     if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
         HARNESS_FAIL("setup: %s", cca_last_error()->message);
         return;
     }
+    cca_mempool_id_t mempool = {0, 100};
+    expect_ok(cca_pool_create(0, mempool)); /* MemPool() of worker 3 */
     pthread_t workers[THREADS], comp;
     pthread_create(&comp, NULL, completer, NULL);
     for (int i = 0; i < THREADS; i++)
@@ -209,6 +244,7 @@ static void run_stress(const char *settings, size_t total_memory)
     char why[512];
     if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
         HARNESS_FAIL("after the threads: %s", why);
+    expect_ok(cca_release_pool(0, mempool)); /* ~MemPool */
     uint64_t rng = 1;
     while (queue.count) {
         item_t it = queue.items[--queue.count];
@@ -233,10 +269,12 @@ static void run_stress(const char *settings, size_t total_memory)
     expect_eq_u64(atomic_load(&errors), 0);
     expect_eq_u64(atomic_load(&ops_done), (uint64_t)THREADS * (uint64_t)ops_per_thread);
     expect_eq_u64(u.live_handles, 0);
-    printf("stress%s%s: %d threads, %llu operations, %llu cross-thread frees, %lld allocations, "
-           "%lld segments, %lld maps, %lld unmaps\n",
+    expect_true(atomic_load(&routes_begun) > 0);
+    printf("stress%s%s: %d threads, %llu operations, %llu cross-thread frees, %llu routes to "
+           "private pools, %lld allocations, %lld segments, %lld maps, %lld unmaps\n",
            *settings ? " " : "", settings, THREADS, (unsigned long long)atomic_load(&ops_done),
            (unsigned long long)atomic_load(&cross_frees),
+           (unsigned long long)atomic_load(&routes_begun),
            (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated,
            *settings ? (long long)s.num_device_alloc : 0ll,
            *settings ? (long long)s.num_device_free : 0ll);

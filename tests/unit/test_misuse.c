@@ -252,6 +252,37 @@ TEST(host_pointers)
     cca_shutdown();
 }
 
+TEST(private_pools)
+{
+    setup();
+    cca_mempool_id_t g = {1, 0}, none = {0, 0}, unknown = {9, 9};
+    int uc;
+    cca_pool_state_t *state;
+    cca_checkpoint_delta_t delta;
+    MISUSE(cca_end_allocate_to_pool(0, g), CCA_ERR_BUSY, "not routing");
+    MISUSE(cca_release_pool(0, unknown), CCA_ERR_INVALID_ARGUMENT, "no private pool");
+    MISUSE(cca_pool_use_count(0, unknown, &uc), CCA_ERR_INVALID_ARGUMENT, "no private pool");
+    MISUSE(cca_pool_set_use_on_oom(0, unknown, true), CCA_ERR_INVALID_ARGUMENT, "no private pool");
+    MISUSE(cca_pool_get_checkpoint(0, unknown, &state), CCA_ERR_INVALID_ARGUMENT, "no private pool");
+    MISUSE(cca_pool_create(0, none), CCA_ERR_INVALID_ARGUMENT, "default pools");
+    MISUSE(cca_begin_allocate_thread_to_pool(0, none), CCA_ERR_INVALID_ARGUMENT, "default pools");
+    MISUSE(cca_pool_create(5, g), CCA_ERR_INVALID_ARGUMENT, "out of range");
+    MISUSE(cca_begin_allocate_to_pool(0, g, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "filter is NULL");
+    MISUSE(cca_pool_set_checkpoint(0, NULL, &delta), CCA_ERR_INVALID_ARGUMENT, "required");
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, S1));
+    MISUSE(cca_begin_allocate_stream_to_pool(0, g, S1), CCA_ERR_BUSY, "already routing");
+    MISUSE(cca_release_pool(0, g), CCA_ERR_BUSY, "still routed");
+    MISUSE(cca_pool_get_checkpoint(0, g, &state), CCA_ERR_BUSY, "route");
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    expect_ok(cca_release_pool(0, g));
+    MISUSE(cca_release_pool(0, g), CCA_ERR_BUSY, "already released");
+    MISUSE(cca_begin_allocate_stream_to_pool(0, g, S1), CCA_ERR_BUSY, "released");
+    MISUSE(cca_pool_create(0, g), CCA_ERR_BUSY, "released");
+    expect_ok(cca_empty_cache());
+    MISUSE(cca_release_pool(0, g), CCA_ERR_INVALID_ARGUMENT, "no private pool");
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(before_init);
@@ -261,6 +292,7 @@ int main(void)
     RUN(expandable_pointers);
     RUN(host_pointers);
     RUN(devices_and_processes);
+    RUN(private_pools);
     printf("misuse cases: %d\n", cases);
     return harness_done();
 }

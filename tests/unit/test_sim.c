@@ -685,6 +685,10 @@ TEST(fault_every_op_counts)
     expect_status(b->ipc_event_create(ctx, 0, &e), CCA_ERR_BACKEND);
     expect_status(b->ipc_event_get_handle(ctx, 0, e, &ih), CCA_ERR_BACKEND);
     expect_status(b->ipc_event_open(ctx, 0, &ih, &e), CCA_ERR_BACKEND);
+    uint64_t cid = 0;
+    const cca_graph_node_t *terms = NULL;
+    expect_status(b->stream_capture_info(ctx, 0, NULL, &s, &cid, &terms, &f), CCA_ERR_BACKEND);
+    expect_status(b->graph_node_dependencies(ctx, 0, NULL, NULL, &f), CCA_ERR_BACKEND);
     expect_eq_ptr(p, NULL);
     expect_eq_ptr(st, NULL);
     for (int op = 0; op < CCA_OP_COUNT; op++) {

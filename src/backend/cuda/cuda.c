@@ -369,6 +369,65 @@ static cca_status_t cuda_stream_capture_status(void *ctx, int device, cca_stream
     return CCA_OK;
 }
 
+/* The capture's id and the stream's terminal nodes (cudaStreamGetCaptureInfo). */
+static cca_status_t cuda_stream_capture_info(void *ctx, int device, cca_stream_t stream, int *status,
+                                             uint64_t *capture_id, const cca_graph_node_t **terminals,
+                                             size_t *count)
+{
+    (void)ctx;
+    (void)device;
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaGraph_t graph = NULL;
+    const cudaGraphNode_t *nodes = NULL;
+    size_t n = 0;
+#if CUDART_VERSION >= 13000
+    cudaError_t err = cudaStreamGetCaptureInfo((cudaStream_t)stream, &capture, &id, &graph, &nodes,
+                                               NULL, &n);
+#else
+    cudaError_t err = cudaStreamGetCaptureInfo_v2((cudaStream_t)stream, &capture, &id, &graph, &nodes,
+                                                  &n);
+#endif
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaStreamGetCaptureInfo");
+    switch (capture) {
+    case cudaStreamCaptureStatusActive: *status = CCA_CAPTURE_ACTIVE; break;
+    case cudaStreamCaptureStatusInvalidated: *status = CCA_CAPTURE_INVALIDATED; break;
+    default: *status = CCA_CAPTURE_NONE; break;
+    }
+    bool active = capture == cudaStreamCaptureStatusActive;
+    *capture_id = active ? (uint64_t)id : 0;
+    *terminals = active ? (const cca_graph_node_t *)nodes : NULL;
+    *count = active ? n : 0;
+    return CCA_OK;
+}
+
+/* A captured node's dependencies (cudaGraphNodeGetDependencies). */
+static cca_status_t cuda_graph_node_dependencies(void *ctx, int device, cca_graph_node_t node,
+                                                 cca_graph_node_t *deps, size_t *count)
+{
+    (void)ctx;
+    (void)device;
+    cudaError_t err;
+#if CUDART_VERSION >= 13000
+    if (!deps) {
+        err = cudaGraphNodeGetDependencies((cudaGraphNode_t)node, NULL, NULL, count);
+    } else {
+        /* with edge data, so edges with non-default data are not a lossy query */
+        cudaGraphEdgeData *edges = calloc(*count ? *count : 1, sizeof(*edges));
+        if (!edges)
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory reading graph edges");
+        err = cudaGraphNodeGetDependencies((cudaGraphNode_t)node, (cudaGraphNode_t *)deps, edges, count);
+        free(edges);
+    }
+#else
+    err = cudaGraphNodeGetDependencies((cudaGraphNode_t)node, (cudaGraphNode_t *)deps, count);
+#endif
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaGraphNodeGetDependencies");
+    return CCA_OK;
+}
+
 /* ---- virtual memory ------------------------------------------------------------------ */
 
 static cca_status_t vmm_unsupported(void)
@@ -980,6 +1039,8 @@ cca_status_t cca_cuda_create(cca_backend_t **backend)
     b->event_query = cuda_event_query;
     b->event_synchronize = cuda_event_synchronize;
     b->stream_capture_status = cuda_stream_capture_status;
+    b->stream_capture_info = cuda_stream_capture_info;
+    b->graph_node_dependencies = cuda_graph_node_dependencies;
     b->vmm_granularity = cuda_vmm_granularity;
     b->vmm_reserve = cuda_vmm_reserve;
     b->vmm_free = cuda_vmm_free;

@@ -85,6 +85,7 @@ void sim_destroy(void *ctx)
     simmap_free(&c->ipc_maps);
     simmap_free(&c->created_streams);
     simmap_free(&c->capturing);
+    sim_capture_free(c);
     free(c->addr_list);
     pthread_key_delete(c->current);
     pthread_mutex_destroy(&c->lock);
@@ -208,6 +209,7 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
     sim_vmm_install(b);
     sim_host_install(b);
     sim_multi_install(b);
+    sim_capture_install(b);
     b->destroy = sim_destroy;
     *backend = b;
     return CCA_OK;

@@ -103,6 +103,8 @@ typedef struct sim_device {
     bool peer_enabled[SIM_MAX_DEVICES]; /* enable_peer_access(this, p) was called */
 } sim_device_t;
 
+typedef struct sim_graph sim_graph_t; /* sim_capture.c */
+
 typedef struct sim_ctx {
     cca_backend_t backend;  /* backend.ctx == this */
     pthread_mutex_t lock;   /* guards everything below */
@@ -118,6 +120,7 @@ typedef struct sim_ctx {
     sim_map_t host;         /* host pointer -> sim_host_t */
     sim_map_t ipc_opens;    /* pointer -> open count (as a pointer-sized integer) */
     sim_map_t capturing;    /* stream handle -> (void *)1 while capturing */
+    sim_graph_t *graph;     /* captured graphs (sim_capture.c); NULL until used */
     sim_map_t created_streams; /* stream_create'd handles -> (void *)(device + 1) */
     sim_map_t ipc_maps;     /* another process's memory mapped here -> its size (as pointer) */
     uint64_t next_stream;   /* created stream handles */
@@ -214,6 +217,12 @@ cca_status_t sim_append_addresses(sim_ctx_t *c, const uint64_t *addresses, size_
 
 /* Count a call of op and fire its injected fault, if due (lock held). */
 cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
+
+/* ---- sim_capture.c ------------------------------------------------------------------- */
+
+/* Install stream_capture_info and graph_node_dependencies; free the graph state. */
+void sim_capture_install(cca_backend_t *b);
+void sim_capture_free(sim_ctx_t *c);
 
 /* ---- sim_multi.c ------------------------------------------------------------------- */
 

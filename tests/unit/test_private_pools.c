@@ -1,0 +1,657 @@
+/*
+ * test_private_pools.c - private pools on the simulated backend: routing by
+ * stream, thread and filter; pools kept apart from the default pools; use
+ * counts, release and empty_cache; frees set aside during a capture; the
+ * out-of-memory sequence during a route; use_on_oom and no_split; snapshots;
+ * checkpoints and live allocations; misuse (a clear status, nothing changed).
+ * The invariant checker runs after every scenario.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+#include "pickle.h"
+
+#define MiB ((size_t)1 << 20)
+
+static cca_backend_t *sim;
+
+static const char *setup_settings = "";
+
+static void setup(size_t memory, bool manual_events)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = memory ? memory : 8ull << 30;
+    cfg.manual_events = manual_events;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, setup_settings) != CCA_OK) {
+        printf("cannot init: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static cca_device_stats_t stats(int device)
+{
+    cca_device_stats_t s;
+    cca_get_device_stats(device, &s);
+    return s;
+}
+
+static void *xmalloc(size_t size, cca_stream_t stream)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc(&p, size, stream);
+    if (st != CCA_OK)
+        printf("  cca_malloc(%zu) failed: %s\n", size, cca_last_error()->message);
+    return p;
+}
+
+static void expect_valid(void)
+{
+    char why[512];
+    cca_status_t st = device_check_invariants(why, sizeof(why));
+    if (st != CCA_OK)
+        printf("  invariant: %s\n", why);
+    expect_ok(st);
+}
+
+/* The pool id a snapshot gives the segment holding p ((~0, ~0): not found). */
+static cca_mempool_id_t segment_pool_of(void *p)
+{
+    cca_mempool_id_t id = {~0ull, ~0ull};
+    cca_snapshot_t *snap = NULL;
+    if (cca_snapshot(&snap) != CCA_OK)
+        return id;
+    for (size_t i = 0; i < snap->segment_count; i++) {
+        const cca_segment_info_t *s = &snap->segments[i];
+        if ((uintptr_t)p >= s->address && (uintptr_t)p < s->address + s->total_size) {
+            id.first = s->owner_private_pool_id[0];
+            id.second = s->owner_private_pool_id[1];
+        }
+    }
+    cca_snapshot_free(snap);
+    return id;
+}
+
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+static const cca_mempool_id_t G1 = {1, 0};
+static const cca_mempool_id_t G2 = {2, 0};
+static const cca_mempool_id_t M1 = {0, 1};
+
+TEST(ids)
+{
+    cca_mempool_id_t a = cca_mempool_id_new(false), b = cca_mempool_id_new(false);
+    cca_mempool_id_t u = cca_mempool_id_new(true);
+    expect_true(a.first > 0 && a.second == 0);
+    expect_true(b.first > a.first);
+    expect_true(u.first == 0 && u.second > 0);
+}
+
+TEST(stream_route_keeps_pool_apart)
+{
+    setup(0, false);
+    void *warm = xmalloc(4 * MiB, S1); /* a default segment on S1 with room left */
+    expect_ok(cca_free(warm));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    int uc = 0;
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 1);
+    void *in_pool = xmalloc(4 * MiB, S1);
+    void *other = xmalloc(4 * MiB, S2);
+    expect_true(in_pool != warm); /* the default segment's free block is not the pool's */
+    cca_mempool_id_t id = segment_pool_of(in_pool);
+    expect_true(id.first == 1 && id.second == 0);
+    id = segment_pool_of(other);
+    expect_true(id.first == 0 && id.second == 0);
+    expect_ok(cca_free(in_pool));
+    expect_valid();
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    /* after the capture, S1 allocations use the default pools again; the pool keeps its memory */
+    void *after = xmalloc(4 * MiB, S1);
+    expect_true(after == warm);
+    int64_t reserved = stats(0).reserved_bytes[CCA_STAT_ALL].current;
+    expect_ok(cca_empty_cache()); /* the pool is in use: its segment stays */
+    expect_true(segment_pool_of(in_pool).first == 1);
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 0);
+    expect_ok(cca_empty_cache());
+    /* the pool's segment went back and the pool is gone */
+    expect_status(cca_pool_use_count(0, G1, &uc), CCA_ERR_INVALID_ARGUMENT);
+    expect_true(stats(0).reserved_bytes[CCA_STAT_ALL].current < reserved);
+    expect_ok(cca_free(after));
+    expect_ok(cca_free(other));
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(live_block_keeps_freeable_pool)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *kept = xmalloc(30 * MiB, S1);   /* a graph output the program keeps */
+    void *tmp = xmalloc(30 * MiB, S1);
+    expect_ok(cca_free(tmp));
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_release_pool(0, G1));
+    int64_t segs = stats(0).segment[CCA_STAT_ALL].current;
+    expect_ok(cca_empty_cache()); /* tmp's segment goes, kept's stays */
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, segs - 1);
+    int uc = -1;
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 0);
+    /* a freeable pool cannot be used again */
+    expect_status(cca_begin_allocate_stream_to_pool(0, G1, S1), CCA_ERR_BUSY);
+    expect_status(cca_pool_create(0, G1), CCA_ERR_BUSY);
+    expect_ok(cca_free(kept));
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, segs - 1); /* cached until emptied */
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 0);
+    expect_status(cca_pool_use_count(0, G1, &uc), CCA_ERR_INVALID_ARGUMENT);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(two_graphs_share_a_pool)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(8 * MiB, S1);
+    expect_ok(cca_free(a));
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    /* a second capture shares the pool: its free block is reused, same address */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    int uc = 0;
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 2);
+    void *b = xmalloc(8 * MiB, S1);
+    expect_eq_ptr(b, a);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 1); /* the second graph still holds it */
+    expect_ok(cca_free(b));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+typedef struct thread_arg {
+    void *ptr;
+    cca_stream_t stream;
+} thread_arg_t;
+
+static void *other_thread(void *arg)
+{
+    thread_arg_t *t = arg;
+    t->ptr = xmalloc(2 * MiB + 512, t->stream);
+    return NULL;
+}
+
+TEST(thread_route_takes_only_its_thread)
+{
+    setup(0, false);
+    expect_ok(cca_pool_create(0, M1)); /* MemPool() */
+    expect_ok(cca_begin_allocate_thread_to_pool(0, M1)); /* use_mem_pool */
+    void *mine = xmalloc(2 * MiB + 512, S1);
+    thread_arg_t t = {NULL, S1};
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread, &t);
+    pthread_join(th, NULL);
+    expect_true(segment_pool_of(mine).second == 1);
+    expect_true(segment_pool_of(t.ptr).second == 0 && segment_pool_of(t.ptr).first == 0);
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    int uc = 0;
+    expect_ok(cca_pool_use_count(0, M1, &uc));
+    expect_eq_i64(uc, 1);
+    expect_ok(cca_free(mine));
+    expect_ok(cca_free(t.ptr));
+    /* ~MemPool: release, then empty the pool's cache */
+    expect_ok(cca_release_pool(0, M1));
+    int64_t segs = stats(0).segment[CCA_STAT_ALL].current;
+    expect_ok(cca_empty_cache_pool(M1));
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, segs - 1); /* only the pool's */
+    expect_status(cca_pool_use_count(0, M1, &uc), CCA_ERR_INVALID_ARGUMENT);
+    expect_valid();
+    cca_shutdown();
+}
+
+static bool filter_s2(cca_stream_t stream, void *arg)
+{
+    (*(int *)arg)++;
+    return stream == S2;
+}
+
+TEST(filter_route_and_newest_wins)
+{
+    setup(0, false);
+    int calls = 0;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S2));
+    expect_ok(cca_begin_allocate_to_pool(0, G2, filter_s2, &calls));
+    void *p = xmalloc(MiB, S2);
+    expect_true(calls > 0);
+    expect_true(segment_pool_of(p).first == 2); /* the newest matching route */
+    void *q = xmalloc(MiB, S1);
+    expect_true(segment_pool_of(q).first == 0);
+    expect_ok(cca_end_allocate_to_pool(0, G2));
+    void *r = xmalloc(MiB, S2);
+    expect_true(segment_pool_of(r).first == 1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_free(p));
+    expect_ok(cca_free(q));
+    expect_ok(cca_free(r));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_release_pool(0, G2));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(frees_set_aside_during_capture)
+{
+    setup(0, true);
+    void *before = xmalloc(MiB, S1);
+    expect_ok(cca_record_stream(before, S2)); /* used on S2 before the capture */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *inside = xmalloc(MiB, S1);
+    expect_ok(cca_record_stream(inside, S2)); /* used on S2 inside the capture */
+    uint64_t rec = cca_sim_call_count(sim, CCA_OP_EVENT_RECORD);
+    uint64_t query = cca_sim_call_count(sim, CCA_OP_EVENT_QUERY);
+    expect_ok(cca_free(before));
+    expect_ok(cca_free(inside));
+    void *more = xmalloc(MiB, S1);
+    expect_ok(cca_empty_cache());
+    /* no event recorded or queried while capturing */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_RECORD), rec);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_QUERY), query);
+    expect_eq_u64(atomic_load(&cca_state->devices[0].deferred_count), 2);
+    expect_valid();
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    /* the next allocation completes them: before gets an event on S2 (recorded
+     * before the capture); inside's capture-time use is dropped: reusable at once */
+    void *next = xmalloc(4 * MiB, S2);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_RECORD), rec + 1);
+    expect_eq_u64(atomic_load(&cca_state->devices[0].deferred_count), 0);
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 3); /* before (pending), more, next */
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, false));
+    expect_ok(alloc_process_events());
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 2);
+    expect_ok(cca_free(more));
+    expect_ok(cca_free(next));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+/*
+ * graph_capture_record_stream_reuse: a block used on a second stream of the
+ * capture and freed is reused in the capture once the allocation stream's
+ * captured work follows its last uses (the second stream joined back), and
+ * not before; without the setting it waits for the end of the capture.
+ */
+static void reuse_scenario(bool reuse)
+{
+    setup_settings = reuse ? "graph_capture_record_stream_reuse:True" : "";
+    setup(0, true);
+    setup_settings = "";
+    cca_stream_t S3 = (cca_stream_t)(uintptr_t)0x3000;
+    expect_ok(cca_sim_capture_begin(sim, S1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    expect_ok(cca_sim_capture_work(sim, S1));
+    void *p = xmalloc(4 * MiB, S1);
+    void *other = xmalloc(4 * MiB, S1); /* keeps p's block from merging away */
+    expect_ok(cca_sim_capture_work(sim, S1)); /* a kernel using p */
+    expect_ok(cca_sim_capture_join(sim, S2, S1)); /* S2 forks from S1 */
+    expect_ok(cca_record_stream(p, S2));
+    expect_ok(cca_sim_capture_work(sim, S2)); /* p used on S2 */
+    uint64_t queries = cca_sim_call_count(sim, CCA_OP_EVENT_QUERY);
+    expect_ok(cca_free(p));
+    void *q = xmalloc(4 * MiB, S1); /* S2's use is not behind S1 yet */
+    expect_true(q != p);
+    expect_ok(cca_sim_capture_join(sim, S1, S2)); /* S1 waits for S2 */
+    expect_ok(cca_sim_capture_work(sim, S1));
+    void *r = xmalloc(4 * MiB, S1);
+    if (reuse)
+        expect_eq_ptr(r, p); /* reused inside the capture */
+    else
+        expect_true(r != p); /* set aside until the capture ends */
+    /* a block used on a stream outside the capture waits for the end in any case */
+    expect_ok(cca_record_stream(other, S3));
+    expect_ok(cca_free(other));
+    expect_ok(cca_sim_capture_work(sim, S1));
+    void *t = xmalloc(4 * MiB, S1);
+    expect_true(t != other);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_QUERY), queries); /* no event queried */
+    expect_valid();
+    expect_ok(cca_sim_capture_end(sim, S1));
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_free(q));
+    expect_ok(cca_free(r));
+    expect_ok(cca_free(t));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(record_stream_reuse_in_capture)
+{
+    reuse_scenario(true);
+    reuse_scenario(false);
+}
+
+TEST(sim_capture_model)
+{
+    setup(0, false);
+    cca_backend_t *b = cca_current_backend();
+    expect_status(cca_sim_capture_work(sim, S1), CCA_ERR_INVALID_ARGUMENT); /* not capturing */
+    expect_ok(cca_sim_capture_begin(sim, S1));
+    expect_status(cca_sim_capture_begin(sim, S1), CCA_ERR_INVALID_ARGUMENT);
+    int status = 0;
+    uint64_t id = 0;
+    const cca_graph_node_t *terms = NULL;
+    size_t n = 9;
+    expect_ok(b->stream_capture_info(b->ctx, 0, S1, &status, &id, &terms, &n));
+    expect_eq_i64(status, CCA_CAPTURE_ACTIVE);
+    expect_true(id != 0);
+    expect_eq_u64(n, 0);
+    expect_ok(cca_sim_capture_work(sim, S1));
+    expect_ok(b->stream_capture_info(b->ctx, 0, S1, &status, &id, &terms, &n));
+    expect_eq_u64(n, 1);
+    cca_graph_node_t first = terms[0];
+    expect_ok(cca_sim_capture_join(sim, S2, S1));
+    expect_ok(cca_sim_capture_work(sim, S2));
+    expect_ok(cca_sim_capture_work(sim, S1));
+    expect_ok(cca_sim_capture_join(sim, S1, S2));
+    expect_ok(b->stream_capture_info(b->ctx, 0, S1, &status, &id, &terms, &n));
+    expect_eq_u64(n, 2); /* S1's own work and S2's */
+    cca_graph_node_t deps[4];
+    size_t nd = 0;
+    expect_ok(b->graph_node_dependencies(b->ctx, 0, terms[0], NULL, &nd));
+    expect_eq_u64(nd, 1);
+    nd = 4;
+    expect_ok(b->graph_node_dependencies(b->ctx, 0, terms[0], deps, &nd));
+    expect_eq_ptr(deps[0], first);
+    expect_status(b->graph_node_dependencies(b->ctx, 0, (cca_graph_node_t)(uintptr_t)999, NULL, &nd),
+                  CCA_ERR_BACKEND);
+    expect_ok(cca_sim_capture_end(sim, S2)); /* ends the whole capture */
+    expect_ok(b->stream_capture_status(b->ctx, 0, S1, &status));
+    expect_eq_i64(status, CCA_CAPTURE_NONE);
+    expect_status(cca_sim_capture_end(sim, S1), CCA_ERR_INVALID_ARGUMENT);
+    cca_shutdown();
+}
+
+TEST(oom_during_capture_keeps_cache)
+{
+    setup(64 * MiB, false);
+    void *a = xmalloc(40 * MiB, S2);
+    expect_ok(cca_free(a)); /* a cached 40 MiB default segment */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *p = NULL;
+    /* PyTorch does not release every cached block during a capture */
+    expect_status(cca_malloc(&p, 40 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 40 * MiB);
+    expect_eq_i64(stats(0).num_sync_all_streams, 0);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_malloc(&p, 40 * MiB, S1)); /* now it may */
+    expect_ok(cca_free(p));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(use_on_oom_and_no_split)
+{
+    setup(40 * MiB, false);
+    expect_ok(cca_pool_create(0, M1));
+    expect_ok(cca_pool_set_no_split(0, M1));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, M1));
+    void *p = xmalloc(4 * MiB, NULL);
+    void *q = xmalloc(20 * MiB, NULL); /* no_split: a whole 20 MiB segment of its own */
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    cca_snapshot_t *snap = NULL;
+    expect_ok(cca_snapshot(&snap));
+    size_t blocks = 0;
+    for (size_t i = 0; i < snap->segment_count; i++)
+        blocks += snap->segments[i].block_count;
+    expect_eq_u64(blocks, snap->segment_count); /* nothing split */
+    cca_snapshot_free(snap);
+    expect_ok(cca_free(q));
+    /* the device is full: without use_on_oom a 16 MiB request fails... */
+    void *r = NULL;
+    expect_status(cca_malloc(&r, 16 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    /* ...with it, the pool's free 20 MiB block serves it */
+    expect_ok(cca_pool_set_use_on_oom(0, M1, true));
+    expect_ok(cca_malloc(&r, 16 * MiB, NULL));
+    expect_true(segment_pool_of(r).second == 1);
+    expect_ok(cca_free(r));
+    expect_ok(cca_free(p));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(checkpoint_restore)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(2 * MiB, S1);
+    void *b = xmalloc(2 * MiB, S1);
+    void *c = xmalloc(2 * MiB, S1);
+    expect_ok(cca_free(b));
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    void *live[2] = {a, c};
+    bool ok = false;
+    expect_ok(cca_pool_check_live_allocations(0, G1, live, 2, &ok));
+    expect_true(ok);
+    expect_ok(cca_pool_check_live_allocations(0, G1, live, 1, &ok));
+    expect_false(ok);
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+    expect_eq_u64(cca_pool_state_segments(state), 1);
+    expect_true(cca_pool_state_id(state).first == 1);
+    /* the program moves on: a and c die, d is made in the pool */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    expect_ok(cca_free(a));
+    void *d = xmalloc(MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_free(c));
+    cca_checkpoint_delta_t delta;
+    expect_ok(cca_pool_set_checkpoint(0, state, &delta));
+    expect_eq_u64(delta.freed_count, 1);
+    expect_eq_ptr(delta.freed[0], d);
+    expect_eq_u64(delta.allocated_count, 2);
+    expect_eq_ptr(delta.allocated[0], a);
+    expect_eq_ptr(delta.allocated[1], c);
+    expect_ok(cca_pool_check_live_allocations(0, G1, live, 2, &ok));
+    expect_true(ok);
+    expect_valid();
+    cca_checkpoint_delta_free(&delta);
+    /* a and c are the caller's again */
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(c));
+    /* misuse: a freeable pool has no checkpoint, a checkpoint of another device */
+    expect_status(cca_pool_set_checkpoint(1, state, &delta), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_release_pool(0, G1)); /* both captures' graphs are gone */
+    expect_ok(cca_release_pool(0, G1));
+    expect_status(cca_pool_get_checkpoint(0, G1, &state), CCA_ERR_BUSY);
+    expect_status(cca_pool_set_checkpoint(0, state, &delta), CCA_ERR_BUSY);
+    cca_pool_state_free(state);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(checkpoint_refuses_changed_segments)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(30 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+    expect_ok(cca_free(a));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_pool_create(0, G2));
+    cca_device_stats_t before = stats(0);
+    cca_checkpoint_delta_t delta;
+    /* the pool G1 is freeable now: refused, nothing changed */
+    expect_status(cca_pool_set_checkpoint(0, state, &delta), CCA_ERR_BUSY);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current,
+                  before.allocated_bytes[CCA_STAT_ALL].current);
+    cca_pool_state_free(state);
+    expect_ok(cca_release_pool(0, G2));
+    expect_ok(cca_empty_cache());
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(misuse_changes_nothing)
+{
+    setup(0, false);
+    cca_mempool_id_t none = {0, 0};
+    int uc;
+    bool ok;
+    cca_pool_state_t *state;
+    cca_device_stats_t before = stats(0);
+    uint64_t mallocs = cca_sim_call_count(sim, CCA_OP_MALLOC);
+    expect_status(cca_end_allocate_to_pool(0, G1), CCA_ERR_BUSY);       /* capture not begun */
+    expect_status(cca_release_pool(0, G1), CCA_ERR_INVALID_ARGUMENT);   /* unknown id */
+    expect_status(cca_pool_use_count(0, G1, &uc), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_set_no_split(0, G1), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_get_checkpoint(0, G1, &state), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_check_live_allocations(0, G1, NULL, 0, &ok), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_create(0, none), CCA_ERR_INVALID_ARGUMENT);  /* the default pools */
+    expect_status(cca_begin_allocate_stream_to_pool(0, none, S1), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_create(7, G1), CCA_ERR_INVALID_ARGUMENT);    /* bad device */
+    expect_status(cca_begin_allocate_to_pool(0, G1, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_use_count(0, G1, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_set_checkpoint(0, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_use_count(0, G1, &uc), CCA_ERR_INVALID_ARGUMENT); /* none created */
+    /* begin twice, release while routed, release twice */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    expect_status(cca_begin_allocate_stream_to_pool(0, G1, S2), CCA_ERR_BUSY);
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 1);
+    expect_status(cca_release_pool(0, G1), CCA_ERR_BUSY);
+    expect_ok(cca_pool_use_count(0, G1, &uc));
+    expect_eq_i64(uc, 1);
+    expect_status(cca_pool_get_checkpoint(0, G1, &state), CCA_ERR_BUSY); /* route active */
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_status(cca_end_allocate_to_pool(0, G1), CCA_ERR_BUSY);
+    expect_ok(cca_release_pool(0, G1));
+    expect_status(cca_release_pool(0, G1), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "already released");
+    expect_ok(cca_empty_cache());
+    expect_status(cca_release_pool(0, G1), CCA_ERR_INVALID_ARGUMENT); /* gone */
+    cca_device_stats_t after = stats(0);
+    expect_true(memcmp(&before.allocation, &after.allocation, sizeof(before.allocation)) == 0);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), mallocs);
+    expect_valid();
+    cca_shutdown();
+}
+
+/* (address, pool id, size) of every segment of a snapshot pickle, sorted; count returned. */
+typedef struct seg_key {
+    uint64_t address, pool_first, pool_second, size;
+} seg_key_t;
+
+static int seg_order(const void *a, const void *b)
+{
+    const seg_key_t *x = a, *y = b;
+    return x->address < y->address ? -1 : x->address > y->address;
+}
+
+static size_t snapshot_segments(const char *path, seg_key_t *out, size_t cap)
+{
+    pv_doc_t *doc = NULL;
+    if (pickle_load_file(path, &doc) != CCA_OK)
+        return 0;
+    const pv_node_t *segs = pv_dict_get(pv_doc_root(doc), "segments");
+    size_t n = 0;
+    for (size_t i = 0; segs && i < pv_len(segs) && n < cap; i++) {
+        const pv_node_t *seg = pv_at(segs, i), *pool = pv_dict_get(seg, "segment_pool_id");
+        seg_key_t k = {0, 0, 0, 0};
+        if (!pool || !pv_get_u64(pv_dict_get(seg, "address"), &k.address) ||
+            !pv_get_u64(pv_at(pool, 0), &k.pool_first) || !pv_get_u64(pv_at(pool, 1), &k.pool_second) ||
+            !pv_get_u64(pv_dict_get(seg, "total_size"), &k.size))
+            continue;
+        out[n++] = k;
+    }
+    pv_doc_free(doc);
+    qsort(out, n, sizeof(*out), seg_order);
+    return n;
+}
+
+TEST(replay_of_graph_and_mempool_traces)
+{
+    const char *names[] = {"tests/data/traces/graph_mlp_default.pickle.gz",
+                           "tests/data/traces/mempool_default.pickle.gz"};
+    for (int i = 0; i < 2; i++) {
+        cca_replay_options_t opt = {0};
+        opt.trace_addresses = true;
+        cca_replay_result_t r;
+        char snap[512];
+        snprintf(snap, sizeof(snap), "%s/private_pools_replay_%d.pickle.gz", CCA_BINARY_DIR, i);
+        opt.snapshot_path = snap;
+        expect_ok(cca_replay_file(names[i], &opt, &r));
+        expect_eq_u64(r.address_mismatches, 0);
+        expect_true(r.pool_ops > 0);
+        expect_eq_u64(r.stats_mismatches, 0);
+        cca_replay_result_free(&r);
+        /* the end state's segments, with their pools, are PyTorch's own */
+        static seg_key_t want[64], have[64];
+        size_t nw = snapshot_segments(names[i], want, 64), nh = snapshot_segments(snap, have, 64);
+        expect_true(nw > 0);
+        expect_eq_u64(nh, nw);
+        size_t private_segments = 0;
+        for (size_t k = 0; k < nw && k < nh; k++) {
+            expect_true(memcmp(&want[k], &have[k], sizeof(want[k])) == 0);
+            private_segments += want[k].pool_first || want[k].pool_second;
+        }
+        expect_true(private_segments > 0);
+        remove(snap);
+    }
+}
+
+int main(void)
+{
+    RUN(ids);
+    RUN(stream_route_keeps_pool_apart);
+    RUN(live_block_keeps_freeable_pool);
+    RUN(two_graphs_share_a_pool);
+    RUN(thread_route_takes_only_its_thread);
+    RUN(filter_route_and_newest_wins);
+    RUN(frees_set_aside_during_capture);
+    RUN(sim_capture_model);
+    RUN(record_stream_reuse_in_capture);
+    RUN(oom_during_capture_keeps_cache);
+    RUN(use_on_oom_and_no_split);
+    RUN(checkpoint_restore);
+    RUN(checkpoint_refuses_changed_segments);
+    RUN(misuse_changes_nothing);
+    RUN(replay_of_graph_and_mempool_traces);
+    return harness_done();
+}
