@@ -281,10 +281,12 @@ typedef struct cca_ipc_mem_handle {
  * neither the block nor its segment is reused or returned to the driver;
  * cca_ipc_collect (also run on the out-of-memory path) completes deferred
  * frees whose references are gone. Open each handle once, in one process;
- * for several consumers make one handle each. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER
- * (not a live block, or inside one), CCA_ERR_NOT_SUPPORTED (the
- * cudaMallocAsync backend, or a backend without IPC), CCA_ERR_OUT_OF_MEMORY,
- * CCA_ERR_BACKEND, or an init error. Thread-safe.
+ * for several consumers make one handle each. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER (not a live
+ * block, or inside one), CCA_ERR_NOT_SUPPORTED (a block of an expandable
+ * segment, the cudaMallocAsync backend, or a backend without IPC; PyTorch's
+ * messages), CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND, or an init error.
+ * Thread-safe.
  */
 cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle);
 

@@ -286,6 +286,25 @@ TEST(unshared_blocks_free_at_once)
     expect_eq_i64(allocated(0), before - (int64_t)MiB);
 }
 
+TEST(expandable_segments_refuse)
+{
+    setup(false, 0, "expandable_segments:True");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, 3 * MiB, NULL));
+    cca_ipc_mem_handle_t h;
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "expandable_segments:True cannot be shared");
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p)); /* no reference was taken */
+    expect_eq_i64(allocated(0), before - (int64_t)(3 * MiB));
+    /* switched off at run time: new segments can be shared */
+    expect_ok(cca_set_settings("expandable_segments:False"));
+    expect_ok(cca_malloc(&p, 3 * MiB, NULL));
+    expect_ok(cca_ipc_get_handle(p, NULL, &h));
+    expect_ok(cca_ipc_release_handle(&h));
+    expect_ok(cca_free(p));
+}
+
 TEST(async_backend_refuses)
 {
     setup(false, 0, "backend:cudaMallocAsync");
@@ -306,6 +325,7 @@ int main(void)
     RUN(two_processes_share_both_ways);
     RUN(misuse);
     RUN(unshared_blocks_free_at_once);
+    RUN(expandable_segments_refuse);
     RUN(async_backend_refuses);
     cca_shutdown();
     return harness_done();
