@@ -1120,8 +1120,14 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     pending_memo_t pm[2 * FAST_FIELDS + 1];
     int npm = 0;
     uint64_t memo_next = r->memo_count;
-    slot_t kv[2 * FAST_FIELDS];
     size_t n = 0;
+    /* the pairs are written in place after the record table's last field,
+     * and counted in only when the whole body was read */
+    if (end - p < FIXED_OP_MAX ||
+        !grow(&r->fields, &r->fields_cap, r->nfields + 2 * FAST_FIELDS, sizeof(slot_t), 4096))
+        return false;
+    slot_t *kv = r->fields + r->nfields;
+    const uint8_t *limit = end - FIXED_OP_MAX;
     /* the memo store of the dict itself */
     if (p < end && *p == SOP_MEMOIZE) {
         if (fast_memo(r, NULL, 0, memo_next))
@@ -1133,7 +1139,7 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
         return false;
     p++;
     for (;;) {
-        if (end - p < FIXED_OP_MAX)
+        if (p > limit)
             return false;
         int op = *p;
         if (op == SOP_SETITEMS) {
@@ -1220,8 +1226,6 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     if (n % 2)
         return false;
     rec_t *rec = &r->recs[rec_slot->v.rec];
-    if (!grow(&r->fields, &r->fields_cap, r->nfields + n, sizeof(slot_t), 4096))
-        return false;
     /* commit: the memo stores (MEMOIZE numbers them from the count, as one by one);
      * the memo grows first, so that no store can fail half way */
     if (npm && memo_next > r->memo_cap) {
@@ -1236,7 +1240,6 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     }
     rec->start = r->nfields;
     rec->count = n / 2;
-    memcpy(r->fields + r->nfields, kv, n * sizeof(slot_t));
     r->nfields += n;
     if (n)
         rec_slot->flags |= SF_FILLED;
@@ -1798,13 +1801,28 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         r->pos += 1 + (size_t)width + (size_t)n;
         return push_sym(r, sym);
     }
-    case SOP_EMPTY_DICT:
+    case SOP_EMPTY_DICT: {
         r->pos += 1;
-        if ((st = push_container(r, off, PV_DICT)))
+        /* the next record of a batch (what derive() would decide, decided at once) */
+        size_t f = fence(r);
+        if (f > 0 && f <= r->sp && r->stack[f - 1].type == SL_L2 &&
+            (r->sp == f || r->stack[r->sp - 1].type == SL_RECORD)) {
+            slot_t *s = push_slot(r);
+            if (!s)
+                return CCA_ERR_OUT_OF_MEMORY;
+            memset(s, 0, sizeof(*s));
+            s->kind = PV_DICT;
+            if ((st = new_record(r, r->sp - 1, s))) {
+                pop_to(r, r->sp - 1);
+                return st;
+            }
+        } else if ((st = push_container(r, off, PV_DICT))) {
             return st;
+        }
         if (r->stack[r->sp - 1].type == SL_RECORD)
             (void)record_fast(r, &r->stack[r->sp - 1]);
         return CCA_OK;
+    }
     case SOP_EMPTY_LIST:
     case SOP_EMPTY_TUPLE:
         r->pos += 1;
