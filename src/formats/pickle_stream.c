@@ -1919,6 +1919,30 @@ static cca_status_t run(sreader_t *r)
     }
 }
 
+/*
+ * After STOP: read a gzip source to its end, so that its integrity (deflate
+ * data and CRC) is checked as the tree reader checks it; the bytes after the
+ * pickle are ignored, as Python's pickle.loads ignores them.
+ */
+static cca_status_t drain(sreader_t *r)
+{
+    cca_status_t st = CCA_OK;
+    while (r->gz && !r->eof && st == CCA_OK) {
+        r->base += r->end;
+        r->pos = r->end = 0;
+        if (!r->cap && !(r->buf = malloc(r->cap = WINDOW_DEFAULT)))
+            return sr_oom();
+        if (r->inf) {
+            st = take_block(r);
+        } else {
+            size_t made = 0;
+            st = inflate_into(r, r->buf, r->cap, &made, &r->eof);
+            r->end = made;
+        }
+    }
+    return st;
+}
+
 /* ---- entry points -------------------------------------------------------------------------------- */
 
 static void sreader_free(sreader_t *r)
@@ -1986,7 +2010,7 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
         r->end = got;
         r->eof = got < 2;
     }
-    if ((st = run(r)))
+    if ((st = run(r)) || (st = drain(r)))
         return st;
     pv_doc_set_root(r->doc, r->result);
     *fields = r->doc;
