@@ -296,6 +296,12 @@ static const option_t options[CCA_SET_COUNT] = {
         .name = "exact_peak_stats", .type = OPT_BOOL, .offset = FIELD(exact_peak_stats),
         .allowed = BOOL_ALLOWED,
         .doc = "False: per-stream statistics, peaks sampled on slow paths (scales across streams)"},
+    [CCA_SET_COMPACT_MEMORY] = {
+        .default_value = false,
+        .name = "compact_memory", .type = OPT_BOOL, .offset = FIELD(compact_memory),
+        .allowed = BOOL_ALLOWED,
+        .doc = "implies expandable_segments; free granules are re-mapped where growth needs them "
+               "instead of reserving more (not PyTorch's behaviour)"},
 };
 
 #define SETTING(s, opt, type) ((type *)(void *)((char *)(s) + (opt)->offset))
@@ -699,7 +705,7 @@ static cca_status_t check_cross_keys(const cca_settings_t *s)
  * checked), so TOK_BAD cannot come. Returns CCA_OK or CCA_ERR_BAD_SETTINGS.
  */
 static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t *work,
-                                  cca_setting_source_t source)
+                                  cca_setting_source_t source, cca_setting_key_t *named)
 {
     const char *text = sc->text;
     char found[SHOW_MAX + 8];
@@ -753,6 +759,7 @@ static cca_status_t parse_element(scanner_t *sc, token_t key_tok, cca_settings_t
     if (status != CCA_OK)
         return status;
     work->source[key] = source;
+    *named = key;
     return CCA_OK;
 }
 
@@ -771,13 +778,16 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
     /* characters first, so that a bad one is reported as such wherever it is */
     if (!settings_tokenize(text, NULL, 0, NULL, &bad_offset))
         return bad_character(text, bad_offset);
+    bool named_expandable = false;
 
     for (;;) {
         token_t key_tok = scan_next(&sc);
         if (key_tok.kind == TOK_END)
             break; /* empty string, or one trailing ',' (accepted, as PyTorch does) */
         size_t element_off = key_tok.offset;
-        cca_status_t status = parse_element(&sc, key_tok, &work, source);
+        cca_setting_key_t named = CCA_SET_COUNT;
+        cca_status_t status = parse_element(&sc, key_tok, &work, source, &named);
+        named_expandable |= named == CCA_SET_EXPANDABLE_SEGMENTS;
         size_t element_len = sc.pos - element_off;
         if (status != CCA_OK)
             return status;
@@ -795,6 +805,14 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
         }
     }
 
+    /* compact_memory implies expandable_segments, unless this text turns those off */
+    if (work.compact_memory) {
+        if (!work.expandable_segments && named_expandable)
+            return cca_raise(CCA_ERR_BAD_SETTINGS,
+                             "Invalid allocator settings 'compact_memory:True' with "
+                             "'expandable_segments:False': compact_memory needs expandable segments");
+        work.expandable_segments = true;
+    }
     cca_status_t status = check_cross_keys(&work);
     if (status != CCA_OK)
         return status;

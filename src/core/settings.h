@@ -34,6 +34,7 @@ typedef enum cca_setting_key {
     CCA_SET_PINNED_MAX_ROUND_THRESHOLD_MB,
     CCA_SET_PINNED_MAX_CACHED_SIZE_MB,
     CCA_SET_EXACT_PEAK_STATS,
+    CCA_SET_COMPACT_MEMORY,
     CCA_SET_COUNT
 } cca_setting_key_t;
 
@@ -62,6 +63,8 @@ typedef struct cca_settings {
     size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = always round (PyTorch) */
     size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = cache all (PyTorch) */
     bool exact_peak_stats;               /* exact device-wide peaks (one stats lock per op) */
+    bool compact_memory;                 /* expandable segments in device granules, free granules
+                                            re-mapped where growth needs them (expandable.c) */
     cca_setting_source_t source[CCA_SET_COUNT];
 } cca_settings_t;
 

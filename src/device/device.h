@@ -86,6 +86,8 @@ typedef struct cca_expandable {
     size_t handle_count;        /* one past the highest mapped granule */
     size_t handle_cap;
     size_t mapped_bytes;        /* bytes mapped */
+    bool compact;               /* compact_memory: device-granularity granules, lent to growth */
+    struct cca_pool *pool;      /* the pool it belongs to (fixed) */
 } cca_expandable_t;
 
 /* One segment from the backend (one cudaMalloc, or one expandable reservation). */
@@ -213,6 +215,11 @@ typedef struct cca_device {
     size_t vmm_granularity;     /* backend's granularity, bytes (0: not asked yet) */
     struct cca_vmm_orphan *orphans; /* granules whose unmap or release failed, retried later */
     size_t orphan_count, orphan_cap;
+    /* compact_memory: handles unmapped for a growth in progress (empty between calls) */
+    cca_phys_handle_t *lent;
+    size_t lent_count, lent_cap;
+    uint64_t compact_moves;     /* growths served (partly) by unmapped free granules */
+    uint64_t compact_moved_bytes; /* bytes moved that way */
 
     /* memory fraction */
     bool set_fraction;
@@ -550,6 +557,9 @@ cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 cca_status_t expandable_release_orphans(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
 cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
+/* Free memory the cache holds in the device's segments and the largest free block
+ * (whole granules of an expandable free run counted as the piece they could serve). */
+void expandable_free_extent(cca_device_t *dev, size_t *free_bytes, size_t *largest);
 /* Shutdown: give every expandable segment and orphan back to the backend, unlink them. */
 void expandable_device_shutdown(cca_device_t *dev);
 

@@ -156,9 +156,12 @@ static void orphan_push(cca_device_t *dev, uintptr_t addr, size_t size, cca_phys
 }
 
 /* Unmap and release the orphans. Returns the first failure (those stay orphans). */
+static void lent_release(cca_device_t *dev);
+
 cca_status_t expandable_release_orphans(cca_device_t *dev)
 {
     cca_backend_t *be = cca_state->backend;
+    lent_release(dev);
     cca_status_t result = CCA_OK;
     size_t kept = 0;
     for (size_t i = 0; i < dev->orphan_count; i++) {
@@ -220,6 +223,10 @@ static cca_status_t map_granules(cca_device_t *dev, cca_segment_t *seg, size_t b
     if (!handles)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory mapping an expandable segment");
     for (; created < n; created++) {
+        if (es->compact && dev->lent_count) {
+            handles[created] = dev->lent[--dev->lent_count]; /* unmapped for this growth */
+            continue;
+        }
         st = be->vmm_create(be->ctx, dev->index, es->granule, &handles[created]);
         if (st != CCA_OK)
             goto out_undo;
@@ -270,9 +277,11 @@ static bool has_address_space(const cca_block_t *b, size_t size)
     return bytes >= size;
 }
 
-/* The granule a new segment of this pool maps at a time. */
-static size_t pool_granule(const cca_pool_t *pool)
+/* The granule a new segment of this pool maps at a time (compact: the device's granularity). */
+static size_t pool_granule(const cca_device_t *dev, const cca_pool_t *pool)
 {
+    if (cca_state->settings.compact_memory)
+        return dev->vmm_granularity;
     return pool->is_small ? CCA_SMALL_BUFFER : cca_state->settings.large_segment_size;
 }
 
@@ -280,7 +289,6 @@ static size_t pool_granule(const cca_pool_t *pool)
 static cca_status_t segment_create(cca_device_t *dev, cca_pool_t *pool, cca_block_t **out)
 {
     cca_backend_t *be = cca_state->backend;
-    size_t granule = pool_granule(pool);
     cca_status_t st;
     if (!dev->vmm_granularity) {
         size_t g = 0;
@@ -291,6 +299,7 @@ static cca_status_t segment_create(cca_device_t *dev, cca_pool_t *pool, cca_bloc
             return cca_raise(CCA_ERR_BACKEND, "the backend reports a virtual memory granularity of 0");
         dev->vmm_granularity = g;
     }
+    size_t granule = pool_granule(dev, pool);
     if (granule % dev->vmm_granularity)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "expandable segments: the %s pool maps %zu bytes at a time, not a multiple "
@@ -321,6 +330,8 @@ static cca_status_t segment_create(cca_device_t *dev, cca_pool_t *pool, cca_bloc
     }
     es->granule = granule;
     es->max_handles = max_handles;
+    es->compact = cca_state->settings.compact_memory;
+    es->pool = pool;
     seg->es = es;
     seg->base = (uintptr_t)base;
     seg->size = granule * max_handles;
@@ -447,35 +458,6 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
     return CCA_OK;
 }
 
-/*
- * PyTorch's try_allocate_expandable_block. On CCA_OK *out is a mapped block
- * of at least size bytes, out of its bin (the caller splits it). On failure
- * the granules mapped before it stay mapped, merged and cached, as in
- * PyTorch: every mapped byte is in a block and in reserved_bytes.
- */
-cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
-{
-    cca_block_t *c = NULL;
-    cca_status_t st = find_expandable_block(dev, pool, size, &c);
-    if (st != CCA_OK)
-        return st;
-    if (!c->mapped) {
-        st = map_block(dev, c, c->size < size ? c->size : size, &c);
-        if (st != CCA_OK)
-            return st;
-    }
-    while (c->size < size) {
-        cca_block_t *next = c->next;
-        size_t remaining = size - c->size;
-        st = map_block(dev, next, remaining < next->size ? remaining : next->size, &c);
-        if (st != CCA_OK)
-            return st;
-    }
-    bins_remove(&pool->bins, c);
-    *out = c;
-    return CCA_OK;
-}
-
 /* ---- best fit in a pool holding expandable blocks ---------------------------------- */
 
 /* The size a free block could grow to: its own and the unmapped run after it. */
@@ -536,46 +518,60 @@ static cca_status_t segment_release(cca_device_t *dev, cca_block_t *block)
     return CCA_OK;
 }
 
+/* Make room for more lent handles, so lending one later cannot fail. */
+static bool lent_reserve(cca_device_t *dev, size_t more)
+{
+    if (dev->lent_count + more <= dev->lent_cap)
+        return true;
+    size_t cap = dev->lent_cap ? dev->lent_cap : 16;
+    while (cap < dev->lent_count + more)
+        cap *= 2;
+    cca_phys_handle_t *grown = realloc(dev->lent, cap * sizeof(*grown));
+    if (!grown)
+        return false;
+    dev->lent = grown;
+    dev->lent_cap = cap;
+    return true;
+}
+
 /*
- * PyTorch's unmap_block (+ release_expandable_segment): unmap the whole
- * granules the free block covers once the segment's stream is done, split
- * off the partial granules at either end as free blocks, merge the unmapped
- * run with unmapped neighbours, free the reservation if nothing is mapped.
+ * Unmap granules [begin, end) of the free block (whole granules inside it;
+ * the caller has waited for the segment's stream), split off what stays
+ * mapped below and above as free blocks, merge the unmapped run with
+ * unmapped neighbours, free the reservation if nothing is mapped (then
+ * *released is set: block is gone). lend: the physical handles go to
+ * dev->lent for the growth in progress instead of back to the backend.
  * Returns CCA_OK, or the first backend failure: granules unmapped before it
- * stay unmapped and are accounted; a handle whose release failed is kept
- * and released by a later empty_cache.
+ * stay unmapped and are accounted; a handle whose release failed is kept and
+ * released by a later empty_cache.
  */
-cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block)
+static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t begin, size_t end,
+                                   bool lend, bool *released)
 {
     cca_backend_t *be = cca_state->backend;
     cca_pool_t *pool = block->pool;
     cca_segment_t *seg = block->segment;
     cca_expandable_t *es = seg->es;
-    size_t begin = granule_ceil(seg, block->addr);
-    size_t end = granule_floor(seg, block->addr + block->size);
-    if (begin >= end)
-        return CCA_OK;
+    *released = false;
     cca_block_t *before = pool_block_new(pool, seg, 0, 0);
     cca_block_t *after = before ? pool_block_new(pool, seg, 0, 0) : NULL;
-    if (!after || !orphans_reserve(dev, end - begin)) {
+    if (!after || !orphans_reserve(dev, end - begin) || (lend && !lent_reserve(dev, end - begin))) {
         if (after)
             pool_block_delete(after);
         if (before)
             pool_block_delete(before);
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory unmapping an expandable segment");
     }
-    /* unmap and release do not wait for the GPU as cudaFree does; a stream the
-     * program has destroyed since cannot be waited for: then wait for the device */
-    cca_status_t st = be->stream_synchronize(be->ctx, dev->index, seg->stream);
-    if (st != CCA_OK && be->device_synchronize(be->ctx, dev->index) == CCA_OK)
-        st = CCA_OK;
+    cca_status_t st = CCA_OK;
     size_t stop = begin;
-    for (; st == CCA_OK && stop < end; stop++) {
+    for (; stop < end; stop++) {
         cca_vmm_granule_t *gr = &es->handles[stop];
         st = be->vmm_unmap(be->ctx, dev->index, (void *)granule_addr(seg, stop), es->granule);
         if (st != CCA_OK)
             break;
-        if (be->vmm_release(be->ctx, dev->index, gr->handle) != CCA_OK)
+        if (lend)
+            dev->lent[dev->lent_count++] = gr->handle;
+        else if (be->vmm_release(be->ctx, dev->index, gr->handle) != CCA_OK)
             orphan_push(dev, granule_addr(seg, stop), es->granule, gr->handle, false);
         gr->present = false;
         es->mapped_bytes -= es->granule;
@@ -625,9 +621,202 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block)
     dev->stats.num_device_free++;
     stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream);
-    if (st == CCA_OK && !block->prev && !block->next)
+    if (st == CCA_OK && !block->prev && !block->next) {
         st = segment_release(dev, block);
+        *released = st == CCA_OK;
+    }
     return st;
+}
+
+/* Wait for the work of stream on dev: a stream the program has destroyed
+ * since cannot be waited for: then wait for the device. */
+static cca_status_t wait_stream(cca_device_t *dev, cca_stream_t stream)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = be->stream_synchronize(be->ctx, dev->index, stream);
+    if (st != CCA_OK && be->device_synchronize(be->ctx, dev->index) == CCA_OK)
+        st = CCA_OK;
+    return st;
+}
+
+/*
+ * PyTorch's unmap_block (+ release_expandable_segment): unmap the whole
+ * granules the free block covers once the segment's stream is done (unmap
+ * and release do not wait for the GPU as cudaFree does), split off the
+ * partial granules at either end as free blocks, merge the unmapped run with
+ * unmapped neighbours, free the reservation if nothing is mapped.
+ */
+cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block)
+{
+    cca_segment_t *seg = block->segment;
+    size_t begin = granule_ceil(seg, block->addr);
+    size_t end = granule_floor(seg, block->addr + block->size);
+    if (begin >= end)
+        return CCA_OK;
+    cca_status_t st = wait_stream(dev, seg->stream);
+    if (st != CCA_OK)
+        return st;
+    bool released;
+    return unmap_granules(dev, block, begin, end, false, &released);
+}
+
+/* ---- compact_memory: free granules lent to growth ----------------------------------- */
+
+/* Granules a growth from c (PyTorch's map_block sequence) maps for size bytes. */
+static size_t granules_needed(const cca_block_t *c, size_t size)
+{
+    size_t need = 0, have = 0;
+    for (const cca_block_t *b = c; b && have < size; b = b->next) {
+        size_t take = size - have < b->size ? size - have : b->size;
+        if (!b->mapped) {
+            size_t g = b->segment->es->granule;
+            size_t n = (take + g - 1) / g;
+            need += n;
+            take = n * g < b->size ? n * g : b->size;
+        }
+        have += take;
+    }
+    return need;
+}
+
+/*
+ * Unmap up to want whole free granules of the device's compact segments of
+ * the default pools, any stream, any kind, into dev->lent, keeping the range
+ * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. Each segment's
+ * stream is waited for (with its pool locked, so no block of it is freed
+ * after the wait) before its granules are unmapped. Device lock and held's
+ * lock held. Returns CCA_OK (dev->lent may hold fewer than want) or the
+ * first backend failure.
+ */
+static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *held, size_t want,
+                                       const cca_segment_t *keep_seg, uintptr_t keep_lo,
+                                       uintptr_t keep_hi)
+{
+    cca_status_t st = CCA_OK;
+    size_t target = dev->lent_count + want;
+    cca_segment_t *seg = dev->segments;
+    while (seg && st == CCA_OK && dev->lent_count < target) {
+        cca_segment_t *next_seg = seg->next_seg;
+        cca_expandable_t *es = seg->es;
+        if (!es || !es->compact || es->pool->owner->private_pool || es->granule != dev->vmm_granularity) {
+            seg = next_seg;
+            continue;
+        }
+        cca_stream_pool_t *owner = es->pool->owner;
+        if (owner != held)
+            cca_spin_lock(&owner->lock);
+        bool waited = false;
+        for (cca_block_t *b = seg->head; b && st == CCA_OK && dev->lent_count < target;) {
+            size_t begin = granule_ceil(seg, b->addr);
+            size_t end = granule_floor(seg, b->addr + b->size);
+            if (!b->mapped || !allocatable(b) || begin >= end ||
+                (seg == keep_seg && b->addr < keep_hi && b->addr + b->size > keep_lo)) {
+                b = b->next;
+                continue;
+            }
+            if (!waited) {
+                st = wait_stream(dev, seg->stream);
+                if (st != CCA_OK)
+                    break;
+                waited = true;
+            }
+            size_t left = target - dev->lent_count;
+            if (end - begin > left)
+                begin = end - left; /* the top granules: the rest of the block stays below */
+            bool released = false;
+            st = unmap_granules(dev, b, begin, end, true, &released);
+            if (released)
+                break; /* the segment is gone (next_seg kept) */
+            b = b->next;
+        }
+        if (owner != held)
+            cca_spin_unlock(&owner->lock);
+        seg = next_seg;
+    }
+    return st;
+}
+
+/*
+ * Give back handles lent and not used (their bytes are already unaccounted);
+ * one whose release fails becomes an orphan. Without host memory for the
+ * orphan records they stay lent, released by the next release of orphans.
+ */
+static void lent_release(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    if (!orphans_reserve(dev, dev->lent_count))
+        return;
+    while (dev->lent_count) {
+        cca_phys_handle_t h = dev->lent[--dev->lent_count];
+        if (be->vmm_release(be->ctx, dev->index, h) != CCA_OK)
+            orphan_push(dev, 0, 0, h, false);
+    }
+}
+
+/* ---- growth ----------------------------------------------------------------------- */
+
+/*
+ * compact_memory: before a growth from the run at *c maps new physical
+ * memory, unmap free granules elsewhere (lend_free_granules) and find the run
+ * again (unmapping may have changed it or opened a lower one). Gives up on
+ * lending after a few rounds; what is lent is used first by map_granules.
+ */
+static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **c)
+{
+    if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
+        return CCA_OK; /* no waiting for streams while a capture may be under way */
+    for (int round = 0; round < 4; round++) {
+        size_t need = granules_needed(*c, size);
+        if (need <= dev->lent_count)
+            return CCA_OK;
+        size_t before = dev->lent_count;
+        cca_segment_t *seg = (*c)->segment;
+        uintptr_t lo = (*c)->addr, hi = (*c)->addr + size + seg->es->granule;
+        cca_status_t st = lend_free_granules(dev, pool->owner, need - dev->lent_count, seg, lo, hi);
+        if (st != CCA_OK)
+            return st;
+        st = find_expandable_block(dev, pool, size, c);
+        if (st != CCA_OK || dev->lent_count == before)
+            return st;
+    }
+    return CCA_OK;
+}
+
+/*
+ * PyTorch's try_allocate_expandable_block. On CCA_OK *out is a mapped block
+ * of at least size bytes, out of its bin (the caller splits it). On failure
+ * the granules mapped before it stay mapped, merged and cached, as in
+ * PyTorch: every mapped byte is in a block and in reserved_bytes. With
+ * compact_memory, free granules are lent to the growth first; handles lent
+ * and not used are given back.
+ */
+cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
+{
+    cca_block_t *c = NULL;
+    cca_status_t st = find_expandable_block(dev, pool, size, &c);
+    if (st != CCA_OK)
+        return st;
+    if (c->segment->es->compact) {
+        st = compact_prepare(dev, pool, size, &c);
+        if (dev->lent_count) {
+            dev->compact_moves++;
+            dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
+        }
+    }
+    if (st == CCA_OK && !c->mapped)
+        st = map_block(dev, c, c->size < size ? c->size : size, &c);
+    while (st == CCA_OK && c->size < size) {
+        cca_block_t *next = c->next;
+        size_t remaining = size - c->size;
+        st = map_block(dev, next, remaining < next->size ? remaining : next->size, &c);
+    }
+    if (dev->lent_count)
+        lent_release(dev);
+    if (st != CCA_OK)
+        return st;
+    bins_remove(&pool->bins, c);
+    *out = c;
+    return CCA_OK;
 }
 
 /*

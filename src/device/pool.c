@@ -364,6 +364,7 @@ void pool_device_shutdown(cca_device_t *dev)
     }
     free(dev->pool_table);
     free(dev->orphans);
+    free(dev->lent);
     pthread_mutex_destroy(&dev->lock);
     pthread_mutex_destroy(&dev->events_lock);
     atomic_fetch_add(&state_generation, 1);
