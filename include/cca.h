@@ -661,6 +661,12 @@ typedef struct cca_replay_result {
     char first_stats_mismatch[160]; /**< "key: cca X, trace Y" */
     bool summary_matches;        /**< summary equal to the trace's but for the title line */
     char first_address_mismatch[160];
+    /* the second half of the trace's events: a steady loop makes no backend call there */
+    uint64_t late_segment_allocs; /**< backend allocations (maps) in the second half */
+    uint64_t late_segment_frees;  /**< backend frees (unmaps) in the second half */
+    /* fragmentation at the end of the replay (cca_cache_fragmentation) */
+    uint64_t cached_free_bytes;   /**< free memory the cache holds */
+    uint64_t largest_free_bytes;  /**< the largest piece it could serve without a backend call */
 } cca_replay_result_t;
 
 /**

@@ -63,12 +63,16 @@ static void print_human(const char *path, const cca_replay_result_t *r, bool tra
            r->events, r->events_per_second / 1e6, r->load_seconds, r->seconds);
     printf("  allocations                  %" PRIu64 "\n", r->allocs);
     printf("  segment allocs / frees       %" PRIu64 " / %" PRIu64 "\n", r->segment_allocs, r->segment_frees);
+    printf("    in the second half         %" PRIu64 " / %" PRIu64 "\n", r->late_segment_allocs,
+           r->late_segment_frees);
     printf("  out-of-memory errors         %" PRIu64 "\n", r->ooms);
     if (r->pool_ops)
         printf("  private-pool operations      %" PRIu64 "\n", r->pool_ops);
     print_mib("peak reserved", r->peak_reserved_bytes);
     print_mib("peak allocated", r->peak_allocated_bytes);
     print_mib("peak requested", r->peak_requested_bytes);
+    print_mib("free in the cache at the end", (int64_t)r->cached_free_bytes);
+    print_mib("largest free piece", (int64_t)r->largest_free_bytes);
     if (r->peak_requested_bytes > 0)
         printf("  peak reserved / requested    %.3f\n",
                (double)r->peak_reserved_bytes / (double)r->peak_requested_bytes);
@@ -112,6 +116,9 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
     printf(", \"events\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"segment_allocs\": %" PRIu64
            ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64 ", \"pool_ops\": %" PRIu64,
            r->events, r->allocs, r->segment_allocs, r->segment_frees, r->ooms, r->pool_ops);
+    printf(", \"late_segment_allocs\": %" PRIu64 ", \"late_segment_frees\": %" PRIu64
+           ", \"cached_free_bytes\": %" PRIu64 ", \"largest_free_bytes\": %" PRIu64,
+           r->late_segment_allocs, r->late_segment_frees, r->cached_free_bytes, r->largest_free_bytes);
     printf(", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
            ", \"peak_requested_bytes\": %" PRId64,
            r->peak_reserved_bytes, r->peak_allocated_bytes, r->peak_requested_bytes);
@@ -137,8 +144,8 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
 
 static int compare(const char *path, const cca_replay_options_t *base, char **settings, int count)
 {
-    printf("%-48s %14s %14s %9s %9s %10s %5s\n", "settings", "peak reserved", "peak alloc",
-           "segments", "res/req", "frag@peak", "OOMs");
+    printf("%-48s %14s %14s %9s %9s %10s %5s %11s\n", "settings", "peak reserved", "peak alloc",
+           "segments", "res/req", "frag@peak", "OOMs", "2nd half");
     int rc = 0;
     for (int i = 0; i < count; i++) {
         cca_replay_options_t opt = *base;
@@ -154,9 +161,12 @@ static int compare(const char *path, const cca_replay_options_t *base, char **se
         }
         double ratio = r.peak_requested_bytes ? (double)r.peak_reserved_bytes / (double)r.peak_requested_bytes : 0;
         double frag = r.peak_reserved_bytes ? 1.0 - (double)r.peak_allocated_bytes / (double)r.peak_reserved_bytes : 0;
-        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 "\n",
+        char late[32];
+        snprintf(late, sizeof(late), "%" PRIu64 "/%" PRIu64, r.late_segment_allocs, r.late_segment_frees);
+        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 " %11s\n",
                settings[i][0] ? settings[i] : "(default)", (double)r.peak_reserved_bytes / 1048576.0,
-               (double)r.peak_allocated_bytes / 1048576.0, r.segment_allocs, ratio, frag * 100.0, r.ooms);
+               (double)r.peak_allocated_bytes / 1048576.0, r.segment_allocs, ratio, frag * 100.0, r.ooms,
+               late);
         cca_replay_result_free(&r);
     }
     return rc;

@@ -113,6 +113,12 @@ static void check_granules(check_ctx_t *c, cca_device_t *dev, const cca_segment_
 {
     const cca_expandable_t *es = seg->es;
     size_t g = es->granule, present = 0;
+    if (es->compact && (g != dev->vmm_granularity || es->pool != seg->head->pool)) {
+        fail(c, "device %d: compact segment 0x%" PRIxPTR ": granule %zu is not the device's "
+             "granularity %zu, or its pool is not its blocks'", dev->index, seg->base, g,
+             dev->vmm_granularity);
+        return;
+    }
     if (es->handle_count > es->max_handles || es->handle_count > es->handle_cap ||
         seg->size != g * es->max_handles) {
         fail(c, "device %d: expandable segment 0x%" PRIxPTR ": granule table out of bounds",
@@ -250,6 +256,9 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
         if (!c->failed && seg->es)
             check_granules(c, dev, seg);
     }
+    if (!c->failed && dev->lent_count)
+        fail(c, "device %d: %zu physical handles lent between calls (a growth left them)",
+             dev->index, dev->lent_count);
     if (!c->failed && nseg != dev->segment_count)
         fail(c, "device %d: %zu segments listed, segment_count says %zu", dev->index, nseg,
              dev->segment_count);

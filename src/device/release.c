@@ -380,6 +380,10 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     pthread_mutex_lock(&dev->lock);
     size_t in_private = pools_cached_bytes_locked(dev);
     pthread_mutex_unlock(&dev->lock);
+    size_t cached_free = 0, largest_free = 0;
+    bool compact = cca_state->settings.compact_memory;
+    if (compact)
+        cca_cache_info(dev->index, &cached_free, &largest_free);
     cca_device_stats_t now;
     stats_read(dev, &now);
     int64_t allocated = now.allocated_bytes[CCA_STAT_ALL].current;
@@ -403,6 +407,15 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     char allowed_info[64] = "";
     if (dev->set_fraction)
         snprintf(allowed_info, sizeof(allowed_info), "%s allowed; ", s_allowed);
+    char frag_info[160] = "";
+    if (compact) {
+        char s_free_cached[32], s_largest[32];
+        stats_format_size(cached_free, s_free_cached, sizeof(s_free_cached));
+        stats_format_size(largest_free, s_largest, sizeof(s_largest));
+        snprintf(frag_info, sizeof(frag_info),
+                 " compact_memory: the cache holds %s free, the largest free piece is %s.",
+                 s_free_cached, s_largest);
+    }
     cca_strbuf_t proc;
     sb_init(&proc);
     if (!strcmp(cca_state->backend->name, "cuda"))
@@ -414,9 +427,9 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
         "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
         "is free. %s%sOf the allocated memory %s is allocated by cca, %sand %s is reserved by cca "
         "but unallocated. If reserved but unallocated memory is large try setting "
-        "CCA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+        "CCA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.%s",
         s_alloc, dev->index, s_total, s_free, proc.data ? proc.data : "", allowed_info, s_used,
-        private_info, s_cached);
+        private_info, s_cached, frag_info);
     sb_free(&proc);
     return st;
 }

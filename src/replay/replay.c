@@ -355,6 +355,12 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op
         }
         if (i == n)
             break;
+        if (i == n / 2) {
+            cca_device_stats_t half;
+            cca_get_device_stats(0, &half);
+            r->late_segment_allocs = (uint64_t)half.num_device_alloc;
+            r->late_segment_frees = (uint64_t)half.num_device_free;
+        }
         const replay_event_t *e = &ev[i];
         if (graphs.pending && e->kind == EV_ALLOC && e->stream == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
@@ -606,6 +612,12 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     cca_get_device_stats(0, &stats);
     r->segment_allocs = (uint64_t)stats.num_device_alloc;
     r->segment_frees = (uint64_t)stats.num_device_free;
+    r->late_segment_allocs = r->segment_allocs - r->late_segment_allocs;
+    r->late_segment_frees = r->segment_frees - r->late_segment_frees;
+    size_t cached_free = 0, largest_free = 0;
+    cca_cache_info(0, &cached_free, &largest_free);
+    r->cached_free_bytes = cached_free;
+    r->largest_free_bytes = largest_free;
     r->ooms = (uint64_t)stats.num_ooms;
     r->peak_reserved_bytes = stats.reserved_bytes[CCA_STAT_ALL].peak;
     r->peak_allocated_bytes = stats.allocated_bytes[CCA_STAT_ALL].peak;

@@ -432,6 +432,30 @@ static void scenario_expandable_switch(void)
     do_malloc(60 * MiB, 0, NULL);
 }
 
+/* compact_memory: holes in one stream's segments lent to the growth of
+ * another stream's and of the other kind's, the OOM path with lending. */
+static void scenario_compact(void)
+{
+    do_malloc(10 * MiB, 0, NULL);
+    do_malloc(10 * MiB, 0, NULL);
+    do_malloc(10 * MiB, 0, NULL);
+    do_malloc(1000, 0, NULL);
+    do_free(1);                      /* a 10 MiB hole: five granules */
+    do_malloc(1000, 0, S1);          /* S1's small segment: a granule of the hole */
+    do_malloc(6 * MiB, 0, S1);       /* S1's large segment: three more */
+    do_record(4, S2);
+    do_free(4);                      /* waits for S2 */
+    do_malloc(40 * MiB, 0, NULL);    /* the rest of the hole, then new memory */
+    do_malloc(5 * MiB, 1, S2);       /* device 1 */
+    do_free(0);
+    do_malloc(60 * MiB, 0, S2);      /* beyond the cap: lends, releases, or OOM */
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    for (size_t i = nheld; i-- > 0;)
+        do_free(i);
+    step_check(cca_empty_cache(), "cca_empty_cache");
+    do_malloc(3 * MiB, 0, NULL);
+}
+
 typedef struct scenario {
     const char *name;
     void (*run)(void);
@@ -453,6 +477,7 @@ static const scenario_t scenarios[] = {
     {"expandable_switch", scenario_expandable_switch, "", 0},
     {"pools", scenario_pools, "", 0},
     {"pools_reuse", scenario_pools_reuse, "graph_capture_record_stream_reuse:True", 0},
+    {"compact", scenario_compact, "compact_memory:True", 120 * MiB},
 };
 
 static void setup(const scenario_t *sc)
@@ -587,6 +612,7 @@ TEST(fault_expandable) { fault_loops(&scenarios[9]); }
 TEST(fault_expandable_switch) { fault_loops(&scenarios[10]); }
 TEST(fault_pools) { fault_loops(&scenarios[11]); }
 TEST(fault_pools_reuse) { fault_loops(&scenarios[12]); }
+TEST(fault_compact) { fault_loops(&scenarios[13]); }
 
 int main(void)
 {
@@ -604,6 +630,7 @@ int main(void)
     RUN(fault_expandable_switch);
     RUN(fault_pools);
     RUN(fault_pools_reuse);
+    RUN(fault_compact);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

@@ -203,10 +203,12 @@ static const char *const settings_choices[] = {
     "garbage_collection_threshold:0.5",
     "max_split_size_mb:40,max_non_split_rounding_mb:40",
     "expandable_segments:True",
-    "expandable_segments:False",
+    "compact_memory:False,expandable_segments:False",
     "expandable_segments:True,max_split_size_mb:40",
     "expandable_segments:True,large_segment_size_mb:4",
+    "compact_memory:True",
 };
+#define SETTINGS_CHOICES (sizeof(settings_choices) / sizeof(settings_choices[0]))
 
 typedef struct reader {
     const uint8_t *data;
@@ -515,7 +517,7 @@ static void run_general(reader_t *r, bool async)
                 CHECK(cca_set_memory_fraction(fraction, (b >> 1) & 1) == CCA_OK, "fraction");
             } else {
                 what = "cca_set_settings";
-                CHECK(cca_set_settings(settings_choices[(b >> 1) & 7]) == CCA_OK, "settings: %s",
+                CHECK(cca_set_settings(settings_choices[(b >> 1) % SETTINGS_CHOICES]) == CCA_OK, "settings: %s",
                       cca_last_error()->message);
             }
         }

@@ -283,10 +283,12 @@ static void run_stress(const char *settings, size_t total_memory)
 
 TEST(threads_streams_events) { run_stress("", 64ull << 30); }
 TEST(threads_streams_events_expandable) { run_stress("expandable_segments:True", 8ull << 30); }
+TEST(threads_streams_events_compact) { run_stress("compact_memory:True", 8ull << 30); }
 
 int main(void)
 {
     RUN(threads_streams_events);
     RUN(threads_streams_events_expandable);
+    RUN(threads_streams_events_compact);
     return harness_done();
 }

@@ -161,6 +161,9 @@ TEST(settings_strings)
            "roundup_power2_divisions");
     MISUSE(cca_set_settings("max_split_size_mb:20,,"), CCA_ERR_BAD_SETTINGS, "");
     MISUSE(cca_set_settings("expandable_segments:Maybe"), CCA_ERR_BAD_SETTINGS, "expandable_segments");
+    MISUSE(cca_set_settings("compact_memory:Maybe"), CCA_ERR_BAD_SETTINGS, "compact_memory");
+    MISUSE(cca_set_settings("compact_memory:True,expandable_segments:False"), CCA_ERR_BAD_SETTINGS,
+           "compact_memory needs expandable segments");
     expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
     char *text = NULL;
     expect_status(cca_settings_describe("max_split_size_mb:", &text), CCA_ERR_BAD_SETTINGS);

@@ -1,0 +1,246 @@
+/*
+ * test_compact.c - compact_memory:True on the simulated backend: the
+ * setting and its rule with expandable_segments, device-granularity granules
+ * for both pools, free granules in the middle of a segment lent to the
+ * growth of another stream's and of the other kind's segment (reserved
+ * memory does not grow), a steady loop whose peak stays after its first
+ * steps, the same sequences without the mode as the control, and
+ * the fragmentation figures of cca_cache_info and the out-of-memory message.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+#include "harness.h"
+#include "runtime.h"
+
+#define MiB ((size_t)1 << 20)
+#define S1 ((cca_stream_t)(uintptr_t)0x1000)
+#define S2 ((cca_stream_t)(uintptr_t)0x2000)
+
+static cca_backend_t *sim;
+
+static void setup_with(const char *settings, size_t memory)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = memory ? memory : 8ull << 30;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK) {
+        printf("cannot create sim backend: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+    if (cca_init_with_backend(sim, settings) != CCA_OK) {
+        printf("cannot init: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static cca_device_stats_t stats(void)
+{
+    cca_device_stats_t s;
+    cca_get_device_stats(0, &s);
+    return s;
+}
+
+static int64_t reserved(void)
+{
+    return stats().reserved_bytes[CCA_STAT_ALL].current;
+}
+
+static void *xmalloc(size_t size, cca_stream_t stream)
+{
+    void *p = NULL;
+    cca_status_t st = cca_malloc(&p, size, stream);
+    if (st != CCA_OK)
+        printf("  cca_malloc(%zu) failed: %s\n", size, cca_last_error()->message);
+    return p;
+}
+
+static bool invariants_hold(void)
+{
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK) {
+        printf("  invariants: %s\n", why);
+        return false;
+    }
+    cca_sim_usage_t u;
+    memset(&u, 0, sizeof(u));
+    cca_sim_usage(sim, &u);
+    if ((int64_t)u.device_bytes[0] != reserved()) {
+        printf("  backend holds %zu bytes, reserved_bytes says %lld\n", u.device_bytes[0],
+               (long long)reserved());
+        return false;
+    }
+    return true;
+}
+
+TEST(compact_setting_implies_expandable)
+{
+    setup_with("compact_memory:True", 0);
+    expect_true(cca_state->settings.compact_memory);
+    expect_true(cca_state->settings.expandable_segments);
+    /* turning expandable segments off while the mode is on is refused, unchanged settings */
+    expect_status(cca_set_settings("expandable_segments:False"), CCA_ERR_BAD_SETTINGS);
+    expect_contains(cca_last_error()->message, "compact_memory");
+    expect_true(cca_state->settings.expandable_segments);
+    expect_ok(cca_set_settings("compact_memory:False,expandable_segments:False"));
+    expect_true(!cca_state->settings.expandable_segments);
+    expect_status(cca_set_settings("compact_memory:yes"), CCA_ERR_BAD_SETTINGS);
+    cca_shutdown();
+    setup_with("", 0);
+    expect_true(!cca_state->settings.compact_memory);
+    expect_true(!cca_state->settings.expandable_segments);
+    cca_shutdown();
+}
+
+TEST(compact_granules_are_the_device_granularity)
+{
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(3 * MiB, NULL); /* PyTorch's expandable mode maps a 20 MiB granule here */
+    expect_true(a != NULL);
+    expect_eq_i64(reserved(), (int64_t)(4 * MiB));
+    void *b = xmalloc(1000, NULL);
+    expect_eq_i64(reserved(), (int64_t)(6 * MiB));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(b);
+    cca_shutdown();
+}
+
+/*
+ * A hole in the middle of the default stream's large segment, then growth of
+ * S1's large pool and of the default stream's small pool: with the mode the
+ * hole's granules move there and reserved memory stays; without it, it grows.
+ */
+static int64_t hole_then_growth(const char *settings, uint64_t *unmaps)
+{
+    setup_with(settings, 0);
+    void *a = xmalloc(10 * MiB, NULL);
+    void *b = xmalloc(10 * MiB, NULL);
+    void *c = xmalloc(10 * MiB, NULL);
+    cca_free(b); /* five free granules between a and c */
+    int64_t before = reserved();
+    uint64_t frees_before = (uint64_t)stats().num_device_free;
+    void *d = xmalloc(6 * MiB, S1);  /* another stream */
+    void *e = xmalloc(1000, NULL);   /* the other kind */
+    void *f = xmalloc(1000, S2);     /* another stream's other kind */
+    expect_true(d && e && f);
+    expect_true(invariants_hold());
+    *unmaps = (uint64_t)stats().num_device_free - frees_before;
+    int64_t grown = reserved() - before;
+    cca_free(a);
+    cca_free(c);
+    cca_free(d);
+    cca_free(e);
+    cca_free(f);
+    expect_true(invariants_hold());
+    cca_shutdown();
+    return grown;
+}
+
+TEST(compact_lends_a_hole_to_other_streams_and_kinds)
+{
+    uint64_t unmaps = 0;
+    int64_t grown = hole_then_growth("compact_memory:True", &unmaps);
+    expect_eq_i64(grown, 0);       /* 6 MiB + two 2 MiB small granules = the five granules of the hole */
+    expect_true(unmaps >= 1);       /* the hole was unmapped to move */
+    grown = hole_then_growth("expandable_segments:True,large_segment_size_mb:2", &unmaps);
+    expect_eq_i64(grown, (int64_t)(10 * MiB)); /* the control: new memory for each growth */
+    expect_eq_u64(unmaps, 0);
+}
+
+TEST(compact_keeps_the_growing_run)
+{
+    /* the free block at the end of the segment is where the growth goes: not lent to itself */
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(10 * MiB, NULL);
+    void *b = xmalloc(4 * MiB, NULL);
+    cca_free(b); /* free tail: 4 MiB mapped */
+    void *c = xmalloc(9 * MiB, NULL); /* grows from the free tail */
+    expect_true(c != NULL);
+    expect_eq_u64((uintptr_t)c, (uintptr_t)a + 10 * MiB);
+    expect_eq_i64(reserved(), (int64_t)(20 * MiB));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(c);
+    cca_shutdown();
+}
+
+/* A training-like step on one stream: activations of varying sizes, freed in another order. */
+static void step(void)
+{
+    static const size_t sizes[] = {12 * MiB, 3 * MiB, 700 * 1024, 25 * MiB, 5 * MiB, 40000, 9 * MiB};
+    void *p[7];
+    for (int i = 0; i < 7; i++)
+        p[i] = xmalloc(sizes[i], NULL);
+    cca_free(p[1]);
+    cca_free(p[4]);
+    void *q = xmalloc(7 * MiB, NULL);
+    for (int i = 6; i >= 0; i--)
+        if (i != 1 && i != 4)
+            cca_free(p[i]);
+    cca_free(q);
+}
+
+/*
+ * A steady loop: after the first steps its peak reserved stays, and the
+ * granules moved between the pools cost at most one map and two unmaps a
+ * step (the mode trades those for the memory; see docs/compact-memory.md).
+ */
+TEST(compact_steady_loop_stays_bounded)
+{
+    setup_with("compact_memory:True", 0);
+    for (int i = 0; i < 5; i++)
+        step();
+    cca_device_stats_t s0 = stats();
+    for (int i = 0; i < 20; i++)
+        step();
+    cca_device_stats_t s1 = stats();
+    expect_true(s1.num_device_alloc - s0.num_device_alloc <= 20);
+    expect_true(s1.num_device_free - s0.num_device_free <= 40);
+    expect_eq_i64(s1.reserved_bytes[CCA_STAT_ALL].peak, s0.reserved_bytes[CCA_STAT_ALL].peak);
+    /* the control: plain expandable segments reserve more for the same loop */
+    int64_t compact_peak = s1.reserved_bytes[CCA_STAT_ALL].peak;
+    expect_true(invariants_hold());
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    setup_with("expandable_segments:True", 0);
+    for (int i = 0; i < 25; i++)
+        step();
+    expect_true(stats().reserved_bytes[CCA_STAT_ALL].peak > compact_peak);
+    cca_shutdown();
+}
+
+TEST(compact_fragmentation_in_oom_message)
+{
+    setup_with("compact_memory:True", 64 * MiB);
+    void *a = xmalloc(20 * MiB, NULL);
+    void *b = xmalloc(1 * MiB + 1, NULL);
+    void *c = xmalloc(20 * MiB, NULL);
+    cca_free(b);
+    size_t cached = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &cached, &largest));
+    expect_true(cached >= 1 * MiB);
+    void *d = NULL;
+    expect_status(cca_malloc(&d, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "largest free piece");
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(c);
+    cca_shutdown();
+}
+
+int main(void)
+{
+    cca_register_output(NULL, NULL);
+    RUN(compact_setting_implies_expandable);
+    RUN(compact_granules_are_the_device_granularity);
+    RUN(compact_lends_a_hole_to_other_streams_and_kinds);
+    RUN(compact_keeps_the_growing_run);
+    RUN(compact_steady_loop_stays_bounded);
+    RUN(compact_fragmentation_in_oom_message);
+    return harness_done();
+}
