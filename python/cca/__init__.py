@@ -74,6 +74,8 @@ def _result_dict(r):
         "events": r.events, "allocs": r.allocs, "frees": r.frees,
         "segment_allocs": r.segment_allocs, "segment_frees": r.segment_frees,
         "ooms": r.ooms, "pool_ops": r.pool_ops, "address_mismatches": r.address_mismatches,
+        "late_segment_allocs": r.late_segment_allocs, "late_segment_frees": r.late_segment_frees,
+        "cached_free_bytes": r.cached_free_bytes, "largest_free_bytes": r.largest_free_bytes,
         "unexpected_ooms": r.unexpected_ooms,
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,

@@ -108,7 +108,9 @@ class ReplayResult(ctypes.Structure):
                 ("expected_segment_frees", ctypes.c_uint64), ("expected_ooms", ctypes.c_uint64),
                 ("expected_peak_reserved_bytes", ctypes.c_int64),
                 ("stats_mismatches", ctypes.c_uint64), ("first_stats_mismatch", ctypes.c_char * 160),
-                ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160)]
+                ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160),
+                ("late_segment_allocs", ctypes.c_uint64), ("late_segment_frees", ctypes.c_uint64),
+                ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64)]
 
 
 class Error(ctypes.Structure):

@@ -519,6 +519,30 @@ cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_bl
     return CCA_OK;
 }
 
+cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t count)
+{
+    if (!out || count < CCA_MEMORY_STATS_EXTRA_COUNT)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_memory_stats_extra: out must hold %d entries",
+                         CCA_MEMORY_STATS_EXTRA_COUNT);
+    size_t cached = 0, largest = 0;
+    cca_status_t st = cca_cache_info(device, &cached, &largest);
+    if (st != CCA_OK)
+        return st;
+    uint64_t moves = 0, moved = 0;
+    if (!async_enabled()) {
+        cca_device_t *dev = &cca_state->devices[device];
+        pthread_mutex_lock(&dev->lock);
+        moves = dev->compact_moves;
+        moved = dev->compact_moved_bytes;
+        pthread_mutex_unlock(&dev->lock);
+    }
+    out[0] = (cca_stat_entry_t){"cca.cached_free_bytes", (int64_t)cached};
+    out[1] = (cca_stat_entry_t){"cca.compact_moved_bytes", (int64_t)moved};
+    out[2] = (cca_stat_entry_t){"cca.compact_moves", (int64_t)moves};
+    out[3] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
+    return CCA_OK;
+}
+
 cca_status_t cca_set_memory_fraction(double fraction, int device)
 {
     cca_status_t st = state_ensure();

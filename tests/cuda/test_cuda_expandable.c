@@ -241,6 +241,53 @@ TEST(streams_and_pools)
     teardown();
 }
 
+/*
+ * compact_memory: a hole in one stream's segment moves to another stream's
+ * growth (no new memory: cudaMemGetInfo unchanged within a granule); the
+ * moved granules hold the new block's data and the blocks around the hole
+ * keep theirs.
+ */
+TEST(compact_moves_a_hole_to_another_stream)
+{
+    if (!setup("compact_memory:True"))
+        return;
+    cudaStream_t s1 = new_stream(), s2 = new_stream();
+    char *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    expect_ok(cca_malloc((void **)&a, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&b, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&c, 10 * MiB, (cca_stream_t)s1));
+    if (a && b && c) {
+        expect_true(cudaMemsetAsync(a, 0x21, 10 * MiB, s1) == cudaSuccess);
+        expect_true(cudaMemsetAsync(b, 0x22, 10 * MiB, s1) == cudaSuccess);
+        expect_true(cudaMemsetAsync(c, 0x23, 10 * MiB, s1) == cudaSuccess);
+    }
+    expect_ok(cca_free(b)); /* queued work on s1 still uses it: the move waits for s1 */
+    cca_device_stats_t before, after;
+    expect_ok(cca_get_device_stats(0, &before));
+    size_t free_before, free_after, total;
+    expect_ok(cca_mem_get_info(0, &free_before, &total));
+    expect_ok(cca_malloc((void **)&d, 8 * MiB, (cca_stream_t)s2));
+    expect_ok(cca_get_device_stats(0, &after));
+    expect_ok(cca_mem_get_info(0, &free_after, &total));
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, before.reserved_bytes[CCA_STAT_ALL].current);
+    expect_true(free_after + 2 * MiB >= free_before);
+    if (d && a && c) {
+        expect_true(cudaMemsetAsync(d, 0x44, 8 * MiB, s2) == cudaSuccess);
+        expect_eq_u64(check_window(d, 4096, 0x44, s2), 0);
+        expect_eq_u64(check_window(d, 8 * MiB - 4096, 0x44, s2), 0);
+        expect_eq_u64(check_window(a, 10 * MiB - 4096, 0x21, s1), 0);
+        expect_eq_u64(check_window(c, 4096, 0x23, s1), 0);
+    }
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(c));
+    expect_ok(cca_free(d));
+    expect_ok(cca_empty_cache());
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+    teardown();
+}
+
 int main(void)
 {
     setenv("CCA_BACKEND", "cuda", 1);
@@ -259,5 +306,6 @@ int main(void)
     RUN(hole_mapped_again);
     RUN(out_of_memory_with_fraction);
     RUN(streams_and_pools);
+    RUN(compact_moves_a_hole_to_another_stream);
     return harness_done();
 }

@@ -16,6 +16,6 @@ int main(void)
     SHOW(cca_stat_entry_t, value);
     SHOW(cca_device_stats_t, max_split_size);
     SHOW(cca_replay_options_t, svg_path);
-    SHOW(cca_replay_result_t, first_address_mismatch);
+    SHOW(cca_replay_result_t, largest_free_bytes);
     return 0;
 }

@@ -71,7 +71,8 @@ class Replay(unittest.TestCase):
             out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
             r = cca.replay(GPT2_SPLIT, settings=settings)
             for key in ("allocs", "segment_allocs", "segment_frees", "ooms", "peak_reserved_bytes",
-                        "peak_allocated_bytes"):
+                        "peak_allocated_bytes", "late_segment_allocs", "late_segment_frees",
+                        "cached_free_bytes", "largest_free_bytes"):
                 self.assertEqual(r[key], out[key], (settings, key))
             if "address_mismatches" in out:
                 self.assertEqual(r["address_mismatches"], out["address_mismatches"])
@@ -84,6 +85,14 @@ class Replay(unittest.TestCase):
         self.assertNotEqual(fresh["segment_allocs"], split["segment_allocs"])
         self.assertGreater(split["memory_stats"]["oversize_allocations.allocated"], 0)
         self.assertEqual(fresh["memory_stats"]["oversize_allocations.allocated"], 0)
+
+    def test_compact_memory_reserves_less(self):
+        ratio = {}
+        for settings in ("expandable_segments:True", "compact_memory:True"):
+            r = cca.replay(GPT2_SPLIT, settings=settings, addresses="fresh")
+            ratio[settings] = r["peak_reserved_bytes"] / r["memory_stats"]["requested_bytes.all.peak"]
+        self.assertLess(ratio["compact_memory:True"], ratio["expandable_segments:True"])
+        self.assertLessEqual(ratio["compact_memory:True"], 1.02)
 
     def test_small_device_runs_out_of_memory(self):
         r = cca.replay(TWO_STREAM, cap=64 * MiB, addresses="fresh")
@@ -210,7 +219,7 @@ class Layout(unittest.TestCase):
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
                    "cca_replay_options_t": (_lib.ReplayOptions, "svg_path"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "first_address_mismatch")}
+                   "cca_replay_result_t": (_lib.ReplayResult, "largest_free_bytes")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()

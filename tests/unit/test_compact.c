@@ -130,6 +130,15 @@ static int64_t hole_then_growth(const char *settings, uint64_t *unmaps)
     expect_true(d && e && f);
     expect_true(invariants_hold());
     *unmaps = (uint64_t)stats().num_device_free - frees_before;
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_eq_str(extra[2].key, "cca.compact_moves");
+    if (cca_state->settings.compact_memory) {
+        expect_true(extra[2].value >= 1);
+        expect_eq_i64(extra[1].value, (int64_t)(10 * MiB)); /* the hole's five granules */
+    } else {
+        expect_eq_i64(extra[2].value, 0);
+    }
     int64_t grown = reserved() - before;
     cca_free(a);
     cca_free(c);
@@ -224,6 +233,13 @@ TEST(compact_fragmentation_in_oom_message)
     size_t cached = 0, largest = 0;
     expect_ok(cca_cache_info(0, &cached, &largest));
     expect_true(cached >= 1 * MiB);
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_eq_str(extra[0].key, "cca.cached_free_bytes");
+    expect_eq_i64(extra[0].value, (int64_t)cached);
+    expect_eq_str(extra[3].key, "cca.largest_free_bytes");
+    expect_eq_i64(extra[3].value, (int64_t)largest);
+    expect_status(cca_memory_stats_extra(0, extra, 2), CCA_ERR_INVALID_ARGUMENT);
     void *d = NULL;
     expect_status(cca_malloc(&d, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
     expect_contains(cca_last_error()->message, "largest free piece");
