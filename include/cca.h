@@ -477,7 +477,8 @@ typedef struct cca_checkpoint_delta {
  * that is checked first, and nothing changes if it fails. Free delta's lists
  * with cca_checkpoint_delta_free. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
  * (bad device, NULL, a segment of the checkpoint no longer in the pool),
- * CCA_ERR_BUSY (as for cca_pool_get_checkpoint), CCA_ERR_OUT_OF_MEMORY.
+ * CCA_ERR_BUSY (as for cca_pool_get_checkpoint; also a block of the pool that
+ * another process maps through IPC), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
                                      cca_checkpoint_delta_t *delta);

@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "device.h"
+#include "shared.h"
 
 /* Lock (or unlock) every stream pool of pp (device lock held). */
 static void lock_pool(cca_private_pool_t *pp, bool lock)
@@ -316,6 +317,17 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     st = checkpoint_pool_locked(what, dev, state->id, &pp);
     if (st != CCA_OK)
         goto out_unlock;
+    /* a block another process maps cannot be freed now (its free would be deferred) */
+    for (cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
+        if (!segment_in_pool(seg, pp))
+            continue;
+        for (cca_block_t *b = seg->head; b; b = b->next)
+            if (b->allocated && shared_holds(b->addr)) {
+                st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is mapped by "
+                               "another process (IPC); it cannot be freed now", what, b->addr);
+                goto out_unlock;
+            }
+    }
     /* every segment of the checkpoint must still be the pool's, as it was */
     for (size_t i = 0; i < state->segment_count; i++)
         if (!checkpoint_segment_locked(dev, pp, &state->segments[i])) {

@@ -170,6 +170,17 @@ shared_free_t shared_on_free(uintptr_t ptr)
     return what;
 }
 
+bool shared_holds(uintptr_t ptr)
+{
+    if (!atomic_load_explicit(&shared_block_count, memory_order_relaxed))
+        return false;
+    pthread_mutex_lock(&shared_lock);
+    shared_block_t *b = *find_locked(ptr);
+    bool held = b && (b->freed || shmcount_read(&b->ref) > 0);
+    pthread_mutex_unlock(&shared_lock);
+    return held;
+}
+
 size_t shared_take_collectable(uintptr_t *out, size_t cap)
 {
     size_t n = 0;

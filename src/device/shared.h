@@ -29,6 +29,8 @@ typedef enum shared_free {
     SHARED_FREE_TWICE,    /* its free was deferred already: a double free */
 } shared_free_t;
 
+/* Whether another process maps the block at ptr (a free of it would be deferred, or was). */
+bool shared_holds(uintptr_t ptr);
 /* cca_free's question about the block at ptr (see shared_free_t). */
 shared_free_t shared_on_free(uintptr_t ptr);
 /*

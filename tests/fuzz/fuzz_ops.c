@@ -8,7 +8,9 @@
  *    IPC handles (frees of shared blocks deferred, references released,
  *    collection), private pools (routes by stream and thread, their end,
  *    create, release, empty_cache of a pool, a checkpoint saved and restored
- *    at once, each status checked against the pool's use count); after
+ *    at once, each status checked against the pool's use count, the
+ *    simulated capture graph driven for graph_capture_record_stream_reuse,
+ *    on with bit 3 of the first byte); after
  *    every operation the invariant checker must pass;
  *    when the first byte's second bit is set too, the same operations run
  *    with backend:cudaMallocAsync; with the third bit set instead, the run
@@ -363,7 +365,7 @@ static const char *pool_op(uint8_t b, bool async)
     CHECK(qs == CCA_OK || qs == CCA_ERR_INVALID_ARGUMENT, "use_count: %s", cca_last_error()->message);
     bool exists = qs == CCA_OK, freeable = exists && uc == 0;
     cca_status_t st;
-    switch (b % 7) {
+    switch (b % 8) {
     case 0:
     case 1:
         st = b % 7 ? cca_begin_allocate_thread_to_pool(d, id)
@@ -398,7 +400,10 @@ static const char *pool_op(uint8_t b, bool async)
         cca_checkpoint_delta_t delta;
         st = cca_pool_set_checkpoint(d, state, &delta);
         cca_pool_state_free(state);
-        CHECK(st == CCA_OK, "set_checkpoint: %s", cca_last_error()->message);
+        /* BUSY: a block of the pool is mapped by another process (an IPC handle); nothing changed */
+        CHECK(st == CCA_OK || st == CCA_ERR_BUSY, "set_checkpoint: %s", cca_last_error()->message);
+        if (st != CCA_OK)
+            return "cca_pool_set_checkpoint";
         for (size_t i = 0; i < delta.freed_count; i++)
             forget_live(delta.freed[i]);
         for (size_t i = 0; i < delta.allocated_count; i++) {
@@ -413,6 +418,19 @@ static const char *pool_op(uint8_t b, bool async)
         cca_checkpoint_delta_free(&delta);
         return "cca_pool_set_checkpoint";
     }
+    case 7: {
+        /* the simulated capture graph (graph_capture_record_stream_reuse reads it) */
+        cca_stream_t s1 = streams[(b >> 6) & 3], s2 = streams[(b >> 4) & 3];
+        switch ((b >> 3) & 3) {
+        case 0: st = cca_sim_capture_begin(sim, s1); break;
+        case 1: st = cca_sim_capture_work(sim, s1); break;
+        case 2: st = cca_sim_capture_join(sim, s1, s2); break;
+        default: st = cca_sim_capture_end(sim, s1); break;
+        }
+        CHECK(st == CCA_OK || st == CCA_ERR_INVALID_ARGUMENT, "capture graph: %s",
+              cca_last_error()->message);
+        return "simulated capture";
+    }
     default:
         st = cca_pool_create(d, id);
         CHECK(st == (freeable ? CCA_ERR_BUSY : CCA_OK), "create: %s", cca_status_str(st));
@@ -423,6 +441,8 @@ static const char *pool_op(uint8_t b, bool async)
 /* End every route and drop every use of the pools, so the final empty_cache frees them. */
 static void release_pools(bool async)
 {
+    for (int i = 0; i < 4; i++)
+        cca_sim_capture_end(sim, streams[i]); /* a stream not capturing: INVALID_ARGUMENT */
     if (async)
         return;
     for (int d = 0; d < 2; d++)
@@ -546,9 +566,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.manual_events = true;
     cca_shutdown();
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim");
-    const char *initial = async                ? "backend:cudaMallocAsync"
-                          : !model_mode && (data[0] & 4) ? "expandable_segments:True"
-                                                         : "";
+    /* general mode: bit 2 expandable segments, bit 3 graph_capture_record_stream_reuse */
+    static const char *const general[4] = {
+        "", "expandable_segments:True", "graph_capture_record_stream_reuse:True",
+        "expandable_segments:True,graph_capture_record_stream_reuse:True"};
+    const char *initial = async ? "backend:cudaMallocAsync"
+                          : !model_mode ? general[((data[0] >> 2) & 1) | ((data[0] >> 2) & 2)]
+                                        : "";
     CHECK(cca_init_with_backend(sim, initial) == CCA_OK, "init: %s", cca_last_error()->message);
     nlive = 0;
     nhandles = 0;

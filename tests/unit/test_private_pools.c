@@ -527,6 +527,36 @@ TEST(checkpoint_refuses_changed_segments)
     cca_shutdown();
 }
 
+TEST(checkpoint_refuses_blocks_shared_by_ipc)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(4 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+    cca_ipc_mem_handle_t h;
+    expect_ok(cca_ipc_get_handle(a, S1, &h)); /* another process may map a now */
+    cca_device_stats_t before = stats(0);
+    cca_checkpoint_delta_t delta;
+    expect_status(cca_pool_set_checkpoint(0, state, &delta), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "another process");
+    cca_device_stats_t after = stats(0);
+    expect_true(memcmp(&before.allocation, &after.allocation, sizeof(before.allocation)) == 0);
+    expect_ok(cca_ipc_release_handle(&h));
+    expect_ok(cca_pool_set_checkpoint(0, state, &delta)); /* a freed and allocated again */
+    expect_eq_u64(delta.freed_count, 1);
+    expect_eq_u64(delta.allocated_count, 1);
+    expect_eq_ptr(delta.allocated[0], a);
+    cca_checkpoint_delta_free(&delta);
+    cca_pool_state_free(state);
+    expect_ok(cca_free(a));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_valid();
+    cca_shutdown();
+}
+
 TEST(misuse_changes_nothing)
 {
     setup(0, false);
@@ -651,6 +681,7 @@ int main(void)
     RUN(use_on_oom_and_no_split);
     RUN(checkpoint_restore);
     RUN(checkpoint_refuses_changed_segments);
+    RUN(checkpoint_refuses_blocks_shared_by_ipc);
     RUN(misuse_changes_nothing);
     RUN(replay_of_graph_and_mempool_traces);
     return harness_done();
