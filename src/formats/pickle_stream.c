@@ -1,6 +1,6 @@
 /*
- * pickle_stream.c - the streaming pickle reader (pickle_stream.h): gunzip and
- * decode in one pass over a window of the data, keeping tree fields as pv
+ * pickle_stream.c - the streaming pickle reader (pickle_stream.h): decode in
+ * one pass over a window of the (gunzipped) data, keeping tree fields as pv
  * trees and handing the dicts of records fields to a callback.
  *
  * Invariant: every value on the stack is a slot saying what became of it: a
@@ -9,66 +9,59 @@
  * records list (L1), an inner list of records (L2), or a record filling up.
  * A container's slot type is chosen when it begins and checked when its
  * parent takes it (see derive()); records live in a table reset whenever no
- * record is left on the stack, so memory stays bounded by one batch.
+ * record is left on the stack, so memory stays bounded by one batch. The
+ * bytes come from pickle_input.c's window.
+ *
+ * Longer than the house's 1,200 lines: it is one machine (the opcodes, the
+ * rules deciding what each container becomes, the records and their fast
+ * path) over one private slot type; split, that type would need a header for
+ * files nothing else may call.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
+#include "pickle_input.h"
+#include "pickle_internal.h"
 #include "pickle_stream.h"
 
-/* ---- opcodes (the subset of pickle.c's reader: protocols 0-5, plain values) ---- */
-
-enum {
-    SOP_MARK = '(', SOP_STOP = '.', SOP_POP = '0', SOP_POP_MARK = '1', SOP_DUP = '2',
-    SOP_BINFLOAT = 'G', SOP_INT = 'I', SOP_BININT = 'J', SOP_BININT1 = 'K', SOP_LONG = 'L',
-    SOP_BININT2 = 'M', SOP_NONE = 'N', SOP_BINUNICODE = 'X', SOP_APPEND = 'a', SOP_BINBYTES = 'B',
-    SOP_SHORT_BINBYTES = 'C', SOP_DICT = 'd', SOP_EMPTY_DICT = '}', SOP_APPENDS = 'e',
-    SOP_BINGET = 'h', SOP_LONG_BINGET = 'j', SOP_LIST = 'l', SOP_EMPTY_LIST = ']',
-    SOP_BINPUT = 'q', SOP_LONG_BINPUT = 'r', SOP_SETITEM = 's', SOP_TUPLE = 't',
-    SOP_EMPTY_TUPLE = ')', SOP_SETITEMS = 'u', SOP_PROTO = 0x80, SOP_TUPLE1 = 0x85,
-    SOP_TUPLE2 = 0x86, SOP_TUPLE3 = 0x87, SOP_NEWTRUE = 0x88, SOP_NEWFALSE = 0x89,
-    SOP_LONG1 = 0x8a, SOP_LONG4 = 0x8b, SOP_SHORT_BINUNICODE = 0x8c, SOP_BINUNICODE8 = 0x8d,
-    SOP_BINBYTES8 = 0x8e, SOP_MEMOIZE = 0x94, SOP_FRAME = 0x95, SOP_BYTEARRAY8 = 0x96,
-};
+/* ---- opcodes (pickle_internal.h: the subset of the tree reader) ---------------------- */
 
 static const char *sop_name(int op)
 {
     switch (op) {
-    case SOP_APPEND: return "APPEND";
-    case SOP_APPENDS: return "APPENDS";
-    case SOP_SETITEM: return "SETITEM";
-    case SOP_SETITEMS: return "SETITEMS";
-    case SOP_DICT: return "DICT";
-    case SOP_LIST: return "LIST";
-    case SOP_TUPLE: return "TUPLE";
-    case SOP_TUPLE1: return "TUPLE1";
-    case SOP_TUPLE2: return "TUPLE2";
-    case SOP_TUPLE3: return "TUPLE3";
-    case SOP_POP: return "POP";
-    case SOP_POP_MARK: return "POP_MARK";
-    case SOP_DUP: return "DUP";
-    case SOP_STOP: return "STOP";
-    case SOP_LONG1: return "LONG1";
-    case SOP_LONG4: return "LONG4";
-    case SOP_INT: return "INT";
-    case SOP_LONG: return "LONG";
-    case SOP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
-    case SOP_BINUNICODE: return "BINUNICODE";
-    case SOP_BINUNICODE8: return "BINUNICODE8";
-    case SOP_SHORT_BINBYTES: return "SHORT_BINBYTES";
-    case SOP_BINBYTES: return "BINBYTES";
-    case SOP_BINBYTES8: return "BINBYTES8";
-    case SOP_BYTEARRAY8: return "BYTEARRAY8";
-    case SOP_BINPUT: return "BINPUT";
-    case SOP_LONG_BINPUT: return "LONG_BINPUT";
-    case SOP_MEMOIZE: return "MEMOIZE";
-    case SOP_BINGET: return "BINGET";
-    case SOP_LONG_BINGET: return "LONG_BINGET";
+    case OP_APPEND: return "APPEND";
+    case OP_APPENDS: return "APPENDS";
+    case OP_SETITEM: return "SETITEM";
+    case OP_SETITEMS: return "SETITEMS";
+    case OP_DICT: return "DICT";
+    case OP_LIST: return "LIST";
+    case OP_TUPLE: return "TUPLE";
+    case OP_TUPLE1: return "TUPLE1";
+    case OP_TUPLE2: return "TUPLE2";
+    case OP_TUPLE3: return "TUPLE3";
+    case OP_POP: return "POP";
+    case OP_POP_MARK: return "POP_MARK";
+    case OP_DUP: return "DUP";
+    case OP_STOP: return "STOP";
+    case OP_LONG1: return "LONG1";
+    case OP_LONG4: return "LONG4";
+    case OP_INT: return "INT";
+    case OP_LONG: return "LONG";
+    case OP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
+    case OP_BINUNICODE: return "BINUNICODE";
+    case OP_BINUNICODE8: return "BINUNICODE8";
+    case OP_SHORT_BINBYTES: return "SHORT_BINBYTES";
+    case OP_BINBYTES: return "BINBYTES";
+    case OP_BINBYTES8: return "BINBYTES8";
+    case OP_BYTEARRAY8: return "BYTEARRAY8";
+    case OP_BINPUT: return "BINPUT";
+    case OP_LONG_BINPUT: return "LONG_BINPUT";
+    case OP_MEMOIZE: return "MEMOIZE";
+    case OP_BINGET: return "BINGET";
+    case OP_LONG_BINGET: return "LONG_BINGET";
     default: return "opcode";
     }
 }
@@ -132,11 +125,8 @@ typedef struct rec_view {
 #define MEMO_NODE_BIT ((uintptr_t)2)
 
 #define SHORT_SYM_MAX 64          /* strings up to this long are interned (deduplicated) */
-#define WINDOW_DEFAULT ((size_t)256 * 1024)
-#define IN_CHUNK ((size_t)64 * 1024)
 #define ARENA_CHUNK ((size_t)64 * 1024)
 #define FIXED_OP_MAX 16           /* the longest fixed-size opcode with its argument, and more */
-#define DEFLATE_RATIO_MAX 1032    /* deflate never expands one byte into more */
 
 typedef struct arena_block {
     struct arena_block *next;
@@ -146,24 +136,8 @@ typedef struct sreader {
     const pk_handler_t *h;
     pv_doc_t *doc;
 
-    /* the window of decompressed data */
-    uint8_t *buf;
-    size_t cap, pos, end;
-    uint64_t base;           /* offset of buf[0] in the decompressed data */
-    bool eof;                /* nothing more will come */
-    size_t want;             /* an opcode needs this many bytes from pos (0: none) */
+    pk_input_t in;           /* the window of decompressed data */
     size_t fast_limit;       /* below it, opcodes run without window checks (see run()) */
-
-    /* the source */
-    FILE *file;
-    const uint8_t *mem;
-    size_t mem_size, mem_pos, chunk;
-    uint64_t src_left;       /* compressed (or raw) bytes not yet read from the source */
-    bool gz, zs_live, z_end;
-    z_stream zs;
-    uint8_t *zin;            /* file input for inflate */
-    uint64_t gz_in_total;    /* compressed bytes in all */
-    struct inflater *inf;    /* the inflating thread, NULL when inflating here */
 
     /* the machine */
     slot_t *stack;
@@ -207,7 +181,7 @@ static cca_status_t sr_error(sreader_t *r, size_t off, const char *fmt, ...)
     vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
     return cca_raise(CCA_ERR_FORMAT, "pickle: %s at offset %llu", text,
-                     (unsigned long long)(r->base + off));
+                     (unsigned long long)(r->in.base + off));
 }
 
 static cca_status_t sr_oom(void)
@@ -273,44 +247,6 @@ static const char *slot_kind_name(const slot_t *s)
 static bool is_container(const slot_t *s)
 {
     return s->type != SL_SCALAR && (s->kind == PV_LIST || s->kind == PV_DICT || s->kind == PV_TUPLE);
-}
-
-/* ---- UTF-8 (Python's surrogatepass rules, as pickle.c) --------------------------------- */
-
-static bool utf8_ok(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t extra;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) {
-            extra = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            extra = 2;
-            if (c == 0xe0)
-                lo = 0xa0;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            extra = 3;
-            if (c == 0xf0)
-                lo = 0x90;
-            if (c == 0xf4)
-                hi = 0x8f;
-        } else {
-            return false;
-        }
-        if (n - i <= extra || p[i + 1] < lo || p[i + 1] > hi)
-            return false;
-        for (size_t k = 2; k <= extra; k++)
-            if ((p[i + k] & 0xc0) != 0x80)
-                return false;
-        i += extra + 1;
-    }
-    return true;
 }
 
 /* ---- symbols ------------------------------------------------------------------------ */
@@ -391,7 +327,7 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
         }
     }
     if (n > SHORT_SYM_MAX) {
-        if (kind == PV_STR && !utf8_ok(p, n))
+        if (kind == PV_STR && !pv_utf8_valid(p, n))
             return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
         if (!(s = sym_new(r, p, n, kind, 0)))
             return sr_oom();
@@ -422,7 +358,7 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
         if (s->hash == h && s->len == n && s->kind == kind && !memcmp(s->data, p, n))
             break;
     if (!s) {
-        if (kind == PV_STR && !utf8_ok(p, n))
+        if (kind == PV_STR && !pv_utf8_valid(p, n))
             return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
         if (!(s = sym_new(r, p, n, kind, h)))
             return sr_oom();
@@ -1005,7 +941,7 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
     slot_t c;
     size_t top = r->sp;
     r->sp = mark; /* derive() looks only below the container */
-    cca_status_t st = derive(r, mark, op == SOP_LIST ? PV_LIST : PV_DICT, off, &c);
+    cca_status_t st = derive(r, mark, op == OP_LIST ? PV_LIST : PV_DICT, off, &c);
     r->sp = top;
     if (st)
         return st;
@@ -1016,7 +952,7 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
     r->sp++;
     if (c.type == SL_RECORD && r->rec_base > mark)
         r->rec_base = mark;
-    if (op == SOP_LIST)
+    if (op == OP_LIST)
         return take_items(r, off, op, &r->stack[mark], mark + 1);
     return take_pairs(r, off, op, &r->stack[mark], mark + 1);
 }
@@ -1027,7 +963,7 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
 static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t e)
 {
     /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
-    if (idx > r->base + r->pos)
+    if (idx > r->in.base + r->in.pos)
         return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
     if (idx >= r->memo_cap) {
         size_t old = r->memo_cap;
@@ -1116,7 +1052,7 @@ static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, 
  */
 static bool record_fast(sreader_t *r, slot_t *rec_slot)
 {
-    const uint8_t *p = r->buf + r->pos, *end = r->buf + r->end;
+    const uint8_t *p = r->in.buf + r->in.pos, *end = r->in.buf + r->in.end;
     pending_memo_t pm[2 * FAST_FIELDS + 1];
     int npm = 0;
     uint64_t memo_next = r->memo_count;
@@ -1129,20 +1065,20 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     slot_t *kv = r->fields + r->nfields;
     const uint8_t *limit = end - FIXED_OP_MAX;
     /* the memo store of the dict itself */
-    if (p < end && *p == SOP_MEMOIZE) {
+    if (p < end && *p == OP_MEMOIZE) {
         if (fast_memo(r, NULL, 0, memo_next))
             return false; /* MEMOIZE onto a set slot: one by one it would not count */
         pm[npm++] = (pending_memo_t){memo_next++, MEMO_GONE(PV_DICT)};
         p++;
     }
-    if (p >= end || *p != SOP_MARK)
+    if (p >= end || *p != OP_MARK)
         return false;
     p++;
     for (;;) {
         if (p > limit)
             return false;
         int op = *p;
-        if (op == SOP_SETITEMS) {
+        if (op == OP_SETITEMS) {
             p++;
             break;
         }
@@ -1153,45 +1089,45 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
         d->flags = 0;
         d->n = 0;
         switch (op) {
-        case SOP_BINGET:
-        case SOP_LONG_BINGET: {
-            uint64_t idx = op == SOP_BINGET ? p[1] : le32(p + 1);
+        case OP_BINGET:
+        case OP_LONG_BINGET: {
+            uint64_t idx = op == OP_BINGET ? p[1] : le32(p + 1);
             uintptr_t e = fast_memo(r, pm, npm, idx);
             if (!e || (e & (1 | MEMO_NODE_BIT)))
                 return false;
             d->v.sym = (const pk_sym_t *)e;
             d->kind = d->v.sym->kind;
-            p += op == SOP_BINGET ? 2 : 5;
+            p += op == OP_BINGET ? 2 : 5;
             break;
         }
-        case SOP_SHORT_BINUNICODE: {
+        case OP_SHORT_BINUNICODE: {
             size_t len = p[1];
             if ((size_t)(end - p) < 2 + len + 1)
                 return false;
             const pk_sym_t *sym;
-            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->buf), op, &sym) != CCA_OK)
+            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), op, &sym) != CCA_OK)
                 return false; /* the general path raises it again */
             d->kind = PV_STR;
             d->v.sym = sym;
             p += 2 + len;
             break;
         }
-        case SOP_BININT1:
+        case OP_BININT1:
             d->kind = PV_INT;
             d->v.u = p[1];
             p += 2;
             break;
-        case SOP_BININT2:
+        case OP_BININT2:
             d->kind = PV_INT;
             d->v.u = le16(p + 1);
             p += 3;
             break;
-        case SOP_BININT:
+        case OP_BININT:
             d->kind = PV_INT;
             d->v.i = (int32_t)le32(p + 1);
             p += 5;
             break;
-        case SOP_LONG1: {
+        case OP_LONG1: {
             size_t len = p[1];
             if (!len || len > 8 || (p[1 + len] & 0x80))
                 return false;
@@ -1200,22 +1136,22 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
             p += 2 + len;
             break;
         }
-        case SOP_NONE:
+        case OP_NONE:
             d->kind = PV_NONE;
             d->v.u = 0;
             p += 1;
             break;
-        case SOP_NEWTRUE:
-        case SOP_NEWFALSE:
+        case OP_NEWTRUE:
+        case OP_NEWFALSE:
             d->kind = PV_BOOL;
             d->v.u = 0;
-            d->v.b = op == SOP_NEWTRUE;
+            d->v.b = op == OP_NEWTRUE;
             p += 1;
             break;
         default:
             return false;
         }
-        if (*p == SOP_MEMOIZE) {
+        if (*p == OP_MEMOIZE) {
             if (d->kind != PV_STR || fast_memo(r, pm, npm, memo_next))
                 return false; /* a memoized number (boxed by the general path), or a set slot */
             pm[npm++] = (pending_memo_t){memo_next++, (uintptr_t)d->v.sym};
@@ -1243,344 +1179,27 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     r->nfields += n;
     if (n)
         rec_slot->flags |= SF_FILLED;
-    r->pos = (size_t)(p - r->buf);
+    r->in.pos = (size_t)(p - r->in.buf);
     return true;
-}
-
-/* ---- the input window --------------------------------------------------------------------------- */
-
-/* Upper bound of the decompressed bytes after the window's end. */
-static uint64_t bytes_left_bound(const sreader_t *r)
-{
-    if (r->eof)
-        return 0;
-    if (r->inf) /* the thread owns the source: bound by the whole compressed size */
-        return r->gz_in_total * DEFLATE_RATIO_MAX + 65536;
-    uint64_t in = r->src_left + (r->zs_live ? r->zs.avail_in : 0);
-    return r->gz ? in * DEFLATE_RATIO_MAX + 65536 : in;
-}
-
-/* Read compressed (or raw) bytes from the source into dst; returns the count (0 at the end). */
-static cca_status_t source_read(sreader_t *r, uint8_t *dst, size_t max, size_t *got)
-{
-    *got = 0;
-    if (r->file) {
-        size_t n = fread(dst, 1, max, r->file);
-        if (n < max && ferror(r->file))
-            return cca_raise(CCA_ERR_IO, "cannot read the pickle: %s", strerror(errno));
-        *got = n;
-    } else {
-        size_t n = r->mem_size - r->mem_pos;
-        if (n > max)
-            n = max;
-        if (n)
-            memcpy(dst, r->mem + r->mem_pos, n);
-        r->mem_pos += n;
-        *got = n;
-    }
-    r->src_left -= *got < r->src_left ? *got : r->src_left;
-    return CCA_OK;
-}
-
-/*
- * Inflate up to room bytes into dst: *made bytes written, *ended set at the end
- * of the data. Returns once something was made, or at the end. Runs on the
- * consumer or, in threaded mode, only on the inflating thread.
- */
-static cca_status_t inflate_into(sreader_t *r, uint8_t *dst, size_t room, size_t *made, bool *ended)
-{
-    *made = 0;
-    *ended = false;
-    while (room) {
-        if (!r->zs.avail_in) {
-            size_t got = 0;
-            cca_status_t st = source_read(r, r->zin, r->chunk < IN_CHUNK ? r->chunk : IN_CHUNK, &got);
-            if (st)
-                return st;
-            if (!got) {
-                if (r->z_end) {
-                    *ended = true;
-                    return CCA_OK;
-                }
-                return cca_raise(CCA_ERR_FORMAT, "pickle: truncated gzip data");
-            }
-            r->zs.next_in = r->zin;
-            r->zs.avail_in = (uInt)got;
-        }
-        if (r->z_end) {
-            /* Another gzip member may follow; anything else ends the data. */
-            if (r->zs.avail_in >= 2 && r->zs.next_in[0] == 0x1f && r->zs.next_in[1] == 0x8b) {
-                inflateReset(&r->zs);
-                r->z_end = false;
-            } else {
-                *ended = true;
-                return CCA_OK;
-            }
-        }
-        size_t n = room > UINT32_MAX ? UINT32_MAX : room;
-        r->zs.next_out = dst + *made;
-        r->zs.avail_out = (uInt)n;
-        int zr = inflate(&r->zs, Z_NO_FLUSH);
-        size_t got = n - r->zs.avail_out;
-        *made += got;
-        room -= got;
-        if (zr == Z_STREAM_END) {
-            r->z_end = true;
-            if (!r->zs.avail_in && !r->src_left) {
-                *ended = true;
-                return CCA_OK;
-            }
-        } else if (zr == Z_MEM_ERROR) {
-            return sr_oom();
-        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            return cca_raise(CCA_ERR_FORMAT, "pickle: corrupt gzip data: %s",
-                             r->zs.msg ? r->zs.msg : "inflate error");
-        }
-        if (*made)
-            return CCA_OK; /* something new to decode */
-    }
-    return CCA_OK;
-}
-
-/* ---- the inflating thread ------------------------------------------------------------------ */
-
-/*
- * A gzip file read at the default window is inflated on a second thread, a
- * few blocks ahead of the decoder, so decompressing and decoding overlap. The
- * blocks go through a queue in order; the thread stops at the end of the data,
- * on an error (which the decoder raises again when it reaches that point), or
- * when the decoder is done.
- */
-#define TBLOCK ((size_t)256 * 1024)
-#define TBLOCKS 4
-
-typedef struct tblock {
-    struct tblock *next;
-    size_t len;
-    uint8_t data[TBLOCK];
-} tblock_t;
-
-struct inflater {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t to_decoder, to_inflater;
-    tblock_t *ready_head, *ready_tail; /* inflated, in order */
-    tblock_t *spare;                   /* empty */
-    size_t allocated;                  /* blocks in existence */
-    bool finished;                     /* the thread stopped: end of data, or `status` */
-    bool cancel;                       /* the decoder needs nothing more */
-    cca_status_t status;
-    char message[sizeof(((cca_error_t *)0)->message)];
-};
-
-static void *inflater_main(void *arg)
-{
-    sreader_t *r = arg;
-    struct inflater *t = r->inf;
-    cca_status_t st = CCA_OK;
-    bool ended = false;
-    while (!ended) {
-        pthread_mutex_lock(&t->mu);
-        while (!t->spare && t->allocated >= TBLOCKS && !t->cancel)
-            pthread_cond_wait(&t->to_inflater, &t->mu);
-        tblock_t *b = t->spare;
-        if (b)
-            t->spare = b->next;
-        else if (!t->cancel)
-            t->allocated++;
-        bool cancel = t->cancel;
-        pthread_mutex_unlock(&t->mu);
-        if (cancel)
-            break;
-        if (!b && !(b = malloc(sizeof(*b)))) {
-            st = sr_oom();
-            break;
-        }
-        b->len = 0;
-        while (b->len < TBLOCK && !ended && st == CCA_OK) {
-            size_t made = 0;
-            st = inflate_into(r, b->data + b->len, TBLOCK - b->len, &made, &ended);
-            b->len += made;
-        }
-        pthread_mutex_lock(&t->mu);
-        b->next = NULL;
-        if (b->len) {
-            if (t->ready_tail)
-                t->ready_tail->next = b;
-            else
-                t->ready_head = b;
-            t->ready_tail = b;
-        } else {
-            b->next = t->spare;
-            t->spare = b;
-        }
-        pthread_cond_signal(&t->to_decoder);
-        pthread_mutex_unlock(&t->mu);
-        if (st)
-            break;
-    }
-    pthread_mutex_lock(&t->mu);
-    t->finished = true;
-    t->status = st;
-    if (st)
-        snprintf(t->message, sizeof(t->message), "%s", cca_last_error()->message);
-    pthread_cond_signal(&t->to_decoder);
-    pthread_mutex_unlock(&t->mu);
-    return NULL;
-}
-
-static cca_status_t inflater_start(sreader_t *r)
-{
-    struct inflater *t = calloc(1, sizeof(*t));
-    if (!t)
-        return sr_oom();
-    if (pthread_mutex_init(&t->mu, NULL)) {
-        free(t);
-        return sr_oom();
-    }
-    if (pthread_cond_init(&t->to_decoder, NULL))
-        goto out_mu;
-    if (pthread_cond_init(&t->to_inflater, NULL))
-        goto out_cv;
-    r->inf = t;
-    if (pthread_create(&t->thread, NULL, inflater_main, r) == 0)
-        return CCA_OK;
-    r->inf = NULL;
-    pthread_cond_destroy(&t->to_inflater);
-out_cv:
-    pthread_cond_destroy(&t->to_decoder);
-out_mu:
-    pthread_mutex_destroy(&t->mu);
-    free(t);
-    return CCA_OK; /* no thread: the decoder inflates itself */
-}
-
-static void inflater_stop(sreader_t *r)
-{
-    struct inflater *t = r->inf;
-    if (!t)
-        return;
-    pthread_mutex_lock(&t->mu);
-    t->cancel = true;
-    pthread_cond_signal(&t->to_inflater);
-    pthread_mutex_unlock(&t->mu);
-    pthread_join(t->thread, NULL);
-    for (tblock_t *lists[2] = {t->ready_head, t->spare}, *b; lists[0] || lists[1];) {
-        int k = lists[0] ? 0 : 1;
-        b = lists[k];
-        lists[k] = b->next;
-        free(b);
-    }
-    pthread_cond_destroy(&t->to_inflater);
-    pthread_cond_destroy(&t->to_decoder);
-    pthread_mutex_destroy(&t->mu);
-    free(t);
-    r->inf = NULL;
-}
-
-/* Append the next inflated block to the window (threaded mode). */
-static cca_status_t take_block(sreader_t *r)
-{
-    struct inflater *t = r->inf;
-    pthread_mutex_lock(&t->mu);
-    while (!t->ready_head && !t->finished)
-        pthread_cond_wait(&t->to_decoder, &t->mu);
-    tblock_t *b = t->ready_head;
-    if (b) {
-        t->ready_head = b->next;
-        if (!t->ready_head)
-            t->ready_tail = NULL;
-    }
-    cca_status_t st = t->status;
-    pthread_mutex_unlock(&t->mu);
-    if (!b) {
-        if (st)
-            return cca_raise(st, "%s", t->message);
-        r->eof = true;
-        return CCA_OK;
-    }
-    if (r->cap - r->end < b->len) {
-        uint8_t *nb = realloc(r->buf, r->end + b->len);
-        if (!nb)
-            st = sr_oom();
-        else {
-            r->buf = nb;
-            r->cap = r->end + b->len;
-        }
-    }
-    if (st == CCA_OK) {
-        memcpy(r->buf + r->end, b->data, b->len);
-        r->end += b->len;
-    }
-    pthread_mutex_lock(&t->mu);
-    b->next = t->spare;
-    t->spare = b;
-    pthread_cond_signal(&t->to_inflater);
-    pthread_mutex_unlock(&t->mu);
-    return st;
-}
-
-/* Make at least `need` bytes available from pos, unless the data ends first. */
-static cca_status_t fill(sreader_t *r, size_t need)
-{
-    if (r->pos) {
-        memmove(r->buf, r->buf + r->pos, r->end - r->pos);
-        r->end -= r->pos;
-        r->base += r->pos;
-        r->pos = 0;
-    }
-    size_t target = need + r->chunk;
-    if (target > r->cap) {
-        uint8_t *b = realloc(r->buf, target);
-        if (!b)
-            return sr_oom();
-        r->buf = b;
-        r->cap = target;
-    }
-    while (r->end < need && !r->eof) {
-        size_t room = r->cap - r->end;
-        if (room > r->chunk)
-            room = r->chunk;
-        if (r->inf) {
-            cca_status_t st = take_block(r);
-            if (st)
-                return st;
-        } else if (r->gz) {
-            size_t made = 0;
-            cca_status_t st = inflate_into(r, r->buf + r->end, room, &made, &r->eof);
-            r->end += made;
-            if (st)
-                return st;
-        } else {
-            size_t got = 0;
-            cca_status_t st = source_read(r, r->buf + r->end, room, &got);
-            if (st)
-                return st;
-            r->end += got;
-            if (!got)
-                r->eof = true;
-        }
-    }
-    return CCA_OK;
 }
 
 /*
  * Whether the `total` bytes of the opcode at pos are in the window. When they
  * are not and more data may come, the opcode is retried after a refill
- * (r->want); at the end of the data it is an error.
+ * (r->in.want); at the end of the data it is an error.
  */
 static cca_status_t ready(sreader_t *r, size_t off, int op, uint64_t total, bool *ok)
 {
     *ok = false;
-    if (r->end - r->pos >= total) {
+    if (r->in.end - r->in.pos >= total) {
         *ok = true;
         return CCA_OK;
     }
-    uint64_t avail = (uint64_t)(r->end - r->pos) + bytes_left_bound(r);
+    uint64_t avail = (uint64_t)(r->in.end - r->in.pos) + pk_input_left_bound(&r->in);
     if (total > avail)
         return sr_error(r, off, "truncated %s: needs %llu bytes, %llu left", sop_name(op),
-                        (unsigned long long)total, (unsigned long long)(r->end - r->pos));
-    r->want = (size_t)total;
+                        (unsigned long long)total, (unsigned long long)(r->in.end - r->in.pos));
+    r->in.want = (size_t)total;
     r->fast_limit = 0;
     return CCA_OK;
 }
@@ -1607,9 +1226,9 @@ static cca_status_t push_int_le(sreader_t *r, size_t off, int op, const uint8_t 
 /* Text INT / LONG (line already in the window, without its newline). */
 static cca_status_t push_text_int(sreader_t *r, size_t off, int op, const char *s, size_t len)
 {
-    if (op == SOP_INT && len == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1'))
+    if (op == OP_INT && len == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1'))
         return push_scalar(r, PV_BOOL, 0, s[1] == '1');
-    if (op == SOP_LONG && len && s[len - 1] == 'L')
+    if (op == OP_LONG && len && s[len - 1] == 'L')
         len--;
     size_t i = 0;
     bool neg = false;
@@ -1650,45 +1269,45 @@ static cca_status_t push_container(sreader_t *r, size_t off, pv_kind_t kind)
 }
 
 /*
- * Execute the opcode at pos. Sets r->want (and consumes nothing) when it needs
+ * Execute the opcode at pos. Sets r->in.want (and consumes nothing) when it needs
  * more data. checked: the window may hold less than FIXED_OP_MAX bytes.
  */
 static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, bool *stop, bool checked)
 {
-    size_t off = r->pos;
-    size_t left = r->end - r->pos;
-    const uint8_t *p = r->buf + r->pos;
+    size_t off = r->in.pos;
+    size_t left = r->in.end - r->in.pos;
+    const uint8_t *p = r->in.buf + r->in.pos;
     int op = p[0];
     size_t mark = 0;
     bool ok = true;
     cca_status_t st = CCA_OK;
     /* fixed-size arguments: the window holds FIXED_OP_MAX bytes unless the data ends */
     static const uint8_t fixed[256] = {
-        [SOP_PROTO] = 2, [SOP_FRAME] = 9, [SOP_BININT1] = 2, [SOP_BININT2] = 3, [SOP_BININT] = 5,
-        [SOP_BINFLOAT] = 9, [SOP_BINPUT] = 2, [SOP_LONG_BINPUT] = 5, [SOP_BINGET] = 2,
-        [SOP_LONG_BINGET] = 5, [SOP_LONG1] = 2, [SOP_LONG4] = 5, [SOP_SHORT_BINUNICODE] = 2,
-        [SOP_SHORT_BINBYTES] = 2, [SOP_BINUNICODE] = 5, [SOP_BINBYTES] = 5, [SOP_BINUNICODE8] = 9,
-        [SOP_BINBYTES8] = 9, [SOP_BYTEARRAY8] = 9,
+        [OP_PROTO] = 2, [OP_FRAME] = 9, [OP_BININT1] = 2, [OP_BININT2] = 3, [OP_BININT] = 5,
+        [OP_BINFLOAT] = 9, [OP_BINPUT] = 2, [OP_LONG_BINPUT] = 5, [OP_BINGET] = 2,
+        [OP_LONG_BINGET] = 5, [OP_LONG1] = 2, [OP_LONG4] = 5, [OP_SHORT_BINUNICODE] = 2,
+        [OP_SHORT_BINBYTES] = 2, [OP_BINUNICODE] = 5, [OP_BINBYTES] = 5, [OP_BINUNICODE8] = 9,
+        [OP_BINBYTES8] = 9, [OP_BYTEARRAY8] = 9,
     };
     if (checked && fixed[op] > left)
         return sr_error(r, off, "truncated %s: needs %u argument bytes, %zu left", sop_name(op),
                         fixed[op] - 1u, left - 1);
     switch (op) {
-    case SOP_PROTO:
+    case OP_PROTO:
         if (p[1] > 5)
             return sr_error(r, off, "unsupported pickle protocol %d", p[1]);
-        r->pos += 2;
+        r->in.pos += 2;
         return CCA_OK;
-    case SOP_FRAME: {
+    case OP_FRAME: {
         /* frames only group opcodes; the window does not need them, but a frame
          * longer than the data left is refused as pickle.c's reader does */
         uint64_t len = le64(p + 1);
-        if (len > (uint64_t)(left - 9) + bytes_left_bound(r))
+        if (len > (uint64_t)(left - 9) + pk_input_left_bound(&r->in))
             return sr_error(r, off, "frame of %llu bytes exceeds the data left", (unsigned long long)len);
-        r->pos += 9;
+        r->in.pos += 9;
         return CCA_OK;
     }
-    case SOP_STOP:
+    case OP_STOP:
         if ((st = have(r, off, op, 1)))
             return st;
         {
@@ -1698,98 +1317,98 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
                 return cca_last_error()->status;
             r->result = root;
         }
-        r->pos += 1;
+        r->in.pos += 1;
         *stop = true;
         r->fast_limit = 0;
         return CCA_OK;
-    case SOP_MARK:
+    case OP_MARK:
         if (r->nmarks == r->marks_cap && !grow(&r->marks, &r->marks_cap, r->nmarks + 1, sizeof(size_t), 64))
             return sr_oom();
         r->marks[r->nmarks++] = r->sp;
-        r->pos += 1;
+        r->in.pos += 1;
         return CCA_OK;
-    case SOP_POP:
+    case OP_POP:
         if (r->nmarks && r->marks[r->nmarks - 1] == r->sp)
             r->nmarks--; /* as Python: POP right after MARK drops the mark */
         else if ((st = have(r, off, op, 1)))
             return st;
         else
             pop_to(r, r->sp - 1);
-        r->pos += 1;
+        r->in.pos += 1;
         return CCA_OK;
-    case SOP_POP_MARK:
+    case OP_POP_MARK:
         if ((st = pop_mark(r, off, op, &mark)))
             return st;
         pop_to(r, mark);
-        r->pos += 1;
+        r->in.pos += 1;
         return CCA_OK;
-    case SOP_DUP:
+    case OP_DUP:
         if ((st = have(r, off, op, 1)))
             return st;
         {
             slot_t copy = r->stack[r->sp - 1];
             st = push(r, &copy);
         }
-        r->pos += 1;
+        r->in.pos += 1;
         return st;
-    case SOP_NONE:
-        r->pos += 1;
+    case OP_NONE:
+        r->in.pos += 1;
         return push_scalar(r, PV_NONE, 0, 0);
-    case SOP_NEWTRUE:
-    case SOP_NEWFALSE:
-        r->pos += 1;
-        return push_scalar(r, PV_BOOL, 0, op == SOP_NEWTRUE);
-    case SOP_BININT1:
-        r->pos += 2;
+    case OP_NEWTRUE:
+    case OP_NEWFALSE:
+        r->in.pos += 1;
+        return push_scalar(r, PV_BOOL, 0, op == OP_NEWTRUE);
+    case OP_BININT1:
+        r->in.pos += 2;
         return push_scalar(r, PV_INT, 0, p[1]);
-    case SOP_BININT2:
-        r->pos += 3;
+    case OP_BININT2:
+        r->in.pos += 3;
         return push_scalar(r, PV_INT, 0, le16(p + 1));
-    case SOP_BININT:
-        r->pos += 5;
+    case OP_BININT:
+        r->in.pos += 5;
         return push_scalar(r, PV_INT, 0, (uint64_t)(int64_t)(int32_t)le32(p + 1));
-    case SOP_BINFLOAT: {
+    case OP_BINFLOAT: {
         uint64_t bits = 0;
         for (int i = 1; i <= 8; i++)
             bits = (bits << 8) | p[i];
-        r->pos += 9;
+        r->in.pos += 9;
         return push_scalar(r, PV_FLOAT, 0, bits);
     }
-    case SOP_LONG1:
-    case SOP_LONG4: {
-        int width = op == SOP_LONG1 ? 1 : 4;
-        uint64_t n = op == SOP_LONG1 ? p[1] : le32(p + 1);
-        if (op == SOP_LONG4 && (n & 0x80000000u))
+    case OP_LONG1:
+    case OP_LONG4: {
+        int width = op == OP_LONG1 ? 1 : 4;
+        uint64_t n = op == OP_LONG1 ? p[1] : le32(p + 1);
+        if (op == OP_LONG4 && (n & 0x80000000u))
             return sr_error(r, off, "LONG4 with a negative byte count");
-        if (op == SOP_LONG1 && n && n <= 8 && left >= 10 && !(p[1 + n] & 0x80)) {
+        if (op == OP_LONG1 && n && n <= 8 && left >= 10 && !(p[1 + n] & 0x80)) {
             /* the common case (addresses, times): a non-negative integer of up to
              * 8 bytes, loaded at once from the window */
-            r->pos += 2 + (size_t)n;
+            r->in.pos += 2 + (size_t)n;
             return push_scalar(r, PV_INT, 0, le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * n)));
         }
         if ((st = ready(r, off, op, 1 + (uint64_t)width + n, &ok)) || !ok)
             return st;
-        r->pos += 1 + (size_t)width + (size_t)n;
+        r->in.pos += 1 + (size_t)width + (size_t)n;
         return push_int_le(r, off, op, p + 1 + width, (size_t)n);
     }
-    case SOP_INT:
-    case SOP_LONG: {
+    case OP_INT:
+    case OP_LONG: {
         const uint8_t *nl = memchr(p + 1, '\n', left - 1);
         if (!nl)
             return ready(r, off, op, (uint64_t)left + 1, &ok); /* no newline yet */
         size_t len = (size_t)(nl - (p + 1));
-        r->pos += len + 2;
+        r->in.pos += len + 2;
         return push_text_int(r, off, op, (const char *)p + 1, len);
     }
-    case SOP_SHORT_BINUNICODE:
-    case SOP_SHORT_BINBYTES:
-    case SOP_BINUNICODE:
-    case SOP_BINBYTES:
-    case SOP_BINUNICODE8:
-    case SOP_BINBYTES8:
-    case SOP_BYTEARRAY8: {
+    case OP_SHORT_BINUNICODE:
+    case OP_SHORT_BINBYTES:
+    case OP_BINUNICODE:
+    case OP_BINBYTES:
+    case OP_BINUNICODE8:
+    case OP_BINBYTES8:
+    case OP_BYTEARRAY8: {
         int width = fixed[op] - 1;
-        bool is_str = op == SOP_SHORT_BINUNICODE || op == SOP_BINUNICODE || op == SOP_BINUNICODE8;
+        bool is_str = op == OP_SHORT_BINUNICODE || op == OP_BINUNICODE || op == OP_BINUNICODE8;
         uint64_t n = width == 1 ? p[1] : width == 4 ? le32(p + 1) : le64(p + 1);
         if (n > UINT64_MAX / 2)
             return sr_error(r, off, "truncated %s: length %llu", sop_name(op), (unsigned long long)n);
@@ -1798,11 +1417,11 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         const pk_sym_t *sym;
         if ((st = sym_get(r, p + 1 + width, (size_t)n, is_str ? PV_STR : PV_BYTES, off, op, &sym)))
             return st;
-        r->pos += 1 + (size_t)width + (size_t)n;
+        r->in.pos += 1 + (size_t)width + (size_t)n;
         return push_sym(r, sym);
     }
-    case SOP_EMPTY_DICT: {
-        r->pos += 1;
+    case OP_EMPTY_DICT: {
+        r->in.pos += 1;
         /* the next record of a batch (what derive() would decide, decided at once) */
         size_t f = fence(r);
         if (f > 0 && f <= r->sp && r->stack[f - 1].type == SL_L2 &&
@@ -1823,64 +1442,64 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
             (void)record_fast(r, &r->stack[r->sp - 1]);
         return CCA_OK;
     }
-    case SOP_EMPTY_LIST:
-    case SOP_EMPTY_TUPLE:
-        r->pos += 1;
-        return push_container(r, off, op == SOP_EMPTY_LIST ? PV_LIST : PV_TUPLE);
-    case SOP_TUPLE1:
-    case SOP_TUPLE2:
-    case SOP_TUPLE3: {
-        size_t n = (size_t)(op - SOP_TUPLE1 + 1);
+    case OP_EMPTY_LIST:
+    case OP_EMPTY_TUPLE:
+        r->in.pos += 1;
+        return push_container(r, off, op == OP_EMPTY_LIST ? PV_LIST : PV_TUPLE);
+    case OP_TUPLE1:
+    case OP_TUPLE2:
+    case OP_TUPLE3: {
+        size_t n = (size_t)(op - OP_TUPLE1 + 1);
         if ((st = have(r, off, op, n)))
             return st;
-        r->pos += 1;
+        r->in.pos += 1;
         return make_tuple(r, off, n);
     }
-    case SOP_TUPLE:
+    case OP_TUPLE:
         if ((st = pop_mark(r, off, op, &mark)))
             return st;
-        r->pos += 1;
+        r->in.pos += 1;
         return make_tuple(r, off, r->sp - mark);
-    case SOP_LIST:
-    case SOP_DICT:
+    case OP_LIST:
+    case OP_DICT:
         if ((st = pop_mark(r, off, op, &mark)))
             return st;
-        r->pos += 1;
+        r->in.pos += 1;
         return make_from_mark(r, off, op, mark);
-    case SOP_APPEND:
+    case OP_APPEND:
         if ((st = have(r, off, op, 2)))
             return st;
-        r->pos += 1;
+        r->in.pos += 1;
         return take_items(r, off, op, &r->stack[r->sp - 2], r->sp - 1);
-    case SOP_APPENDS:
-    case SOP_SETITEMS:
+    case OP_APPENDS:
+    case OP_SETITEMS:
         if ((st = pop_mark(r, off, op, &mark)))
             return st;
         if (mark == 0 || mark - 1 < fence(r))
             return sr_error(r, off, "stack underflow in %s (no container below the MARK)", sop_name(op));
-        r->pos += 1;
-        if (op == SOP_APPENDS)
+        r->in.pos += 1;
+        if (op == OP_APPENDS)
             return take_items(r, off, op, &r->stack[mark - 1], mark);
         return take_pairs(r, off, op, &r->stack[mark - 1], mark);
-    case SOP_SETITEM:
+    case OP_SETITEM:
         if ((st = have(r, off, op, 3)))
             return st;
-        r->pos += 1;
+        r->in.pos += 1;
         return take_pairs(r, off, op, &r->stack[r->sp - 3], r->sp - 2);
-    case SOP_BINPUT:
-        r->pos += 2;
+    case OP_BINPUT:
+        r->in.pos += 2;
         return memo_put(r, off, p[1]);
-    case SOP_LONG_BINPUT:
-        r->pos += 5;
+    case OP_LONG_BINPUT:
+        r->in.pos += 5;
         return memo_put(r, off, le32(p + 1));
-    case SOP_MEMOIZE:
-        r->pos += 1;
+    case OP_MEMOIZE:
+        r->in.pos += 1;
         return memo_put(r, off, r->memo_count);
-    case SOP_BINGET:
-        r->pos += 2;
+    case OP_BINGET:
+        r->in.pos += 2;
         return memo_get(r, off, p[1]);
-    case SOP_LONG_BINGET:
-        r->pos += 5;
+    case OP_LONG_BINGET:
+        r->in.pos += 5;
         return memo_get(r, off, le32(p + 1));
     default:
         if (op >= 0x20 && op < 0x7f)
@@ -1896,67 +1515,40 @@ static cca_status_t run(sreader_t *r)
     for (;;) {
         /* below fast_limit a whole fixed-size opcode is in the window and no
          * refill is pending (ready() and STOP lower the limit to 0) */
-        while (r->pos < r->fast_limit)
+        while (r->in.pos < r->fast_limit)
             if ((st = step(r, &stop, false)))
                 return st;
         if (stop)
             return CCA_OK;
-        if (r->want || (r->end - r->pos < FIXED_OP_MAX && !r->eof)) {
-            size_t need = r->want > FIXED_OP_MAX ? r->want : FIXED_OP_MAX;
-            r->want = 0;
-            if ((st = fill(r, need)))
+        if (r->in.want || (r->in.end - r->in.pos < FIXED_OP_MAX && !r->in.eof)) {
+            size_t need = r->in.want > FIXED_OP_MAX ? r->in.want : FIXED_OP_MAX;
+            r->in.want = 0;
+            if ((st = pk_input_fill(&r->in, need)))
                 return st;
         }
-        if (r->pos >= r->end)
-            return sr_error(r, r->pos, "pickle ends without STOP");
+        if (r->in.pos >= r->in.end)
+            return sr_error(r, r->in.pos, "pickle ends without STOP");
         r->fast_limit = 0;
         if ((st = step(r, &stop, true)))
             return st;
         if (stop)
             return CCA_OK;
-        if (!r->want && r->end >= FIXED_OP_MAX)
-            r->fast_limit = r->end - FIXED_OP_MAX;
+        if (!r->in.want && r->in.end >= FIXED_OP_MAX)
+            r->fast_limit = r->in.end - FIXED_OP_MAX;
     }
 }
 
-/*
- * After STOP: read a gzip source to its end, so that its integrity (deflate
- * data and CRC) is checked as the tree reader checks it; the bytes after the
- * pickle are ignored, as Python's pickle.loads ignores them.
- */
-static cca_status_t drain(sreader_t *r)
-{
-    cca_status_t st = CCA_OK;
-    while (r->gz && !r->eof && st == CCA_OK) {
-        r->base += r->end;
-        r->pos = r->end = 0;
-        if (!r->cap && !(r->buf = malloc(r->cap = WINDOW_DEFAULT)))
-            return sr_oom();
-        if (r->inf) {
-            st = take_block(r);
-        } else {
-            size_t made = 0;
-            st = inflate_into(r, r->buf, r->cap, &made, &r->eof);
-            r->end = made;
-        }
-    }
-    return st;
-}
 
 /* ---- entry points -------------------------------------------------------------------------------- */
 
 static void sreader_free(sreader_t *r)
 {
-    inflater_stop(r);
+    pk_input_close(&r->in);
     while (r->blocks) {
         arena_block_t *next = r->blocks->next;
         free(r->blocks);
         r->blocks = next;
     }
-    if (r->zs_live)
-        inflateEnd(&r->zs);
-    free(r->zin);
-    free(r->buf);
     free(r->stack);
     free(r->marks);
     free(r->memo);
@@ -1974,43 +1566,15 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
     cca_status_t st;
     r->h = handler;
     r->rec_base = SIZE_MAX;
-    if (!r->chunk)
-        r->chunk = WINDOW_DEFAULT; /* and a gzip source is inflated on a second thread */
     size_t nt = handler->symbol_count ? handler->symbol_count : 1;
     r->doc = pv_doc_new();
     r->by_tag = calloc(nt, sizeof(*r->by_tag));
     r->tag_values = calloc(nt, sizeof(*r->tag_values));
     if (!r->doc || !r->by_tag || !r->tag_values)
         return sr_oom();
-    /* sniff the gzip magic */
-    uint8_t head[2];
-    size_t got = 0;
-    if ((st = source_read(r, head, 2, &got)))
+    if ((st = pk_input_start(&r->in)))
         return st;
-    if (got == 2 && head[0] == 0x1f && head[1] == 0x8b) {
-        r->gz = true;
-        r->zin = malloc(IN_CHUNK);
-        if (!r->zin)
-            return sr_oom();
-        if (inflateInit2(&r->zs, 15 + 32) != Z_OK)
-            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: cannot initialise zlib");
-        r->zs_live = true;
-        memcpy(r->zin, head, 2);
-        r->zs.next_in = r->zin;
-        r->zs.avail_in = 2;
-        r->gz_in_total = r->src_left + 2;
-        if (r->chunk == WINDOW_DEFAULT && (st = inflater_start(r)))
-            return st;
-    } else {
-        r->cap = r->chunk + FIXED_OP_MAX;
-        r->buf = malloc(r->cap);
-        if (!r->buf)
-            return sr_oom();
-        memcpy(r->buf, head, got);
-        r->end = got;
-        r->eof = got < 2;
-    }
-    if ((st = run(r)) || (st = drain(r)))
+    if ((st = run(r)) || (st = pk_input_drain(&r->in)))
         return st;
     pv_doc_set_root(r->doc, r->result);
     *fields = r->doc;
@@ -2031,10 +1595,10 @@ cca_status_t pickle_stream_buffer(const void *data, size_t size, size_t chunk,
     *fields = NULL;
     sreader_t r;
     memset(&r, 0, sizeof(r));
-    r.mem = data;
-    r.mem_size = size;
-    r.src_left = size;
-    r.chunk = chunk;
+    r.in.mem = data;
+    r.in.mem_size = size;
+    r.in.src_left = size;
+    r.in.chunk = chunk;
     cca_status_t st = stream_source(&r, handler, fields);
     sreader_free(&r);
     return st;
@@ -2060,8 +1624,8 @@ cca_status_t pickle_stream_file(const char *path, const pk_handler_t *handler, p
     }
     sreader_t r;
     memset(&r, 0, sizeof(r));
-    r.file = f;
-    r.src_left = (uint64_t)sbuf.st_size;
+    r.in.file = f;
+    r.in.src_left = (uint64_t)sbuf.st_size;
     st = stream_source(&r, handler, fields);
     sreader_free(&r);
     if (st == CCA_ERR_FORMAT) {

@@ -1,0 +1,411 @@
+/*
+ * pickle_input.c - the window of decompressed bytes the streaming pickle
+ * reader decodes from (pickle_input.h): read from a file or from memory,
+ * gunzipped on the fly (several gzip members, as gzip does), the unconsumed
+ * tail moved to the front on each refill. A gzip source read at the default
+ * window is inflated on a second thread a few blocks ahead of the decoder.
+ *
+ * Invariant: buf[pos .. end) are the next bytes of the decompressed data,
+ * which starts at offset base of the whole; eof: nothing follows end.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pickle_input.h"
+
+#define IN_CHUNK ((size_t)64 * 1024)
+#define DEFLATE_RATIO_MAX 1032    /* deflate never expands one byte into more */
+
+static cca_status_t in_oom(void)
+{
+    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory while streaming");
+}
+
+uint64_t pk_input_left_bound(const pk_input_t *in)
+{
+    if (in->eof)
+        return 0;
+    if (in->inf) /* the thread owns the source: bound by the whole compressed size */
+        return in->gz_in_total * DEFLATE_RATIO_MAX + 65536;
+    uint64_t compressed = in->src_left + (in->zs_live ? in->zs.avail_in : 0);
+    return in->gz ? compressed * DEFLATE_RATIO_MAX + 65536 : compressed;
+}
+
+/* Read compressed (or raw) bytes from the source into dst; returns the count (0 at the end). */
+static cca_status_t source_read(pk_input_t *in, uint8_t *dst, size_t max, size_t *got)
+{
+    *got = 0;
+    if (in->file) {
+        size_t n = fread(dst, 1, max, in->file);
+        if (n < max && ferror(in->file))
+            return cca_raise(CCA_ERR_IO, "cannot read the pickle: %s", strerror(errno));
+        *got = n;
+    } else {
+        size_t n = in->mem_size - in->mem_pos;
+        if (n > max)
+            n = max;
+        if (n)
+            memcpy(dst, in->mem + in->mem_pos, n);
+        in->mem_pos += n;
+        *got = n;
+    }
+    in->src_left -= *got < in->src_left ? *got : in->src_left;
+    return CCA_OK;
+}
+
+/*
+ * Inflate up to room bytes into dst: *made bytes written, *ended set at the end
+ * of the data. Returns once something was made, or at the end. Runs on the
+ * consumer or, in threaded mode, only on the inflating thread.
+ */
+static cca_status_t inflate_into(pk_input_t *in, uint8_t *dst, size_t room, size_t *made, bool *ended)
+{
+    *made = 0;
+    *ended = false;
+    while (room) {
+        if (!in->zs.avail_in) {
+            size_t got = 0;
+            cca_status_t st = source_read(in, in->zin, in->chunk < IN_CHUNK ? in->chunk : IN_CHUNK, &got);
+            if (st)
+                return st;
+            if (!got) {
+                if (in->z_end) {
+                    *ended = true;
+                    return CCA_OK;
+                }
+                return cca_raise(CCA_ERR_FORMAT, "pickle: truncated gzip data");
+            }
+            in->zs.next_in = in->zin;
+            in->zs.avail_in = (uInt)got;
+        }
+        if (in->z_end) {
+            /* Another gzip member may follow; anything else ends the data. */
+            if (in->zs.avail_in >= 2 && in->zs.next_in[0] == 0x1f && in->zs.next_in[1] == 0x8b) {
+                inflateReset(&in->zs);
+                in->z_end = false;
+            } else {
+                *ended = true;
+                return CCA_OK;
+            }
+        }
+        size_t n = room > UINT32_MAX ? UINT32_MAX : room;
+        in->zs.next_out = dst + *made;
+        in->zs.avail_out = (uInt)n;
+        int zr = inflate(&in->zs, Z_NO_FLUSH);
+        size_t got = n - in->zs.avail_out;
+        *made += got;
+        room -= got;
+        if (zr == Z_STREAM_END) {
+            in->z_end = true;
+            if (!in->zs.avail_in && !in->src_left) {
+                *ended = true;
+                return CCA_OK;
+            }
+        } else if (zr == Z_MEM_ERROR) {
+            return in_oom();
+        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            return cca_raise(CCA_ERR_FORMAT, "pickle: corrupt gzip data: %s",
+                             in->zs.msg ? in->zs.msg : "inflate error");
+        }
+        if (*made)
+            return CCA_OK; /* something new to decode */
+    }
+    return CCA_OK;
+}
+
+/* ---- the inflating thread ------------------------------------------------------------------ */
+
+/*
+ * A gzip file read at the default window is inflated on a second thread, a
+ * few blocks ahead of the decoder, so decompressing and decoding overlap. The
+ * blocks go through a queue in order; the thread stops at the end of the data,
+ * on an error (which the decoder raises again when it reaches that point), or
+ * when the decoder is done.
+ */
+#define TBLOCK ((size_t)256 * 1024)
+#define TBLOCKS 4
+
+typedef struct tblock {
+    struct tblock *next;
+    size_t len;
+    uint8_t data[TBLOCK];
+} tblock_t;
+
+struct inflater {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t to_decoder, to_inflater;
+    tblock_t *ready_head, *ready_tail; /* inflated, in order */
+    tblock_t *spare;                   /* empty */
+    size_t allocated;                  /* blocks in existence */
+    bool finished;                     /* the thread stopped: end of data, or `status` */
+    bool cancel;                       /* the decoder needs nothing more */
+    cca_status_t status;
+    char message[sizeof(((cca_error_t *)0)->message)];
+};
+
+static void *inflater_main(void *arg)
+{
+    pk_input_t *in = arg;
+    struct inflater *t = in->inf;
+    cca_status_t st = CCA_OK;
+    bool ended = false;
+    while (!ended) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->spare && t->allocated >= TBLOCKS && !t->cancel)
+            pthread_cond_wait(&t->to_inflater, &t->mu);
+        tblock_t *b = t->spare;
+        if (b)
+            t->spare = b->next;
+        else if (!t->cancel)
+            t->allocated++;
+        bool cancel = t->cancel;
+        pthread_mutex_unlock(&t->mu);
+        if (cancel)
+            break;
+        if (!b && !(b = malloc(sizeof(*b)))) {
+            st = in_oom();
+            break;
+        }
+        b->len = 0;
+        while (b->len < TBLOCK && !ended && st == CCA_OK) {
+            size_t made = 0;
+            st = inflate_into(in, b->data + b->len, TBLOCK - b->len, &made, &ended);
+            b->len += made;
+        }
+        pthread_mutex_lock(&t->mu);
+        b->next = NULL;
+        if (b->len) {
+            if (t->ready_tail)
+                t->ready_tail->next = b;
+            else
+                t->ready_head = b;
+            t->ready_tail = b;
+        } else {
+            b->next = t->spare;
+            t->spare = b;
+        }
+        pthread_cond_signal(&t->to_decoder);
+        pthread_mutex_unlock(&t->mu);
+        if (st)
+            break;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->finished = true;
+    t->status = st;
+    if (st)
+        snprintf(t->message, sizeof(t->message), "%s", cca_last_error()->message);
+    pthread_cond_signal(&t->to_decoder);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static cca_status_t inflater_start(pk_input_t *in)
+{
+    struct inflater *t = calloc(1, sizeof(*t));
+    if (!t)
+        return in_oom();
+    if (pthread_mutex_init(&t->mu, NULL)) {
+        free(t);
+        return in_oom();
+    }
+    if (pthread_cond_init(&t->to_decoder, NULL))
+        goto out_mu;
+    if (pthread_cond_init(&t->to_inflater, NULL))
+        goto out_cv;
+    in->inf = t;
+    if (pthread_create(&t->thread, NULL, inflater_main, in) == 0)
+        return CCA_OK;
+    in->inf = NULL;
+    pthread_cond_destroy(&t->to_inflater);
+out_cv:
+    pthread_cond_destroy(&t->to_decoder);
+out_mu:
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    return CCA_OK; /* no thread: the decoder inflates itself */
+}
+
+static void inflater_stop(pk_input_t *in)
+{
+    struct inflater *t = in->inf;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->cancel = true;
+    pthread_cond_signal(&t->to_inflater);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->thread, NULL);
+    for (tblock_t *lists[2] = {t->ready_head, t->spare}, *b; lists[0] || lists[1];) {
+        int k = lists[0] ? 0 : 1;
+        b = lists[k];
+        lists[k] = b->next;
+        free(b);
+    }
+    pthread_cond_destroy(&t->to_inflater);
+    pthread_cond_destroy(&t->to_decoder);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    in->inf = NULL;
+}
+
+/* Append the next inflated block to the window (threaded mode). */
+static cca_status_t take_block(pk_input_t *in)
+{
+    struct inflater *t = in->inf;
+    pthread_mutex_lock(&t->mu);
+    while (!t->ready_head && !t->finished)
+        pthread_cond_wait(&t->to_decoder, &t->mu);
+    tblock_t *b = t->ready_head;
+    if (b) {
+        t->ready_head = b->next;
+        if (!t->ready_head)
+            t->ready_tail = NULL;
+    }
+    cca_status_t st = t->status;
+    pthread_mutex_unlock(&t->mu);
+    if (!b) {
+        if (st)
+            return cca_raise(st, "%s", t->message);
+        in->eof = true;
+        return CCA_OK;
+    }
+    if (in->cap - in->end < b->len) {
+        uint8_t *nb = realloc(in->buf, in->end + b->len);
+        if (!nb)
+            st = in_oom();
+        else {
+            in->buf = nb;
+            in->cap = in->end + b->len;
+        }
+    }
+    if (st == CCA_OK) {
+        memcpy(in->buf + in->end, b->data, b->len);
+        in->end += b->len;
+    }
+    pthread_mutex_lock(&t->mu);
+    b->next = t->spare;
+    t->spare = b;
+    pthread_cond_signal(&t->to_inflater);
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+cca_status_t pk_input_fill(pk_input_t *in, size_t need)
+{
+    if (in->pos) {
+        memmove(in->buf, in->buf + in->pos, in->end - in->pos);
+        in->end -= in->pos;
+        in->base += in->pos;
+        in->pos = 0;
+    }
+    size_t target = need + in->chunk;
+    if (target > in->cap) {
+        uint8_t *b = realloc(in->buf, target);
+        if (!b)
+            return in_oom();
+        in->buf = b;
+        in->cap = target;
+    }
+    while (in->end < need && !in->eof) {
+        size_t room = in->cap - in->end;
+        if (room > in->chunk)
+            room = in->chunk;
+        if (in->inf) {
+            cca_status_t st = take_block(in);
+            if (st)
+                return st;
+        } else if (in->gz) {
+            size_t made = 0;
+            cca_status_t st = inflate_into(in, in->buf + in->end, room, &made, &in->eof);
+            in->end += made;
+            if (st)
+                return st;
+        } else {
+            size_t got = 0;
+            cca_status_t st = source_read(in, in->buf + in->end, room, &got);
+            if (st)
+                return st;
+            in->end += got;
+            if (!got)
+                in->eof = true;
+        }
+    }
+    return CCA_OK;
+}
+
+
+/*
+ * After STOP: read a gzip source to its end, so that its integrity (deflate
+ * data and CRC) is checked as the tree reader checks it; the bytes after the
+ * pickle are ignored, as Python's pickle.loads ignores them.
+ */
+cca_status_t pk_input_drain(pk_input_t *in)
+{
+    cca_status_t st = CCA_OK;
+    while (in->gz && !in->eof && st == CCA_OK) {
+        in->base += in->end;
+        in->pos = in->end = 0;
+        if (!in->cap && !(in->buf = malloc(in->cap = PK_WINDOW_DEFAULT)))
+            return in_oom();
+        if (in->inf) {
+            st = take_block(in);
+        } else {
+            size_t made = 0;
+            st = inflate_into(in, in->buf, in->cap, &made, &in->eof);
+            in->end = made;
+        }
+    }
+    return st;
+}
+
+cca_status_t pk_input_start(pk_input_t *in)
+{
+    if (!in->chunk)
+        in->chunk = PK_WINDOW_DEFAULT; /* and a gzip source is inflated on a second thread */
+    /* sniff the gzip magic */
+    uint8_t head[2];
+    size_t got = 0;
+    cca_status_t st = source_read(in, head, 2, &got);
+    if (st)
+        return st;
+    if (got == 2 && head[0] == 0x1f && head[1] == 0x8b) {
+        in->gz = true;
+        in->zin = malloc(IN_CHUNK);
+        if (!in->zin)
+            return in_oom();
+        if (inflateInit2(&in->zs, 15 + 32) != Z_OK)
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: cannot initialise zlib");
+        in->zs_live = true;
+        memcpy(in->zin, head, 2);
+        in->zs.next_in = in->zin;
+        in->zs.avail_in = 2;
+        in->gz_in_total = in->src_left + 2;
+        if (in->chunk == PK_WINDOW_DEFAULT)
+            return inflater_start(in);
+        return CCA_OK;
+    }
+    in->cap = in->chunk + PK_INPUT_SLACK;
+    in->buf = malloc(in->cap);
+    if (!in->buf)
+        return in_oom();
+    memcpy(in->buf, head, got);
+    in->end = got;
+    in->eof = got < 2;
+    return CCA_OK;
+}
+
+void pk_input_close(pk_input_t *in)
+{
+    inflater_stop(in);
+    if (in->zs_live)
+        inflateEnd(&in->zs);
+    in->zs_live = false;
+    free(in->zin);
+    free(in->buf);
+    in->zin = NULL;
+    in->buf = NULL;
+}
