@@ -22,6 +22,13 @@
  * granules a free block covers are unmapped after the segment's stream is
  * synchronised; a reservation with nothing mapped is freed.
  *
+ * compact_memory (cca only): both pools map in the device's granularity, and
+ * before a growth maps new memory, whole free granules of the default pools'
+ * compact segments (any stream, either kind) are unmapped once their
+ * segment's stream is done and their handles lent to the growth (dev->lent,
+ * empty between calls); the growth's own free run is never taken. Each move
+ * is an unmap and a map in the statistics and the history.
+ *
  * Statistics as PyTorch keeps them in this mode: reserved_bytes and
  * num_device_alloc / num_device_free follow maps and unmaps; segment,
  * oversize_segments, inactive_split and inactive_split_bytes are never
