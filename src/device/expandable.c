@@ -803,7 +803,7 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
     cca_status_t st = find_expandable_block(dev, pool, size, &c);
     if (st != CCA_OK)
         return st;
-    if (c->segment->es->compact) {
+    if (c->segment->es->compact && cca_state->settings.compact_memory) {
         st = compact_prepare(dev, pool, size, &c);
         if (dev->lent_count) {
             dev->compact_moves++;

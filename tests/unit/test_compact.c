@@ -115,13 +115,15 @@ TEST(compact_granules_are_the_device_granularity)
  * S1's large pool and of the default stream's small pool: with the mode the
  * hole's granules move there and reserved memory stays; without it, it grows.
  */
-static int64_t hole_then_growth(const char *settings, uint64_t *unmaps)
+static int64_t hole_then_growth(const char *settings, const char *later, uint64_t *unmaps)
 {
     setup_with(settings, 0);
     void *a = xmalloc(10 * MiB, NULL);
     void *b = xmalloc(10 * MiB, NULL);
     void *c = xmalloc(10 * MiB, NULL);
     cca_free(b); /* five free granules between a and c */
+    if (later)
+        expect_ok(cca_set_settings(later));
     int64_t before = reserved();
     uint64_t frees_before = (uint64_t)stats().num_device_free;
     void *d = xmalloc(6 * MiB, S1);  /* another stream */
@@ -153,11 +155,15 @@ static int64_t hole_then_growth(const char *settings, uint64_t *unmaps)
 TEST(compact_lends_a_hole_to_other_streams_and_kinds)
 {
     uint64_t unmaps = 0;
-    int64_t grown = hole_then_growth("compact_memory:True", &unmaps);
+    int64_t grown = hole_then_growth("compact_memory:True", NULL, &unmaps);
     expect_eq_i64(grown, 0);       /* 6 MiB + two 2 MiB small granules = the five granules of the hole */
     expect_true(unmaps >= 1);       /* the hole was unmapped to move */
-    grown = hole_then_growth("expandable_segments:True,large_segment_size_mb:2", &unmaps);
+    grown = hole_then_growth("expandable_segments:True,large_segment_size_mb:2", NULL, &unmaps);
     expect_eq_i64(grown, (int64_t)(10 * MiB)); /* the control: new memory for each growth */
+    expect_eq_u64(unmaps, 0);
+    /* turned off at run time: nothing moves any more (expandable segments stay on) */
+    grown = hole_then_growth("compact_memory:True", "compact_memory:False", &unmaps);
+    expect_eq_i64(grown, (int64_t)(24 * MiB)); /* a 20 MiB large granule for S1, two small ones */
     expect_eq_u64(unmaps, 0);
 }
 
