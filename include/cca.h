@@ -373,6 +373,37 @@ cca_status_t cca_pool_create(int device, cca_mempool_id_t id);
 cca_status_t cca_pool_set_use_on_oom(int device, cca_mempool_id_t id, bool use_on_oom);
 cca_status_t cca_pool_set_no_split(int device, cca_mempool_id_t id);
 
+/**
+ * A private pool's own allocator (PyTorch's MemPool(allocator=...), e.g.
+ * NCCL's ncclMemAlloc / ncclMemFree through a CUDAPluggableAllocator).
+ * alloc returns size bytes of device memory on device for an allocation on
+ * stream, or NULL when it has none: cca then goes on with the out-of-memory
+ * sequence as for a failed cudaMalloc. free gives back a pointer alloc
+ * returned, with the same size, device and stream, and returns CCA_OK; any
+ * other status keeps the segment cached (the release reports
+ * CCA_ERR_BACKEND) and a later release tries again. Both are called with the
+ * device's lock held: they must not call cca.
+ */
+typedef void *(*cca_pool_alloc_fn)(size_t size, int device, cca_stream_t stream, void *ctx);
+typedef cca_status_t (*cca_pool_free_fn)(void *ptr, size_t size, int device, cca_stream_t stream,
+                                         void *ctx);
+
+/**
+ * Give the private pool id its own allocator: every segment of the pool is
+ * then taken from alloc_fn and given back to free_fn (by cca_empty_cache,
+ * cca_empty_cache_pool, the out-of-memory sequence, cca_shutdown), never
+ * from the backend, and never as an expandable segment. Statistics count
+ * these segments as any other (segment, reserved_bytes, num_device_alloc,
+ * num_device_free). Both functions NULL: the backend again. ctx is passed
+ * to both and must stay valid while the pool holds a segment.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, unknown id, (0, 0),
+ * only one of the functions NULL), CCA_ERR_BUSY (the pool already holds
+ * memory, or was released to a use count of 0), CCA_ERR_NOT_SUPPORTED
+ * (backend:cudaMallocAsync); nothing changes when it fails.
+ */
+cca_status_t cca_pool_set_allocator(int device, cca_mempool_id_t id, cca_pool_alloc_fn alloc_fn,
+                                    cca_pool_free_fn free_fn, void *ctx);
+
 /** A routing filter: true if an allocation on stream goes to the pool. */
 typedef bool (*cca_stream_filter_fn)(cca_stream_t stream, void *arg);
 

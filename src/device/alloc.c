@@ -73,9 +73,9 @@ static bool should_split(const cca_settings_t *s, const cca_block_t *block, size
 }
 
 /*
- * Ask the backend for a new segment for the request of size bytes (device
- * and pool locks held), or, with expandable segments, grow the pool's
- * expandable segment. Returns CCA_OK with *out set, CCA_ERR_OUT_OF_MEMORY
+ * Ask the backend (or the private pool's own allocator) for a new segment
+ * for the request of size bytes (device and pool locks held), or, with
+ * expandable segments, grow the pool's expandable segment. Returns CCA_OK with *out set, CCA_ERR_OUT_OF_MEMORY
  * (the fraction cap or the device is full), or another backend error.
  */
 static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size,
@@ -87,9 +87,11 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
         dev->stats.num_alloc_retries++;
         stats_unlock(dev);
     }
+    const cca_private_pool_t *pp = pool->owner->private_pool;
+    bool own = pp && pp->user_alloc; /* PyTorch: no expandable segment for a pool with its allocator */
     if (dev->set_fraction && dev->total_allocated_memory + alloc_size > dev->allowed_memory_maximum)
         return CCA_ERR_OUT_OF_MEMORY;
-    if (cca_state->settings.expandable_segments)
+    if (cca_state->settings.expandable_segments && !own)
         return expandable_alloc(dev, pool, size, out);
     cca_segment_t *seg = calloc(1, sizeof(*seg));
     cca_block_t *block = seg ? pool_block_new(pool, seg, 0, alloc_size) : NULL;
@@ -98,7 +100,15 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
     }
     void *ptr = NULL;
-    cca_status_t st = be->malloc(be->ctx, dev->index, alloc_size, &ptr);
+    cca_status_t st;
+    if (own) {
+        ptr = pp->user_alloc(alloc_size, dev->index, pool->owner->stream, pp->user_ctx);
+        st = ptr ? CCA_OK : CCA_ERR_OUT_OF_MEMORY; /* as PyTorch: no memory from it is an OOM */
+        seg->user_free = pp->user_free;
+        seg->user_ctx = pp->user_ctx;
+    } else {
+        st = be->malloc(be->ctx, dev->index, alloc_size, &ptr);
+    }
     if (st != CCA_OK) {
         pool_block_delete(block);
         free(seg);

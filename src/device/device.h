@@ -99,6 +99,8 @@ typedef struct cca_segment {
     bool oversize;              /* counted in oversize_segments (max_split_size may change) */
     struct cca_block *head;     /* its first block */
     cca_expandable_t *es;       /* non-NULL: an expandable segment (base, size: the reservation) */
+    cca_pool_free_fn user_free; /* non-NULL: from its private pool's own allocator, goes back there */
+    void *user_ctx;
     struct cca_segment *prev_seg, *next_seg; /* device's list of segments */
 } cca_segment_t;
 
@@ -151,6 +153,9 @@ typedef struct cca_private_pool {
     size_t segment_count;       /* its segments not yet freed (PyTorch's cudaMalloc_count) */
     bool no_split;              /* never split its blocks (MemPool no_split) */
     bool use_on_oom;            /* may serve default-pool allocations about to fail */
+    cca_pool_alloc_fn user_alloc; /* non-NULL: its segments come from here (MemPool(allocator=)) */
+    cca_pool_free_fn user_free;
+    void *user_ctx;
     _Atomic int pins;           /* allocations routed to it, in flight */
     struct cca_stream_pool **stream_pools; /* one per stream used, sorted by stream */
     size_t stream_pool_count, stream_pool_cap;
@@ -428,6 +433,8 @@ cca_status_t pool_invalid_pointer(const char *what, const void *ptr);
 /* Set a device's state up (cca_state->settings readable) and down. */
 cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory);
 void pool_device_shutdown(cca_device_t *dev);
+/* Give a plain (not expandable) segment's memory back: to its pool's own allocator or the backend. */
+cca_status_t pool_segment_give_back(cca_device_t *dev, cca_segment_t *seg);
 
 /* ---- alloc.c: the hot path ------------------------------------------------------ */
 

@@ -319,7 +319,22 @@ cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory)
     return CCA_OK;
 }
 
-/* Tear down a device: give every segment and event back to the backend. */
+cca_status_t pool_segment_give_back(cca_device_t *dev, cca_segment_t *seg)
+{
+    if (seg->user_free) {
+        cca_status_t st = seg->user_free((void *)seg->base, seg->size, dev->index, seg->stream,
+                                         seg->user_ctx);
+        if (st != CCA_OK)
+            return cca_raise(CCA_ERR_BACKEND, "a private pool's allocator could not free segment %p "
+                             "(%zu bytes; %s); it stays cached", (void *)seg->base, seg->size,
+                             cca_status_str(st));
+        return CCA_OK;
+    }
+    cca_backend_t *be = cca_state->backend;
+    return be->free(be->ctx, dev->index, (void *)seg->base);
+}
+
+/* Tear down a device: give every segment and event back to the backend (or its pool's allocator). */
 void pool_device_shutdown(cca_device_t *dev)
 {
     cca_backend_t *be = cca_state->backend;
@@ -335,7 +350,7 @@ void pool_device_shutdown(cca_device_t *dev)
     cca_segment_t *seg = dev->segments;
     while (seg) {
         cca_segment_t *next = seg->next_seg;
-        be->free(be->ctx, dev->index, (void *)seg->base); /* expandable ones went first (setup.c) */
+        (void)pool_segment_give_back(dev, seg); /* expandable ones went first (setup.c) */
         cca_block_t *b = seg->head;
         while (b) {
             cca_block_t *nb = b->next;

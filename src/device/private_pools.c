@@ -179,6 +179,37 @@ cca_status_t cca_pool_set_no_split(int device, cca_mempool_id_t id)
     return pool_set_flag("cca_pool_set_no_split", device, id, false, true);
 }
 
+cca_status_t cca_pool_set_allocator(int device, cca_mempool_id_t id, cca_pool_alloc_fn alloc_fn,
+                                    cca_pool_free_fn free_fn, void *ctx)
+{
+    static const char what[] = "cca_pool_set_allocator";
+    cca_device_t *dev = NULL;
+    cca_status_t st = pools_args(what, device, id, &dev);
+    if (st != CCA_OK)
+        return st;
+    if (!alloc_fn != !free_fn)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: give both an alloc and a free function, or "
+                         "neither", what);
+    pthread_mutex_lock(&dev->lock);
+    cca_private_pool_t *pp = pools_find_locked(dev, id);
+    if (!pp)
+        st = pools_unknown(what, device, id);
+    else if (pp->use_count == 0)
+        st = cca_raise(CCA_ERR_BUSY, "%s: private pool (%" PRIu64 ", %" PRIu64 ") was released and "
+                       "awaits freeing", what, id.first, id.second);
+    else if (pp->segment_count != 0)
+        st = cca_raise(CCA_ERR_BUSY, "%s: private pool (%" PRIu64 ", %" PRIu64 ") already holds %zu "
+                       "segment(s); set its allocator before it holds memory", what, id.first,
+                       id.second, pp->segment_count);
+    else {
+        pp->user_alloc = alloc_fn;
+        pp->user_free = free_fn;
+        pp->user_ctx = alloc_fn ? ctx : NULL;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return st;
+}
+
 cca_status_t cca_pool_use_count(int device, cca_mempool_id_t id, int *count)
 {
     cca_device_t *dev = NULL;

@@ -110,12 +110,11 @@ static void notify_oom_observers(int device, size_t alloc_size, size_t total, si
 
 /* ---- segments --------------------------------------------------------------- */
 
-/* Release one unsplit free block's segment to the backend (device + pool locks held). */
+/* Release one unsplit free block's segment to the backend or its pool's allocator (device + pool locks held). */
 static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
 {
-    cca_backend_t *be = cca_state->backend;
     cca_segment_t *seg = block->segment;
-    cca_status_t st = be->free(be->ctx, dev->index, (void *)block->addr);
+    cca_status_t st = pool_segment_give_back(dev, seg);
     if (st != CCA_OK)
         return st;
     trace_record(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,

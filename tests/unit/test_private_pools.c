@@ -3,7 +3,8 @@
  * stream, thread and filter; pools kept apart from the default pools; use
  * counts, release and empty_cache; frees set aside during a capture; the
  * out-of-memory sequence during a route; use_on_oom and no_split; snapshots;
- * checkpoints and live allocations; misuse (a clear status, nothing changed).
+ * checkpoints and live allocations; misuse (a clear status, nothing changed);
+ * a pool with its own allocator (MemPool(allocator=...)).
  * The invariant checker runs after every scenario.
  */
 #include <pthread.h>
@@ -603,6 +604,295 @@ TEST(misuse_changes_nothing)
     cca_shutdown();
 }
 
+/* ---- a pool's own allocator (MemPool(allocator=...)) ------------------------------ */
+
+/* A user allocator handing out addresses of its own range, recording every segment. */
+#define UA_BASE ((uintptr_t)0x7e0000000000ull)
+#define UA_MAX 64
+typedef struct ua_seg {
+    uintptr_t ptr;
+    size_t size;
+    int device;
+    cca_stream_t stream;
+    bool live;
+} ua_seg_t;
+typedef struct user_alloc {
+    uintptr_t next;
+    ua_seg_t segs[UA_MAX];
+    int count;          /* segments handed out */
+    int frees;          /* frees that matched a live segment */
+    int bad_frees;      /* frees of an unknown pointer or with a wrong size/device/stream */
+    int refusals;       /* allocations refused (fail set) */
+    bool fail;          /* refuse every allocation */
+    bool fail_free;     /* refuse every free */
+} user_alloc_t;
+
+static void *ua_alloc(size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    user_alloc_t *u = ctx;
+    if (u->fail || u->count == UA_MAX) {
+        u->refusals++;
+        return NULL;
+    }
+    if (!u->next)
+        u->next = UA_BASE;
+    ua_seg_t *sg = &u->segs[u->count++];
+    *sg = (ua_seg_t){u->next, size, device, stream, true};
+    u->next += (size + 64 * MiB) & ~(2 * MiB - 1);
+    return (void *)sg->ptr;
+}
+
+static cca_status_t ua_free(void *ptr, size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    user_alloc_t *u = ctx;
+    if (u->fail_free)
+        return CCA_ERR_BACKEND;
+    for (int i = 0; i < u->count; i++) {
+        ua_seg_t *sg = &u->segs[i];
+        if (sg->live && sg->ptr == (uintptr_t)ptr) {
+            if (sg->size != size || sg->device != device || sg->stream != stream)
+                u->bad_frees++;
+            sg->live = false;
+            u->frees++;
+            return CCA_OK;
+        }
+    }
+    u->bad_frees++;
+    return CCA_OK;
+}
+
+static int ua_live(const user_alloc_t *u)
+{
+    int n = 0;
+    for (int i = 0; i < u->count; i++)
+        n += u->segs[i].live;
+    return n;
+}
+
+static bool ua_owns(const user_alloc_t *u, const void *p)
+{
+    for (int i = 0; i < u->count; i++)
+        if (u->segs[i].live && (uintptr_t)p >= u->segs[i].ptr &&
+            (uintptr_t)p < u->segs[i].ptr + u->segs[i].size)
+            return true;
+    return false;
+}
+
+static uint64_t sim_bytes(int device)
+{
+    cca_sim_usage_t u;
+    if (cca_sim_usage(sim, &u) != CCA_OK)
+        return UINT64_MAX;
+    return u.device_bytes[device];
+}
+
+TEST(pool_allocator_segments)
+{
+    setup(0, false);
+    static user_alloc_t u;
+    memset(&u, 0, sizeof(u));
+    cca_mempool_id_t m = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, m));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    uint64_t backend_mallocs = cca_sim_call_count(sim, CCA_OP_MALLOC);
+    cca_device_stats_t before = stats(0);
+    expect_ok(cca_begin_allocate_thread_to_pool(0, m));
+    void *a = xmalloc(1000, S1);        /* small: a 2 MiB segment */
+    void *b = xmalloc(3 * MiB, S1);     /* large: a 20 MiB segment */
+    void *c = xmalloc(30 * MiB, S2);    /* its own 30 MiB segment, on S2 */
+    void *d = xmalloc(2000, S1);        /* fits a's segment: no new one */
+    expect_ok(cca_end_allocate_to_pool(0, m));
+    expect_ok(cca_release_pool(0, m)); /* the end of use_mem_pool */
+    void *outside = xmalloc(1000, S1);  /* default pools: the backend */
+    expect_eq_i64(u.count, 3);
+    expect_eq_u64(u.segs[0].size, 2 * MiB);
+    expect_eq_u64(u.segs[1].size, 20 * MiB);
+    expect_eq_u64(u.segs[2].size, 30 * MiB);
+    expect_true(u.segs[0].stream == S1 && u.segs[2].stream == S2 && u.segs[1].device == 0);
+    expect_true(ua_owns(&u, a) && ua_owns(&u, b) && ua_owns(&u, c) && ua_owns(&u, d));
+    expect_false(ua_owns(&u, outside));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), backend_mallocs + 1); /* only outside's */
+    expect_eq_u64(sim_bytes(0), 2 * MiB);
+    expect_true(segment_pool_of(c).second == m.second);
+    /* statistics count them as PyTorch does: segments, reserved bytes, device allocations */
+    cca_device_stats_t after = stats(0);
+    expect_eq_i64(after.segment[CCA_STAT_ALL].current - before.segment[CCA_STAT_ALL].current, 4);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_LARGE_POOL].current, 50 * MiB);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_SMALL_POOL].current, 4 * MiB);
+    expect_eq_i64(after.num_device_alloc - before.num_device_alloc, 4);
+    expect_valid();
+    /* frees keep the memory cached; empty_cache keeps a pool in use */
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(d));
+    expect_ok(cca_free(outside));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(u.frees, 0);
+    expect_eq_u64(sim_bytes(0), 0);
+    /* released with c still live: empty_cache returns a's and b's segments, c's stays */
+    expect_ok(cca_release_pool(0, m));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(u.frees, 2);
+    expect_eq_i64(ua_live(&u), 1);
+    expect_true(ua_owns(&u, c));
+    expect_ok(cca_free(c));
+    expect_ok(cca_empty_cache_pool(m)); /* ~MemPool */
+    expect_eq_i64(u.frees, 3);
+    expect_eq_i64(u.bad_frees, 0);
+    expect_eq_i64(ua_live(&u), 0);
+    int uc;
+    expect_status(cca_pool_use_count(0, m, &uc), CCA_ERR_INVALID_ARGUMENT); /* gone */
+    after = stats(0);
+    expect_eq_i64(after.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(after.num_device_free - before.num_device_free, 4);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(pool_allocator_oom_and_shutdown)
+{
+    setup(0, false);
+    static user_alloc_t u;
+    memset(&u, 0, sizeof(u));
+    cca_mempool_id_t m = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, m));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, m));
+    /* the user's allocator has no memory: a clean out-of-memory error, nothing left behind */
+    u.fail = true;
+    cca_device_stats_t before = stats(0);
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 3 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_contains(cca_last_error()->message, "out of memory");
+    expect_true(p == NULL);
+    expect_true(u.refusals >= 1);
+    expect_eq_i64(u.count, 0);
+    cca_device_stats_t after = stats(0);
+    expect_eq_i64(after.num_ooms - before.num_ooms, 1);
+    expect_eq_i64(after.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(after.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(sim_bytes(0), 0); /* no fallback to the backend */
+    expect_valid();
+    /* it has memory again: the same request succeeds */
+    u.fail = false;
+    void *q = xmalloc(3 * MiB, S1);
+    void *r = xmalloc(40 * MiB, S1);
+    expect_true(ua_owns(&u, q) && ua_owns(&u, r));
+    expect_ok(cca_free(r));
+    /* a free the user's allocator refuses keeps the segment cached, and reports it */
+    expect_ok(cca_end_allocate_to_pool(0, m));
+    expect_ok(cca_release_pool(0, m)); /* the end of use_mem_pool */
+    expect_ok(cca_release_pool(0, m)); /* ~MemPool */
+    u.fail_free = true;
+    expect_status(cca_empty_cache(), CCA_ERR_BACKEND);
+    expect_contains(cca_last_error()->message, "allocator could not free");
+    expect_eq_i64(ua_live(&u), 2);
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 2);
+    expect_valid();
+    u.fail_free = false;
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&u), 1); /* q's: still allocated */
+    /* shutdown gives q's segment back to the user's allocator */
+    cca_shutdown();
+    expect_eq_i64(ua_live(&u), 0);
+    expect_eq_i64(u.bad_frees, 0);
+}
+
+TEST(pool_allocator_no_expandable_segments)
+{
+    setup_settings = "expandable_segments:True";
+    setup(0, false);
+    setup_settings = "";
+    static user_alloc_t u;
+    memset(&u, 0, sizeof(u));
+    cca_mempool_id_t m = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, m));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, m));
+    void *a = xmalloc(3 * MiB, S1);
+    void *b = xmalloc(3 * MiB, S1); /* the same 20 MiB segment */
+    void *c = xmalloc(30 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, m));
+    expect_eq_i64(u.count, 2);
+    expect_eq_u64(u.segs[0].size, 20 * MiB);
+    expect_eq_u64(u.segs[1].size, 30 * MiB);
+    expect_true(ua_owns(&u, a) && ua_owns(&u, b) && ua_owns(&u, c));
+    expect_eq_u64(sim_bytes(0), 0); /* nothing reserved or mapped from the backend */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_RESERVE), 0);
+    /* a plain pool's memory has checkpoints; this one's too (no expandable segment) */
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, m, &state));
+    expect_eq_u64(cca_pool_state_segments(state), 2);
+    cca_pool_state_free(state);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(c));
+    expect_ok(cca_release_pool(0, m));
+    expect_ok(cca_release_pool(0, m));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&u), 0);
+    expect_eq_i64(u.bad_frees, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+TEST(pool_allocator_misuse)
+{
+    setup(0, false);
+    static user_alloc_t u, v;
+    memset(&u, 0, sizeof(u));
+    memset(&v, 0, sizeof(v));
+    cca_mempool_id_t m = cca_mempool_id_new(true), none = {0, 0};
+    expect_status(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "no private pool");
+    expect_status(cca_pool_set_allocator(0, none, ua_alloc, ua_free, &u), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_set_allocator(5, m, ua_alloc, ua_free, &u), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_pool_create(0, m));
+    expect_status(cca_pool_set_allocator(0, m, ua_alloc, NULL, &u), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_set_allocator(0, m, NULL, ua_free, &u), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_pool_set_allocator(1, m, ua_alloc, ua_free, &u), CCA_ERR_INVALID_ARGUMENT);
+    /* set, then cleared (both NULL): the backend again */
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    expect_ok(cca_pool_set_allocator(0, m, NULL, NULL, NULL));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, m));
+    void *p = xmalloc(3 * MiB, S1);
+    expect_eq_i64(u.count, 1);
+    /* the pool holds memory: no other allocator, and the first one stays in use */
+    expect_status(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &v), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "already holds");
+    expect_status(cca_pool_set_allocator(0, m, NULL, NULL, NULL), CCA_ERR_BUSY);
+    void *q = xmalloc(30 * MiB, S1);
+    expect_eq_i64(u.count, 2);
+    expect_eq_i64(v.count, 0);
+    expect_ok(cca_end_allocate_to_pool(0, m));
+    expect_ok(cca_release_pool(0, m));
+    expect_ok(cca_release_pool(0, m));
+    expect_ok(cca_free(q));
+    expect_ok(cca_empty_cache());
+    /* freeable (released, p still live) */
+    expect_status(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &v), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "released");
+    expect_ok(cca_free(p));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&u), 0);
+    expect_eq_i64(v.count + v.frees, 0);
+    /* a pool of a graph may have one too, and a plain pool takes the backend's memory */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G2, S2));
+    expect_ok(cca_pool_set_allocator(0, G2, ua_alloc, ua_free, &v));
+    void *g = xmalloc(1000, S2);
+    expect_true(ua_owns(&v, g));
+    expect_ok(cca_end_allocate_to_pool(0, G2));
+    expect_ok(cca_release_pool(0, G2));
+    expect_ok(cca_free(g));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&v), 0);
+    expect_eq_i64(u.bad_frees + v.bad_frees, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
 /* (address, pool id, size) of every segment of a snapshot pickle, sorted; count returned. */
 typedef struct seg_key {
     uint64_t address, pool_first, pool_second, size;
@@ -684,5 +974,9 @@ int main(void)
     RUN(checkpoint_refuses_blocks_shared_by_ipc);
     RUN(misuse_changes_nothing);
     RUN(replay_of_graph_and_mempool_traces);
+    RUN(pool_allocator_segments);
+    RUN(pool_allocator_oom_and_shutdown);
+    RUN(pool_allocator_no_expandable_segments);
+    RUN(pool_allocator_misuse);
     return harness_done();
 }
