@@ -289,6 +289,64 @@ static void scenario_pools_reuse(void)
     step_check(cca_release_pool(0, g), "cca_release_pool");
 }
 
+/*
+ * A pool's own allocator (MemPool(allocator=...)): the user's functions take
+ * the backend's memory themselves, so the backend's faults reach them (a
+ * refused allocation is an out-of-memory error, a refused free keeps the
+ * segment cached) and the accounting checks see their segments.
+ */
+static long ua_live;
+
+static void *fault_ua_alloc(size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)stream;
+    (void)ctx;
+    void *p = NULL;
+    if (sim->malloc(sim->ctx, device, size, &p) != CCA_OK)
+        return NULL;
+    ua_live++;
+    return p;
+}
+
+static cca_status_t fault_ua_free(void *ptr, size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)size;
+    (void)stream;
+    (void)ctx;
+    cca_status_t st = sim->free(sim->ctx, device, ptr);
+    if (st == CCA_OK)
+        ua_live--;
+    return st;
+}
+
+static void scenario_pools_allocator(void)
+{
+    cca_mempool_id_t m = {0, 9}, g = {9, 0};
+    step_check(cca_pool_create(0, m), "cca_pool_create");
+    step_check(cca_pool_set_allocator(0, m, fault_ua_alloc, fault_ua_free, NULL), "cca_pool_set_allocator");
+    step_check(cca_begin_allocate_thread_to_pool(0, m), "cca_begin_allocate_thread_to_pool");
+    do_malloc(1000, 0, S1);
+    do_malloc(12 * MiB, 0, S1);
+    do_malloc(3 * MiB, 0, S2);
+    do_free(nheld - 2);
+    do_malloc(100 * MiB, 0, S1); /* more than the device has left: out of memory, nothing kept */
+    do_malloc(12 * MiB, 0, S1);  /* the cached block */
+    step_check(cca_end_allocate_to_pool(0, m), "cca_end_allocate_to_pool");
+    step_check(cca_release_pool(0, m), "cca_release_pool"); /* the end of use_mem_pool */
+    do_malloc(50 * MiB, 0, S1);   /* the default pools, from the backend */
+    do_free(0);
+    step_check(cca_release_pool(0, m), "cca_release_pool"); /* ~MemPool */
+    step_check(cca_empty_cache_pool(m), "cca_empty_cache_pool");
+    step_check(cca_begin_allocate_stream_to_pool(0, g, S2), "cca_begin_allocate_stream_to_pool");
+    step_check(cca_pool_set_allocator(0, g, fault_ua_alloc, fault_ua_free, NULL), "cca_pool_set_allocator");
+    do_malloc(5 * MiB, 0, S2);
+    do_malloc(700 * 1024, 0, S2);
+    do_free(nheld - 1);
+    step_check(cca_end_allocate_to_pool(0, g), "cca_end_allocate_to_pool");
+    step_check(cca_release_pool(0, g), "cca_release_pool");
+    step_check(cca_empty_cache(), "cca_empty_cache");
+}
+
 /* Run-time settings changes between allocations. */
 static void scenario_settings(void)
 {
@@ -478,6 +536,7 @@ static const scenario_t scenarios[] = {
     {"pools", scenario_pools, "", 0},
     {"pools_reuse", scenario_pools_reuse, "graph_capture_record_stream_reuse:True", 0},
     {"compact", scenario_compact, "compact_memory:True", 120 * MiB},
+    {"pools_allocator", scenario_pools_allocator, "", 0},
 };
 
 static void setup(const scenario_t *sc)
@@ -534,6 +593,10 @@ static void teardown(void)
                      (unsigned long long)u.live_events, (unsigned long long)u.live_host);
     memset(&final_usage, 0xff, sizeof(final_usage));
     cca_shutdown();
+    if (ua_live)
+        HARNESS_FAIL("%s [%s]: a pool's own allocator still holds %ld segments", cur_scenario,
+                     cur_fault, ua_live);
+    ua_live = 0;
     /* After shutdown not even an event may be left. */
     cca_sim_usage_t zero;
     memset(&zero, 0, sizeof(zero));
@@ -613,6 +676,7 @@ TEST(fault_expandable_switch) { fault_loops(&scenarios[10]); }
 TEST(fault_pools) { fault_loops(&scenarios[11]); }
 TEST(fault_pools_reuse) { fault_loops(&scenarios[12]); }
 TEST(fault_compact) { fault_loops(&scenarios[13]); }
+TEST(fault_pools_allocator) { fault_loops(&scenarios[14]); }
 
 int main(void)
 {
@@ -631,6 +695,7 @@ int main(void)
     RUN(fault_pools);
     RUN(fault_pools_reuse);
     RUN(fault_compact);
+    RUN(fault_pools_allocator);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);
