@@ -216,6 +216,35 @@ bool run_filter(cca_stream_t stream, void *arg)
     }
 }
 
+/*
+ * MemPool(allocator=a): the pool's segments from a's raw_alloc / raw_delete, as PyTorch's
+ * allocPrimitive and release_block do (called by cca inside its lock; ctx is a).
+ */
+void *pool_alloc(size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)device;
+    (void)stream;
+    try {
+        return static_cast<cc::CUDAAllocator *>(ctx)->raw_alloc(size); /* nullptr: out of memory */
+    } catch (const std::exception &e) { /* nothing may cross cca's C frames */
+        std::fprintf(stderr, "cca: a MemPool's allocator failed: %s\n", e.what());
+        return nullptr;
+    }
+}
+cca_status_t pool_free(void *ptr, size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)size;
+    (void)device;
+    (void)stream;
+    try {
+        static_cast<cc::CUDAAllocator *>(ctx)->raw_delete(ptr);
+        return CCA_OK;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "cca: a MemPool's allocator failed to free: %s\n", e.what());
+        return CCA_ERR_BACKEND;
+    }
+}
+
 /* A private pool's checkpoint, owned by PyTorch's cudagraph trees. */
 struct PoolState final : cc::AllocatorState {
     explicit PoolState(cca_pool_state_t *s) : state(s) {}
@@ -429,9 +458,17 @@ class CcaAllocator final : public cc::CUDAAllocator {
     void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
                             std::shared_ptr<cc::CUDAAllocator> allocator) override
     {
-        TORCH_CHECK(!allocator || allocator.get() == this,
-                    "cca: a MemPool with an allocator of its own cannot be used while cca is PyTorch's allocator");
+        int count = 0;
+        bool exists = cca_pool_use_count(device, to_pool(id), &count) == CCA_OK;
         check(cca_pool_create(device, to_pool(id)), "createOrIncrefPool");
+        if (exists || !allocator || allocator.get() == this)
+            return;
+        /* MemPool(allocator=...): a new pool's segments come from that allocator */
+        std::lock_guard<std::mutex> g(filters_lock_);
+        std::shared_ptr<cc::CUDAAllocator> &kept = pool_allocators_[{device, id}];
+        kept = std::move(allocator); /* kept until shutdown: cca may call it while the pool holds memory */
+        check(cca_pool_set_allocator(device, to_pool(id), &pool_alloc, &pool_free, kept.get()),
+              "createOrIncrefPool");
     }
     void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) override
     {
@@ -577,6 +614,8 @@ class CcaAllocator final : public cc::CUDAAllocator {
     };
     std::mutex filters_lock_;
     std::unordered_map<std::pair<int, c10::cuda::MempoolId_t>, std::unique_ptr<StreamFilter>, PoolKeyHash> filters_;
+    std::unordered_map<std::pair<int, c10::cuda::MempoolId_t>, std::shared_ptr<cc::CUDAAllocator>, PoolKeyHash>
+        pool_allocators_; /* MemPool(allocator=...) (filters_lock_) */
     bool initialized_ = false;
     bool enabled_ = true;
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};

@@ -8,7 +8,8 @@
  *    IPC handles (frees of shared blocks deferred, references released,
  *    collection), private pools (routes by stream and thread, their end,
  *    create, release, empty_cache of a pool, a checkpoint saved and restored
- *    at once, each status checked against the pool's use count, the
+ *    at once, an allocator of the pool's own (the backend's memory through
+ *    the user's functions), each status checked against the pool's use count, the
  *    simulated capture graph driven for graph_capture_record_stream_reuse,
  *    on with bit 3 of the first byte); after
  *    every operation the invariant checker must pass;
@@ -351,6 +352,23 @@ static void forget_live(void *p)
         }
 }
 
+/* A pool's own allocator: the backend's memory through the user's functions, so the accounting holds. */
+static void *fuzz_pool_alloc(size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)stream;
+    (void)ctx;
+    void *p = NULL;
+    return sim->malloc(sim->ctx, device, size, &p) == CCA_OK ? p : NULL;
+}
+
+static cca_status_t fuzz_pool_free(void *ptr, size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)size;
+    (void)stream;
+    (void)ctx;
+    return sim->free(sim->ctx, device, ptr);
+}
+
 /* One private-pool operation; its status must follow from the pool's use count. */
 static const char *pool_op(uint8_t b, bool async)
 {
@@ -432,6 +450,15 @@ static const char *pool_op(uint8_t b, bool async)
         return "simulated capture";
     }
     default:
+        if (b >= 0xc0) {
+            /* an allocator of its own: only before the pool holds memory */
+            cca_private_pool_t *pp = exists ? pools_find_locked(&cca_state->devices[d], id) : NULL;
+            st = cca_pool_set_allocator(d, id, fuzz_pool_alloc, fuzz_pool_free, NULL);
+            CHECK(st == (!exists ? CCA_ERR_INVALID_ARGUMENT
+                         : (freeable || pp->segment_count) ? CCA_ERR_BUSY : CCA_OK),
+                  "set_allocator: %s", cca_status_str(st));
+            return "cca_pool_set_allocator";
+        }
         st = cca_pool_create(d, id);
         CHECK(st == (freeable ? CCA_ERR_BUSY : CCA_OK), "create: %s", cca_status_str(st));
         return "cca_pool_create";

@@ -255,6 +255,18 @@ TEST(host_pointers)
     cca_shutdown();
 }
 
+/* A pool's own allocator that is never asked for memory here. */
+static void *never_alloc(size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)size, (void)device, (void)stream, (void)ctx;
+    return NULL;
+}
+static cca_status_t never_free(void *ptr, size_t size, int device, cca_stream_t stream, void *ctx)
+{
+    (void)ptr, (void)size, (void)device, (void)stream, (void)ctx;
+    return CCA_OK;
+}
+
 TEST(private_pools)
 {
     setup();
@@ -272,7 +284,12 @@ TEST(private_pools)
     MISUSE(cca_pool_create(5, g), CCA_ERR_INVALID_ARGUMENT, "out of range");
     MISUSE(cca_begin_allocate_to_pool(0, g, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "filter is NULL");
     MISUSE(cca_pool_set_checkpoint(0, NULL, &delta), CCA_ERR_INVALID_ARGUMENT, "required");
+    MISUSE(cca_pool_set_allocator(0, unknown, never_alloc, never_free, NULL), CCA_ERR_INVALID_ARGUMENT,
+           "no private pool");
+    MISUSE(cca_pool_set_allocator(0, none, never_alloc, never_free, NULL), CCA_ERR_INVALID_ARGUMENT,
+           "default pools");
     expect_ok(cca_begin_allocate_stream_to_pool(0, g, S1));
+    MISUSE(cca_pool_set_allocator(0, g, never_alloc, NULL, NULL), CCA_ERR_INVALID_ARGUMENT, "neither");
     MISUSE(cca_begin_allocate_stream_to_pool(0, g, S1), CCA_ERR_BUSY, "already routing");
     MISUSE(cca_release_pool(0, g), CCA_ERR_BUSY, "still routed");
     MISUSE(cca_pool_get_checkpoint(0, g, &state), CCA_ERR_BUSY, "route");
@@ -281,6 +298,7 @@ TEST(private_pools)
     MISUSE(cca_release_pool(0, g), CCA_ERR_BUSY, "already released");
     MISUSE(cca_begin_allocate_stream_to_pool(0, g, S1), CCA_ERR_BUSY, "released");
     MISUSE(cca_pool_create(0, g), CCA_ERR_BUSY, "released");
+    MISUSE(cca_pool_set_allocator(0, g, never_alloc, never_free, NULL), CCA_ERR_BUSY, "released");
     expect_ok(cca_empty_cache());
     MISUSE(cca_release_pool(0, g), CCA_ERR_INVALID_ARGUMENT, "no private pool");
     cca_shutdown();
