@@ -9,12 +9,15 @@
  * pool's use count (graphs, MemPools, active routes) falling to 0 makes it
  * freeable: empty_cache then returns its unused segments, and the pool is
  * dropped once it holds none. Checkpoints save and restore a pool's blocks
- * (cudagraph trees).
+ * (cudagraph trees). A pool may take its segments from an allocator of its
+ * own (MemPool(allocator=)): alloc_block asks it instead of the backend, and
+ * each such segment keeps the free function it goes back to.
  *
  * This file holds the pools and routes themselves: ids, creation and use
- * counts, routes and their lookup. The allocation path (alloc.c), the
- * set-aside frees (events.c), releasing freeable pools (release.c), the
- * structures' teardown (pool.c) and checkpoints (pool_checkpoint.c) use it.
+ * counts, MemPool's options and allocator, routes and their lookup. The
+ * allocation path (alloc.c), the set-aside frees (events.c), releasing
+ * freeable pools (release.c), the structures' teardown and segments' return
+ * (pool.c) and checkpoints (pool_checkpoint.c) use it.
  *
  * Invariants: pools, routes and stream pool lists change only under the
  * device lock; route_count mirrors the route list for the lock-free check on
