@@ -300,8 +300,10 @@ static void peer_round(const char *settings)
     expect_true(cudaDeviceSynchronize() == cudaSuccess);
     expect_eq_u64(device_mismatches(b, 0x5a, size), 0);
     expect_true(device_fill(b, 0x6b, size));
-    /* with peer access a plain device-to-device copy reaches across */
+    /* with peer access a plain device-to-device copy reaches across; it is
+     * asynchronous to the host, and device 0's stream does not order after it */
     expect_true(cudaMemcpy(c, b, size, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
     expect_true(cudaSetDevice(0) == cudaSuccess);
     expect_eq_u64(device_mismatches(c, 0x6b, size), 0);
 out:

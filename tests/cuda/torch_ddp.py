@@ -24,8 +24,6 @@ STEPS = 30
 def rank_main(rank, world, lib_path, use_cca, out_path, port, conf):
     if conf:
         os.environ["CCA_ALLOC_CONF"] = conf
-    # The pluggable path has no record_stream: NCCL keeps its tensors alive itself.
-    os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
     if use_cca:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "cca_torch_malloc", "cca_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
