@@ -102,6 +102,12 @@ run_torch() {
 run_torch_ddp() {
     python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
 }
+# The threaded workloads spread over two GPUs, on both backends; needs 2 GPUs.
+run_bench_2gpu() {
+    "$root/build-gpu-release/bench/bench_gpu" --quick --devices 2 --name cca-2gpu &&
+        CCA_ALLOC_CONF=backend:cudaMallocAsync "$root/build-gpu-release/bench/bench_gpu" --quick \
+            --devices 2 --name cca-async-2gpu
+}
 run_torch_adapter() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so"
@@ -198,6 +204,9 @@ if [ -x "$root/build-gpu-release/bench/bench_gpu" ]; then
 fi
 if [ -x "$root/build-gpu-release/bench/bench_host" ]; then
     run_step bench-host "$(left 5)" run_bench_host
+fi
+if [ "${gpu_count:-0}" -ge 2 ] && [ -x "$root/build-gpu-release/bench/bench_gpu" ]; then
+    run_step bench-2gpu "$(left 3)" run_bench_2gpu
 fi
 if [ -x "$root/build-gpu-release/bench/bench_replay" ]; then
     run_step bench-replay "$(left 4)" run_bench_replay
