@@ -11,4 +11,5 @@ echo
 echo "== what other settings would have needed"
 ./build/cca replay "$trace" --compare '' 'max_split_size_mb:64' 'max_split_size_mb:256' \
     'roundup_power2_divisions:4' 'roundup_power2_divisions:[256:1,512:2,1024:4,>:8]' \
-    'garbage_collection_threshold:0.7,per_process_memory_fraction:0.07' 'expandable_segments:True'
+    'garbage_collection_threshold:0.7,per_process_memory_fraction:0.07' 'expandable_segments:True' \
+    'compact_memory:True'
