@@ -88,6 +88,8 @@ typedef enum cca_backend_op {
     CCA_OP_IPC_EVENT_OPEN,
     CCA_OP_STREAM_CAPTURE_INFO,
     CCA_OP_GRAPH_NODE_DEPENDENCIES,
+    CCA_OP_VMM_EXPORT,
+    CCA_OP_VMM_IMPORT,
     CCA_OP_COUNT
 } cca_backend_op_t;
 
@@ -185,6 +187,21 @@ typedef struct cca_backend {
     cca_status_t (*vmm_unmap)(void *ctx, int device, void *addr, size_t size);
     /** Give device (the owner, or a peer of the owner) read/write access to a mapped range. */
     cca_status_t (*vmm_set_access)(void *ctx, int device, void *addr, size_t size);
+    /**
+     * A POSIX file descriptor another process can import handle's physical
+     * memory from (cuMemExportToShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
+     * The backend owns it: it stays open, the same for every call, until the
+     * handle is released. CCA_ERR_NOT_SUPPORTED when the handle was not made
+     * shareable (the driver or the backend's mode cannot).
+     */
+    cca_status_t (*vmm_export)(void *ctx, int device, cca_phys_handle_t handle, int *fd);
+    /**
+     * A physical handle for memory another process exported, from a file
+     * descriptor of this process (cuMemImportFromShareableHandle); the caller
+     * keeps and closes fd. Map it as any handle; release it with vmm_release.
+     * CCA_ERR_INVALID_ARGUMENT when fd holds no exported memory.
+     */
+    cca_status_t (*vmm_import)(void *ctx, int device, int fd, cca_phys_handle_t *handle);
 
     /** Page-locked host memory (cudaHostAlloc); free it. */
     cca_status_t (*host_alloc)(void *ctx, size_t size, void **ptr);

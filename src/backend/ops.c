@@ -49,6 +49,8 @@ static const char *const op_names[CCA_OP_COUNT] = {
     [CCA_OP_IPC_EVENT_OPEN] = "ipc_event_open",
     [CCA_OP_STREAM_CAPTURE_INFO] = "stream_capture_info",
     [CCA_OP_GRAPH_NODE_DEPENDENCIES] = "graph_node_dependencies",
+    [CCA_OP_VMM_EXPORT] = "vmm_export",
+    [CCA_OP_VMM_IMPORT] = "vmm_import",
 };
 
 /* Name of a backend operation; "unknown" for a value outside the enum. */

@@ -163,7 +163,8 @@ void shmcount_give_back(const shmcount_ref_t *ref)
     pthread_mutex_unlock(&own_lock);
 }
 
-cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref)
+/* Decrement (release) or check the counter of another process. */
+static cca_status_t foreign_access(const shmcount_ref_t *ref, bool release)
 {
     if (ref->slot >= SHMCOUNT_SLOTS)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "IPC reference counter slot %u is out of range",
@@ -202,11 +203,28 @@ cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref)
         foreign_files = f;
     }
     shm_slot_t *s = &f->slots[ref->slot];
-    if (atomic_load(&s->serial) == ref->serial)
-        atomic_fetch_sub(&s->count, 1);
+    if (release) {
+        if (atomic_load(&s->serial) == ref->serial)
+            atomic_fetch_sub(&s->count, 1);
+    } else if (atomic_load(&s->serial) != ref->serial || atomic_load(&s->count) <= 0) {
+        st = cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                       "the block of process %d this handle names was freed (a stale handle, "
+                       "or one opened and closed already)",
+                       (int)ref->pid);
+    }
 out_unlock:
     pthread_mutex_unlock(&foreign_lock);
     return st;
+}
+
+cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref)
+{
+    return foreign_access(ref, true);
+}
+
+cca_status_t shmcount_check_foreign(const shmcount_ref_t *ref)
+{
+    return foreign_access(ref, false);
 }
 
 void shmcount_shutdown(void)

@@ -30,6 +30,11 @@ void shmcount_give_back(const shmcount_ref_t *ref);
  * exited), CCA_ERR_OUT_OF_MEMORY, CCA_ERR_INVALID_ARGUMENT.
  */
 cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref);
+/*
+ * Another process: CCA_OK if the owner's counter is live and above zero,
+ * CCA_ERR_INVALID_ARGUMENT if not (the block was freed), or the errors above.
+ */
+cca_status_t shmcount_check_foreign(const shmcount_ref_t *ref);
 /* Unmap other processes' files, and close own files with no slot taken. */
 void shmcount_shutdown(void);
 

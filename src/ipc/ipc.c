@@ -9,14 +9,28 @@
  *    allocation per process) whatever the number of blocks it opens in it,
  *    and unmaps it when the last of them is closed; closing a block
  *    decrements the producer's counter.
+ * A block of an expandable segment is shared as PyTorch 2.11 shares it
+ * (ExpandableSegment::share / fromShared): its handle names the granules
+ * that hold the block (granule size, count, the block's offset in the first)
+ * and, for each, the file descriptor through which the producer exported the
+ * granule's physical memory (backend vmm_export: the backend keeps it open
+ * while the granule is mapped); the consumer takes those descriptors from
+ * the producer with pidfd_open + pidfd_getfd, imports them (vmm_import),
+ * reserves a range, maps each granule there and sets access; it unmaps and
+ * frees the range when the last block opened in it is closed. Reference
+ * counting is the same as above. A handle holds at most IPC_MAX_GRANULES
+ * descriptors.
  * The cudaMallocAsync backend gives PyTorch's errors: it shares nothing.
  * Handle layout (CCA_IPC_HANDLE_SIZE bytes, host byte order): see ipc_wire_t.
  * Invariant: every opened block refers to one mapped segment, whose `opens`
  * is the number of such blocks. One lock guards the consumer's tables.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "async.h"
@@ -27,28 +41,35 @@
 
 static const char ipc_magic[8] = {'c', 'c', 'a', 'i', 'p', 'c', '1', 0};
 
-enum { IPC_KIND_SEGMENT = 0 };
+enum { IPC_KIND_SEGMENT = 0, IPC_KIND_EXPANDABLE = 1 };
+
+/* Granules one handle can name (their descriptors fill the backend field). */
+#define IPC_MAX_GRANULES 16
 
 /* What a handle holds. */
 typedef struct ipc_wire {
     char magic[8];
-    uint32_t kind;        /* IPC_KIND_SEGMENT: a segment from the backend's malloc */
+    uint32_t kind;        /* IPC_KIND_SEGMENT: a segment from the backend's malloc;
+                             IPC_KIND_EXPANDABLE: granules of an expandable segment */
     int32_t device;
     int32_t ref_pid;      /* the producer */
     int32_t ref_fd;       /* its counter file */
     uint32_t ref_slot;
-    uint32_t reserved;
+    uint32_t granules;    /* IPC_KIND_EXPANDABLE: granules named (0 otherwise) */
     uint64_t ref_serial;
     uint64_t ticket;      /* this handle, unique in the producer */
-    uint64_t offset;      /* of the block in the segment */
+    uint64_t offset;      /* of the block in the segment (expandable: in its first granule) */
     uint64_t size;        /* bytes the program asked for */
-    uint64_t segment_size;
-    unsigned char backend[64]; /* the backend's handle of the segment */
+    uint64_t segment_size; /* expandable: bytes of the granules named */
+    unsigned char backend[64]; /* the backend's handle of the segment; expandable: the
+                                  producer's descriptors of the granules (int32 each) */
     unsigned char event[64];   /* the producer's interprocess event */
     uint64_t check;
 } ipc_wire_t;
 
 _Static_assert(sizeof(ipc_wire_t) <= CCA_IPC_HANDLE_SIZE, "the IPC handle is too small");
+_Static_assert(IPC_MAX_GRANULES * sizeof(int32_t) <= sizeof(((ipc_wire_t *)0)->backend),
+               "the IPC handle cannot hold its descriptors");
 
 static _Atomic uint64_t next_ticket;
 
@@ -57,7 +78,9 @@ typedef struct ipc_segment {
     int32_t pid;
     int device;
     unsigned char backend[64];
+    uint32_t granules;       /* expandable: granules mapped at base (else 0) */
     uintptr_t base;
+    size_t size;             /* expandable: bytes mapped at base */
     size_t opens;            /* opened blocks in it */
     struct ipc_segment *next;
 } ipc_segment_t;
@@ -87,6 +110,68 @@ static uint64_t wire_check(const ipc_wire_t *w)
     return h;
 }
 
+static cca_status_t expandable_refused(const char *why)
+{
+    return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                     "Tensors allocated with expandable_segments:True cannot be shared between "
+                     "processes here (%s). Consider using expandable_segments:False in data "
+                     "loading workers via cca_set_settings(\"expandable_segments:False\")",
+                     why);
+}
+
+/*
+ * Describe the granules holding block, an allocated block of an expandable
+ * segment, in w: each one's exported descriptor (the backend keeps it open
+ * while the granule is mapped, which it stays while the block lives).
+ */
+static cca_status_t export_expandable(cca_block_t *block, ipc_wire_t *w)
+{
+    cca_segment_t *seg = block->segment;
+    cca_device_t *dev = block->pool->owner->device;
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&dev->lock); /* growth may move the granule table */
+    cca_expandable_t *es = seg->es;
+    size_t g = es->granule;
+    size_t first = (block->addr - seg->base) / g;
+    size_t end = (block->addr + block->size - seg->base + g - 1) / g;
+    if (end - first > IPC_MAX_GRANULES) {
+        st = cca_raise(CCA_ERR_NOT_SUPPORTED,
+                       "cca_ipc_get_handle: the block spans %zu granules of its expandable "
+                       "segment; an IPC handle names at most %d",
+                       end - first, IPC_MAX_GRANULES);
+        goto out_unlock;
+    }
+    int32_t fds[IPC_MAX_GRANULES];
+    for (size_t i = first; i < end; i++) {
+        int fd = -1;
+        if (i >= es->handle_count || !es->handles[i].present) {
+            st = cca_raise(CCA_ERR_INTERNAL, "cca_ipc_get_handle: granule %zu of an allocated "
+                                             "block is not mapped", i);
+            goto out_unlock;
+        }
+        st = be->vmm_export(be->ctx, dev->index, es->handles[i].handle, &fd);
+        if (st == CCA_ERR_NOT_SUPPORTED) {
+            char why[512];
+            snprintf(why, sizeof(why), "%.500s", cca_last_error()->message);
+            st = expandable_refused(why);
+            goto out_unlock;
+        }
+        if (st != CCA_OK)
+            goto out_unlock;
+        fds[i - first] = fd;
+    }
+    w->kind = IPC_KIND_EXPANDABLE;
+    w->device = dev->index;
+    w->granules = (uint32_t)(end - first);
+    w->segment_size = (end - first) * g;
+    w->offset = block->addr - (seg->base + first * g);
+    memcpy(w->backend, fds, (end - first) * sizeof(fds[0]));
+out_unlock:
+    pthread_mutex_unlock(&dev->lock);
+    return st;
+}
+
 cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle)
 {
     cca_status_t st = state_ensure();
@@ -102,17 +187,17 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_hand
     cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
     if (!block || (block->pool && !block->allocated))
         return pool_invalid_pointer("cca_ipc_get_handle", ptr);
-    if (block->pool && block->segment->es)
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "Tensors allocated with expandable_segments:True cannot be shared between "
-                         "processes. Consider using expandable_segments:False in data loading "
-                         "workers via cca_set_settings(\"expandable_segments:False\")");
     ipc_wire_t w;
     memset(&w, 0, sizeof(w));
     memcpy(w.magic, ipc_magic, sizeof(w.magic));
     w.kind = IPC_KIND_SEGMENT;
     uintptr_t base = block->addr;
-    if (block->pool) {
+    cca_backend_t *be = cca_state->backend;
+    if (block->pool && block->segment->es) {
+        st = export_expandable(block, &w);
+        if (st != CCA_OK)
+            return st;
+    } else if (block->pool) {
         /* The block is the caller's: its segment and offset cannot change. */
         w.device = block->pool->owner->device->index;
         base = block->segment->base;
@@ -121,14 +206,15 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_hand
         w.device = block->device; /* uncached: the block is the allocation */
         w.segment_size = block->size;
     }
-    w.offset = block->addr - base;
+    if (w.kind == IPC_KIND_SEGMENT) {
+        w.offset = block->addr - base;
+        cca_ipc_handle_t bh;
+        st = be->ipc_get_handle(be->ctx, w.device, (void *)base, &bh);
+        if (st != CCA_OK)
+            return st;
+        memcpy(w.backend, bh.bytes, sizeof(w.backend));
+    }
     w.size = block->requested_size;
-    cca_backend_t *be = cca_state->backend;
-    cca_ipc_handle_t bh;
-    st = be->ipc_get_handle(be->ctx, w.device, (void *)base, &bh);
-    if (st != CCA_OK)
-        return st;
-    memcpy(w.backend, bh.bytes, sizeof(w.backend));
     shmcount_ref_t ref;
     cca_ipc_handle_t eh;
     st = shared_add_reference(be, block->addr, w.device, stream, &ref, &eh);
@@ -149,6 +235,114 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_hand
 static cca_status_t bad_handle(const char *why)
 {
     return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_open: %s", why);
+}
+
+/* The error of a system that cannot take descriptors from another process (PyTorch's). */
+static cca_status_t no_syscall(const char *name)
+{
+    return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                     "The kernel on this machine does not support the %s syscall needed to use "
+                     "IPC for CUDA tensors when expandable_segments:True is set. Consider using "
+                     "expandable_segments:False via cca_set_settings(\"expandable_segments:False\") "
+                     "for this allocation.",
+                     name);
+}
+
+/* Take descriptor fd of the process of pidfd into this one. */
+static cca_status_t take_fd(int pidfd, int32_t pid, int fd, int *out)
+{
+#ifdef SYS_pidfd_getfd
+    long r = syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+#else
+    long r = -1;
+    errno = ENOSYS;
+#endif
+    if (r >= 0) {
+        *out = (int)r;
+        return CCA_OK;
+    }
+    if (errno == ENOSYS)
+        return no_syscall("pidfd_getfd");
+    if (errno == EPERM)
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "cca_ipc_open: this process may not take descriptors of process %d "
+                         "(pidfd_getfd: %s); IPC of expandable segments needs ptrace access to "
+                         "the producer",
+                         (int)pid, strerror(errno));
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                     "cca_ipc_open: descriptor %d of process %d cannot be taken (pidfd_getfd: %s): "
+                     "a stale handle",
+                     fd, (int)pid, strerror(errno));
+}
+
+/*
+ * Map the granules of an expandable handle into a new reservation: take each
+ * descriptor from the producer, import it, map it, drop the handle (the
+ * mapping keeps the memory), then set access. Nothing stays on failure.
+ */
+static cca_status_t map_expandable(const ipc_wire_t *w, void **base_out)
+{
+    cca_backend_t *be = cca_state->backend;
+    size_t g = w->segment_size / w->granules;
+    int32_t fds[IPC_MAX_GRANULES];
+    memcpy(fds, w->backend, w->granules * sizeof(fds[0]));
+#ifdef SYS_pidfd_open
+    long pidfd = syscall(SYS_pidfd_open, (pid_t)w->ref_pid, 0);
+#else
+    long pidfd = -1;
+    errno = ENOSYS;
+#endif
+    if (pidfd < 0)
+        return errno == ENOSYS
+                   ? no_syscall("pidfd_open")
+                   : cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                               "cca_ipc_open: process %d cannot be reached (pidfd_open: %s): it "
+                               "may have exited",
+                               (int)w->ref_pid, strerror(errno));
+    void *base = NULL;
+    cca_status_t st = be->vmm_reserve(be->ctx, w->device, w->segment_size, &base);
+    if (st != CCA_OK)
+        goto out_close;
+    uint32_t mapped = 0;
+    bool held = false; /* h mapped, its release failed: retried after the unmap */
+    cca_phys_handle_t h = 0;
+    for (; mapped < w->granules; mapped++) {
+        int fd = -1;
+        st = take_fd((int)pidfd, w->ref_pid, fds[mapped], &fd);
+        if (st != CCA_OK)
+            break;
+        st = be->vmm_import(be->ctx, w->device, fd, &h);
+        close(fd);
+        if (st != CCA_OK)
+            break;
+        st = be->vmm_map(be->ctx, w->device, (char *)base + mapped * g, g, h);
+        if (st != CCA_OK) {
+            (void)be->vmm_release(be->ctx, w->device, h);
+            break;
+        }
+        st = be->vmm_release(be->ctx, w->device, h);
+        if (st != CCA_OK) {
+            held = true;
+            mapped++; /* to unmap below */
+            break;
+        }
+    }
+    if (st == CCA_OK)
+        st = be->vmm_set_access(be->ctx, w->device, base, w->segment_size);
+    if (st == CCA_OK) {
+        *base_out = base;
+        goto out_close;
+    }
+    cca_error_t saved = *cca_last_error();
+    bool freeable = !mapped || be->vmm_unmap(be->ctx, w->device, base, mapped * g) == CCA_OK;
+    if (held)
+        (void)be->vmm_release(be->ctx, w->device, h);
+    if (freeable)
+        (void)be->vmm_free(be->ctx, w->device, base, w->segment_size);
+    cca_raise(saved.status, "%s", saved.message);
+out_close:
+    close((int)pidfd);
+    return st;
 }
 
 /* Make stream wait for the producer's event of the handle (PyTorch's event_sync_required). */
@@ -182,8 +376,12 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t strea
     memcpy(&w, handle->bytes, sizeof(w));
     if (memcmp(w.magic, ipc_magic, sizeof(w.magic)) != 0 || w.check != wire_check(&w))
         return bad_handle("not a cca IPC handle, or a corrupt one");
-    if (w.kind != IPC_KIND_SEGMENT)
+    if (w.kind != IPC_KIND_SEGMENT && w.kind != IPC_KIND_EXPANDABLE)
         return bad_handle("unknown kind of IPC handle");
+    if (w.kind == IPC_KIND_EXPANDABLE &&
+        (w.granules == 0 || w.granules > IPC_MAX_GRANULES || w.segment_size % w.granules != 0 ||
+         w.size > w.segment_size - w.offset))
+        return bad_handle("the handle's granules do not hold its block");
     if (w.device < 0 || w.device >= cca_state->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_ipc_open: the handle's device %d is out of range (%d devices)",
@@ -202,11 +400,20 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t strea
                             "one reference: make one per opening)");
             goto out_free;
         }
+    /* an expandable handle's descriptors are reused once its block is freed */
+    if (w.kind == IPC_KIND_EXPANDABLE) {
+        st = shmcount_check_foreign(&(shmcount_ref_t){w.ref_pid, w.ref_fd, w.ref_slot,
+                                                       w.ref_serial});
+        if (st != CCA_OK)
+            goto out_free;
+    }
     st = wait_for_producer(&w, stream);
     if (st != CCA_OK)
         goto out_free;
     ipc_segment_t *seg = segments;
-    while (seg && !(seg->pid == w.ref_pid && !memcmp(seg->backend, w.backend, sizeof(w.backend))))
+    while (seg && !(seg->pid == w.ref_pid && seg->granules == w.granules &&
+                    !memcmp(seg->backend, w.backend, sizeof(w.backend)) &&
+                    (!w.granules || seg->size == w.segment_size)))
         seg = seg->next;
     if (!seg) {
         seg = calloc(1, sizeof(*seg));
@@ -218,11 +425,16 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t strea
         cca_ipc_handle_t bh;
         memcpy(bh.bytes, w.backend, sizeof(bh.bytes));
         void *base = NULL;
-        st = be->ipc_open(be->ctx, w.device, &bh, &base);
+        if (w.kind == IPC_KIND_EXPANDABLE)
+            st = map_expandable(&w, &base);
+        else
+            st = be->ipc_open(be->ctx, w.device, &bh, &base);
         if (st != CCA_OK) {
             free(seg);
             goto out_free;
         }
+        seg->granules = w.granules;
+        seg->size = w.granules ? w.segment_size : 0;
         seg->pid = w.ref_pid;
         seg->device = w.device;
         memcpy(seg->backend, w.backend, sizeof(seg->backend));
@@ -275,7 +487,14 @@ static cca_status_t segment_put_locked(ipc_segment_t *seg)
         link = &(*link)->next;
     *link = seg->next;
     cca_backend_t *be = cca_state->backend;
-    cca_status_t st = be->ipc_close(be->ctx, seg->device, (void *)seg->base);
+    cca_status_t st;
+    if (seg->granules) {
+        st = be->vmm_unmap(be->ctx, seg->device, (void *)seg->base, seg->size);
+        if (st == CCA_OK)
+            st = be->vmm_free(be->ctx, seg->device, (void *)seg->base, seg->size);
+    } else {
+        st = be->ipc_close(be->ctx, seg->device, (void *)seg->base);
+    }
     free(seg);
     return st;
 }

@@ -6,8 +6,12 @@
  * the bytes: data is written and checked in both directions, a segment is
  * mapped once for several blocks, a block freed by its owner while the other
  * process maps it is kept until that process closes it (and then collected
- * explicitly or by the out-of-memory path). Also: misuse, faults, and the
- * cudaMallocAsync backend's refusal.
+ * explicitly or by the out-of-memory path). Blocks of expandable segments
+ * are shared as PyTorch 2.11 shares them (each granule's physical memory
+ * exported as a file descriptor, taken with pidfd_getfd, imported and mapped
+ * by the other process), in both directions with the same checks, plus
+ * faults on every backend call of the consumer. Also: misuse, faults, and
+ * the cudaMallocAsync backend's refusal.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -226,6 +230,196 @@ TEST(two_processes_share_both_ways)
     close(up[0]);
 }
 
+/* Live reservations and physical handles of the backend. */
+static uint64_t vmm_live(void)
+{
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    return u.live_reservations * 1000 + u.live_handles;
+}
+
+/* The consumer of expandable blocks: faults first, then the same checks as above. */
+static void expandable_child(int rfd, int wfd)
+{
+    setup(true, 0, "expandable_segments:True");
+    msg_t m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_HANDLES);
+    void *big = NULL, *s1 = NULL, *s2 = NULL;
+    size_t size = 0;
+    /* every backend call of the opening fails once (per granule: the first or the second
+     * of the two): nothing stays, and the handle stays usable */
+    static const struct {
+        cca_backend_op_t op;
+        uint64_t calls;
+    } ops[] = {{CCA_OP_VMM_RESERVE, 1}, {CCA_OP_VMM_IMPORT, 2}, {CCA_OP_VMM_MAP, 2},
+               {CCA_OP_VMM_RELEASE, 2}, {CCA_OP_VMM_SET_ACCESS, 1}, {CCA_OP_IPC_EVENT_OPEN, 1}};
+    uint64_t live = vmm_live();
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+        for (uint64_t nth = 1; nth <= ops[i].calls; nth++) {
+            expect_ok(cca_sim_inject_fault(sim, ops[i].op, nth, false, CCA_ERR_BACKEND));
+            expect_status(cca_ipc_open(&m.handle[0], NULL, &big, &size), CCA_ERR_BACKEND);
+            cca_sim_clear_faults(sim);
+            expect_eq_u64(vmm_live(), live);
+            expect_eq_u64(ipc_open_count(), 0);
+        }
+    uint64_t imports = cca_sim_call_count(sim, CCA_OP_VMM_IMPORT);
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &big, &size));
+    expect_eq_u64(size, 30 * MiB);
+    expect_eq_u64(mismatches(big, 30 * MiB, 1), 0);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_IMPORT), imports + 2); /* two granules */
+    expect_ok(cca_ipc_open(&m.handle[1], NULL, &s1, &size));
+    expect_eq_u64(size, 256 * KiB);
+    expect_ok(cca_ipc_open(&m.handle[2], NULL, &s2, &size));
+    expect_eq_u64(mismatches(s1, 256 * KiB, 2), 0);
+    expect_eq_u64(mismatches(s2, 256 * KiB, 3), 0);
+    /* two blocks of one granule: it is imported and mapped once */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_IMPORT), imports + 3);
+    expect_eq_u64((uintptr_t)s2 - (uintptr_t)s1, 256 * KiB);
+    void *again = NULL;
+    expect_status(cca_ipc_open(&m.handle[1], NULL, &again, NULL), CCA_ERR_INVALID_ARGUMENT);
+    /* the other way: write into the parent's block, share an expandable block of ours */
+    fill(big, 30 * MiB, 9);
+    void *mine = NULL;
+    uint64_t opened = vmm_live();
+    expect_ok(cca_malloc(&mine, 3 * MiB, NULL));
+    live += vmm_live() - opened; /* our own segment */
+    fill(mine, 3 * MiB, 5);
+    msg_t out = {MSG_CHILD_WROTE, {{{0}}}};
+    expect_ok(cca_ipc_get_handle(mine, NULL, &out.handle[0]));
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_FREED);
+    /* the parent freed `big`: its granules stay mapped here, intact */
+    expect_eq_u64(mismatches(big, 30 * MiB, 9), 0);
+    expect_eq_u64(ipc_open_count(), 3);
+    expect_ok(cca_ipc_close(s1));
+    expect_ok(cca_ipc_close(s2));
+    expect_ok(cca_ipc_close(big));
+    expect_status(cca_ipc_close(big), CCA_ERR_INVALID_POINTER); /* closed twice */
+    expect_eq_u64(ipc_open_count(), 0);
+    expect_eq_u64(vmm_live(), live);
+    /* a stale handle: its block was closed here and freed by the parent */
+    expect_status(cca_ipc_open(&m.handle[0], NULL, &again, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_u64(vmm_live(), live);
+    int64_t before = allocated(0);
+    expect_ok(cca_free(mine)); /* mapped by the parent: the free waits */
+    expect_eq_i64(allocated(0), before);
+    out.tag = MSG_CHILD_CLOSED;
+    send_msg(wfd, &out);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_DONE);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), before - (int64_t)(3 * MiB));
+    cca_shutdown();
+}
+
+TEST(expandable_blocks_shared_both_ways)
+{
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        expandable_child(down[0], up[1]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    close(up[1]);
+    setup(true, 0, "expandable_segments:True");
+    void *pad = NULL, *big = NULL, *s1 = NULL, *s2 = NULL;
+    /* 30 MiB after 5 MiB: two 20 MiB granules hold it, from 5 MiB into the first */
+    expect_ok(cca_malloc(&pad, 5 * MiB, NULL));
+    expect_ok(cca_malloc(&big, 30 * MiB, NULL));
+    expect_ok(cca_malloc(&s1, 256 * KiB, NULL));
+    expect_ok(cca_malloc(&s2, 256 * KiB, NULL));
+    fill(big, 30 * MiB, 1);
+    fill(s1, 256 * KiB, 2);
+    fill(s2, 256 * KiB, 3);
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    uint64_t exports = cca_sim_call_count(sim, CCA_OP_VMM_EXPORT);
+    expect_ok(cca_ipc_get_handle(big, NULL, &m.handle[0]));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_EXPORT), exports + 2);
+    expect_ok(cca_ipc_get_handle(s1, NULL, &m.handle[1]));
+    expect_ok(cca_ipc_get_handle(s2, NULL, &m.handle[2]));
+    send_msg(down[1], &m);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_WROTE);
+    expect_eq_u64(mismatches(big, 30 * MiB, 9), 0);
+    void *theirs = NULL;
+    size_t size = 0;
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &theirs, &size));
+    expect_eq_u64(size, 3 * MiB);
+    expect_eq_u64(mismatches(theirs, 3 * MiB, 5), 0);
+    /* freed while the child maps them: deferred */
+    int64_t before = allocated(0);
+    expect_ok(cca_free(big));
+    expect_ok(cca_free(s1));
+    expect_ok(cca_free(s2));
+    expect_eq_i64(allocated(0), before);
+    msg_t freed = {MSG_PARENT_FREED, {{{0}}}};
+    send_msg(down[1], &freed);
+    m = recv_msg(up[0]);
+    expect_eq_i64(m.tag, MSG_CHILD_CLOSED);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), 5 * MiB);
+    expect_ok(cca_empty_cache()); /* the granules go back; the child's mapping is gone */
+    expect_ok(cca_free(pad));
+    expect_ok(cca_ipc_close(theirs));
+    msg_t done = {MSG_PARENT_DONE, {{{0}}}};
+    send_msg(down[1], &done);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(down[1]);
+    close(up[0]);
+}
+
+TEST(expandable_export_faults_and_limits)
+{
+    setup(true, 0, "expandable_segments:True");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, 30 * MiB, NULL));
+    cca_ipc_mem_handle_t h;
+    /* the first or second granule's export fails: no reference is taken */
+    for (uint64_t nth = 1; nth <= 2; nth++) {
+        expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_EXPORT, nth, false, CCA_ERR_BACKEND));
+        expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_BACKEND);
+    }
+    cca_sim_clear_faults(sim);
+    /* a backend that cannot share physical memory: PyTorch's error */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_EXPORT, 1, false, CCA_ERR_NOT_SUPPORTED));
+    expect_status(cca_ipc_get_handle(p, NULL, &h), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "expandable_segments:True cannot be shared");
+    /* more granules than a handle names */
+    void *huge = NULL;
+    expect_ok(cca_malloc(&huge, 400 * MiB, NULL));
+    expect_status(cca_ipc_get_handle(huge, NULL, &h), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "granules");
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p)); /* no reference was taken */
+    expect_ok(cca_free(huge));
+    expect_eq_i64(allocated(0), before - (int64_t)(430 * MiB));
+    /* a handle made by this process is refused here, and releasing it frees the block */
+    expect_ok(cca_malloc(&p, 3 * MiB, NULL));
+    expect_ok(cca_ipc_get_handle(p, NULL, &h));
+    void *q = NULL;
+    expect_status(cca_ipc_open(&h, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_ipc_release_handle(&h));
+    before = allocated(0);
+    expect_ok(cca_free(p));
+    expect_eq_i64(allocated(0), before - (int64_t)(3 * MiB));
+}
+
 TEST(misuse)
 {
     setup(false, 0, "");
@@ -323,6 +517,8 @@ TEST(async_backend_refuses)
 int main(void)
 {
     RUN(two_processes_share_both_ways);
+    RUN(expandable_blocks_shared_both_ways);
+    RUN(expandable_export_faults_and_limits);
     RUN(misuse);
     RUN(unshared_blocks_free_at_once);
     RUN(expandable_segments_refuse);

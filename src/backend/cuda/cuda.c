@@ -9,8 +9,10 @@
  * device and switch back afterwards, calling cudaSetDevice only when the
  * device differs. This is the only file of cca that includes CUDA headers.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -29,14 +31,31 @@ typedef struct cuda_driver {
     PFN_cuMemMap_v10020 mem_map;
     PFN_cuMemUnmap_v10020 mem_unmap;
     PFN_cuMemSetAccess_v10020 mem_set_access;
+    PFN_cuMemExportToShareableHandle_v10020 mem_export;   /* IPC of expandable segments */
+    PFN_cuMemImportFromShareableHandle_v10020 mem_import;
+    PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
     bool vmm;  /* every VMM entry point was found */
 } cuda_driver_t;
+
+/* A physical handle's exported file descriptor, closed when the handle is released. */
+typedef struct cuda_export {
+    CUmemGenericAllocationHandle handle;
+    int fd;
+} cuda_export_t;
+
+#define CUDA_MAX_SHAREABLE_DEVICES 64
 
 /* The backend's state; the operation table lives inside it, so destroy frees both. */
 typedef struct cuda_ctx {
     cca_backend_t backend; /* the table handed to the core; backend.ctx points here */
     int device_count;      /* devices visible to this process, > 0 */
     cuda_driver_t driver;  /* read-only after creation */
+    /* Per device: 0 unknown, 1 physical memory is created shareable as a POSIX
+     * file descriptor, -1 it cannot be (attribute, or cuMemCreate refused it). */
+    _Atomic int shareable[CUDA_MAX_SHAREABLE_DEVICES];
+    pthread_mutex_t export_lock; /* guards exports */
+    cuda_export_t *exports;
+    size_t export_count, export_cap;
 } cuda_ctx_t;
 
 /*
@@ -437,6 +456,25 @@ static cca_status_t vmm_unsupported(void)
                              "(cuMemCreate, cuMemMap, ...) that expandable segments need");
 }
 
+/* True if physical memory of device is to be created shareable (POSIX fd). */
+static bool shareable_device(cuda_ctx_t *cx, int device)
+{
+    if (!cx->driver.mem_export || !cx->driver.mem_import || !cx->driver.device_get_attribute ||
+        device < 0 ||
+        device >= CUDA_MAX_SHAREABLE_DEVICES)
+        return false;
+    int known = cx->shareable[device];
+    if (known)
+        return known > 0;
+    int supported = 0;
+    if (cx->driver.device_get_attribute(
+            &supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            (CUdevice)device) != CUDA_SUCCESS)
+        supported = 0;
+    cx->shareable[device] = supported ? 1 : -1;
+    return supported != 0;
+}
+
 /* Physical memory properties: pinned device memory on device. */
 static CUmemAllocationProp device_prop(int device)
 {
@@ -506,7 +544,17 @@ static cca_status_t cuda_vmm_create(void *ctx, int device, size_t size, cca_phys
         return st;
     CUmemAllocationProp prop = device_prop(device);
     CUmemGenericAllocationHandle h = 0;
-    CUresult res = cx->driver.mem_create(&h, size, &prop, 0);
+    CUresult res = CUDA_ERROR_NOT_SUPPORTED;
+    if (shareable_device(cx, device)) {
+        /* as PyTorch: shareable when the driver allows, plain after a refusal */
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        res = cx->driver.mem_create(&h, size, &prop, 0);
+        if (res == CUDA_ERROR_NOT_SUPPORTED || res == CUDA_ERROR_NOT_PERMITTED)
+            cx->shareable[device] = -1;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    }
+    if (res == CUDA_ERROR_NOT_SUPPORTED || res == CUDA_ERROR_NOT_PERMITTED)
+        res = cx->driver.mem_create(&h, size, &prop, 0);
     leave_device(device, previous);
     if (res != CUDA_SUCCESS)
         return driver_fail(cx, res, "cuMemCreate");
@@ -525,7 +573,17 @@ static cca_status_t cuda_vmm_release(void *ctx, int device, cca_phys_handle_t ha
         return st;
     CUresult res = cx->driver.mem_release((CUmemGenericAllocationHandle)handle);
     leave_device(device, previous);
-    return res == CUDA_SUCCESS ? CCA_OK : driver_fail(cx, res, "cuMemRelease");
+    if (res != CUDA_SUCCESS)
+        return driver_fail(cx, res, "cuMemRelease");
+    pthread_mutex_lock(&cx->export_lock);
+    for (size_t i = 0; i < cx->export_count; i++)
+        if (cx->exports[i].handle == (CUmemGenericAllocationHandle)handle) {
+            close(cx->exports[i].fd);
+            cx->exports[i] = cx->exports[--cx->export_count];
+            break;
+        }
+    pthread_mutex_unlock(&cx->export_lock);
+    return CCA_OK;
 }
 
 static cca_status_t cuda_vmm_map(void *ctx, int device, void *addr, size_t size,
@@ -575,6 +633,83 @@ static cca_status_t cuda_vmm_set_access(void *ctx, int device, void *addr, size_
     CUresult res = cx->driver.mem_set_access((CUdeviceptr)(uintptr_t)addr, size, &desc, 1);
     leave_device(device, previous);
     return res == CUDA_SUCCESS ? CCA_OK : driver_fail(cx, res, "cuMemSetAccess");
+}
+
+static cca_status_t cuda_vmm_export(void *ctx, int device, cca_phys_handle_t handle, int *fd)
+{
+    cuda_ctx_t *cx = ctx;
+    if (!cx->driver.vmm)
+        return vmm_unsupported();
+    if (!fd)
+        return cca_backend_error(CCA_ERR_INVALID_ARGUMENT, 0, "vmm_export: fd is NULL");
+    if (!shareable_device(cx, device))
+        return cca_backend_error(CCA_ERR_NOT_SUPPORTED, 0,
+                                 "device %d cannot create physical memory shareable as a POSIX "
+                                 "file descriptor (cuMemExportToShareableHandle)",
+                                 device);
+    CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handle;
+    pthread_mutex_lock(&cx->export_lock);
+    for (size_t i = 0; i < cx->export_count; i++)
+        if (cx->exports[i].handle == h) {
+            *fd = cx->exports[i].fd;
+            pthread_mutex_unlock(&cx->export_lock);
+            return CCA_OK;
+        }
+    cca_status_t st = CCA_OK;
+    if (cx->export_count == cx->export_cap) {
+        size_t cap = cx->export_cap ? cx->export_cap * 2 : 16;
+        cuda_export_t *grown = realloc(cx->exports, cap * sizeof(*grown));
+        if (!grown) {
+            st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0,
+                                   "out of host memory recording an exported handle");
+            goto out_unlock;
+        }
+        cx->exports = grown;
+        cx->export_cap = cap;
+    }
+    int previous = device;
+    st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        goto out_unlock;
+    int out = -1;
+    CUresult res = cx->driver.mem_export(&out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    leave_device(device, previous);
+    if (res != CUDA_SUCCESS) {
+        st = res == CUDA_ERROR_NOT_SUPPORTED || res == CUDA_ERROR_NOT_PERMITTED ||
+                     res == CUDA_ERROR_INVALID_VALUE
+                 ? cca_backend_error(CCA_ERR_NOT_SUPPORTED, (long)res,
+                                     "cuMemExportToShareableHandle refused the handle (it was "
+                                     "not created shareable as a POSIX file descriptor)")
+                 : driver_fail(cx, res, "cuMemExportToShareableHandle");
+        goto out_unlock;
+    }
+    cx->exports[cx->export_count++] = (cuda_export_t){h, out};
+    *fd = out;
+out_unlock:
+    pthread_mutex_unlock(&cx->export_lock);
+    return st;
+}
+
+static cca_status_t cuda_vmm_import(void *ctx, int device, int fd, cca_phys_handle_t *handle)
+{
+    cuda_ctx_t *cx = ctx;
+    if (!cx->driver.vmm)
+        return vmm_unsupported();
+    if (!cx->driver.mem_import)
+        return cca_backend_error(CCA_ERR_NOT_SUPPORTED, 0,
+                                 "the CUDA driver does not provide cuMemImportFromShareableHandle");
+    int previous = device;
+    cca_status_t st = enter_device(device, &previous);
+    if (st != CCA_OK)
+        return st;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult res = cx->driver.mem_import(&h, (void *)(uintptr_t)fd,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    leave_device(device, previous);
+    if (res != CUDA_SUCCESS)
+        return driver_fail(cx, res, "cuMemImportFromShareableHandle");
+    *handle = (cca_phys_handle_t)h;
+    return CCA_OK;
 }
 
 /* ---- host memory ------------------------------------------------------------------------ */
@@ -956,6 +1091,11 @@ static void cuda_destroy(void *ctx)
 {
     /* CUDA resources belong to the core, which gives them back before this;
      * the operation table is part of ctx. */
+    cuda_ctx_t *cx = ctx;
+    for (size_t i = 0; i < cx->export_count; i++)
+        close(cx->exports[i].fd);
+    free(cx->exports);
+    pthread_mutex_destroy(&cx->export_lock);
     free(ctx);
 }
 
@@ -989,6 +1129,11 @@ static void load_driver(cuda_driver_t *d)
     d->mem_map = (PFN_cuMemMap_v10020)driver_symbol("cuMemMap");
     d->mem_unmap = (PFN_cuMemUnmap_v10020)driver_symbol("cuMemUnmap");
     d->mem_set_access = (PFN_cuMemSetAccess_v10020)driver_symbol("cuMemSetAccess");
+    d->mem_export =
+        (PFN_cuMemExportToShareableHandle_v10020)driver_symbol("cuMemExportToShareableHandle");
+    d->mem_import =
+        (PFN_cuMemImportFromShareableHandle_v10020)driver_symbol("cuMemImportFromShareableHandle");
+    d->device_get_attribute = (PFN_cuDeviceGetAttribute_v2000)driver_symbol("cuDeviceGetAttribute");
     d->vmm = d->mem_get_allocation_granularity && d->mem_address_reserve && d->mem_address_free &&
              d->mem_create && d->mem_release && d->mem_map && d->mem_unmap && d->mem_set_access;
 }
@@ -1020,6 +1165,7 @@ cca_status_t cca_cuda_create(cca_backend_t **backend)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_cuda_create: out of host memory");
     cca_backend_t *b = &cx->backend;
     cx->device_count = count;
+    pthread_mutex_init(&cx->export_lock, NULL);
     load_driver(&cx->driver);
 
     b->name = "cuda";
@@ -1049,6 +1195,8 @@ cca_status_t cca_cuda_create(cca_backend_t **backend)
     b->vmm_map = cuda_vmm_map;
     b->vmm_unmap = cuda_vmm_unmap;
     b->vmm_set_access = cuda_vmm_set_access;
+    b->vmm_export = cuda_vmm_export;
+    b->vmm_import = cuda_vmm_import;
     b->host_alloc = cuda_host_alloc;
     b->host_free = cuda_host_free;
     b->host_register = cuda_host_register;

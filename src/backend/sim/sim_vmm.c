@@ -3,12 +3,21 @@
  * of address space (placed by the address rules of sim.c, or mmap(PROT_NONE)
  * in backed mode), physical handles counted against the device cap, and
  * mappings of handles into reservations.
+ * In ipc_shared mode a physical handle is a shared memory file mapped over
+ * its range (MAP_SHARED), which vmm_export hands out as a file descriptor
+ * and another process's vmm_import maps in turn (the CUDA model of
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
  * Invariant: a reservation's mappings never overlap and lie inside it; a
  * physical handle's memory is freed only once it is released and unmapped.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "simulator.h"
 
@@ -171,6 +180,20 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
         st = sim_host_oom(CCA_OP_VMM_CREATE);
         goto out_unlock;
     }
+    p->fd = -1;
+    if (c->ipc_shared) {
+        p->fd = memfd_create("cca-sim-physical-memory", MFD_CLOEXEC);
+        if (p->fd < 0 || ftruncate(p->fd, (off_t)size) != 0) {
+            if (p->fd >= 0)
+                close(p->fd);
+            free(p);
+            st = cca_backend_error(CCA_ERR_OUT_OF_MEMORY, SIM_CUDA_OUT_OF_MEMORY,
+                                   "CUDA error: out of memory (sim: vmm_create of %zu bytes: no "
+                                   "shared memory file)",
+                                   size);
+            goto out_unlock;
+        }
+    }
     p->id = ++c->next_serial;
     p->device = device;
     p->size = size;
@@ -189,7 +212,10 @@ static void phys_maybe_free(sim_ctx_t *c, sim_phys_t *p)
     if (!p->released || p->map_count)
         return;
     simmap_remove(&c->phys, p->id);
-    c->devices[p->device].used -= p->size;
+    if (!p->imported)
+        c->devices[p->device].used -= p->size;
+    if (p->fd >= 0)
+        close(p->fd);
     free(p);
 }
 
@@ -257,7 +283,14 @@ static cca_status_t sim_vmm_map(void *ctx, int device, void *addr, size_t size,
         st = sim_host_oom(CCA_OP_VMM_MAP);
         goto out_unlock;
     }
-    if (c->backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0) {
+    if (p->fd >= 0) {
+        if (mmap(addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0) ==
+            MAP_FAILED) {
+            st = cca_backend_error(CCA_ERR_BACKEND, 0,
+                                   "sim: vmm_map: mmap of %p (%zu bytes) failed", addr, size);
+            goto out_unlock;
+        }
+    } else if (c->backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0) {
         st = cca_backend_error(CCA_ERR_BACKEND, 0,
                                "sim: vmm_map: mprotect of %p (%zu bytes) failed", addr, size);
         goto out_unlock;
@@ -307,7 +340,9 @@ static cca_status_t sim_vmm_unmap(void *ctx, int device, void *addr, size_t size
         p->map_count--;
         phys_maybe_free(c, p);
     }
-    if (c->backed) {
+    if (c->ipc_shared) /* back to reserved address space */
+        mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    else if (c->backed) {
         mprotect(addr, size, PROT_NONE);
         madvise(addr, size, MADV_DONTNEED);
     }
@@ -352,6 +387,82 @@ out_unlock:
     return st;
 }
 
+/* The memory file of a live, shareable handle (ipc_shared mode). Returns
+ * CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_NOT_SUPPORTED, or a fault. */
+static cca_status_t sim_vmm_export(void *ctx, int device, cca_phys_handle_t handle, int *fd)
+{
+    sim_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_EXPORT);
+    if (st != CCA_OK)
+        goto out_unlock;
+    sim_phys_t *p = simmap_get(&c->phys, handle);
+    if (!fd || !p || p->released || p->device != device) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: vmm_export: invalid argument (handle %llu is not a live "
+                               "physical handle of device %d)",
+                               (unsigned long long)handle, device);
+        goto out_unlock;
+    }
+    if (p->fd < 0) {
+        st = cca_backend_error(CCA_ERR_NOT_SUPPORTED, 801 /* cudaErrorNotSupported */,
+                               "sim: vmm_export: the handle is not shareable (the simulated "
+                               "backend shares physical memory in ipc_shared mode only)");
+        goto out_unlock;
+    }
+    *fd = p->fd;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* A handle for the memory file fd (kept by the caller): a duplicate of it is
+ * mapped. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_NOT_SUPPORTED,
+ * CCA_ERR_BACKEND, or a fault. */
+static cca_status_t sim_vmm_import(void *ctx, int device, int fd, cca_phys_handle_t *handle)
+{
+    sim_ctx_t *c = ctx;
+    struct stat sb;
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = sim_enter_locked(c, CCA_OP_VMM_IMPORT);
+    if (st != CCA_OK)
+        goto out_unlock;
+    if (device < 0 || device >= c->device_count) {
+        st = sim_bad_device(c, CCA_OP_VMM_IMPORT, device);
+        goto out_unlock;
+    }
+    if (!c->ipc_shared) {
+        st = cca_backend_error(CCA_ERR_NOT_SUPPORTED, 801,
+                               "sim: vmm_import: the simulated backend maps another process's "
+                               "memory in ipc_shared mode only");
+        goto out_unlock;
+    }
+    if (!handle || fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0 ||
+        (size_t)sb.st_size % c->granularity != 0) {
+        st = cca_backend_error(CCA_ERR_INVALID_ARGUMENT, SIM_CUDA_INVALID_VALUE,
+                               "sim: vmm_import: invalid argument (file descriptor %d holds no "
+                               "exported physical memory)",
+                               fd);
+        goto out_unlock;
+    }
+    sim_phys_t *p = calloc(1, sizeof(*p));
+    if (!p || !simmap_reserve(&c->phys) || (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        free(p);
+        st = sim_host_oom(CCA_OP_VMM_IMPORT);
+        goto out_unlock;
+    }
+    p->id = ++c->next_serial;
+    p->device = device;
+    p->size = (size_t)sb.st_size;
+    p->imported = true;
+    simmap_put(&c->phys, p->id, p);
+    c->live_handles++;
+    *handle = p->id;
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
 /* Install the virtual memory operations into the table. */
 void sim_vmm_install(cca_backend_t *b)
 {
@@ -363,4 +474,6 @@ void sim_vmm_install(cca_backend_t *b)
     b->vmm_map = sim_vmm_map;
     b->vmm_unmap = sim_vmm_unmap;
     b->vmm_set_access = sim_vmm_set_access;
+    b->vmm_export = sim_vmm_export;
+    b->vmm_import = sim_vmm_import;
 }

@@ -62,6 +62,8 @@ typedef struct sim_phys {
     size_t size;        /* bytes of device memory it holds */
     uint64_t map_count; /* live mappings */
     bool released;      /* vmm_release called; freed with its last mapping */
+    bool imported;      /* vmm_import: another process's memory, not counted in used */
+    int fd;             /* ipc_shared mode (or imported): the memory file behind it, else -1 */
 } sim_phys_t;
 
 struct sim_stream;
