@@ -3,7 +3,8 @@
 # and compare it with the anchors in one run:
 #   1. build cca (Release; and Debug without ASan, for compute-sanitizer);
 #   2. run the GPU test suite (ctest -L cuda; with two GPUs it includes peer
-#      access and two processes sharing memory, test_cuda_multigpu);
+#      access and two processes sharing memory, test_cuda_multigpu; two
+#      processes sharing blocks of expandable segments, test_cuda_ipc_expandable);
 #   3. run each GPU test binary under compute-sanitizer --tool memcheck;
 #   3b. with two GPUs: two-rank NCCL data-parallel training on cca against
 #      the native run (tests/cuda/torch_ddp.py);

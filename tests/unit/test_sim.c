@@ -689,6 +689,10 @@ TEST(fault_every_op_counts)
     const cca_graph_node_t *terms = NULL;
     expect_status(b->stream_capture_info(ctx, 0, NULL, &s, &cid, &terms, &f), CCA_ERR_BACKEND);
     expect_status(b->graph_node_dependencies(ctx, 0, NULL, NULL, &f), CCA_ERR_BACKEND);
+    int fd = -1;
+    expect_status(b->vmm_export(ctx, 0, h, &fd), CCA_ERR_BACKEND);
+    expect_status(b->vmm_import(ctx, 0, fd, &h), CCA_ERR_BACKEND);
+    expect_eq_i64(fd, -1);
     expect_eq_ptr(p, NULL);
     expect_eq_ptr(st, NULL);
     for (int op = 0; op < CCA_OP_COUNT; op++) {
