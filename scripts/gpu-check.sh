@@ -215,12 +215,14 @@ fi
 run_step torch-bench "$(left 0)" run_torch_bench
 
 cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log "$logs"/bench-cca-expandable.log \
+    "$logs"/bench-host.log \
     2>/dev/null | grep '^RESULT ' >"$logs/results.txt"
 awk '
 function key(name, rest) { return name "|" rest }
 $1 == "RESULT" {
     name = $2; what = $3; value = $NF; sub(/^[^=]*=/, "", value)
     if (what == "pair_latency") { split($4, kv, "="); what = "pair_" kv[2] }
+    if (what == "pinned_pair") { split($4, kv, "="); what = "pinned_" kv[2] }
     v[key(name, what)] = value
 }
 function cell(name, what) { return (key(name, what) in v) ? v[key(name, what)] : "-" }
@@ -248,6 +250,10 @@ END {
     row("4 threads, 4 streams", "threads=4", "M ops/s")
     row("8 threads, 8 streams", "threads=8", "M ops/s")
     row("16 threads, 16 streams", "threads=16", "M ops/s")
+    row("1 thread, after warm-up", "threads_warm=1", "M ops/s")
+    row("16 threads, after warm-up", "threads_warm=16", "M ops/s")
+    row("pinned host pair 512 B", "pinned_512", "ns/pair")
+    row("pinned host pair 1 MiB", "pinned_1048576", "ns/pair")
 }' "$logs/results.txt" >"$logs/table.md"
 
 echo
