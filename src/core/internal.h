@@ -115,6 +115,17 @@ void sb_json_string(cca_strbuf_t *sb, const char *text);
 /* Parse a byte size such as "80G", "512M", "4096" (K/M/G/T, binary). */
 bool cca_parse_bytes(const char *text, size_t *bytes);
 
+/*
+ * A zero-filled array of bytes that grows without copying: on Linux its own
+ * mapping, grown in place or moved by remapping (pages never touched are
+ * never faulted in, and the old content is not copied); elsewhere realloc and
+ * memset. *data NULL and *bytes 0 start an empty one. cca_zarray_grow makes
+ * room for at least need bytes (false when out of memory: the array is left
+ * as it was); cca_zarray_free releases it (bytes: its current size).
+ */
+bool cca_zarray_grow(void **data, size_t *bytes, size_t need);
+void cca_zarray_free(void *data, size_t bytes);
+
 /* Monotonic time in nanoseconds; wall-clock time in microseconds. */
 uint64_t cca_now_ns(void);
 int64_t cca_wall_us(void);

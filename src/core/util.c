@@ -1,11 +1,15 @@
 /*
  * util.c - small helpers: a growable string buffer (plain malloc, never the
- * allocator being described), byte-size parsing, clocks.
+ * allocator being described), a zero-filled array that grows without
+ * copying, byte-size parsing, clocks.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "internal.h"
 
@@ -127,3 +131,68 @@ int64_t cca_wall_us(void)
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
+
+/* ---- zero-filled arrays -------------------------------------------------------- */
+
+#ifdef __linux__
+#define ZA_PAGE ((size_t)4096)
+
+static size_t za_round(size_t n)
+{
+    return (n + ZA_PAGE - 1) & ~(ZA_PAGE - 1);
+}
+
+bool cca_zarray_grow(void **data, size_t *bytes, size_t need)
+{
+    if (need <= *bytes)
+        return true;
+    size_t n = *bytes ? *bytes : 16 * ZA_PAGE;
+    while (n < need) {
+        if (n > SIZE_MAX / 2)
+            return false;
+        n *= 2;
+    }
+    n = za_round(n);
+    void *p;
+    if (!*data)
+        p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    else
+        p = mremap(*data, *bytes, n, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED)
+        return false;
+    *data = p;
+    *bytes = n;
+    return true;
+}
+
+void cca_zarray_free(void *data, size_t bytes)
+{
+    if (data)
+        munmap(data, bytes);
+}
+#else
+bool cca_zarray_grow(void **data, size_t *bytes, size_t need)
+{
+    if (need <= *bytes)
+        return true;
+    size_t n = *bytes ? *bytes : 65536;
+    while (n < need) {
+        if (n > SIZE_MAX / 2)
+            return false;
+        n *= 2;
+    }
+    void *p = realloc(*data, n);
+    if (!p)
+        return false;
+    memset((char *)p + *bytes, 0, n - *bytes);
+    *data = p;
+    *bytes = n;
+    return true;
+}
+
+void cca_zarray_free(void *data, size_t bytes)
+{
+    (void)bytes;
+    free(data);
+}
+#endif

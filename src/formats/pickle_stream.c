@@ -144,8 +144,12 @@ typedef struct sreader {
     size_t sp, stack_cap;
     size_t *marks;
     size_t nmarks, marks_cap;
+    /* a zero-filled array (cca_zarray_grow); entries from memo_len on are unset and never
+     * read, so that the pages past the last entry set are never touched */
     uintptr_t *memo;
-    size_t memo_cap, memo_count;
+    size_t memo_len;         /* 1 + the highest index set */
+    size_t memo_room;        /* entries allocated (memo_bytes of them) */
+    size_t memo_count, memo_bytes;
     bool root_seen;
     pv_node_t *result;       /* the value STOP returned */
 
@@ -165,6 +169,7 @@ typedef struct sreader {
     const pk_sym_t *records_field;
     const pk_value_t **by_tag;
     pk_value_t *tag_values;
+    uint64_t tags_set;       /* by_tag entries the last record set (symbol_count <= 64) */
 } sreader_t;
 
 /* ---- errors and small helpers ------------------------------------------------------ */
@@ -706,21 +711,31 @@ static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size
 {
     const rec_t *rec = &r->recs[rs->v.rec];
     const slot_t *pairs = r->fields + rec->start;
-    memset(r->by_tag, 0, r->h->symbol_count * sizeof(*r->by_tag));
+    size_t nsym = r->h->symbol_count;
+    if (nsym > 64)
+        memset(r->by_tag, 0, nsym * sizeof(*r->by_tag));
+    else
+        for (uint64_t m = r->tags_set; m; m &= m - 1)
+            r->by_tag[__builtin_ctzll(m)] = NULL;
+    uint64_t set = 0;
     for (size_t i = 0; i < rec->count; i++) {
         const slot_t *k = &pairs[2 * i];
-        int32_t t = -1;
+        int32_t t;
         const char *text;
         size_t len;
         if (k->type == SL_SCALAR && k->kind == PV_STR)
             t = k->v.sym->tag;
         else if (k->type == SL_NODE && pv_get_str(k->v.node, &text, &len))
             t = tag_of(r->h, text, len);
+        else
+            continue;
         if (t < 0)
             continue;
         to_value_fast(r->h, &pairs[2 * i + 1], &r->tag_values[t]);
         r->by_tag[t] = &r->tag_values[t];
+        set |= (uint64_t)1 << (t & 63);
     }
+    r->tags_set = set;
     rec_view_t view = {r->h, pairs, rec->count};
     pk_record_t out = {
         .field = r->records_field->data,
@@ -959,20 +974,30 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
 
 /* ---- memo ------------------------------------------------------------------------------------- */
 
+/* Room for n memo entries, the new ones unset; false when out of memory. */
+static bool memo_reserve(sreader_t *r, size_t n)
+{
+    if (n > SIZE_MAX / sizeof(uintptr_t) ||
+        !cca_zarray_grow((void **)&r->memo, &r->memo_bytes, n * sizeof(uintptr_t)))
+        return false;
+    r->memo_room = r->memo_bytes / sizeof(uintptr_t);
+    return true;
+}
+
 /* memo[idx] = e. Returns CCA_OK, CCA_ERR_FORMAT (a bogus index), CCA_ERR_OUT_OF_MEMORY. */
 static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t e)
 {
     /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
     if (idx > r->in.base + r->in.pos)
         return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
-    if (idx >= r->memo_cap) {
-        size_t old = r->memo_cap;
-        if (!grow(&r->memo, &r->memo_cap, (size_t)idx + 1, sizeof(uintptr_t), 1024))
-            return sr_oom();
-        memset(r->memo + old, 0, (r->memo_cap - old) * sizeof(uintptr_t));
-    }
-    if (!r->memo[idx])
+    if (idx >= r->memo_room && !memo_reserve(r, (size_t)idx + 1))
+        return sr_oom();
+    if (idx >= r->memo_len) {
+        r->memo_len = (size_t)idx + 1;
         r->memo_count++;
+    } else if (!r->memo[idx]) {
+        r->memo_count++;
+    }
     r->memo[idx] = e;
     return CCA_OK;
 }
@@ -1000,7 +1025,7 @@ static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
 
 static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
 {
-    uintptr_t e = idx < r->memo_cap ? r->memo[idx] : 0;
+    uintptr_t e = idx < r->memo_len ? r->memo[idx] : 0;
     if (!e)
         return sr_error(r, off, "memo key %llu is not defined", (unsigned long long)idx);
     if (!(e & (1 | MEMO_NODE_BIT)))
@@ -1034,12 +1059,12 @@ typedef struct pending_memo {
 /* The memo entry idx as the fast path sees it: pending stores first. 0: unset. */
 static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, int npm, uint64_t idx)
 {
-    if (idx < r->memo_count && idx < r->memo_cap)
-        return r->memo[idx]; /* pending stores all lie at or above the count */
+    if (idx < r->memo_count)
+        return r->memo[idx]; /* pending stores all lie at or above the count (<= memo_len) */
     for (int i = npm - 1; i >= 0; i--)
         if (pm[i].idx == idx)
             return pm[i].e;
-    return idx < r->memo_cap ? r->memo[idx] : 0;
+    return idx < r->memo_len ? r->memo[idx] : 0;
 }
 
 /*
@@ -1075,29 +1100,23 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
         return false;
     p++;
     for (;;) {
-        if (p > limit)
-            return false;
-        int op = *p;
-        if (op == OP_SETITEMS) {
-            p++;
-            break;
-        }
-        if (n == 2 * FAST_FIELDS)
+        if (__builtin_expect(p > limit || n == 2 * FAST_FIELDS, 0))
             return false;
         slot_t *d = &kv[n];
-        d->type = SL_SCALAR;
-        d->flags = 0;
-        d->n = 0;
-        switch (op) {
+        /* each case fills the whole slot with one store of a compound literal */
+        switch (*p) {
+        case OP_SETITEMS:
+            p++;
+            goto body_read;
         case OP_BINGET:
         case OP_LONG_BINGET: {
-            uint64_t idx = op == OP_BINGET ? p[1] : le32(p + 1);
-            uintptr_t e = fast_memo(r, pm, npm, idx);
+            uint64_t idx = *p == OP_BINGET ? p[1] : le32(p + 1);
+            uintptr_t e = idx < r->memo_count ? r->memo[idx] : fast_memo(r, pm, npm, idx);
             if (!e || (e & (1 | MEMO_NODE_BIT)))
                 return false;
-            d->v.sym = (const pk_sym_t *)e;
-            d->kind = d->v.sym->kind;
-            p += op == OP_BINGET ? 2 : 5;
+            const pk_sym_t *sym = (const pk_sym_t *)e;
+            *d = (slot_t){.type = SL_SCALAR, .kind = sym->kind, .v.sym = sym};
+            p += *p == OP_BINGET ? 2 : 5;
             break;
         }
         case OP_SHORT_BINUNICODE: {
@@ -1105,47 +1124,40 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
             if ((size_t)(end - p) < 2 + len + 1)
                 return false;
             const pk_sym_t *sym;
-            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), op, &sym) != CCA_OK)
+            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
                 return false; /* the general path raises it again */
-            d->kind = PV_STR;
-            d->v.sym = sym;
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_STR, .v.sym = sym};
             p += 2 + len;
             break;
         }
         case OP_BININT1:
-            d->kind = PV_INT;
-            d->v.u = p[1];
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = p[1]};
             p += 2;
             break;
         case OP_BININT2:
-            d->kind = PV_INT;
-            d->v.u = le16(p + 1);
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le16(p + 1)};
             p += 3;
             break;
         case OP_BININT:
-            d->kind = PV_INT;
-            d->v.i = (int32_t)le32(p + 1);
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.i = (int32_t)le32(p + 1)};
             p += 5;
             break;
         case OP_LONG1: {
             size_t len = p[1];
             if (!len || len > 8 || (p[1 + len] & 0x80))
                 return false;
-            d->kind = PV_INT;
-            d->v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len));
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT,
+                          .v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len))};
             p += 2 + len;
             break;
         }
         case OP_NONE:
-            d->kind = PV_NONE;
-            d->v.u = 0;
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_NONE};
             p += 1;
             break;
         case OP_NEWTRUE:
         case OP_NEWFALSE:
-            d->kind = PV_BOOL;
-            d->v.u = 0;
-            d->v.b = op == OP_NEWTRUE;
+            *d = (slot_t){.type = SL_SCALAR, .kind = PV_BOOL, .v.b = *p == OP_NEWTRUE};
             p += 1;
             break;
         default:
@@ -1159,21 +1171,20 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
         }
         n++;
     }
+body_read:
     if (n % 2)
         return false;
     rec_t *rec = &r->recs[rec_slot->v.rec];
     /* commit: the memo stores (MEMOIZE numbers them from the count, as one by one);
      * the memo grows first, so that no store can fail half way */
-    if (npm && memo_next > r->memo_cap) {
-        size_t old = r->memo_cap;
-        if (!grow(&r->memo, &r->memo_cap, (size_t)memo_next, sizeof(uintptr_t), 1024))
-            return false; /* out of memory: the general path raises it */
-        memset(r->memo + old, 0, (r->memo_cap - old) * sizeof(uintptr_t));
-    }
+    if (npm && memo_next > r->memo_room && !memo_reserve(r, (size_t)memo_next))
+        return false; /* out of memory: the general path raises it */
     for (int i = 0; i < npm; i++) {
         r->memo[pm[i].idx] = pm[i].e;
         r->memo_count++;
     }
+    if (npm && memo_next > r->memo_len)
+        r->memo_len = (size_t)memo_next;
     rec->start = r->nfields;
     rec->count = n / 2;
     r->nfields += n;
@@ -1551,7 +1562,7 @@ static void sreader_free(sreader_t *r)
     }
     free(r->stack);
     free(r->marks);
-    free(r->memo);
+    cca_zarray_free(r->memo, r->memo_bytes);
     free(r->syms);
     free(r->recs);
     free(r->fields);

@@ -576,8 +576,8 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     uint64_t t0 = cca_now_ns();
     pv_doc_t *doc = NULL;
     replay_event_t *ev = NULL;
-    size_t n = 0;
-    cca_status_t st = replay_load(path, opt.device, &doc, &ev, &n);
+    size_t n = 0, ev_bytes = 0;
+    cca_status_t st = replay_load(path, opt.device, &doc, &ev, &n, &ev_bytes);
     if (st != CCA_OK)
         return st;
     const pv_node_t *root = pv_doc_root(doc);
@@ -638,7 +638,7 @@ out_history:
         cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 out_events:
     free(ops);
-    free(ev);
+    cca_zarray_free(ev, ev_bytes);
     pv_doc_free(doc);
     return st;
 }

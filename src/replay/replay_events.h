@@ -30,7 +30,8 @@ typedef struct replay_event {
 } replay_event_t;
 
 /*
- * Read the snapshot at path: *events (malloc'd, *count of them) is
+ * Read the snapshot at path: *events (a zero-filled array of core/util.c,
+ * *events_bytes long: free it with cca_zarray_free; *count events) is
  * device_traces[device], and *fields a dict of every other top-level field
  * (root NULL-free: pv_doc_root is a dict). Returns CCA_OK, CCA_ERR_IO,
  * CCA_ERR_FORMAT (not a snapshot: no top-level dict or no device_traces list;
@@ -39,6 +40,6 @@ typedef struct replay_event {
  * On failure nothing is returned to free.
  */
 cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_event_t **events,
-                         size_t *count);
+                         size_t *count, size_t *events_bytes);
 
 #endif /* CCA_REPLAY_EVENTS_H */

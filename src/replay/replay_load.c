@@ -35,8 +35,8 @@ typedef struct loader {
     size_t device;           /* the trace kept */
     bool saw_traces;         /* device_traces began (as a list) */
     size_t devices;          /* inner lists seen */
-    replay_event_t *ev;
-    size_t n, cap;
+    replay_event_t *ev;      /* a zero-filled array (cca_zarray_grow) of ev_bytes */
+    size_t n, cap, ev_bytes;
     size_t seen;             /* events of the kept device read */
 } loader_t;
 
@@ -75,15 +75,12 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         return CCA_OK;
     size_t i = l->seen++;
     if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 4096;
-        replay_event_t *ev = realloc(l->ev, cap * sizeof(*ev));
-        if (!ev)
-            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", cap);
-        l->ev = ev;
-        l->cap = cap;
+        /* grown in place: the events are never copied, and arrive zeroed */
+        if (!cca_zarray_grow((void **)&l->ev, &l->ev_bytes, (l->n + 1) * sizeof(*l->ev)))
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", l->n + 1);
+        l->cap = l->ev_bytes / sizeof(*l->ev);
     }
     replay_event_t *e = &l->ev[l->n];
-    memset(e, 0, sizeof(*e));
     const pk_value_t *action = rec->by_tag[TAG_ACTION];
     if (!action)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu has no action", i);
@@ -103,7 +100,7 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
 }
 
 cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_event_t **events,
-                         size_t *count)
+                         size_t *count, size_t *events_bytes)
 {
     loader_t l;
     memset(&l, 0, sizeof(l));
@@ -134,17 +131,18 @@ cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay
         if (l.ev[i].kind == EV_FREE_REQUESTED)
             l.ev[i].deferred = !(i + 1 < l.n && l.ev[i + 1].kind == EV_FREE_COMPLETED &&
                                  l.ev[i + 1].addr == l.ev[i].addr);
-    if (!l.ev && !(l.ev = malloc(sizeof(*l.ev)))) {
+    if (!l.ev && !cca_zarray_grow((void **)&l.ev, &l.ev_bytes, sizeof(*l.ev))) {
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
         goto out_doc;
     }
     *fields = doc;
     *events = l.ev;
     *count = l.n;
+    *events_bytes = l.ev_bytes;
     return CCA_OK;
 out_doc:
     pv_doc_free(doc);
 out_events:
-    free(l.ev);
+    cca_zarray_free(l.ev, l.ev_bytes);
     return st;
 }
