@@ -257,7 +257,10 @@ cca_status_t cca_memcpy_peer_async(void *dst, int dst_device, const void *src, i
 /* Several processes: IPC                                                   */
 /* ------------------------------------------------------------------------ */
 
-/** Bytes of an IPC handle. */
+/**
+ * Bytes of an IPC handle in its fixed form (cca_ipc_mem_handle_t), and the
+ * least a serialized handle takes (cca_ipc_get_handle_bytes).
+ */
 #define CCA_IPC_HANDLE_SIZE 224
 
 /**
@@ -265,7 +268,11 @@ cca_status_t cca_memcpy_peer_async(void *dst, int dst_device, const void *src, i
  * socket, a file). It names the segment holding the block (the backend's
  * handle of the segment) and the block's offset in it, as PyTorch shares
  * blocks, an interprocess event of the producer, and a reference counter in
- * shared memory of the producer.
+ * shared memory of the producer. A block of an expandable segment is named by
+ * its granules, one file descriptor each: the fixed form holds up to 16 of
+ * them; the serialized form (cca_ipc_handle_size, cca_ipc_get_handle_bytes,
+ * cca_ipc_open_bytes) holds any number. A fixed handle's bytes are the
+ * serialized handle of its block.
  */
 typedef struct cca_ipc_mem_handle {
     unsigned char bytes[CCA_IPC_HANDLE_SIZE];
@@ -284,11 +291,37 @@ typedef struct cca_ipc_mem_handle {
  * for several consumers make one handle each. Returns CCA_OK,
  * CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_INVALID_POINTER (not a live
  * block, or inside one), CCA_ERR_NOT_SUPPORTED (a block of an expandable
- * segment, the cudaMallocAsync backend, or a backend without IPC; PyTorch's
- * messages), CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND, or an init error.
- * Thread-safe.
+ * segment that cannot be shared here, or that spans more than 16 granules:
+ * the fixed form cannot name it, use cca_ipc_get_handle_bytes; the
+ * cudaMallocAsync backend, or a backend without IPC; PyTorch's messages),
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND, or an init error. Nothing is
+ * taken on error. Thread-safe.
  */
 cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle);
+
+/**
+ * The length in bytes of the serialized handle of the block at ptr (as
+ * cca_ipc_get_handle: a pointer cca_malloc returned, still allocated):
+ * CCA_IPC_HANDLE_SIZE, plus 4 bytes per granule beyond 16 for a block of an
+ * expandable segment. It does not change while the block lives. Takes no
+ * reference. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL),
+ * CCA_ERR_INVALID_POINTER, CCA_ERR_NOT_SUPPORTED (the cudaMallocAsync
+ * backend), or an init error. Thread-safe.
+ */
+cca_status_t cca_ipc_handle_size(void *ptr, size_t *size);
+
+/**
+ * cca_ipc_get_handle into a buffer of the caller's, serialized, for a block
+ * of any size (PyTorch's shareIpcHandle, whose handle of an expandable block
+ * is a byte string of any length): buf gets the handle, *size its length
+ * (cca_ipc_handle_size's). A buffer smaller than that (or NULL) gets
+ * CCA_ERR_INVALID_ARGUMENT with *size set to the length needed, and nothing
+ * is taken. Send the *size bytes as they are; open them with
+ * cca_ipc_open_bytes. Returns as cca_ipc_get_handle (without the limit of 16
+ * granules). Thread-safe.
+ */
+cca_status_t cca_ipc_get_handle_bytes(void *ptr, cca_stream_t stream, void *buf, size_t cap,
+                                      size_t *size);
 
 /**
  * Open a handle made by another process: *ptr gets the block's address in
@@ -306,6 +339,16 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t strea
                           size_t *size);
 
 /**
+ * cca_ipc_open of a serialized handle: the len bytes at handle, exactly as
+ * cca_ipc_get_handle_bytes wrote them (a fixed handle's CCA_IPC_HANDLE_SIZE
+ * bytes too). A truncated, padded or altered handle gets
+ * CCA_ERR_INVALID_ARGUMENT and nothing is mapped. Returns as cca_ipc_open.
+ * Thread-safe.
+ */
+cca_status_t cca_ipc_open_bytes(const void *handle, size_t len, cca_stream_t stream, void **ptr,
+                                size_t *size);
+
+/**
  * Close a pointer from cca_ipc_open, after the work using it is done (the
  * caller synchronizes): releases the handle's reference in the producer and
  * unmaps the segment after its last open block. Returns CCA_OK,
@@ -321,6 +364,8 @@ cca_status_t cca_ipc_close(void *ptr);
  * CCA_ERR_BACKEND (the producer's counters cannot be reached). Thread-safe.
  */
 cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle);
+/** cca_ipc_release_handle of a serialized handle (len bytes at handle). Returns as it. */
+cca_status_t cca_ipc_release_handle_bytes(const void *handle, size_t len);
 
 /**
  * Complete the frees this process deferred because other processes held

@@ -18,10 +18,14 @@
  * the producer with pidfd_open + pidfd_getfd, imports them (vmm_import),
  * reserves a range, maps each granule there and sets access; it unmaps and
  * frees the range when the last block opened in it is closed. Reference
- * counting is the same as above. A handle holds at most IPC_MAX_GRANULES
- * descriptors.
+ * counting is the same as above.
  * The cudaMallocAsync backend gives PyTorch's errors: it shares nothing.
- * Handle layout (CCA_IPC_HANDLE_SIZE bytes, host byte order): see ipc_wire_t.
+ * Handle layout (host byte order): a head of CCA_IPC_HANDLE_SIZE bytes
+ * (ipc_wire_t, zero-padded), which is the whole handle and the fixed
+ * cca_ipc_mem_handle_t unless the block spans more than IPC_HEAD_GRANULES
+ * granules; their descriptors beyond the first IPC_HEAD_GRANULES follow the
+ * head (int32 each), so the serialized form (cca_ipc_get_handle_bytes) has
+ * no limit. The head's check covers the head and what follows it.
  * Invariant: every opened block refers to one mapped segment, whose `opens`
  * is the number of such blocks. One lock guards the consumer's tables.
  */
@@ -43,8 +47,11 @@ static const char ipc_magic[8] = {'c', 'c', 'a', 'i', 'p', 'c', '1', 0};
 
 enum { IPC_KIND_SEGMENT = 0, IPC_KIND_EXPANDABLE = 1 };
 
-/* Granules one handle can name (their descriptors fill the backend field). */
-#define IPC_MAX_GRANULES 16
+/* Granules whose descriptors the head holds (its backend field); more follow the head. */
+#define IPC_HEAD_GRANULES 16
+/* Granules a handle may name at most (a sanity bound on what a parser accepts: 2^24
+ * granules of the smallest granularity, 2 MiB, are 32 TiB). */
+#define IPC_MAX_GRANULES (1u << 24)
 
 /* What a handle holds. */
 typedef struct ipc_wire {
@@ -68,8 +75,15 @@ typedef struct ipc_wire {
 } ipc_wire_t;
 
 _Static_assert(sizeof(ipc_wire_t) <= CCA_IPC_HANDLE_SIZE, "the IPC handle is too small");
-_Static_assert(IPC_MAX_GRANULES * sizeof(int32_t) <= sizeof(((ipc_wire_t *)0)->backend),
-               "the IPC handle cannot hold its descriptors");
+_Static_assert(IPC_HEAD_GRANULES * sizeof(int32_t) <= sizeof(((ipc_wire_t *)0)->backend),
+               "the IPC handle's head cannot hold its descriptors");
+
+/* Bytes of the serialized handle of a block over granules granules (0: not expandable). */
+static size_t handle_length(size_t granules)
+{
+    size_t tail = granules > IPC_HEAD_GRANULES ? granules - IPC_HEAD_GRANULES : 0;
+    return CCA_IPC_HANDLE_SIZE + tail * sizeof(int32_t);
+}
 
 static _Atomic uint64_t next_ticket;
 
@@ -98,13 +112,17 @@ static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
 static ipc_segment_t *segments;
 static ipc_open_t *opens;
 
-/* FNV-1a over the handle before its check field. */
-static uint64_t wire_check(const ipc_wire_t *w)
+/* FNV-1a over the head before its check field, then over the tail (tail_len bytes). */
+static uint64_t wire_check(const ipc_wire_t *w, const unsigned char *tail, size_t tail_len)
 {
     const unsigned char *p = (const unsigned char *)w;
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < offsetof(ipc_wire_t, check); i++) {
         h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    for (size_t i = 0; i < tail_len; i++) {
+        h ^= tail[i];
         h *= 0x100000001b3ull;
     }
     return h;
@@ -119,30 +137,52 @@ static cca_status_t expandable_refused(const char *why)
                      why);
 }
 
+/* The granules [*first, *end) of block's expandable segment that hold it. */
+static void block_granules(const cca_block_t *block, size_t *first, size_t *end)
+{
+    const cca_segment_t *seg = block->segment;
+    size_t g = seg->es->granule;
+    *first = (block->addr - seg->base) / g;
+    *end = (block->addr + block->size - seg->base + g - 1) / g;
+}
+
+/* The live block at ptr, or an error naming what. */
+static cca_status_t find_block(const char *what, void *ptr, cca_block_t **out)
+{
+    cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
+    if (!block || (block->pool && !block->allocated))
+        return pool_invalid_pointer(what, ptr);
+    *out = block;
+    return CCA_OK;
+}
+
+/* Bytes of block's serialized handle. */
+static size_t block_handle_length(const cca_block_t *block)
+{
+    if (!block->pool || !block->segment->es)
+        return handle_length(0);
+    size_t first, end;
+    block_granules(block, &first, &end);
+    return handle_length(end - first);
+}
+
 /*
  * Describe the granules holding block, an allocated block of an expandable
- * segment, in w: each one's exported descriptor (the backend keeps it open
- * while the granule is mapped, which it stays while the block lives).
+ * segment, in w and tail (room for the descriptors beyond the head's): each
+ * one's exported descriptor (the backend keeps it open while the granule is
+ * mapped, which it stays while the block lives).
  */
-static cca_status_t export_expandable(cca_block_t *block, ipc_wire_t *w)
+static cca_status_t export_expandable(cca_block_t *block, ipc_wire_t *w, unsigned char *tail)
 {
     cca_segment_t *seg = block->segment;
     cca_device_t *dev = block->pool->owner->device;
     cca_backend_t *be = cca_state->backend;
     cca_status_t st = CCA_OK;
+    size_t first, end;
+    block_granules(block, &first, &end);
+    size_t g = seg->es->granule;
     pthread_mutex_lock(&dev->lock); /* growth may move the granule table */
     cca_expandable_t *es = seg->es;
-    size_t g = es->granule;
-    size_t first = (block->addr - seg->base) / g;
-    size_t end = (block->addr + block->size - seg->base + g - 1) / g;
-    if (end - first > IPC_MAX_GRANULES) {
-        st = cca_raise(CCA_ERR_NOT_SUPPORTED,
-                       "cca_ipc_get_handle: the block spans %zu granules of its expandable "
-                       "segment; an IPC handle names at most %d",
-                       end - first, IPC_MAX_GRANULES);
-        goto out_unlock;
-    }
-    int32_t fds[IPC_MAX_GRANULES];
     for (size_t i = first; i < end; i++) {
         int fd = -1;
         if (i >= es->handle_count || !es->handles[i].present) {
@@ -159,42 +199,41 @@ static cca_status_t export_expandable(cca_block_t *block, ipc_wire_t *w)
         }
         if (st != CCA_OK)
             goto out_unlock;
-        fds[i - first] = fd;
+        int32_t fd32 = fd;
+        size_t k = i - first;
+        if (k < IPC_HEAD_GRANULES)
+            memcpy(w->backend + k * sizeof(fd32), &fd32, sizeof(fd32));
+        else
+            memcpy(tail + (k - IPC_HEAD_GRANULES) * sizeof(fd32), &fd32, sizeof(fd32));
     }
     w->kind = IPC_KIND_EXPANDABLE;
     w->device = dev->index;
     w->granules = (uint32_t)(end - first);
     w->segment_size = (end - first) * g;
     w->offset = block->addr - (seg->base + first * g);
-    memcpy(w->backend, fds, (end - first) * sizeof(fds[0]));
 out_unlock:
     pthread_mutex_unlock(&dev->lock);
     return st;
 }
 
-cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle)
+/*
+ * Write the serialized handle of the block at ptr into buf (len bytes, exactly
+ * its handle_length, checked by the caller) and take its reference.
+ */
+static cca_status_t make_handle(cca_block_t *block, cca_stream_t stream, unsigned char *buf,
+                                size_t len)
 {
-    cca_status_t st = state_ensure();
-    if (st != CCA_OK)
-        return st;
-    if (!handle || !ptr)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_get_handle: %s is NULL",
-                         !handle ? "handle" : "ptr");
-    if (async_enabled())
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "cudaMallocAsync does not yet support shareIpcHandle. If you need it, "
-                         "please file an issue describing your use case.");
-    cca_block_t *block = ptrmap_find(cca_state->ptrmap, (uintptr_t)ptr, false);
-    if (!block || (block->pool && !block->allocated))
-        return pool_invalid_pointer("cca_ipc_get_handle", ptr);
     ipc_wire_t w;
     memset(&w, 0, sizeof(w));
     memcpy(w.magic, ipc_magic, sizeof(w.magic));
     w.kind = IPC_KIND_SEGMENT;
+    unsigned char *tail = buf + CCA_IPC_HANDLE_SIZE;
+    size_t tail_len = len - CCA_IPC_HANDLE_SIZE;
     uintptr_t base = block->addr;
     cca_backend_t *be = cca_state->backend;
+    cca_status_t st;
     if (block->pool && block->segment->es) {
-        st = export_expandable(block, &w);
+        st = export_expandable(block, &w, tail);
         if (st != CCA_OK)
             return st;
     } else if (block->pool) {
@@ -226,10 +265,72 @@ cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_hand
     w.ref_slot = ref.slot;
     w.ref_serial = ref.serial;
     w.ticket = atomic_fetch_add(&next_ticket, 1) + 1;
-    w.check = wire_check(&w);
-    memset(handle, 0, sizeof(*handle));
-    memcpy(handle->bytes, &w, sizeof(w));
+    w.check = wire_check(&w, tail, tail_len);
+    memset(buf, 0, CCA_IPC_HANDLE_SIZE);
+    memcpy(buf, &w, sizeof(w));
     return CCA_OK;
+}
+
+/* The common checks of the producer's entry points; *block on CCA_OK. */
+static cca_status_t producer_args(const char *what, void *ptr, const void *out, const char *out_name,
+                                   cca_block_t **block)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (!out || !ptr)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, !ptr ? "ptr" : out_name);
+    if (async_enabled())
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "cudaMallocAsync does not yet support shareIpcHandle. If you need it, "
+                         "please file an issue describing your use case.");
+    return find_block(what, ptr, block);
+}
+
+cca_status_t cca_ipc_get_handle(void *ptr, cca_stream_t stream, cca_ipc_mem_handle_t *handle)
+{
+    cca_block_t *block = NULL;
+    cca_status_t st = producer_args("cca_ipc_get_handle", ptr, handle, "handle", &block);
+    if (st != CCA_OK)
+        return st;
+    size_t len = block_handle_length(block);
+    if (len > sizeof(handle->bytes)) {
+        size_t first, end;
+        block_granules(block, &first, &end);
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "cca_ipc_get_handle: the block spans %zu granules of its expandable "
+                         "segment; cca_ipc_mem_handle_t names at most %d: use "
+                         "cca_ipc_handle_size and cca_ipc_get_handle_bytes (a handle of %zu bytes)",
+                         end - first, IPC_HEAD_GRANULES, len);
+    }
+    return make_handle(block, stream, handle->bytes, sizeof(handle->bytes));
+}
+
+cca_status_t cca_ipc_handle_size(void *ptr, size_t *size)
+{
+    cca_block_t *block = NULL;
+    cca_status_t st = producer_args("cca_ipc_handle_size", ptr, size, "size", &block);
+    if (st != CCA_OK)
+        return st;
+    *size = block_handle_length(block);
+    return CCA_OK;
+}
+
+cca_status_t cca_ipc_get_handle_bytes(void *ptr, cca_stream_t stream, void *buf, size_t cap,
+                                      size_t *size)
+{
+    cca_block_t *block = NULL;
+    cca_status_t st = producer_args("cca_ipc_get_handle_bytes", ptr, size, "size", &block);
+    if (st != CCA_OK)
+        return st;
+    size_t len = block_handle_length(block);
+    *size = len;
+    if (!buf || cap < len)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_ipc_get_handle_bytes: the handle takes %zu bytes, the buffer has %zu "
+                         "(cca_ipc_handle_size gives the length)",
+                         len, buf ? cap : (size_t)0);
+    return make_handle(block, stream, buf, len);
 }
 
 static cca_status_t bad_handle(const char *why)
@@ -280,12 +381,10 @@ static cca_status_t take_fd(int pidfd, int32_t pid, int fd, int *out)
  * descriptor from the producer, import it, map it, drop the handle (the
  * mapping keeps the memory), then set access. Nothing stays on failure.
  */
-static cca_status_t map_expandable(const ipc_wire_t *w, void **base_out)
+static cca_status_t map_expandable(const ipc_wire_t *w, const int32_t *fds, void **base_out)
 {
     cca_backend_t *be = cca_state->backend;
     size_t g = w->segment_size / w->granules;
-    int32_t fds[IPC_MAX_GRANULES];
-    memcpy(fds, w->backend, w->granules * sizeof(fds[0]));
 #ifdef SYS_pidfd_open
     long pidfd = syscall(SYS_pidfd_open, (pid_t)w->ref_pid, 0);
 #else
@@ -360,26 +459,55 @@ static cca_status_t wait_for_producer(const ipc_wire_t *w, cca_stream_t stream)
     return st != CCA_OK ? st : dst;
 }
 
-cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t stream, void **ptr,
-                          size_t *size)
+/*
+ * Read the serialized handle of len bytes at buf into *w, checked; *fds gets
+ * the granules' descriptors of an expandable handle (malloc'd; the caller
+ * frees it), else NULL. what names the entry point.
+ */
+static cca_status_t parse_handle(const char *what, const void *buf, size_t len, ipc_wire_t *w,
+                                 int32_t **fds)
 {
-    cca_status_t st = state_ensure();
-    if (st != CCA_OK)
-        return st;
-    if (!handle || !ptr)
-        return bad_handle(!handle ? "handle is NULL" : "ptr is NULL");
-    if (async_enabled())
-        return cca_raise(CCA_ERR_NOT_SUPPORTED,
-                         "cudaMallocAsync does not yet support getIpcDevPtr. If you need it, "
-                         "please file an issue describing your use case.");
-    ipc_wire_t w;
-    memcpy(&w, handle->bytes, sizeof(w));
-    if (memcmp(w.magic, ipc_magic, sizeof(w.magic)) != 0 || w.check != wire_check(&w))
-        return bad_handle("not a cca IPC handle, or a corrupt one");
-    if (w.kind != IPC_KIND_SEGMENT && w.kind != IPC_KIND_EXPANDABLE)
-        return bad_handle("unknown kind of IPC handle");
+    *fds = NULL;
+    if (len < CCA_IPC_HANDLE_SIZE)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: %zu bytes are not a cca IPC handle (it "
+                         "takes at least %d)", what, len, CCA_IPC_HANDLE_SIZE);
+    memcpy(w, buf, sizeof(*w));
+    if (memcmp(w->magic, ipc_magic, sizeof(w->magic)) != 0)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: not a cca IPC handle, or a corrupt one",
+                         what);
+    if (w->kind != IPC_KIND_SEGMENT && w->kind != IPC_KIND_EXPANDABLE)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: unknown kind of IPC handle, or a corrupt "
+                         "one", what);
+    uint32_t granules = w->kind == IPC_KIND_EXPANDABLE ? w->granules : 0;
+    if (granules > IPC_MAX_GRANULES || len != handle_length(granules))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: a handle of %zu bytes, %s: truncated, "
+                         "padded or corrupt", what, len,
+                         granules > IPC_MAX_GRANULES ? "naming too many granules"
+                                                     : "not the length its granules make");
+    const unsigned char *tail = (const unsigned char *)buf + CCA_IPC_HANDLE_SIZE;
+    if (w->check != wire_check(w, tail, len - CCA_IPC_HANDLE_SIZE))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: not a cca IPC handle, or a corrupt one",
+                         what);
+    if (!granules)
+        return CCA_OK;
+    int32_t *all = malloc(granules * sizeof(*all));
+    if (!all)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for IPC bookkeeping");
+    size_t head = granules < IPC_HEAD_GRANULES ? granules : IPC_HEAD_GRANULES;
+    memcpy(all, w->backend, head * sizeof(*all));
+    memcpy(all + head, tail, (granules - head) * sizeof(*all));
+    *fds = all;
+    return CCA_OK;
+}
+
+/* cca_ipc_open of a parsed handle (fds: its descriptors, or NULL). */
+static cca_status_t open_parsed(const ipc_wire_t *handle_wire, const int32_t *fds,
+                                cca_stream_t stream, void **ptr, size_t *size)
+{
+    ipc_wire_t w = *handle_wire;
+    cca_status_t st;
     if (w.kind == IPC_KIND_EXPANDABLE &&
-        (w.granules == 0 || w.granules > IPC_MAX_GRANULES || w.segment_size % w.granules != 0 ||
+        (w.granules == 0 || w.segment_size % w.granules != 0 ||
          w.size > w.segment_size - w.offset))
         return bad_handle("the handle's granules do not hold its block");
     if (w.device < 0 || w.device >= cca_state->device_count)
@@ -426,7 +554,7 @@ cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t strea
         memcpy(bh.bytes, w.backend, sizeof(bh.bytes));
         void *base = NULL;
         if (w.kind == IPC_KIND_EXPANDABLE)
-            st = map_expandable(&w, &base);
+            st = map_expandable(&w, fds, &base);
         else
             st = be->ipc_open(be->ctx, w.device, &bh, &base);
         if (st != CCA_OK) {
@@ -460,21 +588,75 @@ out_free:
     return st;
 }
 
-cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle)
+/* The checks of the consumer's entry points. */
+static cca_status_t consumer_args(const char *what, const void *buf, void **ptr)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (!buf || !ptr)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what,
+                         !buf ? "the handle" : "ptr");
+    if (async_enabled())
+        return cca_raise(CCA_ERR_NOT_SUPPORTED,
+                         "cudaMallocAsync does not yet support getIpcDevPtr. If you need it, "
+                         "please file an issue describing your use case.");
+    return CCA_OK;
+}
+
+cca_status_t cca_ipc_open_bytes(const void *handle, size_t len, cca_stream_t stream, void **ptr,
+                                size_t *size)
+{
+    cca_status_t st = consumer_args("cca_ipc_open_bytes", handle, ptr);
+    if (st != CCA_OK)
+        return st;
+    ipc_wire_t w;
+    int32_t *fds = NULL;
+    st = parse_handle("cca_ipc_open_bytes", handle, len, &w, &fds);
+    if (st == CCA_OK)
+        st = open_parsed(&w, fds, stream, ptr, size);
+    free(fds);
+    return st;
+}
+
+cca_status_t cca_ipc_open(const cca_ipc_mem_handle_t *handle, cca_stream_t stream, void **ptr,
+                          size_t *size)
+{
+    cca_status_t st = consumer_args("cca_ipc_open", handle, ptr);
+    if (st != CCA_OK)
+        return st;
+    ipc_wire_t w;
+    int32_t *fds = NULL;
+    st = parse_handle("cca_ipc_open", handle->bytes, sizeof(handle->bytes), &w, &fds);
+    if (st == CCA_OK)
+        st = open_parsed(&w, fds, stream, ptr, size);
+    free(fds);
+    return st;
+}
+
+cca_status_t cca_ipc_release_handle_bytes(const void *handle, size_t len)
 {
     if (!handle)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_release_handle: handle is NULL");
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_release_handle_bytes: handle is NULL");
     ipc_wire_t w;
-    memcpy(&w, handle->bytes, sizeof(w));
-    if (memcmp(w.magic, ipc_magic, sizeof(w.magic)) != 0 || w.check != wire_check(&w))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
-                         "cca_ipc_release_handle: not a cca IPC handle, or a corrupt one");
+    int32_t *fds = NULL;
+    cca_status_t st = parse_handle("cca_ipc_release_handle", handle, len, &w, &fds);
+    free(fds);
+    if (st != CCA_OK)
+        return st;
     shmcount_ref_t ref = {w.ref_pid, w.ref_fd, w.ref_slot, w.ref_serial};
     if (ref.pid == (int32_t)getpid()) {
         shmcount_add(&ref, -1);
         return CCA_OK;
     }
     return shmcount_release_foreign(&ref);
+}
+
+cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle)
+{
+    if (!handle)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_ipc_release_handle: handle is NULL");
+    return cca_ipc_release_handle_bytes(handle->bytes, sizeof(handle->bytes));
 }
 
 /* Drop one open of seg; unmap it after the last (ipc_lock held). */

@@ -7,8 +7,11 @@
  * way, a block of the other process back; data written on the device by one
  * process is checked by the other; a free while the other process maps the
  * block is deferred until it closes it; closing twice and a stale handle are
- * refused. Where the driver cannot make shareable memory the producer gets
- * PyTorch's error and the test is reported skipped. Exits 77 without a GPU.
+ * refused. Then blocks over more granules than the fixed handle names (21
+ * granules of 20 MiB) go both ways through serialized handles
+ * (cca_ipc_get_handle_bytes / cca_ipc_open_bytes), checked in every granule.
+ * Where the driver cannot make shareable memory the producer gets PyTorch's
+ * error and the test is reported skipped. Exits 77 without a GPU.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -24,6 +27,8 @@
 #include "internal.h"
 
 static const size_t MiB = 1024 * 1024;
+/* Blocks over more granules than cca_ipc_mem_handle_t names: [5, 415) MiB is 21 granules. */
+static const size_t MANY = 410 * 1024 * 1024;
 
 static bool setup(void)
 {
@@ -58,6 +63,21 @@ static size_t device_mismatches(const void *p, int value, size_t size)
     return bad;
 }
 
+/* Bytes of [p, p + size) that differ from value: 4 KiB in every 20 MiB granule, and the last. */
+static size_t granule_mismatches(const void *p, int value, size_t size)
+{
+    static unsigned char buf[4096];
+    size_t bad = 0;
+    for (size_t off = 0; off < size; off += 20 * MiB) {
+        size_t n = size - off < sizeof(buf) ? size - off : sizeof(buf);
+        if (cudaMemcpy(buf, (const char *)p + off, n, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return size;
+        for (size_t i = 0; i < n; i++)
+            bad += buf[i] != (unsigned char)value;
+    }
+    return bad + device_mismatches(p, value, size);
+}
+
 typedef struct msg {
     int tag;
     cca_ipc_mem_handle_t handle[3];
@@ -70,6 +90,53 @@ static void send_msg(int fd, const msg_t *m)
 {
     if (write(fd, m, sizeof(*m)) != (ssize_t)sizeof(*m))
         HARNESS_FAIL("pipe write failed");
+}
+
+/* A serialized handle: its length, then its bytes. */
+static void send_blob(int fd, const void *bytes, size_t len)
+{
+    if (write(fd, &len, sizeof(len)) != (ssize_t)sizeof(len) ||
+        write(fd, bytes, len) != (ssize_t)len)
+        HARNESS_FAIL("pipe write failed");
+}
+
+static bool read_all(int fd, void *p, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0)
+            return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* The next serialized handle (malloc'd), its length in *len; NULL on failure. */
+static unsigned char *recv_blob(int fd, size_t *len)
+{
+    unsigned char *b = NULL;
+    if (!read_all(fd, len, sizeof(*len)) || *len > 65536 || !(b = malloc(*len)) ||
+        !read_all(fd, b, *len)) {
+        HARNESS_FAIL("pipe read failed");
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* The serialized handle of p (malloc'd), after checking the fixed form refuses it. */
+static unsigned char *share_many(void *p, size_t *len)
+{
+    cca_ipc_mem_handle_t fixed;
+    expect_status(cca_ipc_get_handle(p, NULL, &fixed), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "cca_ipc_get_handle_bytes");
+    expect_ok(cca_ipc_handle_size(p, len));
+    expect_true(*len > CCA_IPC_HANDLE_SIZE);
+    unsigned char *b = malloc(*len);
+    size_t got = 0;
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, b, *len, &got));
+    expect_eq_u64(got, *len);
+    return b;
 }
 
 static msg_t recv_msg(int fd)
@@ -135,6 +202,34 @@ static void child(int rfd, int wfd)
     size_t pending = 9;
     expect_ok(cca_ipc_collect(&pending));
     expect_eq_u64(pending, 0);
+    /* serialized handles: the parent's block over 21 granules, then one of ours */
+    size_t len = 0;
+    unsigned char *h = recv_blob(rfd, &len);
+    void *many = NULL;
+    if (h)
+        expect_ok(cca_ipc_open_bytes(h, len, NULL, &many, &size));
+    free(h);
+    if (!many)
+        return;
+    expect_eq_u64(size, MANY);
+    expect_eq_u64(granule_mismatches(many, 0x66, MANY), 0);
+    expect_true(device_fill(many, 0x77, MANY));
+    void *mine_many = NULL;
+    expect_ok(cca_malloc(&mine_many, MANY, NULL));
+    expect_true(device_fill(mine_many, 0x88, MANY));
+    h = share_many(mine_many, &len);
+    send_blob(wfd, h, len);
+    free(h);
+    m = recv_msg(rfd);
+    expect_eq_i64(m.tag, MSG_PARENT_FREED);
+    expect_eq_u64(granule_mismatches(mine_many, 0x99, MANY), 0); /* written there */
+    expect_eq_u64(granule_mismatches(many, 0x77, MANY), 0);      /* freed there: still mapped */
+    expect_ok(cca_ipc_close(many));
+    expect_ok(cca_free(mine_many)); /* the parent closed it: not deferred */
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    out.tag = MSG_CHILD_CLOSED;
+    send_msg(wfd, &out);
     cca_shutdown();
 }
 
@@ -208,6 +303,38 @@ TEST(expandable_blocks_shared_both_ways)
             expect_ok(cca_ipc_close(theirs));
         msg_t done = {MSG_PARENT_DONE, {{{0}}}};
         send_msg(down[1], &done);
+        /* serialized handles of blocks over 21 granules, both ways */
+        void *many = NULL;
+        expect_ok(cca_malloc(&many, MANY, NULL));
+        expect_true(device_fill(many, 0x66, MANY));
+        size_t len = 0;
+        unsigned char *h = share_many(many, &len);
+        send_blob(down[1], h, len);
+        free(h);
+        h = recv_blob(up[0], &len);
+        void *theirs_many = NULL;
+        if (h)
+            expect_ok(cca_ipc_open_bytes(h, len, NULL, &theirs_many, &size));
+        free(h);
+        expect_eq_u64(granule_mismatches(many, 0x77, MANY), 0);
+        if (theirs_many) {
+            expect_eq_u64(size, MANY);
+            expect_eq_u64(granule_mismatches(theirs_many, 0x88, MANY), 0);
+            expect_true(device_fill(theirs_many, 0x99, MANY));
+            expect_ok(cca_ipc_close(theirs_many));
+        }
+        expect_ok(cca_get_device_stats(0, &st0));
+        expect_ok(cca_free(many)); /* the child maps it: deferred */
+        expect_ok(cca_get_device_stats(0, &st1));
+        expect_eq_i64(st1.allocated_bytes[CCA_STAT_ALL].current,
+                      st0.allocated_bytes[CCA_STAT_ALL].current);
+        send_msg(down[1], &freed);
+        m = recv_msg(up[0]);
+        expect_eq_i64(m.tag, MSG_CHILD_CLOSED);
+        expect_ok(cca_ipc_collect(&pending));
+        expect_eq_u64(pending, 0);
+        expect_ok(cca_get_device_stats(0, &st1));
+        expect_eq_i64(st1.allocated_bytes[CCA_STAT_ALL].current, (int64_t)(5 * MiB));
     }
     expect_ok(cca_free(pad));
     int status = 0;

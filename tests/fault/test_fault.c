@@ -412,15 +412,21 @@ static void scenario_ipc(void)
     void *p[3] = {NULL, NULL, NULL};
     for (size_t i = 0; i < n && i < 3; i++) {
         p[i] = held[i];
-        cca_status_t st = cca_ipc_get_handle(p[i], NULL, &h[i]);
+        size_t len = 0;
+        /* the third through the serialized form (its length is the fixed one here) */
+        cca_status_t st = i == 2 ? cca_ipc_get_handle_bytes(p[i], NULL, h[i].bytes,
+                                                            sizeof(h[i].bytes), &len)
+                                 : cca_ipc_get_handle(p[i], NULL, &h[i]);
         made[i] = st == CCA_OK;
-        step_check(st, "cca_ipc_get_handle");
+        step_check(st, i == 2 ? "cca_ipc_get_handle_bytes" : "cca_ipc_get_handle");
     }
     for (size_t i = nheld; i-- > 0;)
         do_free(i); /* shared ones are deferred */
     for (size_t i = 0; i < 3; i++)
         if (made[i] && i != 1)
-            step_check(cca_ipc_release_handle(&h[i]), "cca_ipc_release_handle");
+            step_check(i == 2 ? cca_ipc_release_handle_bytes(h[i].bytes, sizeof(h[i].bytes))
+                              : cca_ipc_release_handle(&h[i]),
+                       "cca_ipc_release_handle");
     /* fits only once the small segment goes: the miss collects, the OOM path releases */
     do_malloc(52 * MiB, 0, S2);
     size_t pending = 0;

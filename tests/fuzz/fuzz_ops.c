@@ -5,8 +5,8 @@
  *  - odd: general mode: allocations of every size class on 4 streams and 2
  *    devices, frees, record_stream, completion of a stream's events,
  *    empty_cache, memory fraction, run-time settings changes, peer access,
- *    IPC handles (frees of shared blocks deferred, references released,
- *    collection), private pools (routes by stream and thread, their end,
+ *    IPC handles, fixed and serialized (frees of shared blocks deferred,
+ *    references released, collection), private pools (routes by stream and thread, their end,
  *    create, release, empty_cache of a pool, a checkpoint saved and restored
  *    at once, an allocator of the pool's own (the backend's memory through
  *    the user's functions), each status checked against the pool's use count, the
@@ -538,7 +538,27 @@ static void run_general(reader_t *r, bool async)
             what = "cca_ipc_get_handle";
             size_t i = b % nlive;
             cca_ipc_mem_handle_t h;
-            cca_status_t st = cca_ipc_get_handle(live[i], NULL, &h);
+            cca_status_t st;
+            size_t len = 0, got = 0;
+            if (b & 0x20) {
+                /* the serialized form: its length first (no reference), a short buffer refused */
+                what = "cca_ipc_get_handle_bytes";
+                st = cca_ipc_handle_size(live[i], &len);
+                CHECK(async ? st == CCA_ERR_NOT_SUPPORTED : st == CCA_OK && len >= CCA_IPC_HANDLE_SIZE,
+                      "ipc_handle_size: %s", cca_status_str(st));
+                if (st == CCA_OK) {
+                    CHECK(cca_ipc_get_handle_bytes(live[i], NULL, h.bytes, len - 1, &got) ==
+                              CCA_ERR_INVALID_ARGUMENT && got == len, "short buffer");
+                }
+                static unsigned char buf[CCA_IPC_HANDLE_SIZE + 4 * 4096];
+                st = cca_ipc_get_handle_bytes(live[i], NULL, buf, sizeof(buf), &got);
+                CHECK(st != CCA_OK || (got == len && got == sizeof(h.bytes)),
+                      "handle length %zu, not %zu", got, len);
+                if (st == CCA_OK)
+                    memcpy(h.bytes, buf, sizeof(h.bytes)); /* a segment's: the fixed length */
+            } else {
+                st = cca_ipc_get_handle(live[i], NULL, &h);
+            }
             cca_block_t *blk = async ? NULL : ptrmap_find(cca_state->ptrmap, (uintptr_t)live[i], false);
             if (async) {
                 CHECK(st == CCA_ERR_NOT_SUPPORTED, "ipc under cudaMallocAsync: %s", cca_status_str(st));
@@ -547,7 +567,8 @@ static void run_general(reader_t *r, bool async)
             } else {
                 CHECK(st == CCA_OK, "ipc_get_handle: %s", cca_last_error()->message);
                 if (b & 0x80 || nhandles == 64)
-                    CHECK(cca_ipc_release_handle(&h) == CCA_OK, "release_handle");
+                    CHECK(((b & 0x20) ? cca_ipc_release_handle_bytes(h.bytes, got)
+                                      : cca_ipc_release_handle(&h)) == CCA_OK, "release_handle");
                 else
                     handles[nhandles++] = h;
                 if (b & 0x40) {

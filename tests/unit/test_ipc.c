@@ -10,8 +10,12 @@
  * are shared as PyTorch 2.11 shares them (each granule's physical memory
  * exported as a file descriptor, taken with pidfd_getfd, imported and mapped
  * by the other process), in both directions with the same checks, plus
- * faults on every backend call of the consumer. Also: misuse, faults, and
- * the cudaMallocAsync backend's refusal.
+ * faults on every backend call of the consumer. A block over many more
+ * granules than the fixed handle names (51 granules of 2 MiB) is shared both
+ * ways through serialized handles (cca_ipc_get_handle_bytes /
+ * cca_ipc_open_bytes), with truncated, padded and altered handles refused and
+ * faults at granules past the head's. Also: misuse, faults, and the
+ * cudaMallocAsync backend's refusal.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -420,6 +424,313 @@ TEST(expandable_export_faults_and_limits)
     expect_eq_i64(allocated(0), before - (int64_t)(3 * MiB));
 }
 
+/* ---- serialized handles: blocks over more granules than the fixed handle names ---- */
+
+#define MANY_SETTINGS "expandable_segments:True,large_segment_size_mb:2"
+
+/* A message of serialized handles: tag, count, then each as (length, bytes). */
+typedef struct bytes_msg {
+    int tag;
+    uint32_t count;
+    size_t len[2];
+    unsigned char *bytes[2]; /* malloc'd by recv_bytes */
+} bytes_msg_t;
+
+static void write_all(int fd, const void *p, size_t n)
+{
+    if (write(fd, p, n) != (ssize_t)n)
+        HARNESS_FAIL("pipe write failed");
+}
+
+static bool read_all(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0)
+            return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static void send_bytes(int fd, const bytes_msg_t *m)
+{
+    write_all(fd, &m->tag, sizeof(m->tag));
+    write_all(fd, &m->count, sizeof(m->count));
+    for (uint32_t i = 0; i < m->count; i++) {
+        write_all(fd, &m->len[i], sizeof(m->len[i]));
+        write_all(fd, m->bytes[i], m->len[i]);
+    }
+}
+
+static bytes_msg_t recv_bytes(int fd)
+{
+    bytes_msg_t m;
+    memset(&m, 0, sizeof(m));
+    if (!read_all(fd, &m.tag, sizeof(m.tag)) || !read_all(fd, &m.count, sizeof(m.count)) ||
+        m.count > 2) {
+        HARNESS_FAIL("pipe read failed");
+        m.tag = -1;
+        m.count = 0;
+        return m;
+    }
+    for (uint32_t i = 0; i < m.count; i++) {
+        if (!read_all(fd, &m.len[i], sizeof(m.len[i])) || m.len[i] > (1u << 20) ||
+            !(m.bytes[i] = malloc(m.len[i])) || !read_all(fd, m.bytes[i], m.len[i])) {
+            HARNESS_FAIL("pipe read failed");
+            m.tag = -1;
+            return m;
+        }
+    }
+    return m;
+}
+
+static void bytes_msg_free(bytes_msg_t *m)
+{
+    for (uint32_t i = 0; i < m->count; i++)
+        free(m->bytes[i]);
+    m->count = 0;
+}
+
+/* The serialized handle of p (malloc'd into m's slot i); its granules from the exports made. */
+static void share_bytes(void *p, bytes_msg_t *m, uint32_t i, uint64_t *granules)
+{
+    size_t len = 0, got = 0;
+    expect_ok(cca_ipc_handle_size(p, &len));
+    m->bytes[i] = malloc(len);
+    uint64_t exports = cca_sim_call_count(sim, CCA_OP_VMM_EXPORT);
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, m->bytes[i], len, &got));
+    expect_eq_u64(got, len);
+    m->len[i] = len;
+    if (granules)
+        *granules = cca_sim_call_count(sim, CCA_OP_VMM_EXPORT) - exports;
+}
+
+enum { BIG_BYTES = 101 * MiB, MINE_BYTES = 61 * MiB };
+
+/* The consumer: malformed handles, faults at granules past the head's, then both ways. */
+static void many_child(int rfd, int wfd)
+{
+    setup(true, 0, MANY_SETTINGS);
+    bytes_msg_t m = recv_bytes(rfd);
+    expect_eq_i64(m.tag, MSG_HANDLES);
+    if (m.tag != MSG_HANDLES)
+        return;
+    unsigned char *h = m.bytes[0];
+    size_t len = m.len[0];
+    uint64_t granules = (len - CCA_IPC_HANDLE_SIZE) / 4 + 16;
+    expect_true(granules >= 50);
+    void *big = NULL, *s1 = NULL;
+    size_t size = 0;
+    /* truncated, padded, altered (head and tail), too short, NULL: refused, nothing mapped */
+    uint64_t live = vmm_live();
+    unsigned char *bad = malloc(len + 1);
+    memcpy(bad, h, len);
+    bad[len] = 0;
+    expect_status(cca_ipc_open_bytes(h, len - 4, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "truncated");
+    expect_status(cca_ipc_open_bytes(bad, len + 1, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open_bytes(h, CCA_IPC_HANDLE_SIZE, NULL, &big, &size),
+                  CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open_bytes(h, 100, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_open_bytes(NULL, len, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    bad[len - 3] ^= 0x10; /* a descriptor of the tail */
+    expect_status(cca_ipc_open_bytes(bad, len, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "corrupt");
+    memcpy(bad, h, len);
+    bad[40] ^= 1; /* the head */
+    expect_status(cca_ipc_open_bytes(bad, len, NULL, &big, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_release_handle_bytes(bad, len), CCA_ERR_INVALID_ARGUMENT);
+    free(bad);
+    expect_eq_u64(vmm_live(), live);
+    /* a fault at the first granule, one past the head's, and the last: nothing stays */
+    uint64_t nths[3] = {1, 17, granules};
+    cca_backend_op_t ops[3] = {CCA_OP_VMM_IMPORT, CCA_OP_VMM_MAP, CCA_OP_VMM_RELEASE};
+    for (int o = 0; o < 3; o++)
+        for (int k = 0; k < 3; k++) {
+            expect_ok(cca_sim_inject_fault(sim, ops[o], nths[k], false, CCA_ERR_BACKEND));
+            expect_status(cca_ipc_open_bytes(h, len, NULL, &big, &size), CCA_ERR_BACKEND);
+            cca_sim_clear_faults(sim);
+            expect_eq_u64(vmm_live(), live);
+            expect_eq_u64(ipc_open_count(), 0);
+        }
+    uint64_t imports = cca_sim_call_count(sim, CCA_OP_VMM_IMPORT);
+    expect_ok(cca_ipc_open_bytes(h, len, NULL, &big, &size));
+    expect_eq_u64(size, BIG_BYTES);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_IMPORT), imports + granules);
+    expect_eq_u64(mismatches(big, BIG_BYTES, 1), 0);
+    /* a fixed-size handle's bytes open through either entry point */
+    expect_eq_u64(m.len[1], CCA_IPC_HANDLE_SIZE);
+    cca_ipc_mem_handle_t fixed;
+    memcpy(fixed.bytes, m.bytes[1], CCA_IPC_HANDLE_SIZE);
+    expect_ok(cca_ipc_open(&fixed, NULL, &s1, &size));
+    expect_eq_u64(size, 256 * KiB);
+    expect_eq_u64(mismatches(s1, 256 * KiB, 2), 0);
+    void *again = NULL;
+    expect_status(cca_ipc_open_bytes(m.bytes[1], CCA_IPC_HANDLE_SIZE, NULL, &again, NULL),
+                  CCA_ERR_INVALID_ARGUMENT); /* open already */
+    /* the other way: write into the parent's block, share a block of ours as large */
+    fill(big, BIG_BYTES, 9);
+    void *mine = NULL;
+    uint64_t before_mine = vmm_live();
+    expect_ok(cca_malloc(&mine, MINE_BYTES, NULL));
+    live += vmm_live() - before_mine;
+    fill(mine, MINE_BYTES, 5);
+    bytes_msg_t out = {MSG_CHILD_WROTE, 1, {0, 0}, {NULL, NULL}};
+    uint64_t mine_granules = 0;
+    share_bytes(mine, &out, 0, &mine_granules);
+    expect_true(mine_granules > 16);
+    expect_eq_u64(out.len[0], CCA_IPC_HANDLE_SIZE + (mine_granules - 16) * 4);
+    send_bytes(wfd, &out);
+    bytes_msg_free(&out);
+    bytes_msg_t back = recv_bytes(rfd);
+    expect_eq_i64(back.tag, MSG_PARENT_FREED);
+    /* the parent wrote into ours and closed it; freed its own, which stays mapped here */
+    expect_eq_u64(mismatches(mine, MINE_BYTES, 7), 0);
+    expect_eq_u64(mismatches(big, BIG_BYTES, 9), 0);
+    expect_ok(cca_ipc_close(s1));
+    expect_ok(cca_ipc_close(big));
+    expect_eq_u64(ipc_open_count(), 0);
+    expect_eq_u64(vmm_live(), live);
+    int64_t before = allocated(0);
+    expect_ok(cca_free(mine)); /* the parent closed it: freed at once */
+    expect_eq_i64(allocated(0), before - (int64_t)MINE_BYTES);
+    bytes_msg_t closed = {MSG_CHILD_CLOSED, 0, {0, 0}, {NULL, NULL}};
+    send_bytes(wfd, &closed);
+    bytes_msg_free(&m);
+    cca_shutdown();
+}
+
+TEST(many_granules_shared_both_ways)
+{
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        many_child(down[0], up[1]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    close(up[1]);
+    setup(true, 0, MANY_SETTINGS);
+    void *pad = NULL, *big = NULL, *s1 = NULL;
+    /* 101 MiB after 3 MiB in 2 MiB granules: [3, 104) MiB, granules 1 to 51 */
+    expect_ok(cca_malloc(&pad, 3 * MiB, NULL));
+    expect_ok(cca_malloc(&big, BIG_BYTES, NULL));
+    expect_ok(cca_malloc(&s1, 256 * KiB, NULL));
+    fill(big, BIG_BYTES, 1);
+    fill(s1, 256 * KiB, 2);
+    /* the fixed handle cannot name the block: the error names the serialized form */
+    cca_ipc_mem_handle_t fixed;
+    uint64_t exports = cca_sim_call_count(sim, CCA_OP_VMM_EXPORT);
+    expect_status(cca_ipc_get_handle(big, NULL, &fixed), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "cca_ipc_get_handle_bytes");
+    /* a buffer too small: the length needed, nothing exported or taken */
+    size_t len = 0, got = 0;
+    expect_ok(cca_ipc_handle_size(big, &len));
+    unsigned char small[CCA_IPC_HANDLE_SIZE];
+    expect_status(cca_ipc_get_handle_bytes(big, NULL, small, sizeof(small), &got),
+                  CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_u64(got, len);
+    expect_status(cca_ipc_get_handle_bytes(big, NULL, NULL, 0, &got), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_EXPORT), exports);
+    bytes_msg_t m = {MSG_HANDLES, 2, {0, 0}, {NULL, NULL}};
+    uint64_t granules = 0;
+    share_bytes(big, &m, 0, &granules);
+    expect_eq_u64(granules, 51);
+    expect_eq_u64(len, CCA_IPC_HANDLE_SIZE + (51 - 16) * 4);
+    share_bytes(s1, &m, 1, NULL);
+    send_bytes(down[1], &m);
+    bytes_msg_free(&m);
+    bytes_msg_t in = recv_bytes(up[0]);
+    expect_eq_i64(in.tag, MSG_CHILD_WROTE);
+    expect_eq_u64(mismatches(big, BIG_BYTES, 9), 0);
+    void *theirs = NULL;
+    size_t size = 0;
+    if (in.count == 1)
+        expect_ok(cca_ipc_open_bytes(in.bytes[0], in.len[0], NULL, &theirs, &size));
+    expect_eq_u64(size, MINE_BYTES);
+    if (theirs) {
+        expect_eq_u64(mismatches(theirs, MINE_BYTES, 5), 0);
+        fill(theirs, MINE_BYTES, 7);
+        expect_ok(cca_ipc_close(theirs));
+    }
+    bytes_msg_free(&in);
+    /* freed while the child maps them: deferred */
+    int64_t before = allocated(0);
+    expect_ok(cca_free(big));
+    expect_ok(cca_free(s1));
+    expect_eq_i64(allocated(0), before);
+    bytes_msg_t freed = {MSG_PARENT_FREED, 0, {0, 0}, {NULL, NULL}};
+    send_bytes(down[1], &freed);
+    in = recv_bytes(up[0]);
+    expect_eq_i64(in.tag, MSG_CHILD_CLOSED);
+    size_t pending = 9;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), 3 * MiB);
+    expect_ok(cca_free(pad));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(down[1]);
+    close(up[0]);
+}
+
+TEST(many_granules_faults_and_misuse)
+{
+    setup(true, 0, MANY_SETTINGS);
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, BIG_BYTES, NULL));
+    size_t len = 0, got = 0;
+    expect_ok(cca_ipc_handle_size(p, &len));
+    unsigned char *buf = malloc(len);
+    /* an export fails at the first granule, one past the head's, the last: nothing taken */
+    uint64_t granules = (len - CCA_IPC_HANDLE_SIZE) / 4 + 16;
+    uint64_t nths[3] = {1, 17, granules};
+    for (int k = 0; k < 3; k++) {
+        expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_EXPORT, nths[k], false, CCA_ERR_BACKEND));
+        expect_status(cca_ipc_get_handle_bytes(p, NULL, buf, len, &got), CCA_ERR_BACKEND);
+        cca_sim_clear_faults(sim);
+    }
+    /* the event fails: nothing taken either */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_IPC_EVENT_CREATE, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_ipc_get_handle_bytes(p, NULL, buf, len, &got), CCA_ERR_BACKEND);
+    cca_sim_clear_faults(sim);
+    /* a handle of this process: refused here; released through its bytes */
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, buf, len, &got));
+    void *q = NULL;
+    expect_status(cca_ipc_open_bytes(buf, len, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "this process");
+    expect_status(cca_ipc_release_handle_bytes(buf, len - 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_ipc_release_handle_bytes(buf, len));
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p)); /* no reference left: freed at once */
+    expect_eq_i64(allocated(0), before - (int64_t)BIG_BYTES);
+    /* argument errors */
+    int x;
+    expect_status(cca_ipc_handle_size(&x, &len), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_ipc_handle_size(NULL, &len), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    expect_status(cca_ipc_handle_size(p, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_get_handle_bytes(p, NULL, buf, len, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_ipc_get_handle_bytes((char *)p + 512, NULL, buf, len, &got),
+                  CCA_ERR_INVALID_POINTER);
+    /* a small-pool block: the fixed length, one granule */
+    expect_ok(cca_ipc_handle_size(p, &len));
+    expect_eq_u64(len, CCA_IPC_HANDLE_SIZE);
+    expect_ok(cca_free(p));
+    free(buf);
+}
+
 TEST(misuse)
 {
     setup(false, 0, "");
@@ -511,6 +822,13 @@ TEST(async_backend_refuses)
     void *q = NULL;
     expect_status(cca_ipc_open(&h, NULL, &q, NULL), CCA_ERR_NOT_SUPPORTED);
     expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support getIpcDevPtr");
+    size_t len = 0;
+    expect_status(cca_ipc_handle_size(p, &len), CCA_ERR_NOT_SUPPORTED);
+    expect_status(cca_ipc_get_handle_bytes(p, NULL, h.bytes, sizeof(h.bytes), &len),
+                  CCA_ERR_NOT_SUPPORTED);
+    expect_status(cca_ipc_open_bytes(h.bytes, sizeof(h.bytes), NULL, &q, NULL),
+                  CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "cudaMallocAsync does not yet support getIpcDevPtr");
     expect_ok(cca_free(p));
 }
 
@@ -519,6 +837,8 @@ int main(void)
     RUN(two_processes_share_both_ways);
     RUN(expandable_blocks_shared_both_ways);
     RUN(expandable_export_faults_and_limits);
+    RUN(many_granules_shared_both_ways);
+    RUN(many_granules_faults_and_misuse);
     RUN(misuse);
     RUN(unshared_blocks_free_at_once);
     RUN(expandable_segments_refuse);

@@ -194,6 +194,22 @@ TEST(devices_and_processes)
     MISUSE(cca_ipc_close(&x), CCA_ERR_INVALID_POINTER, "not opened");
     MISUSE(cca_ipc_release_handle(&bad), CCA_ERR_INVALID_ARGUMENT, "not a cca IPC handle");
     MISUSE(cca_ipc_release_handle(NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
+    unsigned char buf[CCA_IPC_HANDLE_SIZE + 8];
+    void *q = NULL;
+    MISUSE(cca_ipc_handle_size(p, NULL), CCA_ERR_INVALID_ARGUMENT, "size");
+    MISUSE(cca_ipc_handle_size(&x, &n), CCA_ERR_INVALID_POINTER, "not allocated");
+    MISUSE(cca_ipc_get_handle_bytes(p, NULL, buf, CCA_IPC_HANDLE_SIZE - 1, &n),
+           CCA_ERR_INVALID_ARGUMENT, "the handle takes 224 bytes");
+    MISUSE(cca_ipc_open_bytes(buf, 10, NULL, (void **)&p, NULL), CCA_ERR_INVALID_ARGUMENT,
+           "not a cca IPC handle");
+    MISUSE(cca_ipc_open_bytes(NULL, 10, NULL, (void **)&p, NULL), CCA_ERR_INVALID_ARGUMENT, "NULL");
+    MISUSE(cca_ipc_release_handle_bytes(bad.bytes, sizeof(bad.bytes)), CCA_ERR_INVALID_ARGUMENT,
+           "not a cca IPC handle");
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, buf, sizeof(buf), &n));
+    expect_eq_u64(n, CCA_IPC_HANDLE_SIZE);
+    MISUSE(cca_ipc_open_bytes(buf, n + 8, NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT,
+           "padded");
+    expect_ok(cca_ipc_release_handle_bytes(buf, n));
     expect_ok(cca_free(p));
     cca_shutdown();
 }
