@@ -621,14 +621,16 @@ typedef struct cca_stat_entry {
 cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
 
 /** Number of entries cca_memory_stats_extra writes. */
-#define CCA_MEMORY_STATS_EXTRA_COUNT 4
+#define CCA_MEMORY_STATS_EXTRA_COUNT 5
 
 /**
  * cca's own keys beside PyTorch's (not in torch.cuda.memory_stats()), sorted:
  * "cca.cached_free_bytes" (free memory the cache holds, all pools),
  * "cca.compact_moved_bytes" and "cca.compact_moves" (bytes of free granules
  * re-mapped for a growth under compact_memory, and the growths that did it),
- * "cca.largest_free_bytes" (the largest free block: the biggest request the
+ * "cca.compact_waits" (times such a growth waited for a stream's work, on
+ * that stream's event, because the granules known to be done were not
+ * enough), "cca.largest_free_bytes" (the largest free block: the biggest request the
  * cache could serve without a backend call). out must hold
  * CCA_MEMORY_STATS_EXTRA_COUNT entries.
  */

@@ -147,6 +147,11 @@ static void check_granules(check_ctx_t *c, cca_device_t *dev, const cca_segment_
                          dev->index, i, b->addr);
             continue;
         }
+        const cca_stream_pool_t *owner = b->pool->owner;
+        if (b->free_tick > owner->free_tick || owner->ready_tick > owner->free_tick)
+            fail(c, "device %d: block 0x%" PRIxPTR " was returned at tick %" PRIu64 ", its pool "
+                 "has counted %" PRIu64 " returns and says %" PRIu64 " are done", dev->index,
+                 b->addr, b->free_tick, owner->free_tick, owner->ready_tick);
         for (size_t i = first; i <= last; i++)
             if (i >= es->handle_count || !es->handles[i].present) {
                 fail(c, "device %d: block 0x%" PRIxPTR " lies on unmapped granule %zu", dev->index,

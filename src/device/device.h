@@ -50,6 +50,7 @@ typedef struct cca_block {
     struct cca_pool *pool;      /* stream pool (and kind) it belongs to */
     struct cca_segment *segment;/* the segment it tiles */
     int64_t gc_count_base;      /* pool's get_free_block count when it was cached */
+    uint64_t free_tick;         /* its stream pool's free_tick when it was last returned (free) */
     uint32_t event_count;       /* outstanding record_stream events */
     uint16_t bin;               /* bin index while free */
     int16_t device;             /* device index (uncached mode) */
@@ -133,6 +134,13 @@ typedef struct cca_stream_pool {
     cca_block_t *spare_blocks;  /* recycled block structs (linked by bin_next) */
     size_t spare_count;
     cca_device_stats_t stats;   /* per-operation statistics when !exact_stats (pool lock) */
+    /* compact_memory: which free blocks the stream's work is done with (pool lock) */
+    uint64_t free_tick;         /* blocks returned to the pool so far */
+    uint64_t ready_tick;        /* blocks returned at or before this tick: their work is done */
+    uint64_t event_tick;        /* free_tick when ready_event was last recorded */
+    uint64_t ready_stamp;       /* the device's compact_lends when readiness was last asked */
+    cca_event_t ready_event;    /* recorded on the stream by growths; NULL until the first */
+    bool event_pending;         /* ready_event recorded, not yet seen complete */
 } cca_stream_pool_t;
 
 /* A pending record_stream event. */
@@ -224,6 +232,8 @@ typedef struct cca_device {
     cca_phys_handle_t *lent;
     size_t lent_count, lent_cap;
     uint64_t compact_moves;     /* growths served (partly) by unmapped free granules */
+    uint64_t compact_lends;     /* calls looking for free granules to lend */
+    uint64_t compact_waits;     /* of them, waits for a stream's event (or stream) */
     uint64_t compact_moved_bytes; /* bytes moved that way */
 
     /* memory fraction */
@@ -562,6 +572,8 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block);
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 /* Release handles whose release failed before (device lock held). */
 cca_status_t expandable_release_orphans(cca_device_t *dev);
+/* compact_memory: destroy the streams' readiness events (empty_cache; device lock held). */
+cca_status_t expandable_destroy_ready_events(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
 cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
 /* Free memory the cache holds in the device's segments and the largest free block

@@ -24,10 +24,14 @@
  *
  * compact_memory (cca only): both pools map in the device's granularity, and
  * before a growth maps new memory, whole free granules of the default pools'
- * compact segments (any stream, either kind) are unmapped once their
- * segment's stream is done and their handles lent to the growth (dev->lent,
- * empty between calls); the growth's own free run is never taken. Each move
- * is an unmap and a map in the statistics and the history.
+ * compact segments (any stream, either kind) are unmapped and their handles
+ * lent to the growth (dev->lent, empty between calls); the growth's own free
+ * run is never taken. A granule moves only once its stream's work on it is
+ * done: each free block carries the tick of its return to its stream pool,
+ * and an event the growth path records on the stream says which ticks are
+ * done (queried, never waited for, while such granules suffice; else that
+ * one stream's event is waited for). Each move is an unmap and a map in the
+ * statistics and the history.
  *
  * Statistics as PyTorch keeps them in this mode: reserved_bytes and
  * num_device_alloc / num_device_free follow maps and unmaps; segment,
@@ -445,6 +449,7 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
     }
     unmapped_remove(pool, to_map);
     to_map->mapped = true;
+    to_map->free_tick = 0; /* fresh or moved granules: no work of this stream on them */
     if (rest) {
         rest->mapped = false;
         splice(rest, to_map, to_map->next);
@@ -600,6 +605,7 @@ static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t
         before->size = before_size;
         splice(before, block->prev, block);
         before->gc_count_base = calls;
+        before->free_tick = block->free_tick;
         bins_insert(&pool->bins, before);
         before = NULL;
     }
@@ -608,6 +614,7 @@ static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t
         after->size = after_size;
         splice(after, block, block->next);
         after->gc_count_base = calls;
+        after->free_tick = block->free_tick;
         bins_insert(&pool->bins, after);
         after = NULL;
     }
@@ -686,14 +693,117 @@ static size_t granules_needed(const cca_block_t *c, size_t size)
     return need;
 }
 
+/* ---- compact_memory: which free blocks are ready to move ------------------------------ */
+
+/* Blocks of sp returned at or before tick are done with (never moves backwards). */
+static void ready_to(cca_stream_pool_t *sp, uint64_t tick)
+{
+    if (tick > sp->ready_tick)
+        sp->ready_tick = tick;
+}
+
+/* Whether the work of b's stream on the free block b is known to be done. */
+static bool block_ready(const cca_block_t *b)
+{
+    return b->free_tick <= b->pool->owner->ready_tick;
+}
+
+/*
+ * Learn, without waiting, which free blocks of sp the stream's work is done
+ * with (sp's lock held, so nothing is returned meanwhile): if the event an
+ * earlier growth recorded on the stream has completed, every block returned
+ * before that record is ready; then record it again, covering every block
+ * returned so far, and ask once more (an idle stream's event completes at
+ * once). Once per lending call. A failing event call changes nothing: the
+ * caller then waits for the stream (readiness_wait).
+ */
+static void readiness_refresh(cca_device_t *dev, cca_stream_pool_t *sp)
+{
+    cca_backend_t *be = cca_state->backend;
+    if (sp->ready_stamp == dev->compact_lends)
+        return;
+    sp->ready_stamp = dev->compact_lends;
+    if (!sp->ready_event && be->event_create(be->ctx, dev->index, &sp->ready_event) != CCA_OK) {
+        sp->ready_event = NULL;
+        return;
+    }
+    if (sp->event_pending && be->event_query(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
+        ready_to(sp, sp->event_tick);
+        sp->event_pending = false;
+    }
+    if (sp->ready_tick == sp->free_tick)
+        return; /* every block returned so far is ready */
+    if (be->event_record(be->ctx, dev->index, sp->ready_event, sp->stream) != CCA_OK) {
+        sp->event_pending = false;
+        return;
+    }
+    sp->event_tick = sp->free_tick;
+    sp->event_pending = true;
+    if (be->event_query(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
+        ready_to(sp, sp->event_tick);
+        sp->event_pending = false;
+    }
+}
+
+/*
+ * Destroy every stream's readiness event, so an emptied cache holds no
+ * backend resource; what they told (ready_tick) stays true. Device lock
+ * held. Returns CCA_OK or the first failure (that event stays).
+ */
+cca_status_t expandable_destroy_ready_events(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    cca_status_t result = CCA_OK;
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp || !sp->ready_event)
+            continue;
+        cca_spin_lock(&sp->lock);
+        cca_status_t st = be->event_destroy(be->ctx, dev->index, sp->ready_event);
+        if (st == CCA_OK) {
+            sp->ready_event = NULL;
+            sp->event_pending = false;
+        } else if (result == CCA_OK) {
+            result = st;
+        }
+        cca_spin_unlock(&sp->lock);
+    }
+    return result;
+}
+
+/*
+ * Wait until every free block of sp is ready (sp's lock held): on the event
+ * readiness_refresh recorded on its stream after the last return, that one
+ * stream only; if there is none (an event call failed), on the stream
+ * (wait_stream: the device if the program destroyed the stream). Returns
+ * CCA_OK or the backend's failure.
+ */
+static cca_status_t readiness_wait(cca_device_t *dev, cca_stream_pool_t *sp)
+{
+    cca_backend_t *be = cca_state->backend;
+    dev->compact_waits++;
+    if (sp->event_pending && sp->event_tick == sp->free_tick &&
+        be->event_synchronize(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
+        ready_to(sp, sp->event_tick);
+        sp->event_pending = false;
+        return CCA_OK;
+    }
+    cca_status_t st = wait_stream(dev, sp->stream);
+    if (st == CCA_OK)
+        ready_to(sp, sp->free_tick);
+    return st;
+}
+
 /*
  * Unmap up to want whole free granules of the device's compact segments of
  * the default pools, any stream, any kind, into dev->lent, keeping the range
- * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. Each segment's
- * stream is waited for (with its pool locked, so no block of it is freed
- * after the wait) before its granules are unmapped. Device lock and held's
- * lock held. Returns CCA_OK (dev->lent may hold fewer than want) or the
- * first backend failure.
+ * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. First only
+ * blocks whose stream's work is known done (readiness_refresh: events, no
+ * waiting); then, if that is not enough, the others, after waiting for the
+ * event of their stream (readiness_wait). Each segment's pool is locked while
+ * it is looked at, so no block of it is returned meanwhile. Device lock and
+ * held's lock held. Returns CCA_OK (dev->lent may hold fewer than want) or
+ * the first backend failure.
  */
 static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *held, size_t want,
                                        const cca_segment_t *keep_seg, uintptr_t keep_lo,
@@ -701,44 +811,52 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
 {
     cca_status_t st = CCA_OK;
     size_t target = dev->lent_count + want;
-    cca_segment_t *seg = dev->segments;
-    while (seg && st == CCA_OK && dev->lent_count < target) {
-        cca_segment_t *next_seg = seg->next_seg;
-        cca_expandable_t *es = seg->es;
-        if (!es || !es->compact || es->pool->owner->private_pool || es->granule != dev->vmm_granularity) {
-            seg = next_seg;
-            continue;
-        }
-        cca_stream_pool_t *owner = es->pool->owner;
-        if (owner != held)
-            cca_spin_lock(&owner->lock);
-        bool waited = false;
-        for (cca_block_t *b = seg->head; b && st == CCA_OK && dev->lent_count < target;) {
-            size_t begin = granule_ceil(seg, b->addr);
-            size_t end = granule_floor(seg, b->addr + b->size);
-            if (!b->mapped || !allocatable(b) || begin >= end ||
-                (seg == keep_seg && b->addr < keep_hi && b->addr + b->size > keep_lo)) {
-                b = b->next;
+    dev->compact_lends++;
+    for (int pass = 0; pass < 2 && st == CCA_OK && dev->lent_count < target; pass++) {
+        cca_segment_t *seg = dev->segments;
+        while (seg && st == CCA_OK && dev->lent_count < target) {
+            cca_segment_t *next_seg = seg->next_seg;
+            cca_expandable_t *es = seg->es;
+            if (!es || !es->compact || es->pool->owner->private_pool ||
+                es->granule != dev->vmm_granularity) {
+                seg = next_seg;
                 continue;
             }
-            if (!waited) {
-                st = wait_stream(dev, seg->stream);
-                if (st != CCA_OK)
-                    break;
-                waited = true;
+            cca_stream_pool_t *owner = es->pool->owner;
+            if (owner != held)
+                cca_spin_lock(&owner->lock);
+            for (cca_block_t *b = seg->head; b && st == CCA_OK && dev->lent_count < target;) {
+                size_t begin = granule_ceil(seg, b->addr);
+                size_t end = granule_floor(seg, b->addr + b->size);
+                if (!b->mapped || !allocatable(b) || begin >= end ||
+                    (seg == keep_seg && b->addr < keep_hi && b->addr + b->size > keep_lo)) {
+                    b = b->next;
+                    continue;
+                }
+                if (!block_ready(b))
+                    readiness_refresh(dev, owner);
+                if (!block_ready(b)) {
+                    if (pass == 0) {
+                        b = b->next;
+                        continue;
+                    }
+                    st = readiness_wait(dev, owner);
+                    if (st != CCA_OK)
+                        break;
+                }
+                size_t left = target - dev->lent_count;
+                if (end - begin > left)
+                    begin = end - left; /* the top granules: the rest of the block stays below */
+                bool released = false;
+                st = unmap_granules(dev, b, begin, end, true, &released);
+                if (released)
+                    break; /* the segment is gone (next_seg kept) */
+                b = b->next;
             }
-            size_t left = target - dev->lent_count;
-            if (end - begin > left)
-                begin = end - left; /* the top granules: the rest of the block stays below */
-            bool released = false;
-            st = unmap_granules(dev, b, begin, end, true, &released);
-            if (released)
-                break; /* the segment is gone (next_seg kept) */
-            b = b->next;
+            if (owner != held)
+                cca_spin_unlock(&owner->lock);
+            seg = next_seg;
         }
-        if (owner != held)
-            cca_spin_unlock(&owner->lock);
-        seg = next_seg;
     }
     return st;
 }

@@ -43,6 +43,7 @@ cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr
     b->pool = pool;
     b->segment = seg;
     b->gc_count_base = 0;
+    b->free_tick = 0;
     b->event_count = 0;
     b->bin = 0;
     b->device = 0;
@@ -119,6 +120,10 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
 /* Free a stream pool and its spare block structs (its blocks are gone). */
 void pool_stream_pool_delete(cca_stream_pool_t *sp)
 {
+    if (sp->ready_event) {
+        cca_backend_t *be = cca_state->backend;
+        be->event_destroy(be->ctx, sp->device->index, sp->ready_event);
+    }
     while (sp->spare_blocks) {
         cca_block_t *b = sp->spare_blocks;
         sp->spare_blocks = b->bin_next;
@@ -224,6 +229,8 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
     }
     size_t subsumed = src->size;
     dst->size += subsumed;
+    if (src->free_tick > dst->free_tick)
+        dst->free_tick = src->free_tick;
     if (!dst->prev)
         dst->segment->head = dst;
     pool_block_delete(src);
@@ -253,6 +260,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     }
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    block->free_tick = ++pool->owner->free_tick;
     bins_insert(&pool->bins, block);
     if (block_is_split(block)) {
         net_blocks += 1;

@@ -448,6 +448,8 @@ cca_status_t cca_empty_cache(void)
         st = release_cached_blocks_locked(dev, NULL);
         if (st == CCA_OK)
             st = events_destroy_pooled(dev);
+        if (st == CCA_OK)
+            st = expandable_destroy_ready_events(dev);
         pthread_mutex_unlock(&dev->lock);
         if (st != CCA_OK && result == CCA_OK)
             result = st;
@@ -527,18 +529,20 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
     cca_status_t st = cca_cache_info(device, &cached, &largest);
     if (st != CCA_OK)
         return st;
-    uint64_t moves = 0, moved = 0;
+    uint64_t moves = 0, moved = 0, waits = 0;
     if (!async_enabled()) {
         cca_device_t *dev = &cca_state->devices[device];
         pthread_mutex_lock(&dev->lock);
         moves = dev->compact_moves;
         moved = dev->compact_moved_bytes;
+        waits = dev->compact_waits;
         pthread_mutex_unlock(&dev->lock);
     }
     out[0] = (cca_stat_entry_t){"cca.cached_free_bytes", (int64_t)cached};
     out[1] = (cca_stat_entry_t){"cca.compact_moved_bytes", (int64_t)moved};
     out[2] = (cca_stat_entry_t){"cca.compact_moves", (int64_t)moves};
-    out[3] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
+    out[3] = (cca_stat_entry_t){"cca.compact_waits", (int64_t)waits};
+    out[4] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
     return CCA_OK;
 }
 

@@ -4,7 +4,9 @@
  * are written and read across them (memset kernels and device-to-device
  * copies), a hole unmapped by empty_cache is mapped again and used, unmapping
  * gives the memory back to the driver (cudaMemGetInfo), and the memory
- * fraction caps growth with PyTorch's out-of-memory error. Each test starts
+ * fraction caps growth with PyTorch's out-of-memory error; compact_memory
+ * moves a hole to another stream, waiting for the owning stream's event when
+ * it is still busy. Each test starts
  * from a fresh cca_init and ends with cca_shutdown. Exits 77 (skipped) when
  * no GPU is usable.
  */
@@ -288,6 +290,87 @@ TEST(compact_moves_a_hole_to_another_stream)
     teardown();
 }
 
+/* cca's own counters of compact_memory's moves (cca_memory_stats_extra). */
+static void compact_counts(int64_t *moves, int64_t *waits)
+{
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    *moves = extra[2].value;
+    *waits = extra[3].value;
+}
+
+/*
+ * compact_memory with the owning stream busy: s1 still writes the freed
+ * block b (a queue of memsets) when s2's growth wants b's granules. They
+ * move only once s1's event says its work is done (at most one wait, on that
+ * event): s1's queued memsets end without an error (none hit unmapped
+ * memory), the moved granules hold s2's data, the blocks around the hole
+ * keep s1's. Then, with s1 idle, a second move.
+ */
+TEST(compact_moves_after_the_owning_streams_event)
+{
+    if (!setup("compact_memory:True"))
+        return;
+    cudaStream_t s1 = new_stream(), s2 = new_stream();
+    char *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL;
+    expect_ok(cca_malloc((void **)&a, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&b, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&c, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&e, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&f, 10 * MiB, (cca_stream_t)s1));
+    if (!(a && b && c && e && f)) {
+        teardown();
+        return;
+    }
+    expect_true(cudaMemsetAsync(a, 0x21, 10 * MiB, s1) == cudaSuccess);
+    expect_true(cudaMemsetAsync(c, 0x23, 10 * MiB, s1) == cudaSuccess);
+    expect_true(cudaMemsetAsync(f, 0x25, 10 * MiB, s1) == cudaSuccess);
+    for (int i = 0; i < 512; i++) /* about 5 GB of writes: s1 is busy for a while */
+        expect_true(cudaMemsetAsync(b, i & 0xff, 10 * MiB, s1) == cudaSuccess);
+    expect_ok(cca_free(b));
+    int64_t moves0, waits0, moves1, waits1, moves2, waits2;
+    compact_counts(&moves0, &waits0);
+    cca_device_stats_t before, after;
+    expect_ok(cca_get_device_stats(0, &before));
+    expect_ok(cca_malloc((void **)&d, 8 * MiB, (cca_stream_t)s2));
+    expect_ok(cca_get_device_stats(0, &after));
+    compact_counts(&moves1, &waits1);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, before.reserved_bytes[CCA_STAT_ALL].current);
+    expect_true(moves1 == moves0 + 1);
+    expect_true(waits1 - waits0 <= 1);
+    printf("  busy stream: %lld move, %lld wait for its event\n", (long long)(moves1 - moves0),
+           (long long)(waits1 - waits0));
+    if (d) {
+        expect_true(cudaMemsetAsync(d, 0x44, 8 * MiB, s2) == cudaSuccess);
+        expect_eq_u64(check_window(d, 4096, 0x44, s2), 0);
+        expect_eq_u64(check_window(d, 8 * MiB - 4096, 0x44, s2), 0);
+    }
+    expect_true(cudaStreamSynchronize(s1) == cudaSuccess); /* s1's memsets hit no unmapped page */
+    expect_eq_u64(check_window(a, 10 * MiB - 4096, 0x21, s1), 0);
+    expect_eq_u64(check_window(c, 4096, 0x23, s1), 0);
+    /* s1 idle: e's granules move too (its event seen complete, or one short wait) */
+    expect_ok(cca_free(e));
+    char *g = NULL;
+    expect_ok(cca_malloc((void **)&g, 8 * MiB, (cca_stream_t)s2));
+    compact_counts(&moves2, &waits2);
+    expect_true(moves2 == moves1 + 1);
+    printf("  idle stream: %lld move, %lld wait for its event\n", (long long)(moves2 - moves1),
+           (long long)(waits2 - waits1));
+    if (g) {
+        expect_true(cudaMemsetAsync(g, 0x46, 8 * MiB, s2) == cudaSuccess);
+        expect_eq_u64(check_window(g, 8 * MiB - 4096, 0x46, s2), 0);
+    }
+    expect_eq_u64(check_window(f, 4096, 0x25, s1), 0);
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    void *ptrs[] = {a, c, d, f, g};
+    for (size_t i = 0; i < 5; i++)
+        expect_ok(cca_free(ptrs[i]));
+    expect_ok(cca_empty_cache());
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+    teardown();
+}
+
 int main(void)
 {
     setenv("CCA_BACKEND", "cuda", 1);
@@ -307,5 +390,6 @@ int main(void)
     RUN(out_of_memory_with_fraction);
     RUN(streams_and_pools);
     RUN(compact_moves_a_hole_to_another_stream);
+    RUN(compact_moves_after_the_owning_streams_event);
     return harness_done();
 }

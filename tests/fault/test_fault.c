@@ -497,7 +497,8 @@ static void scenario_expandable_switch(void)
 }
 
 /* compact_memory: holes in one stream's segments lent to the growth of
- * another stream's and of the other kind's, the OOM path with lending. */
+ * another stream's and of the other kind's (their streams' events recorded,
+ * queried and, with events pending, waited for), the OOM path with lending. */
 static void scenario_compact(void)
 {
     do_malloc(10 * MiB, 0, NULL);

@@ -278,6 +278,15 @@ static void run_stress(const char *settings, size_t total_memory)
            (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated,
            *settings ? (long long)s.num_device_alloc : 0ll,
            *settings ? (long long)s.num_device_free : 0ll);
+    if (strstr(settings, "compact_memory")) {
+        /* moves happened, some on events seen complete, some after a wait on one */
+        cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+        expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+        printf("stress %s: %lld growths moved %lld MiB of free granules, %lld waited for a "
+               "stream's event\n", settings, (long long)extra[2].value,
+               (long long)(extra[1].value >> 20), (long long)extra[3].value);
+        expect_true(extra[2].value > 0);
+    }
     cca_shutdown();
 }
 

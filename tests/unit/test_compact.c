@@ -22,11 +22,12 @@
 
 static cca_backend_t *sim;
 
-static void setup_with(const char *settings, size_t memory)
+static void setup_events(const char *settings, size_t memory, bool manual_events)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.total_memory = memory ? memory : 8ull << 30;
+    cfg.manual_events = manual_events;
     cca_shutdown();
     if (cca_sim_create(&cfg, &sim) != CCA_OK) {
         printf("cannot create sim backend: %s\n", cca_last_error()->message);
@@ -36,6 +37,11 @@ static void setup_with(const char *settings, size_t memory)
         printf("cannot init: %s\n", cca_last_error()->message);
         exit(1);
     }
+}
+
+static void setup_with(const char *settings, size_t memory)
+{
+    setup_events(settings, memory, false);
 }
 
 static cca_device_stats_t stats(void)
@@ -243,8 +249,8 @@ TEST(compact_fragmentation_in_oom_message)
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
     expect_eq_str(extra[0].key, "cca.cached_free_bytes");
     expect_eq_i64(extra[0].value, (int64_t)cached);
-    expect_eq_str(extra[3].key, "cca.largest_free_bytes");
-    expect_eq_i64(extra[3].value, (int64_t)largest);
+    expect_eq_str(extra[4].key, "cca.largest_free_bytes");
+    expect_eq_i64(extra[4].value, (int64_t)largest);
     expect_status(cca_memory_stats_extra(0, extra, 2), CCA_ERR_INVALID_ARGUMENT);
     void *d = NULL;
     expect_status(cca_malloc(&d, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
@@ -252,6 +258,94 @@ TEST(compact_fragmentation_in_oom_message)
     expect_true(invariants_hold());
     cca_free(a);
     cca_free(c);
+    cca_shutdown();
+}
+
+static uint64_t calls(cca_backend_op_t op)
+{
+    return cca_sim_call_count(sim, op);
+}
+
+static int64_t compact_waits(void)
+{
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_eq_str(extra[3].key, "cca.compact_waits");
+    return extra[3].value;
+}
+
+/*
+ * Events complete only when the test says (the GPU still working): holes in
+ * S1's and S2's segments are not known done, so a growth on another stream
+ * waits for one stream's event (no stream or device synchronisation) and
+ * takes that hole only, leaving the other mapped while its event is pending;
+ * once the test completes the other stream, the next growth sees its event
+ * complete and takes its hole without waiting.
+ */
+TEST(compact_moves_granules_once_their_stream_event_completes)
+{
+    setup_events("compact_memory:True", 0, true);
+    cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
+    void *a1 = xmalloc(10 * MiB, S1), *b1 = xmalloc(10 * MiB, S1), *c1 = xmalloc(10 * MiB, S1);
+    void *a2 = xmalloc(10 * MiB, S2), *b2 = xmalloc(10 * MiB, S2), *c2 = xmalloc(10 * MiB, S2);
+    cca_free(b1);
+    cca_free(b2); /* a hole of five granules in each stream's segment, work pending */
+    int64_t before = reserved();
+    uint64_t unmaps = calls(CCA_OP_VMM_UNMAP), esyncs = calls(CCA_OP_EVENT_SYNCHRONIZE);
+    uint64_t ssyncs = calls(CCA_OP_STREAM_SYNCHRONIZE), dsyncs = calls(CCA_OP_DEVICE_SYNCHRONIZE);
+    void *d = xmalloc(10 * MiB, s3);
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), before);                          /* one hole moved */
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 5);         /* one hole only */
+    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE) - esyncs, 1); /* one stream's event */
+    expect_eq_u64(cca_sim_pending_events(sim), 1);              /* the other's, still pending */
+    expect_eq_i64(compact_waits(), 1);
+    expect_true(invariants_hold());
+    /* the other stream's work completes: its hole moves with no wait at all */
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    void *e = xmalloc(10 * MiB, s3);
+    expect_true(e != NULL);
+    expect_eq_i64(reserved(), before);
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 10);
+    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE) - esyncs, 1);
+    expect_eq_i64(compact_waits(), 1);
+    /* never a stream or device synchronisation on the way */
+    expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), ssyncs);
+    expect_eq_u64(calls(CCA_OP_DEVICE_SYNCHRONIZE), dsyncs);
+    expect_true(invariants_hold());
+    void *ptrs[] = {a1, c1, a2, c2, d, e};
+    for (size_t i = 0; i < 6; i++)
+        cca_free(ptrs[i]);
+    cca_shutdown();
+}
+
+/*
+ * A hole freed after the stream's last event was recorded is not taken on
+ * that event's word: the event covers the first hole only, so the second is
+ * waited for (the event recorded again) before it moves.
+ */
+TEST(compact_later_frees_are_not_covered_by_an_older_event)
+{
+    setup_events("compact_memory:True", 0, true);
+    cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
+    void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
+    void *d = xmalloc(4 * MiB, S1), *e = xmalloc(4 * MiB, S1);
+    cca_free(b);
+    void *x = xmalloc(4 * MiB, s3); /* records an event on S1, waits for it, takes b's hole */
+    expect_eq_i64(compact_waits(), 1);
+    cca_free(d); /* after the record: the event says nothing about it */
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    uint64_t unmaps = calls(CCA_OP_VMM_UNMAP);
+    void *y = xmalloc(4 * MiB, s3);
+    expect_true(y != NULL);
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 2);
+    expect_eq_i64(compact_waits(), 2); /* d's granules waited for on a new record */
+    expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), 0);
+    expect_eq_u64(calls(CCA_OP_DEVICE_SYNCHRONIZE), 0);
+    expect_true(invariants_hold());
+    void *ptrs[] = {a, c, e, x, y};
+    for (size_t i = 0; i < 5; i++)
+        cca_free(ptrs[i]);
     cca_shutdown();
 }
 
@@ -264,5 +358,7 @@ int main(void)
     RUN(compact_keeps_the_growing_run);
     RUN(compact_steady_loop_stays_bounded);
     RUN(compact_fragmentation_in_oom_message);
+    RUN(compact_moves_granules_once_their_stream_event_completes);
+    RUN(compact_later_frees_are_not_covered_by_an_older_event);
     return harness_done();
 }
