@@ -222,29 +222,29 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
             pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
         bins_insert(&pool->bins, remaining);
     }
-    cca_device_stats_t *st = op_stats_begin(pool->owner);
+    int64_t d[OPS_COUNT] = {0};
     if (pool->expandable_segments && block->segment->es) {
         /* PyTorch keeps expandable blocks out of inactive_split */
     } else if (remaining) {
         if (already_split) {
-            stat2_dec(st->inactive_split_bytes, type, (int64_t)block->size);
+            d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
         } else {
-            stat2_inc(st->inactive_split_bytes, type, (int64_t)remaining->size);
-            stat2_inc(st->inactive_split, type, 1);
+            d[OPS_INACTIVE_SPLIT_BYTES] = (int64_t)remaining->size;
+            d[OPS_INACTIVE_SPLIT] = 1;
         }
     } else if (already_split) {
-        stat2_dec(st->inactive_split_bytes, type, (int64_t)block->size);
-        stat2_dec(st->inactive_split, type, 1);
+        d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
+        d[OPS_INACTIVE_SPLIT] = -1;
     }
-    stat2_inc(st->allocation, type, 1);
-    stat2_inc(st->allocated_bytes, type, (int64_t)block->size);
-    stat2_inc(st->active, type, 1);
-    stat2_inc(st->active_bytes, type, (int64_t)block->size);
-    stat2_inc(st->requested_bytes, type, (int64_t)orig_size);
+    d[OPS_ALLOCATION] = 1;
+    d[OPS_ALLOCATED_BYTES] = (int64_t)block->size;
+    d[OPS_ACTIVE] = 1;
+    d[OPS_ACTIVE_BYTES] = (int64_t)block->size;
+    d[OPS_REQUESTED_BYTES] = (int64_t)orig_size;
     block->oversize = block->size >= s->max_split_size;
-    if (block->oversize)
-        stat_increase(&st->oversize_allocations, 1);
-    op_stats_end(pool->owner);
+    d[OPS_OVERSIZE] = block->oversize;
+    static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 1};
+    ops_apply(pool->owner, type, d, sign);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     *blockp = block;
     return CCA_OK;
@@ -546,12 +546,12 @@ cca_status_t alloc_free(void *ptr)
     if (!block->stream_use_count) {
         pool_free_block(dev, block, true);
     } else {
-        cca_device_stats_t *os = op_stats_begin(sp);
-        stat2_dec(os->allocation, type, 1);
-        stat2_dec(os->allocated_bytes, type, (int64_t)block->size);
-        if (block->oversize)
-            stat_decrease(&os->oversize_allocations, 1);
-        op_stats_end(sp);
+        int64_t d[OPS_COUNT] = {0};
+        d[OPS_ALLOCATION] = -1;
+        d[OPS_ALLOCATED_BYTES] = -(int64_t)block->size;
+        d[OPS_OVERSIZE] = -(int64_t)block->oversize;
+        static const int8_t sign[OPS_COUNT] = {-1, -1, 0, 0, 0, 0, 0, -1};
+        ops_apply(sp, type, d, sign);
         if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
             events_defer_free(dev, block); /* no event during a capture */
         } else {

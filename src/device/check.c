@@ -445,7 +445,9 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
         return;
     /* Without exact_peak_stats the per-operation statistics live in the stream pools. */
     cca_device_stats_t view = dev->stats;
-    if (!dev->exact_stats) {
+    if (dev->exact_stats) {
+        stats_fill_ops(dev, &view); /* every stream pool lock is held: no writer runs */
+    } else {
         cca_stat_t *v[CCA_OP_STAT_ARRAYS], *pv[CCA_OP_STAT_ARRAYS];
         stats_op_arrays(&view, v);
         for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)

@@ -271,7 +271,11 @@ typedef struct cca_device {
     /* stats */
     bool exact_stats;           /* settings.exact_peak_stats at init */
     cca_spinlock_t stats_lock;
-    cca_device_stats_t stats;
+    cca_device_stats_t stats;   /* exact: the per-operation statistics' current and peak
+                                   values are in ops; the rest here */
+    struct ops_table *ops;      /* exact mode's current and peak values (see op_stats_t) */
+    _Atomic bool stats_shared;  /* ops updated by atomics, without the stats lock */
+    uint32_t stats_contended;   /* stats lock found taken (under it), while locked */
 
     /* bit p: device p may access this device's memory; ranges mapped later get
      * its access (peer.c; bits only added, under the device lock) */
@@ -396,26 +400,189 @@ static inline void stats_unlock(cca_device_t *dev)
 }
 
 /*
- * The statistics an allocation or free updates. With exact_peak_stats (the
- * default) they are the device's, under its stats lock, so every peak is
- * exact. Without it each stream pool keeps its own, under the pool lock it
- * already holds: no cache line is shared between streams on the fast path;
- * device values are summed on read and peaks sampled (stats_read_held).
+ * The per-operation statistics (allocation, allocated_bytes, active,
+ * active_bytes, requested_bytes, inactive_split, inactive_split_bytes, in
+ * stats_op_arrays' order, then oversize_allocations, kept in the ALL row).
+ * With exact_peak_stats their current and peak values live in the device's
+ * ops table, by type then statistic, so an operation touches the two 128-byte
+ * rows of ALL and of its pool's kind; allocated / freed go with them while the
+ * device's statistics are locked, to the stream pool's own statistics once
+ * they are shared.
  */
-static inline cca_device_stats_t *op_stats_begin(cca_stream_pool_t *sp)
+enum {
+    OPS_ALLOCATION, OPS_ALLOCATED_BYTES, OPS_ACTIVE, OPS_ACTIVE_BYTES, OPS_REQUESTED_BYTES,
+    OPS_INACTIVE_SPLIT, OPS_INACTIVE_SPLIT_BYTES, OPS_OVERSIZE, OPS_COUNT
+};
+
+typedef struct ops_value {
+    int64_t current, peak;
+} ops_value_t;
+
+typedef struct ops_count {
+    int64_t allocated, freed;
+} ops_count_t;
+
+/* Allocated 64-byte aligned (pool_device_init): each type's row of values is two cache lines. */
+typedef struct ops_table {
+    ops_value_t v[CCA_STAT_TYPES][OPS_COUNT];
+    ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed while locked; a private
+                                                 pool's (by atomics) once shared */
+} ops_table_t;
+
+/* The statistics array of stat in a cca_device_stats_t (oversize_allocations: one entry). */
+static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
 {
-    cca_device_t *dev = sp->device;
-    if (dev->exact_stats || sp->private_pool) { /* private pools: always the device's */
-        stats_lock(dev);
-        return &dev->stats;
+    switch (stat) {
+    case OPS_ALLOCATION: return s->allocation;
+    case OPS_ALLOCATED_BYTES: return s->allocated_bytes;
+    case OPS_ACTIVE: return s->active;
+    case OPS_ACTIVE_BYTES: return s->active_bytes;
+    case OPS_REQUESTED_BYTES: return s->requested_bytes;
+    case OPS_INACTIVE_SPLIT: return s->inactive_split;
+    case OPS_INACTIVE_SPLIT_BYTES: return s->inactive_split_bytes;
+    default: return &s->oversize_allocations;
     }
-    return &sp->stats;
 }
 
-static inline void op_stats_end(cca_stream_pool_t *sp)
+/*
+ * How one operation's statistics are written (ops_apply):
+ *   relaxed (exact_peak_stats:False, default pools): all in the stream pool's
+ *     own statistics, plain; device values are summed on read, peaks sampled.
+ *   locked: the device's ops table (values and counts), plain, under its
+ *     stats lock (one atomic exchange per operation: the single-thread case).
+ *   shared: the ops table by fetch-add, each peak raised by compare-and-swap
+ *     from the value its own fetch-add produced, so every current value is
+ *     linearizable and every peak exact; allocated / freed in the stream pool
+ *     (plain, its lock), or the ops table's by fetch-add for a private pool. A
+ *     device's statistics turn shared for good once its stats lock was found
+ *     taken STATS_SHARE_AFTER times (stats.c); never back.
+ */
+enum { OPS_RELAXED, OPS_LOCKED, OPS_SHARED };
+
+typedef struct op_stats {
+    int mode;                  /* OPS_* */
+    bool acc_atomic;           /* shared: the counts go to the ops table by atomics (private pool) */
+} op_stats_t;
+
+#define STATS_SHARE_AFTER 64
+
+/* Take the stats lock found taken; may turn the device's statistics shared (stats.c). */
+void stats_lock_contended(cca_device_t *dev);
+
+static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
 {
-    if (sp->device->exact_stats || sp->private_pool)
-        stats_unlock(sp->device);
+    cca_device_t *dev = sp->device;
+    o->acc_atomic = false;
+    if (!dev->exact_stats && !sp->private_pool) { /* private pools: always the device's */
+        o->mode = OPS_RELAXED;
+        return;
+    }
+    if (!atomic_load_explicit(&dev->stats_shared, memory_order_acquire)) {
+        if (atomic_exchange_explicit(&dev->stats_lock.locked, 1, memory_order_acquire))
+            stats_lock_contended(dev);
+        if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed)) {
+            o->mode = OPS_LOCKED;
+            return;
+        }
+        stats_unlock(dev); /* turned shared while this thread waited */
+    }
+    o->mode = OPS_SHARED;
+    o->acc_atomic = sp->private_pool != NULL;
+}
+
+/*
+ * Add amount (non-zero; negative: take away) to one statistic of one type, in
+ * mode; sign: 1 or -1 when the caller knows amount's sign, 0 when not. t: the
+ * device's ops table; own: the stream pool's statistics.
+ */
+static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_device_stats_t *own,
+                                                          bool acc_atomic, int mode, int stat,
+                                                          int type, int64_t amount, int sign)
+{
+    bool up = sign > 0 || (sign == 0 && amount > 0);
+    if (mode == OPS_RELAXED) {
+        cca_stat_t *acc = &ops_array(own, stat)[type];
+        acc->current += amount;
+        if (up) {
+            if (acc->current > acc->peak)
+                acc->peak = acc->current;
+            acc->allocated += amount;
+        } else {
+            acc->freed -= amount;
+        }
+        return;
+    }
+    ops_value_t *v = &t->v[type][stat];
+    ops_count_t *n = &t->n[type][stat];
+    if (mode == OPS_LOCKED) { /* plain: the stats lock orders every writer and reader */
+        v->current += amount;
+        if (up) {
+            if (v->current > v->peak)
+                v->peak = v->current;
+            n->allocated += amount;
+        } else {
+            n->freed -= amount;
+        }
+        return;
+    }
+    int64_t now = __atomic_add_fetch(&v->current, amount, __ATOMIC_RELAXED);
+    if (up) {
+        int64_t peak = __atomic_load_n(&v->peak, __ATOMIC_RELAXED);
+        while (now > peak && !__atomic_compare_exchange_n(&v->peak, &peak, now, true,
+                                                           __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+    }
+    if (acc_atomic) {
+        __atomic_add_fetch(up ? &n->allocated : &n->freed, up ? amount : -amount, __ATOMIC_RELAXED);
+    } else {
+        cca_stat_t *acc = &ops_array(own, stat)[type];
+        if (up)
+            acc->allocated += amount;
+        else
+            acc->freed -= amount;
+    }
+}
+
+static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
+                                                                 cca_device_stats_t *own,
+                                                                 bool acc_atomic, int mode,
+                                                                 int type,
+                                                                 const int64_t d[OPS_COUNT],
+                                                                 const int8_t sign[OPS_COUNT])
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < OPS_COUNT; k++) {
+        if (!d[k])
+            continue;
+        ops_add(t, own, acc_atomic, mode, k, CCA_STAT_ALL, d[k], sign[k]);
+        if (k != OPS_OVERSIZE)
+            ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);
+    }
+}
+
+/*
+ * One operation's statistics: d[k] added to statistic k (OPS_*), in the ALL
+ * entry and in the entry of type (the pool's kind), in one update (stream
+ * pool lock held, so one pool's updates land in its lock order). sign[k]: d[k]'s
+ * sign where the caller knows it (a constant array), else 0.
+ */
+static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *sp, int type,
+                                                            const int64_t d[OPS_COUNT],
+                                                            const int8_t sign[OPS_COUNT])
+{
+    cca_device_t *dev = sp->device;
+    ops_table_t *t = dev->ops;
+    cca_device_stats_t *own = &sp->stats;
+    op_stats_t o;
+    op_stats_begin(sp, &o);
+    if (o.mode == OPS_LOCKED) {
+        ops_apply_mode(t, own, false, OPS_LOCKED, type, d, sign);
+        stats_unlock(dev);
+    } else if (o.mode == OPS_SHARED) {
+        ops_apply_mode(t, own, o.acc_atomic, OPS_SHARED, type, d, sign);
+    } else {
+        ops_apply_mode(t, own, false, OPS_RELAXED, type, d, sign);
+    }
 }
 
 /* ---- pool.c: blocks, stream pools, device set-up ------------------------------ */
@@ -503,6 +670,8 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
 /* The device's statistics (see stats.c); held: a stream pool lock the caller holds. */
 void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held);
 void stats_read(cca_device_t *dev, cca_device_stats_t *out);
+/* exact_peak_stats: the ops table's current and peak values into out's per-operation arrays. */
+void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out);
 
 /* ---- peer.c: peer access ------------------------------------------------------- */
 

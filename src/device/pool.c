@@ -268,28 +268,22 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     }
     int type = pool_stat_type(pool->is_small);
     bool expandable = pool->expandable_segments && block->segment->es;
-    cca_device_stats_t *st = op_stats_begin(pool->owner);
+    int64_t d[OPS_COUNT] = {0};
     if (program_free) {
         /* the program's free and the block's return in one statistics update */
-        stat2_dec(st->allocation, type, 1);
-        stat2_dec(st->allocated_bytes, type, (int64_t)original_size);
-        if (block->oversize)
-            stat_decrease(&st->oversize_allocations, 1);
+        d[OPS_ALLOCATION] = -1;
+        d[OPS_ALLOCATED_BYTES] = -(int64_t)original_size;
+        d[OPS_OVERSIZE] = -(int64_t)block->oversize;
     }
-    if (expandable)
-        net_blocks = net_bytes = 0; /* PyTorch keeps expandable blocks out of inactive_split */
-    if (net_blocks > 0)
-        stat2_inc(st->inactive_split, type, net_blocks);
-    else if (net_blocks < 0)
-        stat2_dec(st->inactive_split, type, -net_blocks);
-    if (net_bytes > 0)
-        stat2_inc(st->inactive_split_bytes, type, net_bytes);
-    else if (net_bytes < 0)
-        stat2_dec(st->inactive_split_bytes, type, -net_bytes);
-    stat2_dec(st->active, type, 1);
-    stat2_dec(st->active_bytes, type, (int64_t)original_size);
-    stat2_dec(st->requested_bytes, type, (int64_t)requested);
-    op_stats_end(pool->owner);
+    if (!expandable) { /* PyTorch keeps expandable blocks out of inactive_split */
+        d[OPS_INACTIVE_SPLIT] = net_blocks;
+        d[OPS_INACTIVE_SPLIT_BYTES] = net_bytes;
+    }
+    d[OPS_ACTIVE] = -1;
+    d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
+    d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
+    static const int8_t sign[OPS_COUNT] = {-1, -1, -1, -1, -1, 0, 0, -1};
+    ops_apply(pool->owner, type, d, sign);
 }
 
 cca_status_t pool_invalid_pointer(const char *what, const void *ptr)
@@ -309,11 +303,18 @@ cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory)
 {
     memset(dev, 0, sizeof(*dev));
     dev->index = index;
+    dev->ops = aligned_alloc(64, sizeof(*dev->ops));
+    if (!dev->ops)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
+    memset(dev->ops, 0, sizeof(*dev->ops));
     dev->total_memory = total_memory;
     dev->pool_table_cap = 8192;
     dev->pool_table = calloc(dev->pool_table_cap, sizeof(*dev->pool_table));
-    if (!dev->pool_table)
+    if (!dev->pool_table) {
+        free(dev->ops);
+        dev->ops = NULL;
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
+    }
     pthread_mutex_init(&dev->lock, NULL);
     cca_spin_init(&dev->stats_lock);
     dev->exact_stats = cca_state->settings.exact_peak_stats;
@@ -386,6 +387,8 @@ void pool_device_shutdown(cca_device_t *dev)
             pool_stream_pool_delete(sp);
     }
     free(dev->pool_table);
+    free(dev->ops);
+    dev->ops = NULL;
     free(dev->orphans);
     free(dev->lent);
     pthread_mutex_destroy(&dev->lock);

@@ -45,18 +45,75 @@ static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
     dst->oversize_allocations.freed += src->oversize_allocations.freed;
 }
 
+void stats_lock_contended(cca_device_t *dev)
+{
+    cca_spin_lock_slow(&dev->stats_lock);
+    if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed) &&
+        ++dev->stats_contended >= STATS_SHARE_AFTER)
+        atomic_store_explicit(&dev->stats_shared, true, memory_order_release);
+}
+
+/* The exact mode's values and counts into out (atomic loads: shared writers run). */
+void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out)
+{
+    for (int k = 0; k < OPS_COUNT; k++)
+        for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
+            const ops_value_t *v = &dev->ops->v[t][k];
+            const ops_count_t *n = &dev->ops->n[t][k];
+            cca_stat_t *d = &ops_array(out, k)[t];
+            d->current = __atomic_load_n(&v->current, __ATOMIC_RELAXED);
+            d->peak = __atomic_load_n(&v->peak, __ATOMIC_RELAXED);
+            d->allocated = __atomic_load_n(&n->allocated, __ATOMIC_RELAXED);
+            d->freed = __atomic_load_n(&n->freed, __ATOMIC_RELAXED);
+        }
+}
+
+/* The allocated / freed counts of the per-operation statistics of src, added to dst's. */
+static void stats_add_counts(cca_device_stats_t *dst, cca_device_stats_t *src)
+{
+    for (int k = 0; k < OPS_COUNT; k++)
+        for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
+            ops_array(dst, k)[t].allocated += ops_array(src, k)[t].allocated;
+            ops_array(dst, k)[t].freed += ops_array(src, k)[t].freed;
+        }
+}
+
+/* exact_peak_stats: the ops table's values and counts, and (shared) the pools' counts. */
+static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
+{
+    cca_device_stats_t pools;
+    bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_acquire);
+    memset(&pools, 0, sizeof(pools));
+    if (shared) {
+        for (size_t i = 0; i < dev->pool_table_cap; i++) {
+            cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+            if (!sp)
+                continue;
+            if (sp != held)
+                cca_spin_lock(&sp->lock);
+            stats_add_counts(&pools, &sp->stats);
+            if (sp != held)
+                cca_spin_unlock(&sp->lock);
+        }
+    }
+    stats_lock(dev);
+    *out = dev->stats; /* its per-operation statistics are the ops table's, below */
+    stats_fill_ops(dev, out);
+    stats_unlock(dev);
+    stats_add_counts(out, &pools);
+}
+
 /*
- * The device's statistics: in exact mode a copy; otherwise the device's own
- * (segments, counters, sampled peaks) with the per-operation values summed
- * over the stream pools, the peaks first raised to those sums. held: a stream
- * pool lock the caller holds (that pool is read without locking it again).
+ * The device's statistics: in exact mode the ops table's current and peak
+ * values with the counts; otherwise the device's own (segments, counters,
+ * sampled peaks) with the per-operation values summed over the stream pools,
+ * the peaks first raised to those sums. held: a stream pool lock the caller
+ * holds (that pool is read without locking it again).
  */
 void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
 {
     if (dev->exact_stats) {
-        stats_lock(dev);
-        *out = dev->stats;
-        stats_unlock(dev);
+        stats_read_exact(dev, out, held);
         return;
     }
     cca_device_stats_t sum;
@@ -140,7 +197,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
     if (async_enabled())
         return async_reset_accumulated_stats(device);
     pthread_mutex_lock(&dev->lock);
-    for (size_t i = 0; i < dev->pool_table_cap && !dev->exact_stats; i++) {
+    for (size_t i = 0; i < dev->pool_table_cap; i++) { /* exact mode: the counts of shared stats */
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
         if (!sp)
             continue;
@@ -151,7 +208,12 @@ cca_status_t cca_reset_accumulated_stats(int device)
     }
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
-    reset_accumulated(&s->allocation[0], STATS_ARRAY_COUNT);
+    for (int k = 0; k < OPS_COUNT; k++) /* atomically: a private pool's shared writers */
+        for (int t = 0; t < CCA_STAT_TYPES; t++) {
+            __atomic_store_n(&dev->ops->n[t][k].allocated, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&dev->ops->n[t][k].freed, 0, __ATOMIC_RELAXED);
+        }
+    reset_accumulated(&s->allocation[0], STATS_ARRAY_COUNT); /* relaxed mode's, and segments' */
     reset_accumulated(&s->oversize_allocations, 1);
     reset_accumulated(&s->oversize_segments, 1);
     s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
@@ -174,10 +236,21 @@ cca_status_t cca_reset_peak_stats(int device)
         stats_read(dev, &now);
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
-    reset_peak(&s->allocation[0], STATS_ARRAY_COUNT);
-    reset_peak(&s->oversize_allocations, 1);
+    reset_peak(s->segment, CCA_STAT_TYPES);
+    reset_peak(s->reserved_bytes, CCA_STAT_TYPES);
     reset_peak(&s->oversize_segments, 1);
-    if (!dev->exact_stats) {
+    if (dev->exact_stats) {
+        /* peak = current, by atomics (shared writers may run; a concurrent raise wins or is
+         * overwritten by a value the current had) */
+        for (int k = 0; k < OPS_COUNT; k++)
+            for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
+                ops_value_t *v = &dev->ops->v[t][k];
+                __atomic_store_n(&v->peak, __atomic_load_n(&v->current, __ATOMIC_RELAXED),
+                                 __ATOMIC_RELAXED);
+            }
+    } else {
+        reset_peak(&s->allocation[0], STATS_ARRAY_COUNT);
+        reset_peak(&s->oversize_allocations, 1);
         /* sampled peaks restart from the current sums */
         cca_stat_t *d[CCA_OP_STAT_ARRAYS], *c[CCA_OP_STAT_ARRAYS];
         stats_op_arrays(s, d);

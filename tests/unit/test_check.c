@@ -76,17 +76,18 @@ TEST(detects_corruption)
     cca_segment_t *seg = dev->segments;
     cca_block_t *first = seg->head; /* free (a), then b allocated, then the free rest */
 
-    dev->stats.allocated_bytes[CCA_STAT_SMALL_POOL].current += 512;
+    /* exact statistics: the per-operation current values live in the device's ops table */
+    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES].current += 512;
     expect_invalid("allocated_bytes.small_pool");
-    dev->stats.allocated_bytes[CCA_STAT_SMALL_POOL].current -= 512;
+    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES].current -= 512;
 
-    dev->stats.inactive_split[CCA_STAT_ALL].current++;
+    dev->ops->v[CCA_STAT_ALL][OPS_INACTIVE_SPLIT].current++;
     expect_invalid("inactive_split.all");
-    dev->stats.inactive_split[CCA_STAT_ALL].current--;
+    dev->ops->v[CCA_STAT_ALL][OPS_INACTIVE_SPLIT].current--;
 
-    dev->stats.requested_bytes[CCA_STAT_ALL].current++;
+    dev->ops->v[CCA_STAT_ALL][OPS_REQUESTED_BYTES].current++;
     expect_invalid("requested_bytes.all");
-    dev->stats.requested_bytes[CCA_STAT_ALL].current--;
+    dev->ops->v[CCA_STAT_ALL][OPS_REQUESTED_BYTES].current--;
 
     first->size += 512;
     expect_invalid("should start at");
