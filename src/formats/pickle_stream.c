@@ -1068,6 +1068,70 @@ static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, 
 }
 
 /*
+ * One plain scalar at *p (and its memo store, if one follows) into *d, for
+ * record_fast; false for anything else. The tests run from the most common
+ * opcode of PyTorch's event dicts down; the window holds FIXED_OP_MAX bytes
+ * at *p.
+ */
+static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, const uint8_t **pp,
+                                                              const uint8_t *end, slot_t *d,
+                                                              pending_memo_t *pm, int *npm,
+                                                              uint64_t *memo_next)
+{
+    const uint8_t *p = *pp;
+    uint8_t op = *p;
+    if (op == OP_LONG_BINGET || op == OP_BINGET) {
+        uint64_t idx = op == OP_BINGET ? p[1] : le32(p + 1);
+        uintptr_t e = idx < r->memo_count ? r->memo[idx] : fast_memo(r, pm, *npm, idx);
+        if (!e || (e & (1 | MEMO_NODE_BIT)))
+            return false;
+        const pk_sym_t *sym = (const pk_sym_t *)e;
+        *d = (slot_t){.type = SL_SCALAR, .kind = sym->kind, .v.sym = sym};
+        p += op == OP_BINGET ? 2 : 5;
+    } else if (op == OP_LONG1) {
+        size_t len = p[1];
+        if (!len || len > 8 || (p[1 + len] & 0x80))
+            return false;
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len))};
+        p += 2 + len;
+    } else if (op == OP_BININT1) {
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = p[1]};
+        p += 2;
+    } else if (op == OP_SHORT_BINUNICODE) {
+        size_t len = p[1];
+        if ((size_t)(end - p) < 2 + len + 1)
+            return false;
+        const pk_sym_t *sym;
+        if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
+            return false; /* the general path raises it again */
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_STR, .v.sym = sym};
+        p += 2 + len;
+    } else if (op == OP_BININT2) {
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le16(p + 1)};
+        p += 3;
+    } else if (op == OP_BININT) {
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.i = (int32_t)le32(p + 1)};
+        p += 5;
+    } else if (op == OP_NONE) {
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_NONE};
+        p += 1;
+    } else if (op == OP_NEWTRUE || op == OP_NEWFALSE) {
+        *d = (slot_t){.type = SL_SCALAR, .kind = PV_BOOL, .v.b = op == OP_NEWTRUE};
+        p += 1;
+    } else {
+        return false;
+    }
+    if (*p == OP_MEMOIZE) {
+        if (d->kind != PV_STR || fast_memo(r, pm, *npm, *memo_next))
+            return false; /* a memoized number (boxed by the general path), or a set slot */
+        pm[(*npm)++] = (pending_memo_t){(*memo_next)++, (uintptr_t)d->v.sym};
+        p++;
+    }
+    *pp = p;
+    return true;
+}
+
+/*
  * A record (a dict of a records list) whose EMPTY_DICT was just pushed: read
  * its body - an optional memo store, MARK, key / value pairs of plain scalars
  * each with an optional memo store, SETITEMS - in one go, with the effect the
@@ -1099,81 +1163,22 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     if (p >= end || *p != OP_MARK)
         return false;
     p++;
+    /* a key, then its value: two sites of the same tests, so that each site's
+     * branches learn their own pattern (keys are nearly always memo gets) */
     for (;;) {
         if (__builtin_expect(p > limit || n == 2 * FAST_FIELDS, 0))
             return false;
-        slot_t *d = &kv[n];
-        /* each case fills the whole slot with one store of a compound literal */
-        switch (*p) {
-        case OP_SETITEMS:
+        if (*p == OP_SETITEMS) {
             p++;
-            goto body_read;
-        case OP_BINGET:
-        case OP_LONG_BINGET: {
-            uint64_t idx = *p == OP_BINGET ? p[1] : le32(p + 1);
-            uintptr_t e = idx < r->memo_count ? r->memo[idx] : fast_memo(r, pm, npm, idx);
-            if (!e || (e & (1 | MEMO_NODE_BIT)))
-                return false;
-            const pk_sym_t *sym = (const pk_sym_t *)e;
-            *d = (slot_t){.type = SL_SCALAR, .kind = sym->kind, .v.sym = sym};
-            p += *p == OP_BINGET ? 2 : 5;
             break;
         }
-        case OP_SHORT_BINUNICODE: {
-            size_t len = p[1];
-            if ((size_t)(end - p) < 2 + len + 1)
-                return false;
-            const pk_sym_t *sym;
-            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
-                return false; /* the general path raises it again */
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_STR, .v.sym = sym};
-            p += 2 + len;
-            break;
-        }
-        case OP_BININT1:
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = p[1]};
-            p += 2;
-            break;
-        case OP_BININT2:
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le16(p + 1)};
-            p += 3;
-            break;
-        case OP_BININT:
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.i = (int32_t)le32(p + 1)};
-            p += 5;
-            break;
-        case OP_LONG1: {
-            size_t len = p[1];
-            if (!len || len > 8 || (p[1 + len] & 0x80))
-                return false;
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT,
-                          .v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len))};
-            p += 2 + len;
-            break;
-        }
-        case OP_NONE:
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_NONE};
-            p += 1;
-            break;
-        case OP_NEWTRUE:
-        case OP_NEWFALSE:
-            *d = (slot_t){.type = SL_SCALAR, .kind = PV_BOOL, .v.b = *p == OP_NEWTRUE};
-            p += 1;
-            break;
-        default:
+        if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next))
             return false;
-        }
-        if (*p == OP_MEMOIZE) {
-            if (d->kind != PV_STR || fast_memo(r, pm, npm, memo_next))
-                return false; /* a memoized number (boxed by the general path), or a set slot */
-            pm[npm++] = (pending_memo_t){memo_next++, (uintptr_t)d->v.sym};
-            p++;
-        }
-        n++;
+        if (__builtin_expect(p > limit, 0) ||
+            !fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
+            return false;
+        n += 2;
     }
-body_read:
-    if (n % 2)
-        return false;
     rec_t *rec = &r->recs[rec_slot->v.rec];
     /* commit: the memo stores (MEMOIZE numbers them from the count, as one by one);
      * the memo grows first, so that no store can fail half way */
