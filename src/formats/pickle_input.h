@@ -33,7 +33,13 @@ typedef struct pk_input {
     uint8_t *zin;            /* compressed input for inflate */
     uint64_t gz_in_total;    /* compressed bytes in all */
     struct inflater *inf;    /* the inflating thread, NULL when inflating in the caller */
+    uint32_t gz_crc;         /* CRC-32 of the current member's output so far */
+    uint64_t gz_out;         /* bytes of the current member's output so far */
+    uint8_t gz_tail[8];      /* the last 8 compressed bytes consumed */
 } pk_input_t;
+
+/* zlib's crc32 (same values, crc32(0, NULL, 0) == 0 start), faster on x86-64 with PCLMULQDQ. */
+uint32_t pk_crc32(uint32_t crc, const void *data, size_t len);
 
 /*
  * Start reading: detect gzip, start the inflating thread (gzip at the default

@@ -11,7 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zlib.h>
+
 #include "harness.h"
+#include "pickle_input.h"
 #include "pickle_stream.h"
 
 static const char *const traces[] = {
@@ -429,6 +432,70 @@ TEST(misuse_and_io_errors)
     pv_doc_free(doc);
 }
 
+TEST(crc32_equals_zlibs)
+{
+    size_t big = (size_t)1 << 20;
+    uint8_t *b = malloc(big + 64);
+    expect_true(b != NULL);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < big + 64; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)x;
+    }
+    size_t bad = 0;
+    for (size_t len = 0; len < 600; len++)
+        for (size_t off = 0; off < 17; off += 3) {
+            uint32_t seed = (uint32_t)(len * 2654435761u);
+            if (pk_crc32(seed, b + off, len) != (uint32_t)crc32(seed, b + off, (uInt)len))
+                bad++;
+        }
+    expect_eq_u64(bad, 0);
+    /* in pieces of every size, as the inflater feeds it */
+    uint32_t whole = (uint32_t)crc32(0, b, (uInt)big), pieces = 0;
+    for (size_t at = 0, step = 1; at < big; at += step, step = step * 7 % 70001 + 1)
+        pieces = pk_crc32(pieces, b + at, at + step > big ? big - at : step);
+    expect_eq_u64(pieces, whole);
+    expect_eq_u64(pk_crc32(0, NULL, 0), 0);
+    free(b);
+}
+
+/* The gzip trailer's CRC and length are checked, whole or read a few bytes at a time,
+ * in the first member and in a second one (read after STOP). */
+TEST(gzip_trailer_checked)
+{
+    pk_handler_t h = {0};
+    pv_doc_t *doc = NULL;
+    size_t n = 0;
+    char *one = read_all("tests/data/traces/two_stream_pipeline_default.pickle.gz", &n);
+    expect_true(one != NULL && n > 1000);
+    char *two = malloc(2 * n);
+    expect_true(two != NULL);
+    static const size_t chunks[] = {0, 7, 4093};
+    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+        memcpy(two, one, n);
+        memcpy(two + n, one, n);
+        expect_eq_i64(pickle_stream_buffer(two, 2 * n, chunks[k], &h, &doc), CCA_OK);
+        pv_doc_free(doc);
+        static const struct { size_t from_end; const char *what; } flips[] = {
+            {8, "incorrect data check"}, {5, "incorrect data check"},
+            {4, "incorrect length check"}, {1, "incorrect length check"},
+        };
+        for (size_t f = 0; f < sizeof(flips) / sizeof(flips[0]); f++) {
+            for (int member = 0; member < 2; member++) {
+                size_t at = (member ? 2 * n : n) - flips[f].from_end;
+                two[at] ^= 0x40;
+                doc = NULL;
+                expect_eq_i64(pickle_stream_buffer(two, 2 * n, chunks[k], &h, &doc), CCA_ERR_FORMAT);
+                expect_contains(cca_last_error()->message, flips[f].what);
+                expect_true(doc == NULL);
+                two[at] ^= 0x40;
+            }
+        }
+    }
+    free(two);
+    free(one);
+}
+
 int main(void)
 {
     RUN(real_traces_stream_as_the_tree_reader_reads_them);
@@ -437,5 +504,7 @@ int main(void)
     RUN(flat_nested_and_protocol0_records);
     RUN(malformed_shapes_fail_cleanly);
     RUN(misuse_and_io_errors);
+    RUN(crc32_equals_zlibs);
+    RUN(gzip_trailer_checked);
     return harness_done();
 }
