@@ -403,7 +403,8 @@ static cca_status_t take_block(pk_input_t *in)
         if (!t->ready_head)
             t->ready_tail = NULL;
     }
-    cca_status_t st = t->status;
+    /* the thread's status counts only once every block it made was taken */
+    cca_status_t st = b ? CCA_OK : t->status;
     pthread_mutex_unlock(&t->mu);
     if (!b) {
         if (st)
