@@ -88,6 +88,7 @@ typedef struct pk_sym {
     uint64_t hash;
     uint64_t word;     /* texts of up to 8 bytes: the bytes, little-endian (the recent cache's key) */
     int32_t tag;       /* index in the handler's symbols, -1 */
+    uint32_t memo_id;  /* its index in the reader's memo_vals once memoized, else 0 */
     uint8_t kind;      /* PV_STR, PV_BYTES, PV_BIGINT */
 } pk_sym_t;
 
@@ -144,9 +145,13 @@ typedef struct sreader {
     size_t sp, stack_cap;
     size_t *marks;
     size_t nmarks, marks_cap;
-    /* a zero-filled array (cca_zarray_grow); entries from memo_len on are unset and never
-     * read, so that the pages past the last entry set are never touched */
-    uintptr_t *memo;
+    /* memo[i]: an index in memo_vals (0: unset), 4 bytes an entry; a zero-filled array
+     * (cca_zarray_grow) whose entries from memo_len on are unset and never read, so that
+     * the pages past the last entry set are never touched */
+    uint32_t *memo;
+    uintptr_t *memo_vals;    /* the distinct values memoized (memo entries, below); [0] = 0 */
+    size_t nvals, vals_cap;
+    uint32_t gone_ids[16];   /* by kind: the memo_vals index of a dropped container, 0: none yet */
     size_t memo_len;         /* 1 + the highest index set */
     size_t memo_room;        /* entries allocated (memo_bytes of them) */
     size_t memo_count, memo_bytes;
@@ -304,6 +309,7 @@ static pk_sym_t *sym_new(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind,
     s->hash = hash;
     s->kind = kind;
     s->tag = -1;
+    s->memo_id = 0;
     if (kind == PV_STR)
         s->tag = tag_of(r->h, (const char *)p, n);
     return s;
@@ -977,11 +983,41 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
 /* Room for n memo entries, the new ones unset; false when out of memory. */
 static bool memo_reserve(sreader_t *r, size_t n)
 {
-    if (n > SIZE_MAX / sizeof(uintptr_t) ||
-        !cca_zarray_grow((void **)&r->memo, &r->memo_bytes, n * sizeof(uintptr_t)))
+    if (n > SIZE_MAX / sizeof(*r->memo) ||
+        !cca_zarray_grow((void **)&r->memo, &r->memo_bytes, n * sizeof(*r->memo)))
         return false;
-    r->memo_room = r->memo_bytes / sizeof(uintptr_t);
+    r->memo_room = r->memo_bytes / sizeof(*r->memo);
     return true;
+}
+
+/*
+ * The memo_vals index of memo entry e (a symbol, a node with MEMO_NODE_BIT, a
+ * dropped container's MEMO_GONE), added when new: a symbol and a dropped
+ * container's kind keep theirs, a node gets a new one. 0 when out of memory.
+ */
+static uint32_t memo_id_of(sreader_t *r, uintptr_t e)
+{
+    uint32_t *known = NULL;
+    if (e & 1) {
+        if ((e >> 2) < 16)
+            known = &r->gone_ids[e >> 2];
+    } else if (!(e & MEMO_NODE_BIT)) {
+        known = &((pk_sym_t *)e)->memo_id; /* the reader's own symbol, const only to the decoder */
+    }
+    if (known && *known)
+        return *known;
+    if (r->nvals == r->vals_cap) {
+        if (r->nvals >= UINT32_MAX ||
+            !grow(&r->memo_vals, &r->vals_cap, r->nvals + 1, sizeof(uintptr_t), 256))
+            return 0;
+        if (!r->nvals)
+            r->memo_vals[r->nvals++] = 0; /* index 0: unset */
+    }
+    uint32_t id = (uint32_t)r->nvals++;
+    r->memo_vals[id] = e;
+    if (known)
+        *known = id;
+    return id;
 }
 
 /* memo[idx] = e. Returns CCA_OK, CCA_ERR_FORMAT (a bogus index), CCA_ERR_OUT_OF_MEMORY. */
@@ -990,7 +1026,8 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
     /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
     if (idx > r->in.base + r->in.pos)
         return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
-    if (idx >= r->memo_room && !memo_reserve(r, (size_t)idx + 1))
+    uint32_t id = memo_id_of(r, e);
+    if (!id || (idx >= r->memo_room && !memo_reserve(r, (size_t)idx + 1)))
         return sr_oom();
     if (idx >= r->memo_len) {
         r->memo_len = (size_t)idx + 1;
@@ -998,7 +1035,7 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
     } else if (!r->memo[idx]) {
         r->memo_count++;
     }
-    r->memo[idx] = e;
+    r->memo[idx] = id;
     return CCA_OK;
 }
 
@@ -1025,7 +1062,7 @@ static cca_status_t memo_put(sreader_t *r, size_t off, uint64_t idx)
 
 static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
 {
-    uintptr_t e = idx < r->memo_len ? r->memo[idx] : 0;
+    uintptr_t e = idx < r->memo_len ? r->memo_vals[r->memo[idx]] : 0;
     if (!e)
         return sr_error(r, off, "memo key %llu is not defined", (unsigned long long)idx);
     if (!(e & (1 | MEMO_NODE_BIT)))
@@ -1060,11 +1097,11 @@ typedef struct pending_memo {
 static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, int npm, uint64_t idx)
 {
     if (idx < r->memo_count)
-        return r->memo[idx]; /* pending stores all lie at or above the count (<= memo_len) */
+        return r->memo_vals[r->memo[idx]]; /* pending stores all lie at or above the count (<= memo_len) */
     for (int i = npm - 1; i >= 0; i--)
         if (pm[i].idx == idx)
             return pm[i].e;
-    return idx < r->memo_len ? r->memo[idx] : 0;
+    return idx < r->memo_len ? r->memo_vals[r->memo[idx]] : 0;
 }
 
 /*
@@ -1082,7 +1119,7 @@ static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, cons
     uint8_t op = *p;
     if (op == OP_LONG_BINGET || op == OP_BINGET) {
         uint64_t idx = op == OP_BINGET ? p[1] : le32(p + 1);
-        uintptr_t e = idx < r->memo_count ? r->memo[idx] : fast_memo(r, pm, *npm, idx);
+        uintptr_t e = idx < r->memo_count ? r->memo_vals[r->memo[idx]] : fast_memo(r, pm, *npm, idx);
         if (!e || (e & (1 | MEMO_NODE_BIT)))
             return false;
         const pk_sym_t *sym = (const pk_sym_t *)e;
@@ -1184,8 +1221,12 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
      * the memo grows first, so that no store can fail half way */
     if (npm && memo_next > r->memo_room && !memo_reserve(r, (size_t)memo_next))
         return false; /* out of memory: the general path raises it */
+    uint32_t ids[2 * FAST_FIELDS + 1];
+    for (int i = 0; i < npm; i++)
+        if (!(ids[i] = memo_id_of(r, pm[i].e)))
+            return false; /* likewise (values added stay unused) */
     for (int i = 0; i < npm; i++) {
-        r->memo[pm[i].idx] = pm[i].e;
+        r->memo[pm[i].idx] = ids[i];
         r->memo_count++;
     }
     if (npm && memo_next > r->memo_len)
@@ -1568,6 +1609,7 @@ static void sreader_free(sreader_t *r)
     free(r->stack);
     free(r->marks);
     cca_zarray_free(r->memo, r->memo_bytes);
+    free(r->memo_vals);
     free(r->syms);
     free(r->recs);
     free(r->fields);
