@@ -12,7 +12,9 @@
  *    (cca_memcpy_peer_async and a plain device-to-device cudaMemcpy);
  *  - backend:cudaMallocAsync: round trips on streams, record_stream,
  *    statistics from the pool, empty_cache trimming, a memory fraction,
- *    threads on every GPU at once.
+ *    threads on every GPU at once;
+ *  - cca_malloc follows the current device changed by cudaSetDevice behind
+ *    cca's back (the backend caches it per thread with the current context).
  * Peer tests need two GPUs and are skipped (reported) with one. Exits 77
  * (skipped) without a GPU.
  */
@@ -438,6 +440,59 @@ TEST(threads_on_every_gpu_cuda_malloc_async)
     threads_on_every_gpu("backend:cudaMallocAsync");
 }
 
+/* The device of the block cca_malloc returned, from the driver. */
+static int device_of(void *p)
+{
+    struct cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess)
+        return -1;
+    return attr.device;
+}
+
+static void *fresh_thread_alloc(void *arg)
+{
+    int *device = arg;
+    void *p = NULL;
+    /* no cudaSetDevice on this thread: no current context, cudaGetDevice's device 0 */
+    if (cca_malloc(&p, 4096, NULL) == CCA_OK) {
+        *device = device_of(p);
+        cca_free(p);
+    }
+    return NULL;
+}
+
+/*
+ * cca_malloc allocates on the current device, which cca caches per thread
+ * with the current context: a change made by cudaSetDevice behind cca's back,
+ * in either order and back, is followed at the next call; a thread that never
+ * chose a device gets device 0.
+ */
+TEST(current_device_follows_cuda_set_device)
+{
+    if (!setup(NULL))
+        return;
+    for (int round = 0; round < 3; round++)
+        for (int g = 0; g < gpus; g++) {
+            int d = round == 1 ? gpus - 1 - g : g;
+            expect_true(cudaSetDevice(d) == cudaSuccess);
+            void *p = NULL;
+            expect_ok(cca_malloc(&p, 1 << 20, NULL));
+            expect_eq_i64(device_of(p), d);
+            int cur = -1;
+            expect_ok(cca_get_device(&cur));
+            expect_eq_i64(cur, d);
+            expect_ok(cca_free(p));
+        }
+    expect_true(cudaSetDevice(gpus - 1) == cudaSuccess);
+    int fresh = -1;
+    pthread_t t;
+    pthread_create(&t, NULL, fresh_thread_alloc, &fresh);
+    pthread_join(t, NULL);
+    expect_eq_i64(fresh, 0);
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    teardown();
+}
+
 int main(void)
 {
     /* Probe in a child: CUDA must not be initialised here before fork(). */
@@ -462,5 +517,6 @@ int main(void)
     RUN(cuda_malloc_async_backend);
     RUN(threads_on_every_gpu_native);
     RUN(threads_on_every_gpu_cuda_malloc_async);
+    RUN(current_device_follows_cuda_set_device);
     return harness_done();
 }

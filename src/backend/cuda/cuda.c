@@ -34,6 +34,7 @@ typedef struct cuda_driver {
     PFN_cuMemExportToShareableHandle_v10020 mem_export;   /* IPC of expandable segments */
     PFN_cuMemImportFromShareableHandle_v10020 mem_import;
     PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
+    PFN_cuCtxGetCurrent_v4000 ctx_get_current;            /* the current device, cached */
     bool vmm;  /* every VMM entry point was found */
 } cuda_driver_t;
 
@@ -182,13 +183,38 @@ static cca_status_t cuda_device_props(void *ctx, int device, cca_device_props_t 
     return CCA_OK;
 }
 
+/*
+ * The calling thread's current device as cudaGetDevice last gave it, with the
+ * context current then. Every way of changing the device (cudaSetDevice, ours
+ * or the program's; cuCtxSetCurrent, cuCtxPushCurrent / PopCurrent) changes
+ * the current context, and the device of a context never changes, so one
+ * cuCtxGetCurrent (a thread-local read in the driver) tells whether the
+ * cached device still holds. A thread with no current context (one that
+ * never chose a device) asks cudaGetDevice every time (device 0, as
+ * PyTorch's). Limit: a context destroyed and another created for a
+ * different device at the same handle, made current on this thread without
+ * cudaSetDevice, would be taken for the old one.
+ */
+static _Thread_local struct {
+    CUcontext ctx;
+    int device;
+} current_device_cache;
+
 static cca_status_t cuda_get_device(void *ctx, int *device)
 {
-    (void)ctx;
+    cuda_ctx_t *cx = ctx;
+    CUcontext current_ctx = NULL;
+    if (cx->driver.ctx_get_current && cx->driver.ctx_get_current(&current_ctx) == CUDA_SUCCESS &&
+        current_ctx && current_ctx == current_device_cache.ctx) {
+        *device = current_device_cache.device;
+        return CCA_OK;
+    }
     int current = 0;
     cudaError_t err = cudaGetDevice(&current);
     if (err != cudaSuccess)
         return cuda_fail(err, "cudaGetDevice");
+    current_device_cache.ctx = current_ctx; /* NULL: no context, never a hit */
+    current_device_cache.device = current;
     *device = current;
     return CCA_OK;
 }
@@ -1134,6 +1160,7 @@ static void load_driver(cuda_driver_t *d)
     d->mem_import =
         (PFN_cuMemImportFromShareableHandle_v10020)driver_symbol("cuMemImportFromShareableHandle");
     d->device_get_attribute = (PFN_cuDeviceGetAttribute_v2000)driver_symbol("cuDeviceGetAttribute");
+    d->ctx_get_current = (PFN_cuCtxGetCurrent_v4000)driver_symbol("cuCtxGetCurrent");
     d->vmm = d->mem_get_allocation_granularity && d->mem_address_reserve && d->mem_address_free &&
              d->mem_create && d->mem_release && d->mem_map && d->mem_unmap && d->mem_set_access;
 }
