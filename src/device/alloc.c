@@ -428,17 +428,13 @@ static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream
     return st;
 }
 
-cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream)
+/* cca_malloc_device once the allocator is up and device is valid. */
+static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, int device,
+                                     cca_stream_t stream)
 {
+    cca_status_t st;
     if (!ptr)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: ptr is NULL");
-    cca_status_t st = state_ensure();
-    if (st != CCA_OK)
-        return st;
-    cca_state_t *S = cca_state;
-    if (device < 0 || device >= S->device_count)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
-                         device, S->device_count);
     if (size == 0) {
         *ptr = NULL;
         return CCA_OK;
@@ -489,17 +485,35 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     return st;
 }
 
+cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream)
+{
+    if (!ptr)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: ptr is NULL");
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    cca_state_t *S = cca_state;
+    if (device < 0 || device >= S->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
+                         device, S->device_count);
+    return malloc_on(S, ptr, size, device, stream);
+}
+
 cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
 {
     int device = 0;
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
-    cca_backend_t *be = cca_state->backend;
+    cca_state_t *S = cca_state;
+    cca_backend_t *be = S->backend;
     st = be->get_device(be->ctx, &device);
     if (st != CCA_OK)
         return st;
-    return cca_malloc_device(ptr, size, device, stream);
+    if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
+                         device, S->device_count);
+    return malloc_on(S, ptr, size, device, stream);
 }
 
 cca_status_t cca_free(void *ptr)

@@ -591,8 +591,25 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
 cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size);
 /* Give a block struct back to its stream pool's spares (pool lock held). */
 void pool_block_delete(cca_block_t *b);
+/* The calling thread's last stream pool, valid while the state generation is unchanged. */
+typedef struct pool_cache {
+    uint64_t generation;
+    cca_device_t *device;
+    cca_stream_t stream;
+    cca_stream_pool_t *pool;
+} pool_cache_t;
+extern _Thread_local pool_cache_t pool_cache;
+extern _Atomic uint64_t state_generation; /* advanced by each device set-up and shutdown */
+cca_stream_pool_t *pool_stream_get_slow(cca_device_t *dev, cca_stream_t stream);
+
 /* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */
-cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream);
+static inline cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream)
+{
+    if (pool_cache.device == dev && pool_cache.stream == stream &&
+        pool_cache.generation == atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return pool_cache.pool;
+    return pool_stream_get_slow(dev, stream);
+}
 /* A stream pool outside the device's table (a private pool's); NULL: no host memory. */
 cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream);
 /* Free such a stream pool and its spare block structs. */

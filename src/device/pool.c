@@ -75,13 +75,8 @@ void pool_block_delete(cca_block_t *b)
 
 /* ---- stream pools --------------------------------------------------------- */
 
-static _Atomic uint64_t state_generation;
-static _Thread_local struct {
-    uint64_t generation;
-    cca_device_t *device;
-    cca_stream_t stream;
-    cca_stream_pool_t *pool;
-} pool_cache;
+_Atomic uint64_t state_generation;
+_Thread_local pool_cache_t pool_cache;
 
 static inline size_t stream_hash(cca_stream_t stream)
 {
@@ -162,12 +157,10 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     return sp;
 }
 
-/* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */
-cca_stream_pool_t *pool_stream_get(cca_device_t *dev, cca_stream_t stream)
+/* pool_stream_get past the thread's cache: the table, else a new pool. */
+cca_stream_pool_t *pool_stream_get_slow(cca_device_t *dev, cca_stream_t stream)
 {
     uint64_t gen = atomic_load_explicit(&state_generation, memory_order_relaxed);
-    if (pool_cache.generation == gen && pool_cache.device == dev && pool_cache.stream == stream)
-        return pool_cache.pool;
     cca_stream_pool_t *sp = pool_table_find(dev, stream);
     if (!sp) {
         pthread_mutex_lock(&dev->lock);

@@ -154,10 +154,8 @@ static cca_status_t backend_from_env(cca_backend_t **backend)
     return cca_sim_create(&cfg, backend);
 }
 
-cca_status_t state_ensure(void)
+cca_status_t state_ensure_slow(void)
 {
-    if (cca_is_initialized())
-        return CCA_OK;
     pthread_mutex_lock(&init_lock);
     cca_status_t st = CCA_OK;
     if (!cca_is_initialized()) {

@@ -9,11 +9,11 @@
 #include "state.h"
 
 cca_state_t *cca_state;
-static atomic_bool initialized;
+atomic_bool state_up;
 
 bool cca_is_initialized(void)
 {
-    return atomic_load_explicit(&initialized, memory_order_acquire);
+    return state_is_up();
 }
 
 cca_backend_t *cca_current_backend(void)
@@ -33,5 +33,5 @@ int state_device_count(void)
 
 void state_publish(bool up)
 {
-    atomic_store_explicit(&initialized, up, memory_order_release);
+    atomic_store_explicit(&state_up, up, memory_order_release);
 }

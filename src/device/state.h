@@ -12,6 +12,13 @@
 
 /* ---- state.c -------------------------------------------------------------------- */
 
+/* True while the allocator is up (cca_is_initialized, inline for the hot paths). */
+extern atomic_bool state_up;
+static inline bool state_is_up(void)
+{
+    return atomic_load_explicit(&state_up, memory_order_acquire);
+}
+
 /* Devices of the running allocator; 0 when it is not initialised. */
 int state_device_count(void);
 /* Mark the state up or down (setup.c, with cca_state set first). */
@@ -19,8 +26,14 @@ void state_publish(bool up);
 
 /* ---- setup.c -------------------------------------------------------------------- */
 
+/* state_ensure's initialisation, when the allocator is not up. */
+cca_status_t state_ensure_slow(void);
+
 /* Initialise the device allocator from the environment if it is not up. */
-cca_status_t state_ensure(void);
+static inline cca_status_t state_ensure(void)
+{
+    return state_is_up() ? CCA_OK : state_ensure_slow();
+}
 /*
  * Initialise it on backend with settings_text (NULL: CCA_ALLOC_CONF). Takes
  * the backend, also when initialisation fails; CCA_ERR_BUSY (backend not

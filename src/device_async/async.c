@@ -76,11 +76,7 @@ typedef struct async_state {
 } async_state_t;
 
 static async_state_t *AS;
-
-bool async_enabled(void)
-{
-    return AS != NULL;
-}
+async_state_t *async_active; /* AS, for async_enabled */
 
 /* ---- the pointer table ---------------------------------------------------------------- */
 
@@ -238,6 +234,7 @@ cca_status_t async_init(int device_count)
     for (int i = 0; i < ASYNC_SHARDS; i++)
         pthread_mutex_init(&s->shards[i].lock, NULL);
     AS = s;
+    async_active = s;
     return CCA_OK;
 }
 
@@ -313,6 +310,7 @@ void async_shutdown(cca_backend_t *be)
     free(s->devices);
     free(s);
     AS = NULL;
+    async_active = NULL;
 }
 
 /* ---- allocation ---------------------------------------------------------------------------- */

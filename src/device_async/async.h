@@ -9,8 +9,14 @@
 
 #include "internal.h"
 
+/* Non-NULL while cca runs with backend:cudaMallocAsync (async.c's state). */
+extern struct async_state *async_active;
+
 /* True while cca runs with backend:cudaMallocAsync. */
-bool async_enabled(void);
+static inline bool async_enabled(void)
+{
+    return async_active != NULL;
+}
 
 /* Set up / tear down the allocator's state (setup.c; cca_state set, devices known). */
 cca_status_t async_init(int device_count);

@@ -66,10 +66,10 @@ cca_status_t host_create(cca_backend_t *backend, const cca_settings_t *settings,
             status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pinned allocator");
             goto out_free;
         }
-        pthread_mutex_init(&h->shards[i].lock, NULL);
+        cca_spin_init(&h->shards[i].lock);
     }
     for (size_t i = 0; i < HOST_CLASSES; i++)
-        pthread_mutex_init(&h->classes[i].lock, NULL);
+        cca_spin_init(&h->classes[i].lock);
     pthread_mutex_init(&h->settings_lock, NULL);
     pthread_mutex_init(&h->ranges_lock, NULL);
     pthread_mutex_init(&h->events_lock, NULL);
@@ -89,11 +89,8 @@ cca_status_t host_create(cca_backend_t *backend, const cca_settings_t *settings,
     return CCA_OK;
 
 out_free:
-    for (size_t i = 0; i < HOST_SHARDS; i++) {
-        if (h->shards[i].buckets)
-            pthread_mutex_destroy(&h->shards[i].lock);
+    for (size_t i = 0; i < HOST_SHARDS; i++)
         free(h->shards[i].buckets);
-    }
     free(h);
     return status;
 }
@@ -129,12 +126,8 @@ void host_destroy(host_alloc_t *h)
     if (h->reserve_state == 2)
         (void)host_sys_free(h, h->reserve_base, h->reserve_origin);
     free(h->ranges);
-    for (size_t i = 0; i < HOST_SHARDS; i++) {
+    for (size_t i = 0; i < HOST_SHARDS; i++)
         free(h->shards[i].buckets);
-        pthread_mutex_destroy(&h->shards[i].lock);
-    }
-    for (size_t i = 0; i < HOST_CLASSES; i++)
-        pthread_mutex_destroy(&h->classes[i].lock);
     pthread_mutex_destroy(&h->settings_lock);
     pthread_mutex_destroy(&h->ranges_lock);
     pthread_mutex_destroy(&h->events_lock);
@@ -245,14 +238,14 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
         return CCA_OK;
 
     host_shard_t *s = host_shard_of(h, ptr);
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     host_block_t *b = host_map_find_locked(s, ptr);
     if (!b) {
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
         return host_raise_unknown(h, ptr, "cca_host_free");
     }
     if (!atomic_load_explicit(&b->allocated, memory_order_acquire)) {
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
         return cca_raise(CCA_ERR_INVALID_POINTER,
                          "cca_host_free: pointer %p (pinned block of %zu bytes) was already freed",
                          ptr, b->size);
@@ -263,14 +256,15 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
     host_use_t *uses = inline_copy;
     size_t uses_cap = b->uses_cap;
     if (b->uses == b->inline_uses) {
-        memcpy(inline_copy, b->inline_uses, nuses * sizeof(*uses));
+        if (nuses)
+            memcpy(inline_copy, b->inline_uses, nuses * sizeof(*uses));
     } else {
         uses = b->uses;
         b->uses = b->inline_uses;
         b->uses_cap = HOST_INLINE_USES;
     }
     b->nuses = 0;
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
 
     if (nuses == 0) {
         host_block_available(h, b);
@@ -324,7 +318,7 @@ out_restore:
         next = e->next;
         host_event_put(h, e);
     }
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     if (uses == inline_copy) {
         memcpy(b->inline_uses, inline_copy, nuses * sizeof(*uses));
     } else {
@@ -333,7 +327,7 @@ out_restore:
     }
     b->nuses = nuses;
     atomic_store_explicit(&b->allocated, true, memory_order_relaxed);
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
     return status;
 }
 
@@ -375,7 +369,7 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
     void *base = ptr;
     for (int attempt = 0; attempt < 2; attempt++) {
         host_shard_t *s = host_shard_of(h, base);
-        pthread_mutex_lock(&s->lock);
+        cca_spin_lock(&s->lock);
         host_block_t *b = host_map_find_locked(s, base);
         if (b) {
             if (atomic_load_explicit(&b->allocated, memory_order_acquire))
@@ -385,10 +379,10 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
                                    "cca_host_record_event: pointer %p is in a pinned block that "
                                    "is not allocated (freed)",
                                    ptr);
-            pthread_mutex_unlock(&s->lock);
+            cca_spin_unlock(&s->lock);
             return status;
         }
-        pthread_mutex_unlock(&s->lock);
+        cca_spin_unlock(&s->lock);
         size_t size;
         if (attempt == 0 && !host_ranges_find(h, ptr, &base, &size))
             break;
@@ -405,7 +399,7 @@ cca_status_t host_empty_cache(host_alloc_t *h)
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
         host_block_t *taken = NULL;
-        pthread_mutex_lock(&c->lock);
+        cca_spin_lock(&c->lock);
         host_block_t **link = &c->head;
         while (*link) {
             host_block_t *b = *link;
@@ -420,7 +414,7 @@ cca_status_t host_empty_cache(host_alloc_t *h)
             b->free_next = taken;
             taken = b;
         }
-        pthread_mutex_unlock(&c->lock);
+        cca_spin_unlock(&c->lock);
         while (taken) {
             host_block_t *b = taken;
             taken = b->free_next;
@@ -480,12 +474,12 @@ cca_status_t host_get_stats(host_alloc_t *h, cca_host_stats_t *stats)
     pthread_mutex_unlock(&h->stats_lock);
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
-        pthread_mutex_lock(&c->lock);
+        cca_spin_lock(&c->lock);
         stats->active_requests.allocated += c->taken;
         stats->active_requests.freed += c->returned;
         stats->active_bytes.allocated += c->taken_bytes;
         stats->active_bytes.freed += c->returned_bytes;
-        pthread_mutex_unlock(&c->lock);
+        cca_spin_unlock(&c->lock);
     }
     stats->active_requests.current = __atomic_load_n(&h->active.requests, __ATOMIC_RELAXED);
     stats->active_requests.peak = atomic_load(&h->active.peak_requests);
@@ -505,9 +499,9 @@ void host_reset_accumulated_stats(host_alloc_t *h)
     pthread_mutex_unlock(&h->stats_lock);
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
-        pthread_mutex_lock(&c->lock);
+        cca_spin_lock(&c->lock);
         c->taken = c->taken_bytes = c->returned = c->returned_bytes = 0;
-        pthread_mutex_unlock(&c->lock);
+        cca_spin_unlock(&c->lock);
     }
 }
 
@@ -530,7 +524,7 @@ bool host_is_valid(host_alloc_t *h)
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
         size_t count = 0, odd = 0;
-        pthread_mutex_lock(&c->lock);
+        cca_spin_lock(&c->lock);
         for (host_block_t *b = c->head; b; b = b->free_next) {
             count++;
             if (b->size != (size_t)1 << i)
@@ -542,13 +536,13 @@ bool host_is_valid(host_alloc_t *h)
         if (count != c->count || odd != c->odd)
             valid = false;
         cached += count;
-        pthread_mutex_unlock(&c->lock);
+        cca_spin_unlock(&c->lock);
     }
     size_t mapped = 0;
     for (size_t i = 0; i < HOST_SHARDS; i++) {
-        pthread_mutex_lock(&h->shards[i].lock);
+        cca_spin_lock(&h->shards[i].lock);
         mapped += h->shards[i].count;
-        pthread_mutex_unlock(&h->shards[i].lock);
+        cca_spin_unlock(&h->shards[i].lock);
     }
     pthread_mutex_lock(&h->ranges_lock);
     if (mapped != h->nranges || cached > h->nranges)

@@ -12,7 +12,7 @@ void host_class_push(host_alloc_t *h, host_block_t *b, bool returned)
 {
     size_t index = host_ceil_log2(b->size);
     host_class_t *c = &h->classes[index];
-    pthread_mutex_lock(&c->lock);
+    cca_spin_lock(&c->lock);
     if (returned) {
         c->returned++;
         c->returned_bytes += (int64_t)b->size;
@@ -22,7 +22,7 @@ void host_class_push(host_alloc_t *h, host_block_t *b, bool returned)
     c->count++;
     if (b->size != (size_t)1 << index)
         c->odd++;
-    pthread_mutex_unlock(&c->lock);
+    cca_spin_unlock(&c->lock);
 }
 
 /*
@@ -35,7 +35,7 @@ host_block_t *host_class_take(host_alloc_t *h, size_t size)
     size_t index = host_ceil_log2(size);
     host_class_t *c = &h->classes[index];
     host_block_t *found = NULL;
-    pthread_mutex_lock(&c->lock);
+    cca_spin_lock(&c->lock);
     host_block_t **link = &c->head;
     if (c->odd) {
         host_block_t **best = NULL;
@@ -54,7 +54,7 @@ host_block_t *host_class_take(host_alloc_t *h, size_t size)
         c->taken++;
         c->taken_bytes += (int64_t)found->size;
     }
-    pthread_mutex_unlock(&c->lock);
+    cca_spin_unlock(&c->lock);
     return found;
 }
 
@@ -62,7 +62,7 @@ host_block_t *host_class_take(host_alloc_t *h, size_t size)
 void host_class_count(host_alloc_t *h, size_t size, bool taken)
 {
     host_class_t *c = &h->classes[host_ceil_log2(size)];
-    pthread_mutex_lock(&c->lock);
+    cca_spin_lock(&c->lock);
     if (taken) {
         c->taken++;
         c->taken_bytes += (int64_t)size;
@@ -70,7 +70,7 @@ void host_class_count(host_alloc_t *h, size_t size, bool taken)
         c->returned++;
         c->returned_bytes += (int64_t)size;
     }
-    pthread_mutex_unlock(&c->lock);
+    cca_spin_unlock(&c->lock);
 }
 
 /* ------------------------------------------------------------------------ */

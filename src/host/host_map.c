@@ -63,20 +63,20 @@ static void map_grow_locked(host_shard_t *s)
 void host_map_insert(host_alloc_t *h, host_block_t *b)
 {
     host_shard_t *s = host_shard_of(h, b->ptr);
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     if (s->count >= s->nbuckets)
         map_grow_locked(s);
     size_t i = ptr_hash(b->ptr) & (s->nbuckets - 1);
     b->map_next = s->buckets[i];
     s->buckets[i] = b;
     s->count++;
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
 }
 
 void host_map_remove(host_alloc_t *h, host_block_t *b)
 {
     host_shard_t *s = host_shard_of(h, b->ptr);
-    pthread_mutex_lock(&s->lock);
+    cca_spin_lock(&s->lock);
     host_block_t **link = &s->buckets[ptr_hash(b->ptr) & (s->nbuckets - 1)];
     while (*link && *link != b)
         link = &(*link)->map_next;
@@ -84,7 +84,7 @@ void host_map_remove(host_alloc_t *h, host_block_t *b)
         *link = b->map_next;
         s->count--;
     }
-    pthread_mutex_unlock(&s->lock);
+    cca_spin_unlock(&s->lock);
 }
 
 /* Index of the first block whose address is > ptr. ranges_lock held. */

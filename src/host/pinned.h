@@ -53,7 +53,7 @@ typedef struct host_block {
 
 /* One size class: LIFO free list. */
 typedef struct host_class {
-    _Alignas(64) pthread_mutex_t lock;
+    _Alignas(64) cca_spinlock_t lock;
     host_block_t *head;
     size_t count; /* blocks in the list */
     size_t odd;   /* blocks whose size is not exactly 2^index (page-rounded) */
@@ -65,7 +65,7 @@ typedef struct host_class {
 
 /* One shard of the pointer map: chained hash table. */
 typedef struct host_shard {
-    _Alignas(64) pthread_mutex_t lock;
+    _Alignas(64) cca_spinlock_t lock;
     host_block_t **buckets;
     size_t nbuckets; /* power of two */
     size_t count;

@@ -40,6 +40,9 @@ host_alloc_t *host_global(void)
 /* Initialise cca if needed and return the global host allocator in *h. */
 static cca_status_t global_get(host_alloc_t **h)
 {
+    *h = host_global();
+    if (*h) /* it exists only while cca is up */
+        return CCA_OK;
     cca_status_t status = cca_init();
     if (status != CCA_OK)
         return status;
