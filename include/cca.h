@@ -378,6 +378,14 @@ cca_status_t cca_ipc_collect(size_t *pending);
 /* Private pools: CUDA graph capture, MemPool, checkpoints                  */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * With backend:cudaMallocAsync there are no private pools: the calls below
+ * that need one (create, set_use_on_oom, set_no_split, set_allocator,
+ * use_count, check_live_allocations, get/set_checkpoint) return
+ * CCA_ERR_NOT_SUPPORTED with PyTorch's message ("cudaMallocAsync does not yet
+ * support createOrIncrefPool..."); routes are that backend's graph capture.
+ */
+
 /**
  * The id of a private pool, as PyTorch's MempoolId_t. (0, 0) names the
  * default pools and is never a private pool's id. By PyTorch's convention a
@@ -473,6 +481,10 @@ typedef bool (*cca_stream_filter_fn)(cca_stream_t stream, void *arg);
  * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device, id (0, 0), filter
  * NULL), CCA_ERR_BUSY (already routing to id, or id released to 0),
  * CCA_ERR_OUT_OF_MEMORY, or an init error. Nothing changes on error.
+ * With backend:cudaMallocAsync (PyTorch's CudaMallocAsync): a graph capture
+ * begins instead; id and filter are not used, the stream form's stream is the
+ * capture stream; CCA_ERR_BUSY if a capture is underway (one at a time in the
+ * process). See docs/multi-gpu.md.
  */
 cca_status_t cca_begin_allocate_to_pool(int device, cca_mempool_id_t id, cca_stream_filter_fn filter,
                                         void *arg);
@@ -483,6 +495,9 @@ cca_status_t cca_begin_allocate_thread_to_pool(int device, cca_mempool_id_t id);
  * Stop routing to id (PyTorch's endAllocateToPool; the use count is left
  * as it is). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad device),
  * CCA_ERR_BUSY (no route to id is active). Nothing changes on error.
+ * With backend:cudaMallocAsync: ends the capture, the capture stream waiting
+ * for every stream a free was queued on during it; CCA_ERR_BUSY if none is
+ * underway; CCA_ERR_BACKEND leaves it underway.
  */
 cca_status_t cca_end_allocate_to_pool(int device, cca_mempool_id_t id);
 
@@ -494,6 +509,7 @@ cca_status_t cca_end_allocate_to_pool(int device, cca_mempool_id_t id);
  * once it holds no segment. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (bad
  * device, unknown id), CCA_ERR_BUSY (use count already 0: released twice;
  * or the last use while a route to it is active). Nothing changes on error.
+ * With backend:cudaMallocAsync it does nothing (CCA_OK), as PyTorch's.
  */
 cca_status_t cca_release_pool(int device, cca_mempool_id_t id);
 

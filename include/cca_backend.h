@@ -353,6 +353,14 @@ cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream);
 cca_status_t cca_sim_capture_join(cca_backend_t *backend, cca_stream_t dst, cca_stream_t src);
 cca_status_t cca_sim_capture_end(cca_backend_t *backend, cca_stream_t stream);
 
+/**
+ * Nodes of the simulated captured graphs so far (work, and malloc_async /
+ * free_async on a capturing stream, which become nodes of its capture as
+ * cudaMallocAsync / cudaFreeAsync do; free_async there of an allocation the
+ * capture did not make fails, as in CUDA). 0 for another backend.
+ */
+size_t cca_sim_capture_nodes(cca_backend_t *backend);
+
 /** The backend cca is running on (NULL before initialisation). */
 cca_backend_t *cca_current_backend(void);
 

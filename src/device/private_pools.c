@@ -11,7 +11,9 @@
  * dropped once it holds none. Checkpoints save and restore a pool's blocks
  * (cudagraph trees). A pool may take its segments from an allocator of its
  * own (MemPool(allocator=)): alloc_block asks it instead of the backend, and
- * each such segment keeps the free function it goes back to.
+ * each such segment keeps the free function it goes back to. With
+ * backend:cudaMallocAsync, routes are that backend's graph capture
+ * (device_async/async.c) and the pools' own calls give PyTorch's errors.
  *
  * This file holds the pools and routes themselves: ids, creation and use
  * counts, MemPool's options and allocator, routes and their lookup. The
@@ -56,8 +58,31 @@ cca_private_pool_t *pools_find_locked(cca_device_t *dev, cca_mempool_id_t id)
     return NULL;
 }
 
-/* Validate device and id; *dev on CCA_OK. what names the entry point. */
-cca_status_t pools_args(const char *what, int device, cca_mempool_id_t id, cca_device_t **dev)
+/* PyTorch's error of backend:cudaMallocAsync for the entry point what (its CUDAAllocator call). */
+static cca_status_t async_unsupported(const char *what)
+{
+    static const struct {
+        const char *cca, *torch;
+    } names[] = {
+        {"cca_pool_create", "createOrIncrefPool"},
+        {"cca_pool_set_allocator", "createOrIncrefPool"}, /* MemPool(allocator=) creates the pool */
+        {"cca_pool_set_use_on_oom", "setUseOnOOM"},
+        {"cca_pool_set_no_split", "setNoSplit"},
+        {"cca_pool_use_count", "getPoolUseCount"},
+        {"cca_pool_check_live_allocations", "checkPoolLiveAllocations"},
+        {"cca_pool_get_checkpoint", "getCheckpointState"},
+        {"cca_pool_set_checkpoint", "setCheckpointPoolState"},
+    };
+    const char *torch = what;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strcmp(names[i].cca, what))
+            torch = names[i].torch;
+    return cca_raise(CCA_ERR_NOT_SUPPORTED, "cudaMallocAsync does not yet support %s. If you need "
+                     "it, please file an issue describing your use case.", torch);
+}
+
+/* Validate the device; what names the entry point. */
+static cca_status_t pools_device(const char *what, int device)
 {
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
@@ -65,9 +90,17 @@ cca_status_t pools_args(const char *what, int device, cca_mempool_id_t id, cca_d
     if (device < 0 || device >= cca_state->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range (%d devices)", what,
                          device, cca_state->device_count);
+    return CCA_OK;
+}
+
+/* Validate device and id; *dev on CCA_OK. what names the entry point. */
+cca_status_t pools_args(const char *what, int device, cca_mempool_id_t id, cca_device_t **dev)
+{
+    cca_status_t st = pools_device(what, device);
+    if (st != CCA_OK)
+        return st;
     if (async_enabled())
-        return cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pools are not available with "
-                         "backend:cudaMallocAsync", what);
+        return async_unsupported(what);
     if (pools_id_is_default(id))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "%s: pool id (0, 0) names the default pools, not a private pool", what);
@@ -252,10 +285,20 @@ static bool route_matches(const cca_route_t *r, cca_stream_t stream)
     }
 }
 
-/* Add a route to id (PyTorch's beginAllocateToPool). Nothing changes on error. */
+/*
+ * Add a route to id (PyTorch's beginAllocateToPool). Nothing changes on error.
+ * With backend:cudaMallocAsync: a capture begins (the pool and filter are not
+ * used; a stream route's stream is the capture stream).
+ */
 static cca_status_t route_begin(const char *what, int device, cca_mempool_id_t id, cca_route_t route)
 {
     cca_device_t *dev = NULL;
+    if (async_enabled()) {
+        cca_status_t st = pools_device(what, device);
+        if (st != CCA_OK)
+            return st;
+        return async_begin_capture(device, route.kind == CCA_ROUTE_STREAM ? route.stream : NULL);
+    }
     cca_status_t st = pools_args(what, device, id, &dev);
     if (st != CCA_OK)
         return st;
@@ -314,6 +357,10 @@ cca_status_t cca_begin_allocate_thread_to_pool(int device, cca_mempool_id_t id)
 cca_status_t cca_end_allocate_to_pool(int device, cca_mempool_id_t id)
 {
     cca_device_t *dev = NULL;
+    if (async_enabled()) {
+        cca_status_t st = pools_device("cca_end_allocate_to_pool", device);
+        return st != CCA_OK ? st : async_end_capture(device);
+    }
     cca_status_t st = pools_args("cca_end_allocate_to_pool", device, id, &dev);
     if (st != CCA_OK)
         return st;
@@ -336,6 +383,8 @@ cca_status_t cca_end_allocate_to_pool(int device, cca_mempool_id_t id)
 cca_status_t cca_release_pool(int device, cca_mempool_id_t id)
 {
     cca_device_t *dev = NULL;
+    if (async_enabled()) /* PyTorch's releasePool of this backend does nothing */
+        return pools_device("cca_release_pool", device);
     cca_status_t st = pools_args("cca_release_pool", device, id, &dev);
     if (st != CCA_OK)
         return st;

@@ -224,7 +224,7 @@ cca_status_t cca_empty_cache_pool(cca_mempool_id_t id)
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
-    if (pools_id_is_default(id))
+    if (pools_id_is_default(id) || async_enabled()) /* that backend's emptyCache ignores the id */
         return cca_empty_cache();
     cca_status_t result = CCA_OK;
     for (int d = 0; d < cca_state->device_count; d++) {

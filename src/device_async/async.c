@@ -15,9 +15,19 @@
  *    high-water mark); every other statistic stays 0, resetting accumulated
  *    statistics has no effect (warned once), resetting peaks resets the
  *    pool's high-water marks;
- *  - cache_info's largest block is found by trial allocations, halving.
+ *  - cache_info's largest block is found by trial allocations, halving;
+ *  - graph capture (begin/end of allocating to a private pool): one capture at
+ *    a time in the process, pool ids and filters ignored; allocations while
+ *    it is underway are marked captured (on a capturing stream the driver
+ *    makes them nodes of the graph); a free of an uncaptured allocation while
+ *    it is underway is deferred (warned once) until the first allocation
+ *    after it ends; every stream a free was queued on during it is joined
+ *    back into the capture stream at its end; an uncaptured free of a
+ *    captured allocation is allowed, with a warning. Private pools
+ *    themselves (MemPool, use counts, checkpoints) give PyTorch's errors.
  * Invariant: an allocation is in the table exactly from its malloc_async to
- * its free_async, and used_bytes of its device counts its size meanwhile.
+ * its free_async (a deferred free included), and used_bytes of its device
+ * counts its size meanwhile.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,6 +48,8 @@ typedef struct async_entry {
     uintptr_t ptr;
     size_t size;                 /* bytes requested */
     int device;
+    bool captured;               /* allocated while a capture was underway */
+    bool deferred;               /* freed during a capture, freed for real after it */
     cca_stream_t stream;         /* allocation stream */
     async_use_t *uses;           /* streams added by record_stream */
     uint32_t use_count, use_cap;
@@ -68,10 +80,25 @@ typedef struct async_device {
     async_orphan_t *orphans;     /* releases to retry (lock) */
 } async_device_t;
 
+/* Graph capture (PyTorch's capture_underway and its lists), under its own lock. */
+typedef struct async_capture {
+    pthread_mutex_t lock;
+    atomic_bool active;          /* capture underway, or deferred frees waiting (fast check) */
+    bool underway;               /* between begin and end */
+    int device;                  /* the capture's device and stream (the rejoin target) */
+    cca_stream_t stream;
+    async_use_t *free_streams;   /* streams frees were queued on during the capture (a set) */
+    size_t free_stream_count, free_stream_cap;
+    uintptr_t *deferred;         /* uncaptured allocations freed during the capture */
+    size_t deferred_count, deferred_cap;
+    bool warned_deferred;        /* the deferred free's warning is given once */
+} async_capture_t;
+
 typedef struct async_state {
     int device_count;
     async_device_t *devices;
     async_shard_t shards[ASYNC_SHARDS];
+    async_capture_t capture;
     atomic_bool warned_reset;    /* reset_accumulated_stats warning given */
 } async_state_t;
 
@@ -233,6 +260,7 @@ cca_status_t async_init(int device_count)
     }
     for (int i = 0; i < ASYNC_SHARDS; i++)
         pthread_mutex_init(&s->shards[i].lock, NULL);
+    pthread_mutex_init(&s->capture.lock, NULL);
     AS = s;
     async_active = s;
     return CCA_OK;
@@ -307,6 +335,9 @@ void async_shutdown(cca_backend_t *be)
         pthread_mutex_destroy(&ad->lock);
         pthread_rwlock_destroy(&ad->pool_lock);
     }
+    free(s->capture.free_streams);
+    free(s->capture.deferred);
+    pthread_mutex_destroy(&s->capture.lock);
     free(s->devices);
     free(s);
     AS = NULL;
@@ -314,6 +345,10 @@ void async_shutdown(cca_backend_t *be)
 }
 
 /* ---- allocation ---------------------------------------------------------------------------- */
+
+static bool capture_on_malloc(void);
+static cca_status_t capture_free(void *ptr);
+static cca_status_t free_and_forget(async_shard_t *sh, async_entry_t *e);
 
 /* PyTorch's out-of-memory message of this backend. */
 static cca_status_t async_oom(int device, size_t size)
@@ -357,6 +392,9 @@ cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **p
 {
     cca_backend_t *be = cca_state->backend;
     async_device_t *ad = &AS->devices[device];
+    bool captured = false;
+    if (atomic_load_explicit(&AS->capture.active, memory_order_acquire))
+        captured = capture_on_malloc();
     cca_status_t st = device_ready(device);
     if (st != CCA_OK)
         return st;
@@ -379,6 +417,7 @@ cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **p
     e->ptr = (uintptr_t)p;
     e->size = size;
     e->device = device;
+    e->captured = captured;
     e->stream = stream;
     async_shard_t *sh = shard_of(e->ptr);
     pthread_mutex_lock(&sh->lock);
@@ -428,16 +467,41 @@ static cca_status_t free_entry(async_entry_t *e)
     return st;
 }
 
+static cca_status_t not_allocated(void *ptr)
+{
+    return cca_raise(CCA_ERR_INVALID_POINTER,
+                     "cca_free: pointer %p was not allocated by cca, or was already freed", ptr);
+}
+
+/* PyTorch's warning for a free, outside any capture, of what a capture allocated. */
+static void warn_captured_free(const async_entry_t *e)
+{
+    cca_outputf("cca warning: Attempting uncaptured free of a captured allocation with address "
+               "%p\nThis is technically allowed, but may indicate you are losing the last "
+               "user-visible tensor through which the allocation can be accessed, so you'll have "
+               "no way to view the data after future replays of the owning graph.\n",
+               (void *)e->ptr);
+}
+
 cca_status_t async_free(void *ptr)
 {
+    if (atomic_load_explicit(&AS->capture.active, memory_order_acquire))
+        return capture_free(ptr);
     uintptr_t p = (uintptr_t)ptr;
     async_shard_t *sh = shard_of(p);
     pthread_mutex_lock(&sh->lock);
     async_entry_t *e = table_find_locked(sh, p, true);
     pthread_mutex_unlock(&sh->lock);
     if (!e)
-        return cca_raise(CCA_ERR_INVALID_POINTER,
-                         "cca_free: pointer %p was not allocated by cca, or was already freed", ptr);
+        return not_allocated(ptr);
+    if (e->captured)
+        warn_captured_free(e);
+    return free_and_forget(sh, e);
+}
+
+/* free_entry of e (out of its table) under the pool's read lock; put back if it fails. */
+static cca_status_t free_and_forget(async_shard_t *sh, async_entry_t *e)
+{
     async_device_t *ad = &AS->devices[e->device];
     pthread_rwlock_rdlock(&ad->pool_lock);
     cca_status_t st = free_entry(e);
@@ -642,4 +706,184 @@ cca_status_t async_reset_accumulated_stats(int device)
         cca_output("cca warning: for backend:cudaMallocAsync, resetting accumulated statistics "
                    "has no effect\n");
     return CCA_OK;
+}
+
+/* ---- graph capture -------------------------------------------------------------------------- */
+
+/*
+ * An allocation while a capture is underway or frees wait for one to end: the
+ * frees deferred by a capture that has ended are done now (PyTorch does them
+ * at the next allocation); one that fails stays deferred, for the next.
+ * Returns whether a capture is underway (the allocation is then captured).
+ */
+static bool capture_on_malloc(void)
+{
+    async_capture_t *cap = &AS->capture;
+    pthread_mutex_lock(&cap->lock);
+    bool underway = cap->underway;
+    if (!underway && cap->deferred_count) {
+        size_t kept = 0;
+        for (size_t i = 0; i < cap->deferred_count; i++) {
+            uintptr_t p = cap->deferred[i];
+            async_shard_t *sh = shard_of(p);
+            pthread_mutex_lock(&sh->lock);
+            async_entry_t *e = table_find_locked(sh, p, true);
+            pthread_mutex_unlock(&sh->lock);
+            cca_assert_internal(e && e->deferred);
+            if (!e)
+                continue;
+            e->deferred = false;
+            if (free_and_forget(sh, e) != CCA_OK) { /* put back in the table: retried */
+                e->deferred = true;
+                cap->deferred[kept++] = p;
+            }
+        }
+        cap->deferred_count = kept;
+    }
+    atomic_store_explicit(&cap->active, cap->underway || cap->deferred_count != 0,
+                          memory_order_release);
+    pthread_mutex_unlock(&cap->lock);
+    return underway;
+}
+
+/* Grow *array (of elem bytes, *cap of them) to hold count + 1. False: out of host memory. */
+static bool reserve_one(void **array, size_t *cap, size_t count, size_t elem)
+{
+    if (count < *cap)
+        return true;
+    size_t n = *cap ? *cap * 2 : 8;
+    void *grown = realloc(*array, n * elem);
+    if (!grown)
+        return false;
+    *array = grown;
+    *cap = n;
+    return true;
+}
+
+/* Remember (stream, device) among the streams frees were queued on in this capture (room made). */
+static void add_free_stream(async_capture_t *cap, cca_stream_t stream, int device)
+{
+    for (size_t i = 0; i < cap->free_stream_count; i++)
+        if (cap->free_streams[i].stream == stream && cap->free_streams[i].device == device)
+            return;
+    cap->free_streams[cap->free_stream_count++] = (async_use_t){stream, device};
+}
+
+/* cca_free while a capture is underway or frees are deferred (the capture lock taken). */
+static cca_status_t capture_free(void *ptr)
+{
+    async_capture_t *cap = &AS->capture;
+    uintptr_t p = (uintptr_t)ptr;
+    async_shard_t *sh = shard_of(p);
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&cap->lock);
+    pthread_mutex_lock(&sh->lock);
+    async_entry_t *e = table_find_locked(sh, p, false);
+    pthread_mutex_unlock(&sh->lock);
+    if (!e) {
+        st = not_allocated(ptr);
+        goto out_unlock;
+    }
+    if (e->deferred) {
+        st = cca_raise(CCA_ERR_INVALID_POINTER,
+                       "cca_free: pointer %p was freed already (during a graph capture: its free "
+                       "waits until the capture ends)",
+                       ptr);
+        goto out_unlock;
+    }
+    if (cap->underway && !e->captured) {
+        /* PyTorch's Note [Avoid freeing uncaptured ptrs during CUDA graph capture] */
+        if (!reserve_one((void **)&cap->deferred, &cap->deferred_cap, cap->deferred_count,
+                         sizeof(*cap->deferred))) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory deferring a free");
+            goto out_unlock;
+        }
+        if (!cap->warned_deferred) {
+            cap->warned_deferred = true;
+            cca_outputf("cca warning: freeAsync() was called on an uncaptured allocation during "
+                       "graph capture (address = %p). This may be benign, for example, a Python "
+                       "tensor in the capture might happen to shadow (use the same name as) an "
+                       "unrelated temporary tensor from somewhere before capture, pushing the "
+                       "earlier tensor out of scope. However, if the tensor we're freeing here IS "
+                       "used by the capture, freeing it is an error, and may cause illegal memory "
+                       "accesses or memory corruption during graph replay.\n",
+                       ptr);
+        }
+        cap->deferred[cap->deferred_count++] = p;
+        e->deferred = true;
+        goto out_unlock;
+    }
+    if (!cap->underway && e->captured)
+        warn_captured_free(e);
+    if (cap->underway && !reserve_one((void **)&cap->free_streams, &cap->free_stream_cap,
+                                      cap->free_stream_count, sizeof(*cap->free_streams))) {
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in cca_free during a capture");
+        goto out_unlock;
+    }
+    /* the stream the free is queued on (PyTorch's Note [Avoid dangling free streams ...]) */
+    int device = e->device;
+    cca_stream_t free_stream = e->use_count ? AS->devices[device].unifying : e->stream;
+    pthread_mutex_lock(&sh->lock);
+    (void)table_find_locked(sh, p, true);
+    pthread_mutex_unlock(&sh->lock);
+    st = free_and_forget(sh, e);
+    if (st == CCA_OK && cap->underway)
+        add_free_stream(cap, free_stream, device);
+out_unlock:
+    pthread_mutex_unlock(&cap->lock);
+    return st;
+}
+
+cca_status_t async_begin_capture(int device, cca_stream_t stream)
+{
+    async_capture_t *cap = &AS->capture;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&cap->lock);
+    if (cap->underway) {
+        st = cca_raise(CCA_ERR_BUSY, "Only one capture at a time is allowed in a process.");
+    } else {
+        cca_assert_internal(cap->free_stream_count == 0);
+        cap->underway = true;
+        cap->device = device;
+        cap->stream = stream;
+        atomic_store_explicit(&cap->active, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&cap->lock);
+    return st;
+}
+
+cca_status_t async_end_capture(int device)
+{
+    async_capture_t *cap = &AS->capture;
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&cap->lock);
+    if (!cap->underway) {
+        st = cca_raise(CCA_ERR_BUSY, "CudaMallocAsync::notifyCaptureAboutToEnd called, but "
+                                     "CudaMallocAsync::capture_underway is false.");
+        goto out_unlock;
+    }
+    /* the capture stream (PyTorch's current stream of device) waits for every free stream;
+     * a failure leaves the capture underway, to end again */
+    cca_stream_t target = device == cap->device ? cap->stream : NULL;
+    for (size_t i = 0; i < cap->free_stream_count; i++) {
+        st = sync_streams(cap->free_streams[i].device, cap->free_streams[i].stream, device, target);
+        if (st != CCA_OK)
+            goto out_unlock;
+    }
+    cap->free_stream_count = 0;
+    cap->underway = false;
+    atomic_store_explicit(&cap->active, cap->deferred_count != 0, memory_order_release);
+out_unlock:
+    pthread_mutex_unlock(&cap->lock);
+    return st;
+}
+
+size_t async_deferred_count(void)
+{
+    if (!AS)
+        return 0;
+    pthread_mutex_lock(&AS->capture.lock);
+    size_t n = AS->capture.deferred_count;
+    pthread_mutex_unlock(&AS->capture.lock);
+    return n;
 }

@@ -34,6 +34,17 @@ cca_status_t async_set_memory_fraction(double fraction, int device);
 cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats);
 cca_status_t async_reset_peak_stats(int device);
 cca_status_t async_reset_accumulated_stats(int device);
+/*
+ * Graph capture with this backend (PyTorch's beginAllocateToPool /
+ * endAllocateToPool of CudaMallocAsync): begin marks a capture underway
+ * (CCA_ERR_BUSY if one is: one at a time in the process); stream (may be
+ * NULL) is the capture stream, which end makes wait for every stream a free
+ * was queued on meanwhile (CCA_ERR_BUSY if no capture is underway).
+ */
+cca_status_t async_begin_capture(int device, cca_stream_t stream);
+cca_status_t async_end_capture(int device);
+/* Frees deferred by a capture and not done yet (tests). */
+size_t async_deferred_count(void);
 /* Number of live allocations (tests, shutdown checks). */
 size_t async_live_count(void);
 

@@ -435,7 +435,11 @@ static void scenario_ipc(void)
     step_check(cca_ipc_collect(&pending), "cca_ipc_collect");
 }
 
-/* backend:cudaMallocAsync: streams, devices, record_stream, fraction, empty_cache, stats. */
+/* The pool id of scenario_async's graph capture. */
+#define ASYNC_CAPTURE_POOL ((cca_mempool_id_t){7, 0})
+
+/* backend:cudaMallocAsync: streams, devices, record_stream, fraction, empty_cache, stats,
+ * a graph capture. */
 static void scenario_async(void)
 {
     do_malloc(1000, 0, NULL);
@@ -456,6 +460,22 @@ static void scenario_async(void)
     step_check(cca_empty_cache(), "cca_empty_cache");
     step_check(cca_enable_peer_access(1, 0), "cca_enable_peer_access");
     do_malloc(100 * MiB, 0, NULL); /* device cap */
+    /* a graph capture, as PyTorch's CudaMallocAsync: the free of an earlier allocation is
+     * deferred, frees inside it are joined back into the capture stream at its end, the next
+     * allocation completes the deferred free */
+    do_malloc(2 * MiB, 0, S1);
+    cca_status_t st = cca_begin_allocate_stream_to_pool(0, ASYNC_CAPTURE_POOL, S1);
+    step_check(st, "cca_begin_allocate_stream_to_pool");
+    if (st == CCA_OK) {
+        do_free(nheld - 1); /* deferred */
+        do_malloc(MiB, 0, S2);
+        do_record(nheld - 1, S1);
+        do_free(nheld - 1); /* through the unifying stream */
+        do_malloc(MiB, 1, S2);
+        do_free(nheld - 1);
+        step_check(cca_end_allocate_to_pool(0, ASYNC_CAPTURE_POOL), "cca_end_allocate_to_pool");
+    }
+    do_malloc(MiB, 0, S1);
 }
 
 /* Expandable segments: growth over several granules and streams, holes
@@ -570,8 +590,16 @@ static void setup(const scenario_t *sc)
 static void teardown(void)
 {
     cca_sim_clear_faults(sim);
+    /* a capture whose end failed ends now (BUSY: none underway) */
+    if (async_enabled())
+        (void)cca_end_allocate_to_pool(0, ASYNC_CAPTURE_POOL);
     for (size_t i = nheld; i-- > 0;)
         do_free(i);
+    if (async_enabled() && async_deferred_count()) { /* the next allocation completes them */
+        void *p = NULL;
+        expect_ok(cca_malloc(&p, 512, NULL));
+        expect_ok(cca_free(p));
+    }
     for (size_t i = nheld_host; i-- > 0;)
         do_host_free(i);
     if (nheld || nheld_host)

@@ -14,7 +14,9 @@
  *    on with bit 3 of the first byte); after
  *    every operation the invariant checker must pass;
  *    when the first byte's second bit is set too, the same operations run
- *    with backend:cudaMallocAsync; with the third bit set instead, the run
+ *    with backend:cudaMallocAsync (its routes are PyTorch's graph captures
+ *    of that backend: one at a time, frees of earlier allocations deferred
+ *    while one is underway, pools refused); with the third bit set instead, the run
  *    starts with expandable segments on (settings changes switch them on
  *    and off in every run); outside cudaMallocAsync each device's backend
  *    memory must equal what the allocator accounts for after every operation;
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "check.h"
 #include "runtime.h"
 #include "device.h"
@@ -335,6 +338,8 @@ static void release_handles(void)
 
 /* Private pools of the general mode: 3 ids per device, and which are routed. */
 static bool routed[2][3];
+/* Under cudaMallocAsync: whether a capture is underway (a route begun and not ended). */
+static bool async_capturing;
 
 static cca_mempool_id_t pool_id(int k)
 {
@@ -377,8 +382,31 @@ static const char *pool_op(uint8_t b, bool async)
     int uc = -1;
     cca_status_t qs = cca_pool_use_count(d, id, &uc);
     if (async) {
+        /* PyTorch's CudaMallocAsync: no pools; a route is a capture, one at a time */
         CHECK(qs == CCA_ERR_NOT_SUPPORTED, "pools under cudaMallocAsync: %s", cca_status_str(qs));
-        return "cca_pool_use_count";
+        cca_status_t st;
+        switch (b % 4) {
+        case 0:
+            st = b & 0x40 ? cca_begin_allocate_thread_to_pool(d, id)
+                          : cca_begin_allocate_stream_to_pool(d, id, streams[(b >> 6) & 3]);
+            CHECK(st == (async_capturing ? CCA_ERR_BUSY : CCA_OK), "async begin: %s",
+                  cca_status_str(st));
+            async_capturing = true;
+            return "cca_begin_allocate_to_pool";
+        case 1:
+            st = cca_end_allocate_to_pool(d, id);
+            CHECK(st == (async_capturing ? CCA_OK : CCA_ERR_BUSY), "async end: %s",
+                  cca_last_error()->message);
+            async_capturing = false;
+            return "cca_end_allocate_to_pool";
+        case 2:
+            CHECK(cca_release_pool(d, id) == CCA_OK, "async release: %s", cca_last_error()->message);
+            return "cca_release_pool";
+        default:
+            CHECK(cca_empty_cache_pool(id) == CCA_OK, "async empty_cache_pool: %s",
+                  cca_last_error()->message);
+            return "cca_empty_cache_pool";
+        }
     }
     CHECK(qs == CCA_OK || qs == CCA_ERR_INVALID_ARGUMENT, "use_count: %s", cca_last_error()->message);
     bool exists = qs == CCA_OK, freeable = exists && uc == 0;
@@ -470,8 +498,18 @@ static void release_pools(bool async)
 {
     for (int i = 0; i < 4; i++)
         cca_sim_capture_end(sim, streams[i]); /* a stream not capturing: INVALID_ARGUMENT */
-    if (async)
+    if (async) {
+        /* end the capture; the next allocation completes the frees it deferred */
+        if (async_capturing)
+            CHECK(cca_end_allocate_to_pool(0, pool_id(0)) == CCA_OK, "async end");
+        async_capturing = false;
+        void *p = NULL;
+        cca_status_t st = cca_malloc(&p, 512, NULL); /* may exceed a memory fraction */
+        CHECK(st == CCA_ERR_OUT_OF_MEMORY || (st == CCA_OK && cca_free(p) == CCA_OK),
+              "async flush: %s", cca_last_error()->message);
+        CHECK(async_deferred_count() == 0, "deferred frees left: %zu", async_deferred_count());
         return;
+    }
     for (int d = 0; d < 2; d++)
         for (int k = 0; k < 3; k++) {
             cca_mempool_id_t id = pool_id(k);
@@ -625,6 +663,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nlive = 0;
     nhandles = 0;
     memset(routed, 0, sizeof(routed));
+    async_capturing = false;
     model_reset();
     if (model_mode)
         run_model(&r);

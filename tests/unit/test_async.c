@@ -3,11 +3,18 @@
  * of a stream-ordered pool: PyTorch's set-up of the pool (release threshold,
  * reuse policies), statistics from the pool's attributes, record_stream
  * through the unifying stream, memory fraction as a hard limit, empty_cache,
- * cache_info, base allocations, faults and misuse.
+ * cache_info, base allocations, faults and misuse. Graph capture as PyTorch's
+ * CudaMallocAsync does it, on the simulated capture graph (where
+ * malloc_async / free_async on a capturing stream are nodes and a free of an
+ * allocation the capture did not make fails, as in CUDA): allocations during
+ * it captured, frees of earlier allocations deferred to the first allocation
+ * after it, free streams joined back into the capture stream at its end, one
+ * capture at a time, the private-pool calls PyTorch refuses for this backend.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "async.h"
 #include "device.h"
 #include "harness.h"
 
@@ -110,7 +117,7 @@ TEST(statistics_are_the_pools)
     expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].peak, reserved);
 }
 
-static char warned[512];
+static char warned[4096];
 static void capture(const char *text, void *arg)
 {
     (void)arg;
@@ -288,6 +295,186 @@ TEST(faults_leave_nothing_behind)
     expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
 }
 
+#define S3 ((cca_stream_t)(uintptr_t)0x3000)
+
+TEST(graph_capture_as_pytorch)
+{
+    setup("backend:cudaMallocAsync");
+    warned[0] = 0;
+    cca_register_output(capture, NULL);
+    void *old = NULL, *c1 = NULL, *c2 = NULL, *c3 = NULL, *p = NULL;
+    expect_ok(cca_malloc(&old, MiB, S1)); /* before the capture */
+    expect_ok(cca_sim_capture_begin(sim, S1));
+    cca_mempool_id_t id = cca_mempool_id_new(false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, id, S1));
+    /* one capture at a time in the process, whatever the device, pool or form */
+    expect_status(cca_begin_allocate_stream_to_pool(1, cca_mempool_id_new(false), S2), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "Only one capture at a time is allowed in a process.");
+    expect_status(cca_begin_allocate_thread_to_pool(0, id), CCA_ERR_BUSY);
+    /* an allocation on the capturing stream is a node of the graph */
+    size_t nodes = cca_sim_capture_nodes(sim);
+    expect_ok(cca_malloc(&c1, 2 * MiB, S1));
+    expect_eq_u64(cca_sim_capture_nodes(sim), nodes + 1);
+    /* the driver would refuse to free the earlier allocation inside the capture ... */
+    expect_status(sim->free_async(sim->ctx, 0, old, S1), CCA_ERR_BACKEND);
+    /* ... so its free is deferred (warned once), and a second free is a double free */
+    uint64_t frees = cca_sim_call_count(sim, CCA_OP_FREE_ASYNC);
+    expect_ok(cca_free(old));
+    expect_eq_u64(async_deferred_count(), 1);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_FREE_ASYNC), frees);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 3 * MiB);
+    expect_status(cca_free(old), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "capture");
+    /* a forked stream allocates and frees inside the capture: two nodes, S2 a free stream */
+    expect_ok(cca_sim_capture_join(sim, S2, S1));
+    expect_ok(cca_malloc(&c2, MiB, S2));
+    expect_ok(cca_free(c2));
+    expect_eq_u64(cca_sim_capture_nodes(sim), nodes + 3);
+    /* used on two streams: freed through the unifying stream, another free stream */
+    expect_ok(cca_malloc(&c3, MiB, S1));
+    expect_ok(cca_record_stream(c3, S2));
+    expect_ok(cca_free(c3));
+    /* a second free stream of the same stream is one */
+    expect_ok(cca_malloc(&c2, MiB, S2));
+    expect_ok(cca_free(c2));
+    /* the end joins each free stream (S2, the unifying stream) into the capture stream */
+    uint64_t records = cca_sim_call_count(sim, CCA_OP_EVENT_RECORD);
+    uint64_t waits = cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT);
+    expect_ok(cca_end_allocate_to_pool(0, id));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_EVENT_RECORD), records + 2);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT), waits + 2);
+    expect_status(cca_end_allocate_to_pool(0, id), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "capture_underway is false");
+    expect_ok(cca_sim_capture_end(sim, S1));
+    /* the deferred free waits for the next allocation, as PyTorch's */
+    expect_eq_u64(async_deferred_count(), 1);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 3 * MiB);
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_eq_u64(async_deferred_count(), 0);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 3 * MiB);
+    expect_ok(cca_free(p));
+    /* the graph's allocation freed outside a capture: allowed, with PyTorch's warning */
+    expect_ok(cca_free(c1));
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+    cca_register_output(NULL, NULL);
+    const char *first = strstr(warned, "freeAsync() was called on an uncaptured allocation");
+    expect_true(first != NULL);
+    expect_true(first && !strstr(first + 1, "freeAsync() was called")); /* once */
+    expect_contains(warned, "Attempting uncaptured free of a captured allocation");
+    /* releasePool does nothing for this backend, however often */
+    expect_ok(cca_release_pool(0, id));
+    expect_ok(cca_release_pool(0, id));
+    /* the other forms begin a capture too (use_mem_pool's thread route, a filter) */
+    expect_ok(cca_begin_allocate_thread_to_pool(1, cca_mempool_id_new(true)));
+    expect_ok(cca_malloc_device(&p, MiB, 1, S3));
+    expect_ok(cca_end_allocate_to_pool(1, id)); /* the id is not looked at */
+    warned[0] = 0;
+    cca_register_output(capture, NULL);
+    expect_ok(cca_free(p));
+    cca_register_output(NULL, NULL);
+    expect_contains(warned, "Attempting uncaptured free of a captured allocation");
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 0);
+    expect_eq_u64(u.live_allocations, 0);
+}
+
+static bool any_stream(cca_stream_t stream, void *arg)
+{
+    (void)stream;
+    (void)arg;
+    return true;
+}
+
+TEST(private_pools_give_pytorchs_errors)
+{
+    setup("backend:cudaMallocAsync");
+    cca_mempool_id_t id = cca_mempool_id_new(true);
+    int count = 0;
+    bool matches = false;
+    cca_pool_state_t *state = NULL;
+    expect_status(cca_pool_create(0, id), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message,
+                    "cudaMallocAsync does not yet support createOrIncrefPool. If you need it, "
+                    "please file an issue describing your use case.");
+    expect_status(cca_pool_use_count(0, id, &count), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support getPoolUseCount");
+    expect_status(cca_pool_set_use_on_oom(0, id, true), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support setUseOnOOM");
+    expect_status(cca_pool_set_no_split(0, id), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support setNoSplit");
+    expect_status(cca_pool_set_allocator(0, id, NULL, NULL, NULL), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support createOrIncrefPool");
+    expect_status(cca_pool_check_live_allocations(0, id, NULL, 0, &matches), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support checkPoolLiveAllocations");
+    expect_status(cca_pool_get_checkpoint(0, id, &state), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support getCheckpointState");
+    /* bad devices and arguments are still cca's errors */
+    expect_status(cca_begin_allocate_stream_to_pool(2, id, S1), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_begin_allocate_to_pool(0, id, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_end_allocate_to_pool(-1, id), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_release_pool(2, id), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_end_allocate_to_pool(0, id), CCA_ERR_BUSY); /* no capture underway */
+    /* a filter route is a capture as well; the rejoin goes to the default stream */
+    expect_ok(cca_begin_allocate_to_pool(0, id, any_stream, NULL));
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_ok(cca_free(p)); /* captured: freed at once, S1 a free stream */
+    uint64_t waits = cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT);
+    expect_ok(cca_end_allocate_to_pool(0, id));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_WAIT_EVENT), waits + 1);
+    /* emptyCache(mempool_id) of this backend ignores the id: the whole pool is trimmed */
+    uint64_t trims = cca_sim_call_count(sim, CCA_OP_MEMPOOL_TRIM);
+    expect_ok(cca_empty_cache_pool(id));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MEMPOOL_TRIM), trims + 1);
+}
+
+TEST(graph_capture_faults)
+{
+    setup("backend:cudaMallocAsync");
+    void *old = NULL, *c = NULL, *p = NULL;
+    cca_mempool_id_t id = cca_mempool_id_new(false);
+    cca_register_output(capture, NULL);
+    expect_ok(cca_malloc(&old, MiB, S1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, id, S1));
+    expect_ok(cca_free(old)); /* deferred */
+    expect_ok(cca_malloc(&c, MiB, S2));
+    expect_ok(cca_free(c)); /* S2 to join back */
+    /* the join fails at each step: the capture stays underway, a second end completes it */
+    static const cca_backend_op_t ops[3] = {CCA_OP_EVENT_CREATE, CCA_OP_EVENT_RECORD,
+                                            CCA_OP_STREAM_WAIT_EVENT};
+    for (int i = 0; i < 3; i++) {
+        expect_ok(cca_sim_inject_fault(sim, ops[i], 1, false, CCA_ERR_BACKEND));
+        expect_status(cca_end_allocate_to_pool(0, id), CCA_ERR_BACKEND);
+        expect_status(cca_begin_allocate_stream_to_pool(0, id, S1), CCA_ERR_BUSY); /* still on */
+    }
+    expect_ok(cca_end_allocate_to_pool(0, id));
+    /* the deferred free fails at the next allocation: the allocation goes on, the free waits */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_FREE_ASYNC, 1, false, CCA_ERR_BACKEND));
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_eq_u64(async_deferred_count(), 1);
+    expect_status(cca_free(old), CCA_ERR_INVALID_POINTER); /* still a double free */
+    expect_ok(cca_free(p));
+    expect_ok(cca_malloc(&p, MiB, S1));
+    expect_eq_u64(async_deferred_count(), 0);
+    expect_ok(cca_free(p));
+    /* a deferred free still waiting at shutdown is freed by it */
+    expect_ok(cca_malloc(&old, MiB, S1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, id, S1));
+    expect_ok(cca_free(old));
+    expect_ok(cca_end_allocate_to_pool(0, id));
+    cca_register_output(NULL, NULL);
+    expect_eq_u64(async_deferred_count(), 1);
+    uint64_t frees = cca_sim_call_count(sim, CCA_OP_FREE_ASYNC);
+    async_shutdown(sim); /* what cca_shutdown does first, before the backend goes */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_FREE_ASYNC), frees + 1);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_allocations, 0);
+    expect_eq_u64(u.live_events, 0);
+    cca_shutdown();
+}
+
 TEST(host_allocator_unchanged)
 {
     setup("backend:cudaMallocAsync");
@@ -308,6 +495,9 @@ int main(void)
     RUN(queries);
     RUN(misuse);
     RUN(faults_leave_nothing_behind);
+    RUN(graph_capture_as_pytorch);
+    RUN(private_pools_give_pytorchs_errors);
+    RUN(graph_capture_faults);
     RUN(host_allocator_unchanged);
     cca_shutdown();
     return harness_done();

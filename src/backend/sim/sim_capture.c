@@ -2,7 +2,9 @@
  * sim_capture.c - the simulated backend's model of a captured graph, enough
  * for the allocator's graph_capture_record_stream_reuse: captures with ids,
  * nodes with their dependencies, and the terminal nodes of each capturing
- * stream (what work queued on it next would depend on). Tests drive it
+ * stream (what work queued on it next would depend on). malloc_async and
+ * free_async on a capturing stream become nodes of its capture, as
+ * cudaMallocAsync / cudaFreeAsync nodes (sim_multi.c). Tests drive it
  * (cca_sim_capture_begin / work / join / end); the allocator reads it
  * through stream_capture_info and graph_node_dependencies.
  * Invariant: a stream is in the capture list exactly while it is marked
@@ -123,24 +125,14 @@ cca_status_t cca_sim_capture_begin(cca_backend_t *backend, cca_stream_t stream)
     return st;
 }
 
-cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream)
+/* A node on capturing stream cs depending on its terminals becomes its only terminal (lock held). */
+static bool add_node_locked(sim_graph_t *g, sim_cap_stream_t *cs)
 {
-    sim_ctx_t *c = sim_ctx_of(backend);
-    if (!c)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the backend is not a simulated backend", __func__);
-    cca_status_t st = CCA_OK;
-    pthread_mutex_lock(&c->lock);
-    sim_graph_t *g = c->graph;
-    sim_cap_stream_t *cs = find_stream(g, stream);
-    if (!cs) {
-        st = bad_stream(__func__, stream, "is not capturing");
-        goto out_unlock;
-    }
     if (g->nnodes == g->node_cap) {
         size_t cap = g->node_cap ? g->node_cap * 2 : 64;
         sim_node_t *grown = realloc(g->nodes, cap * sizeof(*grown));
         if (!grown)
-            goto out_oom;
+            return false;
         g->nodes = grown;
         g->node_cap = cap;
     }
@@ -149,7 +141,7 @@ cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream)
     if (!term || (cs->nterms && !deps)) {
         free(term);
         free(deps);
-        goto out_oom;
+        return false;
     }
     for (size_t i = 0; i < cs->nterms; i++)
         deps[i] = (uint64_t)(uintptr_t)cs->terms[i];
@@ -159,10 +151,40 @@ cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream)
     free(cs->terms);
     cs->terms = term;
     cs->nterms = 1;
-    goto out_unlock;
-out_oom:
-    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s: out of host memory", __func__);
-out_unlock:
+    return true;
+}
+
+bool sim_capture_node_locked(sim_ctx_t *c, cca_stream_t stream, bool add_node, uint64_t *capture_id)
+{
+    sim_cap_stream_t *cs = find_stream(c->graph, stream);
+    *capture_id = cs ? cs->capture_id : 0;
+    return !cs || !add_node || add_node_locked(c->graph, cs);
+}
+
+size_t cca_sim_capture_nodes(cca_backend_t *backend)
+{
+    sim_ctx_t *c = sim_ctx_of(backend);
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    size_t n = c->graph ? c->graph->nnodes : 0;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+cca_status_t cca_sim_capture_work(cca_backend_t *backend, cca_stream_t stream)
+{
+    sim_ctx_t *c = sim_ctx_of(backend);
+    if (!c)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: the backend is not a simulated backend", __func__);
+    cca_status_t st = CCA_OK;
+    pthread_mutex_lock(&c->lock);
+    sim_graph_t *g = c->graph;
+    sim_cap_stream_t *cs = find_stream(g, stream);
+    if (!cs)
+        st = bad_stream(__func__, stream, "is not capturing");
+    else if (!add_node_locked(g, cs))
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s: out of host memory", __func__);
     pthread_mutex_unlock(&c->lock);
     return st;
 }

@@ -263,15 +263,19 @@ static cca_status_t sim_malloc_async(void *ctx, int device, size_t size, cca_str
                                      void **ptr)
 {
     sim_ctx_t *c = ctx;
-    (void)stream;
     cca_status_t st = enter(c, CCA_OP_MALLOC_ASYNC, device);
     if (st != CCA_OK)
         return st;
     sim_pool_t *p = &c->devices[device].pool;
-    uint64_t grow = 0;
+    uint64_t grow = 0, capture_id = 0;
     sim_alloc_t *rec = NULL;
     if (!ptr || size == 0) {
         st = invalid(CCA_OP_MALLOC_ASYNC, "size 0 or ptr NULL");
+        goto out_unlock;
+    }
+    /* on a capturing stream: a node of its capture (cudaMallocAsync node) */
+    if (!sim_capture_node_locked(c, stream, true, &capture_id)) {
+        st = sim_host_oom(CCA_OP_MALLOC_ASYNC);
         goto out_unlock;
     }
     if (p->used + size > p->reserved) {
@@ -288,6 +292,7 @@ static cca_status_t sim_malloc_async(void *ctx, int device, size_t size, cca_str
     if (st != CCA_OK)
         goto out_unlock;
     rec->async = true;
+    rec->capture_id = capture_id;
     p->reserved += grow;
     c->devices[device].used += grow;
     p->used += size;
@@ -304,13 +309,21 @@ out_unlock:
 static cca_status_t sim_free_async(void *ctx, int device, void *ptr, cca_stream_t stream)
 {
     sim_ctx_t *c = ctx;
-    (void)stream;
     cca_status_t st = enter(c, CCA_OP_FREE_ASYNC, device);
     if (st != CCA_OK)
         return st;
     sim_alloc_t *rec = simmap_get(&c->allocs, (uint64_t)(uintptr_t)ptr);
+    uint64_t capture_id = 0;
+    (void)sim_capture_node_locked(c, stream, false, &capture_id);
     if (!rec || !rec->async || rec->device != device) {
         st = invalid(CCA_OP_FREE_ASYNC, "not a live allocation of malloc_async on this device");
+    } else if (capture_id && rec->capture_id != capture_id) {
+        /* CUDA refuses to free, inside a capture, what the capture did not allocate */
+        st = cca_backend_error(CCA_ERR_BACKEND, 900 /* cudaErrorStreamCaptureUnsupported */,
+                               "sim: free_async: operation not permitted when stream is capturing "
+                               "(%p was not allocated in this capture)", ptr);
+    } else if (capture_id && !sim_capture_node_locked(c, stream, true, &capture_id)) {
+        st = sim_host_oom(CCA_OP_FREE_ASYNC);
     } else {
         c->devices[device].pool.used -= rec->size;
         sim_alloc_release_locked(c, rec);

@@ -35,6 +35,7 @@ typedef struct sim_alloc {
     uint64_t serial; /* distinguishes reuses of one address (IPC handles) */
     int fd;          /* ipc_shared mode: the shared memory file behind it, else -1 */
     bool async;      /* from malloc_async (freed by free_async) */
+    uint64_t capture_id; /* malloc_async on a stream of this modelled capture (0: none) */
 } sim_alloc_t;
 
 /* The stream-ordered pool of a device (cudaMallocAsync), modelled by its accounting. */
@@ -222,6 +223,13 @@ cca_status_t sim_enter_locked(sim_ctx_t *c, cca_backend_op_t op);
 
 /* ---- sim_capture.c ------------------------------------------------------------------- */
 
+/*
+ * The modelled capture stream is in, as a stream-ordered allocation or free
+ * sees it (lock held): *capture_id gets its id (0: stream is not in one). With
+ * add_node, the call becomes a node of the capture on stream (cudaMallocAsync
+ * and cudaFreeAsync nodes). Returns false when out of host memory.
+ */
+bool sim_capture_node_locked(sim_ctx_t *c, cca_stream_t stream, bool add_node, uint64_t *capture_id);
 /* Install stream_capture_info and graph_node_dependencies; free the graph state. */
 void sim_capture_install(cca_backend_t *b);
 void sim_capture_free(sim_ctx_t *c);
