@@ -21,7 +21,12 @@
 #
 # Usage: scripts/gpu-check.sh        (from anywhere; builds in build-gpu-*)
 # Environment: OUT (log folder), JOBS (build parallelism), GPU_CHECK_BUDGET
-# (seconds for the whole run, default 480).
+# (seconds for the whole run, default 480), GPU_CHECK_ONLY (a short run of
+# one part, then exit):
+#   GPU_CHECK_ONLY=multigpu  the multi-GPU and multi-process parts only, for a
+#     two-GPU machine: build the library and those tests (Release), run
+#     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
+#     then the two-rank NCCL run (torch_ddp.py); about 2-4 minutes.
 # shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
 set -u -o pipefail
 
@@ -139,6 +144,23 @@ run_bench_replay() {
     "$root/build-gpu-release/bench/bench_replay" --runs 5
 }
 
+# GPU_CHECK_ONLY=multigpu: just what the multi-GPU run needs.
+multigpu_tests='^cuda_test_cuda_(multigpu|ipc_expandable|async_graphs)$'
+build_multigpu() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
+        return 1
+    local rc=0 t
+    for t in cca_shared cuda_test_cuda_multigpu cuda_test_cuda_ipc_expandable cuda_test_cuda_async_graphs; do
+        cmake --build "$root/build-gpu-release" -j "$jobs" --target "$t" || rc=1
+    done
+    return $rc
+}
+run_ctest_multigpu() {
+    ctest --test-dir "$root/build-gpu-release" -R "$multigpu_tests" --output-on-failure --timeout 150 -V
+}
+export multigpu_tests
+export -f build_multigpu run_ctest_multigpu
+
 export root logs jobs
 export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
@@ -148,6 +170,37 @@ export -f keep_going build_release build_debug run_ctest memcheck run_torch run_
     python3 -c 'import torch; print("torch:", torch.__version__)' 2>&1 | tail -1
     nvcc --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1
 } | tee "$logs/environment.log"
+
+case "${GPU_CHECK_ONLY:-}" in
+"") ;;
+multigpu)
+    gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+    run_step build-multigpu "$(left 200)" build_multigpu
+    run_step ctest-multigpu "$(left 120)" run_ctest_multigpu
+    if [ "${gpu_count:-0}" -ge 2 ]; then
+        run_step torch-ddp-2gpu "$(left 0)" run_torch_ddp
+    else
+        echo "== torch-ddp-2gpu: needs two GPUs (${gpu_count:-0} here)"
+        step_lines+=("$(printf '%-28s FAIL  needs two GPUs, %s here' torch-ddp-2gpu "${gpu_count:-0}")")
+        failed_steps+=(torch-ddp-2gpu)
+    fi
+    echo
+    echo "Steps (GPU_CHECK_ONLY=multigpu):"
+    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    grep -E '^[0-9]+: (ok |FAIL|SKIPPED|[0-9]+ passed)' "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
+    echo "logs: $logs  (total $((SECONDS - start))s)"
+    if [ ${#failed_steps[@]} -gt 0 ]; then
+        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
+        exit 1
+    fi
+    echo "gpu-check: all steps passed"
+    exit 0
+    ;;
+*)
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu)" >&2
+    exit 2
+    ;;
+esac
 
 run_step build-release "$(left 300)" build_release
 run_step build-debug "$(left 280)" build_debug
