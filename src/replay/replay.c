@@ -337,10 +337,12 @@ static void compare_expected(const pv_node_t *root, const replay_event_t *ev, si
 /* Private streams holding deferred frees live far from any real stream handle. */
 #define HOLD_STREAM_BASE 0xcca0000000000000ull
 
-static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op_t *ops,
-                               size_t nops, bool trace_addresses, cca_backend_t *sim,
-                               cca_replay_result_t *r)
+static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops, size_t nops,
+                               bool trace_addresses, cca_backend_t *sim, cca_replay_result_t *r)
 {
+    const replay_event_t *ev = trace->ev;
+    const uint64_t *streams = trace->streams;
+    size_t n = trace->count;
     live_map_t live = {0};
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
@@ -362,7 +364,8 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op
             r->late_segment_frees = (uint64_t)half.num_device_free;
         }
         const replay_event_t *e = &ev[i];
-        if (graphs.pending && e->kind == EV_ALLOC && e->stream == graphs.pending->stream) {
+        uint64_t stream = streams[e->stream];
+        if (graphs.pending && e->kind == EV_ALLOC && stream == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
             } else {
@@ -376,7 +379,7 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op
         case EV_ALLOC: {
             void *p = NULL;
             r->allocs++;
-            cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)e->stream);
+            cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream);
             if (as != CCA_OK) {
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
@@ -436,7 +439,7 @@ static cca_status_t run_events(const replay_event_t *ev, size_t n, const pool_op
         }
         case EV_OOM: {
             void *p = NULL;
-            cca_status_t os = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)e->stream);
+            cca_status_t os = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream);
             if (os == CCA_OK) {
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
@@ -575,11 +578,12 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 
     uint64_t t0 = cca_now_ns();
     pv_doc_t *doc = NULL;
-    replay_event_t *ev = NULL;
-    size_t n = 0, ev_bytes = 0;
-    cca_status_t st = replay_load(path, opt.device, &doc, &ev, &n, &ev_bytes);
+    replay_trace_t trace;
+    cca_status_t st = replay_load(path, opt.device, &doc, &trace);
     if (st != CCA_OK)
         return st;
+    const replay_event_t *ev = trace.ev;
+    size_t n = trace.count;
     const pv_node_t *root = pv_doc_root(doc);
     pool_op_t *ops = NULL;
     size_t nops = 0;
@@ -602,7 +606,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     if (st != CCA_OK)
         goto out_history;
     uint64_t t1 = cca_now_ns();
-    st = run_events(ev, n, ops, nops, opt.trace_addresses, sim, r);
+    st = run_events(&trace, ops, nops, opt.trace_addresses, sim, r);
     r->seconds = (double)(cca_now_ns() - t1) / 1e9;
     r->events_per_second = r->seconds > 0 ? (double)n / r->seconds : 0.0;
     if (st != CCA_OK)
@@ -638,7 +642,7 @@ out_history:
         cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 out_events:
     free(ops);
-    cca_zarray_free(ev, ev_bytes);
+    replay_trace_free(&trace);
     pv_doc_free(doc);
     return st;
 }

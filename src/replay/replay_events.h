@@ -24,22 +24,30 @@ typedef enum replay_kind {
 typedef struct replay_event {
     uint64_t addr;     /* trace address (oom: device free bytes) */
     uint64_t size;     /* bytes */
-    uint64_t stream;   /* trace stream handle */
+    uint32_t stream;   /* index of its stream handle in replay_trace_t.streams */
     uint8_t kind;      /* replay_kind_t */
     bool deferred;     /* free_requested whose free_completed comes later */
-} replay_event_t;
+} replay_event_t;      /* 24 bytes: a big trace's events are most of the replay's memory */
+
+/* One device's trace. */
+typedef struct replay_trace {
+    replay_event_t *ev;      /* a zero-filled array of core/util.c, ev_bytes long */
+    size_t count;            /* events */
+    size_t ev_bytes;
+    uint64_t *streams;       /* the distinct stream handles, in order of first use */
+    size_t nstreams;
+} replay_trace_t;
 
 /*
- * Read the snapshot at path: *events (a zero-filled array of core/util.c,
- * *events_bytes long: free it with cca_zarray_free; *count events) is
- * device_traces[device], and *fields a dict of every other top-level field
- * (root NULL-free: pv_doc_root is a dict). Returns CCA_OK, CCA_ERR_IO,
- * CCA_ERR_FORMAT (not a snapshot: no top-level dict or no device_traces list;
- * an event without its action, addr or size; malformed data),
- * CCA_ERR_INVALID_ARGUMENT (no trace for that device), CCA_ERR_OUT_OF_MEMORY.
- * On failure nothing is returned to free.
+ * Read the snapshot at path: *trace is device_traces[device], and *fields a
+ * dict of every other top-level field (root NULL-free: pv_doc_root is a
+ * dict). Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot: no
+ * top-level dict or no device_traces list; an event without its action, addr
+ * or size; malformed data), CCA_ERR_INVALID_ARGUMENT (no trace for that
+ * device), CCA_ERR_OUT_OF_MEMORY. On failure nothing is returned to free;
+ * on success free the trace with replay_trace_free.
  */
-cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_event_t **events,
-                         size_t *count, size_t *events_bytes);
+cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_trace_t *trace);
+void replay_trace_free(replay_trace_t *trace);
 
 #endif /* CCA_REPLAY_EVENTS_H */

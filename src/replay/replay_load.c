@@ -35,9 +35,15 @@ typedef struct loader {
     size_t device;           /* the trace kept */
     bool saw_traces;         /* device_traces began (as a list) */
     size_t devices;          /* inner lists seen */
-    replay_event_t *ev;      /* a zero-filled array (cca_zarray_grow) of ev_bytes */
-    size_t n, cap, ev_bytes;
+    replay_trace_t t;        /* t.ev: a zero-filled array (cca_zarray_grow) of cap events */
+    size_t cap;
     size_t seen;             /* events of the kept device read */
+    /* stream handle -> index in t.streams: the last one met, and an open-addressing
+     * table of indices + 1 (0: empty) */
+    uint64_t last_stream;
+    uint32_t last_index;
+    uint32_t *stream_slots;
+    size_t slots_cap, streams_cap;
 } loader_t;
 
 static pk_mode_t field_mode(void *ctx, const char *key, size_t len)
@@ -68,39 +74,96 @@ static bool u64_of(const pk_value_t *v, uint64_t *out)
     return true;
 }
 
+static size_t stream_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+/* The index of stream handle s in l->t.streams (added when new); false when out of memory. */
+static bool stream_index(loader_t *l, uint64_t s, uint32_t *out)
+{
+    if (l->t.nstreams && s == l->last_stream) {
+        *out = l->last_index;
+        return true;
+    }
+    if ((l->t.nstreams + 1) * 2 > l->slots_cap) {
+        size_t cap = l->slots_cap ? l->slots_cap * 2 : 64;
+        uint32_t *slots = calloc(cap, sizeof(*slots));
+        if (!slots)
+            return false;
+        for (size_t i = 0; i < l->t.nstreams; i++) {
+            size_t j = stream_hash(l->t.streams[i]) & (cap - 1);
+            while (slots[j])
+                j = (j + 1) & (cap - 1);
+            slots[j] = (uint32_t)i + 1;
+        }
+        free(l->stream_slots);
+        l->stream_slots = slots;
+        l->slots_cap = cap;
+    }
+    size_t j = stream_hash(s) & (l->slots_cap - 1);
+    for (; l->stream_slots[j]; j = (j + 1) & (l->slots_cap - 1))
+        if (l->t.streams[l->stream_slots[j] - 1] == s)
+            break;
+    if (!l->stream_slots[j]) {
+        if (l->t.nstreams >= UINT32_MAX - 1)
+            return false;
+        if (l->t.nstreams == l->streams_cap) {
+            size_t cap = l->streams_cap ? l->streams_cap * 2 : 8;
+            uint64_t *streams = realloc(l->t.streams, cap * sizeof(*streams));
+            if (!streams)
+                return false;
+            l->t.streams = streams;
+            l->streams_cap = cap;
+        }
+        l->t.streams[l->t.nstreams] = s;
+        l->stream_slots[j] = (uint32_t)++l->t.nstreams;
+    }
+    l->last_stream = s;
+    l->last_index = l->stream_slots[j] - 1;
+    *out = l->last_index;
+    return true;
+}
+
 static cca_status_t on_record(void *ctx, const pk_record_t *rec)
 {
     loader_t *l = ctx;
     if (rec->group != l->device)
         return CCA_OK;
     size_t i = l->seen++;
-    if (l->n == l->cap) {
+    replay_trace_t *t = &l->t;
+    if (t->count == l->cap) {
         /* grown in place: the events are never copied, and arrive zeroed */
-        if (!cca_zarray_grow((void **)&l->ev, &l->ev_bytes, (l->n + 1) * sizeof(*l->ev)))
-            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", l->n + 1);
-        l->cap = l->ev_bytes / sizeof(*l->ev);
+        if (!cca_zarray_grow((void **)&t->ev, &t->ev_bytes, (t->count + 1) * sizeof(*t->ev)))
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", t->count + 1);
+        l->cap = t->ev_bytes / sizeof(*t->ev);
     }
-    replay_event_t *e = &l->ev[l->n];
+    replay_event_t *e = &t->ev[t->count];
     const pk_value_t *action = rec->by_tag[TAG_ACTION];
     if (!action)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu has no action", i);
-    int32_t t = action->kind == PV_STR ? action->tag : -1;
-    e->kind = t >= TAG_ALLOC && t <= TAG_OOM ? (uint8_t)(EV_ALLOC + (t - TAG_ALLOC)) : EV_OTHER;
+    int32_t tag = action->kind == PV_STR ? action->tag : -1;
+    e->kind = tag >= TAG_ALLOC && tag <= TAG_OOM ? (uint8_t)(EV_ALLOC + (tag - TAG_ALLOC)) : EV_OTHER;
     bool ok = u64_of(rec->by_tag[TAG_SIZE], &e->size);
     if (e->kind == EV_OOM)
         ok = ok && u64_of(rec->by_tag[TAG_DEVICE_FREE], &e->addr);
     else if (e->kind != EV_OTHER)
         ok = ok && u64_of(rec->by_tag[TAG_ADDR], &e->addr);
-    if (!u64_of(rec->by_tag[TAG_STREAM], &e->stream))
-        e->stream = 0;
+    uint64_t stream;
+    if (!u64_of(rec->by_tag[TAG_STREAM], &stream))
+        stream = 0;
     if (!ok && e->kind != EV_OTHER)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i, action->data);
-    l->n++;
+    if (!stream_index(l, stream, &e->stream))
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace's streams");
+    t->count++;
     return CCA_OK;
 }
 
-cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_event_t **events,
-                         size_t *count, size_t *events_bytes)
+cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_trace_t *trace)
 {
     loader_t l;
     memset(&l, 0, sizeof(l));
@@ -127,22 +190,31 @@ cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay
         goto out_doc;
     }
     /* a free_requested is deferred unless its free_completed follows at once */
-    for (size_t i = 0; i < l.n; i++)
-        if (l.ev[i].kind == EV_FREE_REQUESTED)
-            l.ev[i].deferred = !(i + 1 < l.n && l.ev[i + 1].kind == EV_FREE_COMPLETED &&
-                                 l.ev[i + 1].addr == l.ev[i].addr);
-    if (!l.ev && !cca_zarray_grow((void **)&l.ev, &l.ev_bytes, sizeof(*l.ev))) {
+    replay_event_t *ev = l.t.ev;
+    size_t n = l.t.count;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].kind == EV_FREE_REQUESTED)
+            ev[i].deferred = !(i + 1 < n && ev[i + 1].kind == EV_FREE_COMPLETED && ev[i + 1].addr == ev[i].addr);
+    if ((!l.t.ev && !cca_zarray_grow((void **)&l.t.ev, &l.t.ev_bytes, sizeof(*l.t.ev))) ||
+        (!l.t.streams && !(l.t.streams = calloc(1, sizeof(*l.t.streams))))) {
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
         goto out_doc;
     }
+    free(l.stream_slots);
     *fields = doc;
-    *events = l.ev;
-    *count = l.n;
-    *events_bytes = l.ev_bytes;
+    *trace = l.t;
     return CCA_OK;
 out_doc:
     pv_doc_free(doc);
 out_events:
-    cca_zarray_free(l.ev, l.ev_bytes);
+    free(l.stream_slots);
+    replay_trace_free(&l.t);
     return st;
+}
+
+void replay_trace_free(replay_trace_t *trace)
+{
+    cca_zarray_free(trace->ev, trace->ev_bytes);
+    free(trace->streams);
+    memset(trace, 0, sizeof(*trace));
 }

@@ -10,9 +10,11 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cca.h"
 #include "harness.h"
+#include "pickle.h"
 
 static const char *trace_dir = "tests/data/traces";
 
@@ -116,11 +118,56 @@ TEST(errors)
     expect_false(cca_is_initialized());
 }
 
+/* A trace over 300 streams (the loader maps stream handles to indices through a
+ * table that grows several times): each stream allocates and frees 1 MiB, and
+ * since blocks never move between streams each stream needs a segment of its own. */
+TEST(many_streams)
+{
+    enum { STREAMS = 300 };
+    pv_doc_t *doc = pv_doc_new();
+    expect_true(doc != NULL);
+    pv_node_t *root = pv_new_dict(doc), *traces = pv_new_list(doc), *events = pv_new_list(doc);
+    expect_ok(pv_dict_set(doc, root, "segments", pv_new_list(doc)));
+    expect_ok(pv_dict_set(doc, root, "device_traces", traces));
+    expect_ok(pv_list_append(doc, traces, events));
+    static const char *const actions[] = {"alloc", "free_requested", "free_completed"};
+    for (int s = 0; s < STREAMS; s++) {
+        for (int a = 0; a < 3; a++) {
+            pv_node_t *e = pv_new_dict(doc);
+            expect_ok(pv_dict_set(doc, e, "action", pv_new_str(doc, actions[a])));
+            expect_ok(pv_dict_set(doc, e, "addr", pv_new_u64(doc, 0x7f0000000000ull + (uint64_t)s * 0x200000)));
+            expect_ok(pv_dict_set(doc, e, "size", pv_new_int(doc, 1 << 20)));
+            expect_ok(pv_dict_set(doc, e, "stream", pv_new_u64(doc, 0x5500000000ull + (uint64_t)s * 0x30)));
+            expect_ok(pv_list_append(doc, events, e));
+        }
+    }
+    char path[] = "/tmp/cca_many_streams_XXXXXX";
+    int fd = mkstemp(path);
+    expect_true(fd >= 0);
+    close(fd);
+    expect_ok(pickle_write_file(root, path));
+    pv_doc_free(doc);
+    cca_replay_options_t opt = {0};
+    cca_replay_result_t r;
+    cca_status_t st = cca_replay_file(path, &opt, &r);
+    unlink(path);
+    expect_ok(st);
+    if (st != CCA_OK) {
+        printf("  %s\n", cca_last_error()->message);
+        return;
+    }
+    expect_eq_u64(r.events, 3 * STREAMS);
+    expect_eq_u64(r.allocs, STREAMS);
+    expect_eq_u64(r.segment_allocs, STREAMS);
+    cca_replay_result_free(&r);
+}
+
 int main(void)
 {
     RUN(all_traces_exact);
     RUN(fresh_addresses);
     RUN(settings_override_changes_outcome);
     RUN(errors);
+    RUN(many_streams);
     return harness_done();
 }
