@@ -187,7 +187,9 @@ multigpu)
     echo
     echo "Steps (GPU_CHECK_ONLY=multigpu):"
     printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
-    grep -E '^[0-9]+: (ok |FAIL|SKIPPED|[0-9]+ passed)' "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
+    # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
+    grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
+        "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
     echo "logs: $logs  (total $((SECONDS - start))s)"
     if [ ${#failed_steps[@]} -gt 0 ]; then
         echo "gpu-check: FAILED steps: ${failed_steps[*]}"
