@@ -449,7 +449,9 @@ static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
  *   relaxed (exact_peak_stats:False, default pools): all in the stream pool's
  *     own statistics, plain; device values are summed on read, peaks sampled.
  *   locked: the device's ops table (values and counts), plain, under its
- *     stats lock (one atomic exchange per operation: the single-thread case).
+ *     stats lock (one atomic exchange per operation: the single-thread case);
+ *     of the ALL entries only the peak is written, the rest is the sum of the
+ *     two kinds' (stats_fill_ops; made real when the statistics turn shared).
  *   shared: the ops table by fetch-add, each peak raised by compare-and-swap
  *     from the value its own fetch-add produced, so every current value is
  *     linearizable and every peak exact; allocated / freed in the stream pool
@@ -554,6 +556,17 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
     for (int k = 0; k < OPS_COUNT; k++) {
         if (!d[k])
             continue;
+        if (mode == OPS_LOCKED && k != OPS_OVERSIZE) {
+            /* locked: the ALL entry is the two kinds' sum (stats_fill_ops); only its
+             * peak is kept, raised from the sum this update produced */
+            ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);
+            if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
+                int64_t all = t->v[CCA_STAT_SMALL_POOL][k].current + t->v[CCA_STAT_LARGE_POOL][k].current;
+                if (all > t->v[CCA_STAT_ALL][k].peak)
+                    t->v[CCA_STAT_ALL][k].peak = all;
+            }
+            continue;
+        }
         ops_add(t, own, acc_atomic, mode, k, CCA_STAT_ALL, d[k], sign[k]);
         if (k != OPS_OVERSIZE)
             ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);

@@ -45,17 +45,33 @@ static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
     dst->oversize_allocations.freed += src->oversize_allocations.freed;
 }
 
+/* Locked mode's ALL entries: the sums of the two kinds' (stats lock held, or every writer out). */
+static void ops_sum_all(ops_table_t *t)
+{
+    for (int k = 0; k < OPS_OVERSIZE; k++) {
+        ops_value_t *v = t->v[CCA_STAT_ALL] + k;
+        ops_count_t *n = t->n[CCA_STAT_ALL] + k;
+        v->current = t->v[CCA_STAT_SMALL_POOL][k].current + t->v[CCA_STAT_LARGE_POOL][k].current;
+        n->allocated = t->n[CCA_STAT_SMALL_POOL][k].allocated + t->n[CCA_STAT_LARGE_POOL][k].allocated;
+        n->freed = t->n[CCA_STAT_SMALL_POOL][k].freed + t->n[CCA_STAT_LARGE_POOL][k].freed;
+    }
+}
+
 void stats_lock_contended(cca_device_t *dev)
 {
     cca_spin_lock_slow(&dev->stats_lock);
     if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed) &&
-        ++dev->stats_contended >= STATS_SHARE_AFTER)
+        ++dev->stats_contended >= STATS_SHARE_AFTER) {
+        ops_sum_all(dev->ops); /* shared writers keep the ALL entries themselves */
         atomic_store_explicit(&dev->stats_shared, true, memory_order_release);
+    }
 }
 
-/* The exact mode's values and counts into out (atomic loads: shared writers run). */
+/* The exact mode's values and counts into out (stats lock held; atomic loads: shared
+ * writers run). */
 void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out)
 {
+    bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_relaxed);
     for (int k = 0; k < OPS_COUNT; k++)
         for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
             const ops_value_t *v = &dev->ops->v[t][k];
@@ -66,6 +82,14 @@ void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out)
             d->allocated = __atomic_load_n(&n->allocated, __ATOMIC_RELAXED);
             d->freed = __atomic_load_n(&n->freed, __ATOMIC_RELAXED);
         }
+    if (shared)
+        return;
+    for (int k = 0; k < OPS_OVERSIZE; k++) { /* locked: ALL is the kinds' sum, but its peak */
+        cca_stat_t *a = ops_array(out, k);
+        a[CCA_STAT_ALL].current = a[CCA_STAT_SMALL_POOL].current + a[CCA_STAT_LARGE_POOL].current;
+        a[CCA_STAT_ALL].allocated = a[CCA_STAT_SMALL_POOL].allocated + a[CCA_STAT_LARGE_POOL].allocated;
+        a[CCA_STAT_ALL].freed = a[CCA_STAT_SMALL_POOL].freed + a[CCA_STAT_LARGE_POOL].freed;
+    }
 }
 
 /* The allocated / freed counts of the per-operation statistics of src, added to dst's. */
@@ -242,6 +266,8 @@ cca_status_t cca_reset_peak_stats(int device)
     if (dev->exact_stats) {
         /* peak = current, by atomics (shared writers may run; a concurrent raise wins or is
          * overwritten by a value the current had) */
+        if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed))
+            ops_sum_all(dev->ops); /* locked (the stats lock is held): ALL's currents first */
         for (int k = 0; k < OPS_COUNT; k++)
             for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
                 ops_value_t *v = &dev->ops->v[t][k];

@@ -171,6 +171,8 @@ cca_status_t cca_sim_create(const cca_sim_config_t *config, cca_backend_t **back
         return cca_backend_error(CCA_ERR_OUT_OF_MEMORY, 0, "sim: no thread-local key left");
     }
     pthread_mutex_init(&c->lock, NULL);
+    static _Atomic uint64_t instances;
+    c->instance = atomic_fetch_add(&instances, 1) + 1;
     c->device_count = cfg.devices;
     c->backed = cfg.backed;
     c->manual_events = cfg.manual_events;

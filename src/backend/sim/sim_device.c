@@ -35,12 +35,29 @@ static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *
     return CCA_OK;
 }
 
+/*
+ * The calling thread's current device, cached with the backend instance it
+ * was read from, as the CUDA backend caches it with the current context:
+ * set_device (the only way to change it here) updates both, and a thread
+ * meeting another instance reads the thread-local key again.
+ */
+static _Thread_local struct {
+    uint64_t instance;
+    int device;
+} current_device_cache;
+
 /* Current device of the calling thread for this backend (0 until set). Returns CCA_OK. */
 static cca_status_t sim_get_device(void *ctx, int *device)
 {
     sim_ctx_t *c = ctx;
+    if (current_device_cache.instance == c->instance) {
+        *device = current_device_cache.device;
+        return CCA_OK;
+    }
     intptr_t v = (intptr_t)pthread_getspecific(c->current);
     *device = v > 0 ? (int)(v - 1) : 0;
+    current_device_cache.instance = c->instance;
+    current_device_cache.device = *device;
     return CCA_OK;
 }
 
@@ -56,6 +73,8 @@ static cca_status_t sim_set_device(void *ctx, int device)
                                  device, c->device_count);
     if (pthread_setspecific(c->current, (void *)(intptr_t)(device + 1)) != 0)
         return cca_backend_error(CCA_ERR_BACKEND, 0, "sim: set_device: host out of memory");
+    current_device_cache.instance = c->instance;
+    current_device_cache.device = device;
     return CCA_OK;
 }
 

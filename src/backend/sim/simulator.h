@@ -112,6 +112,7 @@ typedef struct sim_ctx {
     cca_backend_t backend;  /* backend.ctx == this */
     pthread_mutex_t lock;   /* guards everything below */
     pthread_key_t current;  /* current device + 1 of the calling thread */
+    uint64_t instance;      /* unique per backend created: keys the threads' device cache */
     int device_count;
     bool backed;
     bool manual_events;
