@@ -1,11 +1,15 @@
 """PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
 
-Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N]
+Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()).
 Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
-and torch.empty(1 MiB) + free from Python. Each round starts with a
+and torch.empty(1 MiB) + free from Python, broken down: torch.empty(0) + free
+(PyTorch's own cost: the allocator is asked for nothing), the allocate + free
+pair through PyTorch's CUDAAllocator interface timed in C++ (the allocator's
+share), their difference (PyTorch's share of the 1 MiB pair) and, for cca,
+cca_malloc_device + cca_free alone. Each round starts with a
 different allocator. Prints each round's figures, one RESULT line per figure
 (median over rounds) and a table. Random weights; needs torchvision and
 transformers.
@@ -54,6 +58,24 @@ def worker(mode):
     for _ in range(n):
         torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
     out["empty_free_1MiB_us"] = (time.perf_counter() - t0) / n * 1e6
+    # where that time goes: torch.empty(0) asks the allocator for nothing (PyTorch's own cost,
+    # plus a device lookup); the C++ pair is the allocator's share (allocate() and the
+    # DataPtr's deleter through PyTorch's CUDAAllocator interface); cca's direct pair is
+    # cca_malloc_device + cca_free alone
+    for _ in range(2000):
+        torch.empty(0, dtype=torch.uint8, device="cuda")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.empty(0, dtype=torch.uint8, device="cuda")
+    out["empty_free_0B_us"] = (time.perf_counter() - t0) / n * 1e6
+    cca.torch.time_allocator_pairs(1 << 20, 2000)
+    out["allocator_pair_1MiB_us"] = cca.torch.time_allocator_pairs(1 << 20, n) / 1e3
+    out["torch_share_1MiB_us"] = out["empty_free_1MiB_us"] - out["allocator_pair_1MiB_us"]
+    out["cca_direct_pair_1MiB_us"] = (cca.torch.time_allocator_pairs(1 << 20, n, direct=True) / 1e3
+                                      if mode == "cca" else float("nan"))
+    if os.environ.get("CCA_BENCH_PAIRS_ONLY"):
+        out["backend"] = cca.torch.installed() or "pytorch"
+        return out
 
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -98,6 +120,8 @@ def main():
     if "--repeat" in sys.argv:
         repeat = int(sys.argv[sys.argv.index("--repeat") + 1])
         args = [a for a in args if a != str(repeat)]
+    if "--pairs-only" in sys.argv:  # the allocation pairs and their breakdown, no models
+        os.environ["CCA_BENCH_PAIRS_ONLY"] = "1"
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch
@@ -120,7 +144,9 @@ def main():
             print("round %d %s: %s" % (r, mode, " ".join("%s=%.4g" % (k, v) for k, v in
                                                           results[mode][-1].items() if k != "backend")))
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
+            "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
             "peak_reserved_bytes")
+    keys = tuple(k for k in keys if k in results["cca"][0])
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
     for m in MODES:
         for k in keys:
@@ -128,7 +154,8 @@ def main():
     print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca / native |")
     print("|---|---|---|---|---|---|")
     units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
-             "empty_free_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
+             "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
+             "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
     for k in keys:
         div = (1 << 20) if k == "peak_reserved_bytes" else 1
         vals = [med[m][k] / div for m in MODES]

@@ -13,7 +13,8 @@
 #      (default, relaxed statistics, expandable segments),
 #      bench_host, and bench_replay (the replay against Python's unpickler);
 #   5. run PyTorch on cca: the pluggable path, the C++ adapter
-#      (tests/cuda/torch_adapter.py) and bench/torch_bench.py;
+#      (tests/cuda/torch_adapter.py), CUDA tensors shared between processes
+#      through it (tests/cuda/torch_ipc.py) and bench/torch_bench.py;
 #   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
@@ -118,6 +119,11 @@ run_torch_adapter() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so"
 }
+# torch.multiprocessing CUDA tensors through the adapter, both processes on cca.
+run_torch_ipc() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_ipc.py" "$root/build-gpu-release/libcca.so"
+}
 run_torch_bench() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1
@@ -162,7 +168,7 @@ export multigpu_tests
 export -f build_multigpu run_ctest_multigpu
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -231,6 +237,7 @@ fi
 
 run_step torch-pluggable "$(left 220)" run_torch
 run_step torch-adapter "$(left 150)" run_torch_adapter
+run_step torch-ipc "$(left 140)" run_torch_ipc
 gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "${gpu_count:-0}" -ge 2 ]; then
     run_step torch-ddp-2gpu "$(left 150)" run_torch_ddp

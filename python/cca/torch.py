@@ -182,6 +182,37 @@ def install(settings=None, fallback=True, verbose=False):
     return _mode
 
 
+def _adapter_call(name, *args):
+    """Call one of the adapter's measuring functions (name(args..., err, err_size) -> 0 or -1),
+    loading the adapter without installing it (it reads PyTorch's current allocator)."""
+    lib = _load_adapter(False)
+    fn = getattr(lib, name)
+    err = ctypes.create_string_buffer(1024)
+    if fn(*args, err, ctypes.c_size_t(len(err))) != 0:
+        raise RuntimeError("cca.torch: %s: %s" % (name, err.value.decode("utf-8", "replace")))
+
+
+def time_allocator_pairs(size, n=100000, direct=False):
+    """Nanoseconds per allocate + free pair of size bytes, timed in C++ on the
+    current device and stream: through PyTorch's current CUDA allocator
+    (allocate() and the DataPtr's deleter: what a tensor costs the allocator,
+    native or cca), or with direct=True straight through cca_malloc_device /
+    cca_free. CUDA must be initialised (a tensor on the GPU) first."""
+    ns = ctypes.c_double(0.0)
+    _adapter_call("cca_torch_adapter_time_pairs", ctypes.c_size_t(size), ctypes.c_size_t(n),
+                  ctypes.c_int(1 if direct else 0), ctypes.byref(ns))
+    return ns.value
+
+
+def expandable_segment_sizes(device=0):
+    """(segments, bytes) from PyTorch's CUDAAllocator::getExpandableSegmentSizes of
+    the current allocator (native or cca), which has no Python binding."""
+    count, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _adapter_call("cca_torch_adapter_expandable_sizes", ctypes.c_int(device), ctypes.byref(count),
+                  ctypes.byref(total))
+    return count.value, total.value
+
+
 def adapter_error():
     """Why the adapter could not be built (after a fallback), or None."""
     return _adapter_error

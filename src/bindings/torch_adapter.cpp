@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -245,6 +246,38 @@ cca_status_t pool_free(void *ptr, size_t size, int device, cca_stream_t stream, 
     }
 }
 
+/*
+ * Handles opened in this process (getIpcDevPtr), by handle: PyTorch opens a
+ * handle once however many storages use it. Never destroyed: deleters may run
+ * late in the process's exit.
+ */
+struct IpcTable {
+    std::mutex lock;
+    std::unordered_map<std::string, std::weak_ptr<void>> open;
+};
+IpcTable &ipc_table()
+{
+    static IpcTable *t = new IpcTable;
+    return *t;
+}
+
+/* The last user of an opened handle is gone: wait for the work queued on it, then close. */
+void ipc_close(const std::string &handle, c10::DeviceIndex device, void *ptr)
+{
+    IpcTable &t = ipc_table();
+    std::lock_guard<std::mutex> g(t.lock);
+    cudaError_t err = cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device).stream());
+    if (err != cudaSuccess) /* a deleter cannot throw: say it */
+        std::fprintf(stderr, "cca: closing a CUDA IPC handle: %s\n", cudaGetErrorString(err));
+    cca_status_t st = cca_ipc_close(ptr);
+    if (st != CCA_OK)
+        std::fprintf(stderr, "cca: closing a CUDA IPC handle: %s: %s\n", cca_status_str(st),
+                     cca_last_error()->message);
+    auto it = t.open.find(handle);
+    if (it != t.open.end() && it->second.expired())
+        t.open.erase(it);
+}
+
 /* A private pool's checkpoint, owned by PyTorch's cudagraph trees. */
 struct PoolState final : cc::AllocatorState {
     explicit PoolState(cca_pool_state_t *s) : state(s) {}
@@ -300,7 +333,11 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         check(cca_set_memory_fraction(fraction, device), "setMemoryFraction");
     }
-    /* From a snapshot (which, like PyTorch's own snapshots, adds a snapshot entry to the history). */
+    /*
+     * From a snapshot (which, like PyTorch's own snapshots, adds a snapshot entry to the
+     * history), which lists each mapped range: PyTorch gives one entry per expandable segment
+     * (one per stream and pool), with the bytes mapped in it.
+     */
     std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override
     {
         cca_snapshot_t *raw = nullptr;
@@ -309,8 +346,16 @@ class CcaAllocator final : public cc::CUDAAllocator {
         std::vector<cc::StreamSegmentSize> out;
         for (size_t i = 0; i < snap->segment_count; i++) {
             const cca_segment_info_t &seg = snap->segments[i];
-            if (seg.device == device && seg.is_expandable)
-                out.emplace_back(reinterpret_cast<cudaStream_t>(seg.stream), !seg.is_large, seg.total_size);
+            if (seg.device != device || !seg.is_expandable)
+                continue;
+            cudaStream_t stream = reinterpret_cast<cudaStream_t>(seg.stream);
+            bool small = !seg.is_large;
+            size_t j = 0;
+            while (j < out.size() && !(out[j].stream == stream && out[j].is_small_pool == small))
+                j++;
+            if (j == out.size())
+                out.emplace_back(stream, small, 0);
+            out[j].total_size += seg.total_size;
         }
         return out;
     }
@@ -487,13 +532,45 @@ class CcaAllocator final : public cc::CUDAAllocator {
               "checkPoolLiveAllocations");
         return matches;
     }
-    cc::ShareableHandle shareIpcHandle(void *) override
+    /*
+     * torch.multiprocessing's CUDA tensors (StorageSharing: _share_cuda_ / _new_shared_cuda).
+     * The handle is cca's (cca_ipc_get_handle: a new one, with its own reference, on each
+     * call; the block's own address, so the offset is 0). PyTorch's reference-counter file
+     * keeps the producer's DataPtr alive; cca's reference also holds the block until the
+     * consumer closes it. Called under PyTorch's DeviceGuard of the storage's device.
+     */
+    cc::ShareableHandle shareIpcHandle(void *ptr) override
     {
-        TORCH_CHECK(false, "cca: sharing CUDA tensors between processes is not supported by cca");
+        c10::DeviceIndex device = c10::cuda::current_device();
+        cca_ipc_mem_handle_t h;
+        check(cca_ipc_get_handle(ptr, current_stream(device), &h), "shareIpcHandle");
+        cc::ShareableHandle out;
+        out.offset = 0;
+        out.handle.assign(reinterpret_cast<const char *>(h.bytes), sizeof h.bytes);
+        return out;
     }
-    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    /* The consumer's side: opened once per handle while any storage holds it, as PyTorch caches. */
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override
     {
-        TORCH_CHECK(false, "cca: sharing CUDA tensors between processes is not supported by cca");
+        TORCH_CHECK(handle.size() == sizeof(cca_ipc_mem_handle_t), "cca: getIpcDevPtr: a handle of ",
+                    handle.size(), " bytes is not cca's (", sizeof(cca_ipc_mem_handle_t),
+                    "): install cca in the producing process too");
+        IpcTable &t = ipc_table();
+        std::lock_guard<std::mutex> g(t.lock);
+        auto it = t.open.find(handle);
+        if (it != t.open.end()) {
+            std::shared_ptr<void> live = it->second.lock();
+            if (live)
+                return live;
+        }
+        c10::DeviceIndex device = c10::cuda::current_device();
+        cca_ipc_mem_handle_t h;
+        std::memcpy(h.bytes, handle.data(), sizeof h.bytes);
+        void *ptr = nullptr;
+        check(cca_ipc_open(&h, current_stream(device), &ptr, nullptr), "getIpcDevPtr");
+        std::shared_ptr<void> sp(ptr, [handle, device](void *p) { ipc_close(handle, device, p); });
+        t.open[handle] = sp;
+        return sp;
     }
     bool isHistoryEnabled() override { return cca_history_enabled(); }
     void recordHistory(bool enabled, cc::CreateContextFn recorder, size_t max_entries, cc::RecordContext when,
@@ -580,6 +657,10 @@ class CcaAllocator final : public cc::CUDAAllocator {
     std::string settings_;
 
   private:
+    static cca_stream_t current_stream(c10::DeviceIndex device)
+    {
+        return reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
+    }
     /* Whether the settings cca started with (environment, then install()'s) turn expandable segments on. */
     bool expandable_setting()
     {
@@ -662,4 +743,62 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
 extern "C" __attribute__((visibility("default"))) const char *cca_torch_adapter_abi(void)
 {
     return TORCH_ADAPTER_TORCH_VERSION;
+}
+
+/*
+ * For the benchmark and the GPU test, in any process (cca installed or not):
+ * the time of n allocate + free pairs of size bytes through PyTorch's current
+ * CUDAAllocator (kind 0: allocate() and the DataPtr's deleter, what a tensor
+ * costs the allocator) or straight through cca (kind 1: cca_malloc_device +
+ * cca_free on the current stream). *ns gets nanoseconds per pair. Returns 0,
+ * or -1 with the reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_time_pairs(size_t size, size_t n, int kind,
+                                                                                   double *ns, char *err,
+                                                                                   size_t err_size)
+{
+    try {
+        cc::CUDAAllocator *alloc = cc::get();
+        c10::DeviceIndex device = c10::cuda::current_device();
+        cca_stream_t stream = reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
+        auto t0 = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < n; i++) {
+            if (kind == 0) {
+                c10::DataPtr p = alloc->allocate(size);
+            } else {
+                void *p = nullptr;
+                check(cca_malloc_device(&p, size, device, stream), "time_pairs");
+                check(cca_free(p), "time_pairs");
+            }
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        *ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
+        return -1;
+    }
+}
+
+/*
+ * PyTorch's CUDAAllocator::getExpandableSegmentSizes(device) of the current
+ * allocator (it has no Python binding): *count segments, *total bytes. Returns
+ * 0, or -1 with the reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_expandable_sizes(int device, size_t *count,
+                                                                                         size_t *total, char *err,
+                                                                                         size_t err_size)
+{
+    try {
+        std::vector<cc::StreamSegmentSize> sizes =
+            cc::get()->getExpandableSegmentSizes(static_cast<c10::DeviceIndex>(device));
+        *count = sizes.size();
+        *total = 0;
+        for (const cc::StreamSegmentSize &s : sizes)
+            *total += s.total_size;
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
+        return -1;
+    }
 }

@@ -8,6 +8,7 @@ Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO]
   chosen once per process): --worker native|cca --job train-resnet50|
   train-gpt2|functions prints one JSON line.
 """
+import ctypes
 import json
 import os
 import subprocess
@@ -74,9 +75,18 @@ def worker_train(mode, job):
     deterministic(torch, 1234)
     losses = train_resnet50(torch) if job == "train-resnet50" else train_gpt2(torch)
     torch.cuda.synchronize()
-    return {"losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
-            "peak_allocated": torch.cuda.max_memory_allocated(),
-            "backend": cca.torch.installed() or "pytorch"}
+    out = {"losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
+           "peak_allocated": torch.cuda.max_memory_allocated(),
+           "backend": cca.torch.installed() or "pytorch"}
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        segs = torch.cuda.memory._snapshot()["segments"]
+        out["expandable_marked"] = bool(segs) and all(sg["is_expandable"] for sg in segs)
+        out["reserved"] = torch.cuda.memory_reserved()
+        try:  # PyTorch's getExpandableSegmentSizes, of whichever allocator serves the process
+            out["expandable_sizes"] = list(cca.torch.expandable_segment_sizes(0))
+        except Exception as e:
+            out["expandable_sizes"] = "%s: %s" % (type(e).__name__, e)
+    return out
 
 
 class Checks:
@@ -305,15 +315,93 @@ def worker_functions():
         check("a deleted MemPool's memory returns", torch.cuda.memory_reserved() < before,
               (before, torch.cuda.memory_reserved()))
 
+    def pluggable_pool_checks():
+        lib = build_test_allocator()
+        counts = ctypes.CDLL(lib)
+        counts.test_allocs.restype = ctypes.c_long
+        counts.test_frees.restype = ctypes.c_long
+        counts.test_bytes.restype = ctypes.c_long
+        plug = torch.cuda.memory.CUDAPluggableAllocator(lib, "test_alloc", "test_free")
+        pool = torch.cuda.MemPool(plug.allocator())
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.full((5 * MiB,), 3, dtype=torch.uint8, device="cuda")
+            b = torch.empty(1000, device="cuda")  # small pool
+        outside = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+        segs = pool.snapshot()
+        seg_ptrs = [(sg["address"], sg["address"] + sg["total_size"]) for sg in segs]
+        inside = lambda p: any(lo <= p < hi for lo, hi in seg_ptrs)
+        check("MemPool(allocator=pluggable): its segments come from that allocator",
+              counts.test_allocs() == len(segs) >= 2 and counts.test_bytes() == sum(sg["total_size"] for sg in segs),
+              (counts.test_allocs(), counts.test_bytes(), [(hex(lo), hi - lo) for lo, hi in seg_ptrs]))
+        check("MemPool(allocator=pluggable): its tensors live there, others do not",
+              inside(a.data_ptr()) and inside(b.data_ptr()) and not inside(outside.data_ptr())
+              and int(a.sum()) == 3 * 5 * MiB)
+        del a, b, outside
+        del pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        check("MemPool(allocator=pluggable): segments freed back to that allocator",
+              counts.test_frees() == counts.test_allocs() and counts.test_bytes() == 0,
+              (counts.test_allocs(), counts.test_frees(), counts.test_bytes()))
+
     guarded("CUDA graph captured and replayed", graph_checks)
     guarded("make_graphed_callables trains as eager", graphed_callables)
     guarded("MemPool", mempool_checks)
+    guarded("MemPool(allocator=pluggable)", pluggable_pool_checks)
     return {"mode": mode, "checks": check.results}
 
 
-def run_worker(mode, job, lib):
+TEST_ALLOCATOR = r"""
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+extern "C" {
+static long allocs, frees, bytes;
+void *test_alloc(size_t size, int device, cudaStream_t stream)
+{
+    void *p = NULL;
+    (void)device;
+    (void)stream;
+    if (cudaMalloc(&p, size) != cudaSuccess)
+        return NULL;
+    __atomic_add_fetch(&allocs, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&bytes, (long)size, __ATOMIC_SEQ_CST);
+    return p;
+}
+void test_free(void *p, size_t size, int device, cudaStream_t stream)
+{
+    (void)device;
+    (void)stream;
+    cudaFree(p);
+    __atomic_add_fetch(&frees, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&bytes, (long)size, __ATOMIC_SEQ_CST);
+}
+long test_allocs(void) { return allocs; }
+long test_frees(void) { return frees; }
+long test_bytes(void) { return bytes; }
+}
+"""
+
+
+def build_test_allocator():
+    """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
+    from torch.utils.cpp_extension import CUDA_HOME
+    out_dir = tempfile.mkdtemp(prefix="cca-test-alloc-")
+    src = os.path.join(out_dir, "test_alloc.cu")
+    lib = os.path.join(out_dir, "test_alloc.so")
+    with open(src, "w") as f:
+        f.write(TEST_ALLOCATOR)
+    nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
+    subprocess.run([nvcc if os.path.exists(nvcc) else "nvcc", "-shared", "-Xcompiler", "-fPIC", src, "-o", lib],
+                   check=True, capture_output=True, text=True)
+    return lib
+
+
+def run_worker(mode, job, lib, settings=""):
     env = dict(os.environ, CCA_LIBRARY=lib)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("CCA_ALLOC_CONF", None)
+    if settings:  # both allocators read it (cca.torch.install() takes it when given no settings)
+        env["PYTORCH_CUDA_ALLOC_CONF"] = settings
     t0 = time.time()
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode, job],
                           capture_output=True, text=True, env=env, timeout=400)
@@ -346,9 +434,12 @@ def main():
     for c in f["checks"]:
         print("%s %s%s" % ("PASS" if c["ok"] else "FAIL", c["name"], "" if c["ok"] else ": " + c["detail"]))
         failed += not c["ok"]
-    for job in ("train-resnet50", "train-gpt2"):
-        native = run_worker("native", job, lib)
-        ours = run_worker("cca", job, lib)
+    for job, settings in (("train-resnet50", ""), ("train-gpt2", ""),
+                          ("train-resnet50", "expandable_segments:True")):
+        native = run_worker("native", job, lib, settings)
+        ours = run_worker("cca", job, lib, settings)
+        if settings:
+            job += " (%s)" % settings
         same_loss = native["losses"] == ours["losses"]
         close = all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in zip(native["losses"], ours["losses"]))
         print("%s %s: losses %s (native %s, cca %s)" % ("PASS" if close else "FAIL", job,
@@ -360,6 +451,17 @@ def main():
             "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
             native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
         failed += not same_peak
+        if settings:
+            marked = native.get("expandable_marked") and ours.get("expandable_marked")
+            print("%s %s: snapshots mark every segment expandable (native %s, cca %s)" % (
+                "PASS" if marked else "FAIL", job, native.get("expandable_marked"), ours.get("expandable_marked")))
+            failed += not marked
+            # getExpandableSegmentSizes: bytes mapped, one entry per stream and pool
+            ns, cs = native.get("expandable_sizes"), ours.get("expandable_sizes")
+            sizes_ok = isinstance(cs, list) and cs == ns and cs[1] == ours["reserved"]
+            print("%s %s: getExpandableSegmentSizes (segments, bytes) native %s, cca %s; cca reserved %s" % (
+                "PASS" if sizes_ok else "FAIL", job, ns, cs, ours.get("reserved")))
+            failed += not sizes_ok
     print("%s torch adapter: %d failed" % ("PASS" if not failed else "FAIL", failed))
     return 1 if failed else 0
 

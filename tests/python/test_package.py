@@ -335,6 +335,34 @@ class InstallLogic(unittest.TestCase):
             self.mod.install(fallback=True)
         self.assertEqual(os.environ.get("CCA_ALLOC_CONF"), "roundup_power2_divisions:2")
 
+    def test_measuring_calls(self):
+        """time_allocator_pairs / expandable_segment_sizes: arguments and results through
+        ctypes, and the adapter's error as RuntimeError (a stand-in adapter library)."""
+        calls = []
+
+        def time_pairs(size, n, kind, ns, err, err_size):
+            calls.append((size.value, n.value, kind.value, err_size.value))
+            ns._obj.value = 1234.5
+            return 0
+
+        def sizes(device, count, total, err, err_size):
+            if device.value != 0:
+                err.value = b"no device 3"
+                return -1
+            count._obj.value, total._obj.value = 2, 44 << 20
+            return 0
+        import types
+        self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_time_pairs=time_pairs,
+                                                  cca_torch_adapter_expandable_sizes=sizes)
+        self.assertEqual(self.mod.time_allocator_pairs(1 << 20, 50), 1234.5)
+        self.assertEqual(self.mod.time_allocator_pairs(4096, direct=True), 1234.5)
+        self.assertEqual(calls, [(1 << 20, 50, 0, 1024), (4096, 100000, 1, 1024)])
+        self.assertEqual(self.mod.expandable_segment_sizes(), (2, 44 << 20))
+        with self.assertRaises(RuntimeError) as cm:
+            self.mod.expandable_segment_sizes(3)
+        self.assertIn("no device 3", str(cm.exception))
+        self.assertIsNone(self.mod.installed())  # measuring installs nothing
+
     def test_adapter_command(self):
         cmd = self.mod.adapter_command("/tmp/out.so")
         self.assertIn("-isystem/nonexistent/torch/include", cmd)

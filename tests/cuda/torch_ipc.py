@@ -1,0 +1,212 @@
+"""CUDA tensors shared between processes (torch.multiprocessing, spawn) with
+cca installed in both, through the adapter's shareIpcHandle / getIpcDevPtr
+over cca_ipc_get_handle / cca_ipc_open / cca_ipc_close. Exits 77 when torch
+or a GPU is missing.
+
+Usage: python3 tests/cuda/torch_ipc.py [LIBCCA_SO]
+  (python/ is put on sys.path; LIBCCA_SO defaults to build/libcca.so). For
+  each setting (default, expandable_segments:True) a fresh producer process
+  (--worker SETTINGS) spawns a consumer; both install cca. Tensors go both
+  ways through Queues; each side checks the data it receives, that the
+  sender's block is kept while the receiver uses it (the sender frees and
+  reallocates the same size first), that the same handle opened twice maps
+  once, and that every block is freed back to cca once both sides are done.
+  Each check prints PASS or FAIL.
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+MiB = 1 << 20
+TIMEOUT = 120  # seconds a queue waits for the other side before the test fails
+
+
+def allow_ptrace_by_children():
+    """IPC of expandable segments takes the sender's descriptors with pidfd_getfd,
+    which needs ptrace access to the sender; Yama's ptrace_scope 1 allows it only
+    to ancestors, so the producer lets its consumer in (as PyTorch needs too)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(0x59616d61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER_ANY
+    except (OSError, AttributeError):
+        pass
+
+
+def expected(torch, n, scale):
+    return torch.arange(n, dtype=torch.float32, device="cuda") * scale
+
+
+def consumer(settings, to_consumer, to_producer):
+    import cca.torch
+    results = []
+
+    def check(name, ok, detail=""):
+        results.append({"name": "consumer: " + name, "ok": bool(ok), "detail": str(detail)[:400]})
+    try:
+        check("install uses the adapter", cca.torch.install(settings=settings) == "adapter",
+              cca.torch.adapter_error())
+        import torch
+        allow_ptrace_by_children()
+        torch.cuda.init()
+        base = torch.cuda.memory_allocated()
+        # 1. the producer's tensors: 1 MiB and a view of it at an offset
+        msg = to_consumer.get(timeout=TIMEOUT)
+        a, view, n_a = msg.pop("a"), msg.pop("view"), msg["n_a"]
+        check("received tensor's data", torch.equal(a, expected(torch, n_a, 2)))
+        check("received view's data and offset", torch.equal(view, expected(torch, n_a, 2)[100:]),
+              view.storage_offset())
+        to_producer.put({"step": "got-a"})
+        # 2. a 3 MiB tensor the producer frees (and reallocates the size of) while it is open here
+        msg = to_consumer.get(timeout=TIMEOUT)
+        e, n_e, args, n_s = msg.pop("e"), msg["n_e"], msg["shared_args"], msg["n_s"]
+        to_producer.put({"step": "got-e"})
+        go = to_consumer.get(timeout=TIMEOUT)
+        check("producer freed and reallocated", go.get("step") == "go", go)
+        check("a block its producer freed is kept while open here", torch.equal(e, expected(torch, n_e, 5)))
+        # 3. the same handle opened twice maps once (as PyTorch's getIpcDevPtr caches)
+        s1 = torch.UntypedStorage._new_shared_cuda(*args)
+        s2 = torch.UntypedStorage._new_shared_cuda(*args)
+        check("the same handle opened twice maps once", s1.data_ptr() == s2.data_ptr() and s1.data_ptr() != 0,
+              (hex(s1.data_ptr()), hex(s2.data_ptr())))
+        t1 = torch.empty(0, dtype=torch.float32, device="cuda").set_(s1, 0, (n_s,), (1,))
+        check("the twice-opened storage's data", torch.equal(t1, expected(torch, n_s, 7)))
+        del t1, s1, s2
+        # 4. the consumer's own tensors, the other way
+        c = a * 3  # 1 MiB, allocated here
+        d = torch.full((MiB,), 11.0, device="cuda")  # 4 MiB
+        torch.cuda.synchronize()
+        check("memory_allocated counts this process's own blocks only",
+              torch.cuda.memory_allocated() == base + 5 * MiB, (base, torch.cuda.memory_allocated()))
+        del a, view, e, msg
+        torch.cuda.synchronize()
+        to_producer.put({"step": "consumer-done", "c": c, "d": d, "n_c": n_a})
+        released = to_consumer.get(timeout=TIMEOUT)
+        check("producer done with our tensors", released.get("step") == "released", released)
+        del c, d
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        check("own blocks freed once the producer is done", torch.cuda.memory_allocated() == base,
+              (base, torch.cuda.memory_allocated()))
+    except Exception as ex:  # report, do not leave the producer waiting
+        check("no exception", False, "%s: %s" % (type(ex).__name__, ex))
+    to_producer.put({"step": "results", "results": results})
+
+
+def producer(settings):
+    import cca.torch
+    results = []
+
+    def check(name, ok, detail=""):
+        results.append({"name": name, "ok": bool(ok), "detail": str(detail)[:400]})
+    check("install uses the adapter", cca.torch.install(settings=settings) == "adapter",
+          cca.torch.adapter_error())
+    import torch
+    import torch.multiprocessing as mp
+    allow_ptrace_by_children()
+    torch.cuda.init()
+    ctx = mp.get_context("spawn")
+    to_consumer, to_producer = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=consumer, args=(settings, to_consumer, to_producer))
+    proc.start()
+
+    def expect(step):
+        msg = to_producer.get(timeout=TIMEOUT)
+        if msg.get("step") != step:
+            results.extend(msg.get("results", []))
+            raise RuntimeError("the consumer sent %s, not %s" % (msg.get("step"), step))
+        return msg
+    try:
+        torch.ones(1, device="cuda")
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        n_a = MiB // 4  # 1 MiB of float32
+        a = expected(torch, n_a, 2)
+        view = a[100:]
+        torch.cuda.synchronize()
+        to_consumer.put({"a": a, "view": view, "n_a": n_a})
+        expect("got-a")
+        # freed here while the consumer has it open: PyTorch's reference counter and cca's keep it
+        n_e = 3 * MiB // 4
+        e = expected(torch, n_e, 5)
+        e_ptr = e.data_ptr()
+        n_s = MiB // 4
+        s = expected(torch, n_s, 7)
+        torch.cuda.synchronize()
+        shared_args = s.untyped_storage()._share_cuda_()
+        to_consumer.put({"e": e, "n_e": n_e, "shared_args": shared_args, "n_s": n_s})
+        expect("got-e")
+        del e
+        other = torch.full((n_e,), -1.0, device="cuda")  # would take e's block were it freed
+        torch.cuda.synchronize()
+        check("a block sent and freed is not reused while open elsewhere", other.data_ptr() != e_ptr,
+              (hex(other.data_ptr()), hex(e_ptr)))
+        to_consumer.put({"step": "go"})
+        done = expect("consumer-done")
+        c, d = done.pop("c"), done.pop("d")
+        check("consumer's tensors received here", torch.equal(c, expected(torch, done["n_c"], 6))
+              and torch.equal(d, torch.full((MiB,), 11.0, device="cuda")))
+        if "expandable_segments:True" in settings:
+            segs = torch.cuda.memory._snapshot()["segments"]
+            check("the shared blocks are in expandable segments",
+                  any(sg["is_expandable"] and sg["address"] <= a.data_ptr() < sg["address"] + sg["total_size"]
+                      for sg in segs), [(hex(sg["address"]), sg["is_expandable"]) for sg in segs])
+        del c, d, done
+        torch.cuda.synchronize()
+        to_consumer.put({"step": "released"})
+        results.extend(expect("results")["results"])
+        proc.join(TIMEOUT)
+        check("consumer exited cleanly", proc.exitcode == 0, proc.exitcode)
+        del a, view, s, other
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        check("every shared block freed once the consumer is done", torch.cuda.memory_allocated() == base,
+              (base, torch.cuda.memory_allocated()))
+    except Exception as ex:
+        check("no exception", False, "%s: %s" % (type(ex).__name__, ex))
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+    return results
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("SKIPPED: no torch")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIPPED: no GPU")
+        return 77
+    lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libcca.so"))
+    env = dict(os.environ, CCA_LIBRARY=lib)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("CCA_ALLOC_CONF", None)
+    failed = 0
+    for settings in ("", "expandable_segments:True"):
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", settings],
+                              capture_output=True, text=True, env=env, timeout=400)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
+        if proc.returncode != 0 or not lines:
+            print(proc.stdout[-3000:], proc.stderr[-5000:])
+            print("FAIL torch ipc (%s): worker exited %d" % (settings or "default", proc.returncode))
+            failed += 1
+            continue
+        for c in json.loads(lines[-1]):
+            print("%s [%s] %s%s" % ("PASS" if c["ok"] else "FAIL", settings or "default", c["name"],
+                                    "" if c["ok"] else ": " + c["detail"]))
+            failed += not c["ok"]
+    print("%s torch ipc: %d failed" % ("PASS" if not failed else "FAIL", failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        print(json.dumps(producer(sys.argv[2])))
+        sys.exit(0)
+    sys.exit(main())
