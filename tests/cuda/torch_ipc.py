@@ -69,8 +69,10 @@ def consumer(settings, to_consumer, to_producer):
         check("producer freed and reallocated", go.get("step") == "go", go)
         check("a block its producer freed is kept while open here", torch.equal(e, expected(torch, n_e, 5)))
         # 3. the same handle opened twice maps once (as PyTorch's getIpcDevPtr caches)
-        s1 = torch.UntypedStorage._new_shared_cuda(*args)
-        s2 = torch.UntypedStorage._new_shared_cuda(*args)
+        new_shared = (getattr(torch.UntypedStorage, "_new_shared_cuda", None)
+                      or torch.UntypedStorage._new_shared_device)  # the name in later versions
+        s1 = new_shared(*args)
+        s2 = new_shared(*args)
         check("the same handle opened twice maps once", s1.data_ptr() == s2.data_ptr() and s1.data_ptr() != 0,
               (hex(s1.data_ptr()), hex(s2.data_ptr())))
         t1 = torch.empty(0, dtype=torch.float32, device="cuda").set_(s1, 0, (n_s,), (1,))
@@ -137,7 +139,10 @@ def producer(settings):
         n_s = MiB // 4
         s = expected(torch, n_s, 7)
         torch.cuda.synchronize()
-        shared_args = s.untyped_storage()._share_cuda_()
+        storage = s.untyped_storage()
+        share = getattr(storage, "_share_cuda_", None) or storage._share_device_  # later versions' name
+        shared_args = share()
+        del storage, share
         to_consumer.put({"e": e, "n_e": n_e, "shared_args": shared_args, "n_s": n_s})
         expect("got-e")
         del e
