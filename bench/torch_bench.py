@@ -15,6 +15,7 @@ different allocator. Prints each round's figures, one RESULT line per figure
 transformers.
 """
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -150,17 +151,20 @@ def main():
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
     for m in MODES:
         for k in keys:
-            print("RESULT torch-%s %s value=%g" % (m, k, med[m][k]))
+            if not math.isnan(med[m][k]):  # cca's direct pair has no native figure
+                print("RESULT torch-%s %s value=%g" % (m, k, med[m][k]))
     print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca / native |")
     print("|---|---|---|---|---|---|")
     units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
              "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
+    def cell(v):
+        return "-" if math.isnan(v) else "%.3f" % v
     for k in keys:
         div = (1 << 20) if k == "peak_reserved_bytes" else 1
         vals = [med[m][k] / div for m in MODES]
-        print("| %s | %s | %.3f | %.3f | %.3f | %.3f |" % (k, units[k], vals[0], vals[1], vals[2],
-                                                          vals[2] / vals[0]))
+        print("| %s | %s | %s | %s | %s | %s |" % (k, units[k], cell(vals[0]), cell(vals[1]), cell(vals[2]),
+                                                    cell(vals[2] / vals[0])))
     print("rounds:", repeat, "backend of the cca runs:", results["cca"][0]["backend"])
 
 

@@ -334,9 +334,11 @@ class CcaAllocator final : public cc::CUDAAllocator {
         check(cca_set_memory_fraction(fraction, device), "setMemoryFraction");
     }
     /*
-     * From a snapshot (which, like PyTorch's own snapshots, adds a snapshot entry to the
-     * history), which lists each mapped range: PyTorch gives one entry per expandable segment
-     * (one per stream and pool), with the bytes mapped in it.
+     * PyTorch's answer: one entry per expandable segment (cca's reservation of a stream, pool
+     * kind and private pool), with the bytes mapped in it, leaving out the segments of the
+     * null stream (PyTorch skips a segment whose stream is 0: its default stream's). From a
+     * snapshot (mapped ranges, in address order), which, like PyTorch's own snapshots, adds
+     * a snapshot entry to the history when history is recorded.
      */
     std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override
     {
@@ -344,17 +346,21 @@ class CcaAllocator final : public cc::CUDAAllocator {
         check(cca_snapshot(&raw), "getExpandableSegmentSizes");
         std::unique_ptr<cca_snapshot_t, void (*)(cca_snapshot_t *)> snap(raw, &cca_snapshot_free);
         std::vector<cc::StreamSegmentSize> out;
+        std::vector<const cca_segment_info_t *> keys; /* the first range of each entry */
         for (size_t i = 0; i < snap->segment_count; i++) {
             const cca_segment_info_t &seg = snap->segments[i];
-            if (seg.device != device || !seg.is_expandable)
+            if (seg.device != device || !seg.is_expandable || !seg.stream)
                 continue;
-            cudaStream_t stream = reinterpret_cast<cudaStream_t>(seg.stream);
-            bool small = !seg.is_large;
             size_t j = 0;
-            while (j < out.size() && !(out[j].stream == stream && out[j].is_small_pool == small))
+            while (j < keys.size() &&
+                   !(keys[j]->stream == seg.stream && keys[j]->is_large == seg.is_large &&
+                     keys[j]->owner_private_pool_id[0] == seg.owner_private_pool_id[0] &&
+                     keys[j]->owner_private_pool_id[1] == seg.owner_private_pool_id[1]))
                 j++;
-            if (j == out.size())
-                out.emplace_back(stream, small, 0);
+            if (j == keys.size()) {
+                keys.push_back(&seg);
+                out.emplace_back(reinterpret_cast<cudaStream_t>(seg.stream), !seg.is_large, 0);
+            }
             out[j].total_size += seg.total_size;
         }
         return out;
@@ -534,27 +540,31 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     /*
      * torch.multiprocessing's CUDA tensors (StorageSharing: _share_cuda_ / _new_shared_cuda).
-     * The handle is cca's (cca_ipc_get_handle: a new one, with its own reference, on each
-     * call; the block's own address, so the offset is 0). PyTorch's reference-counter file
-     * keeps the producer's DataPtr alive; cca's reference also holds the block until the
+     * The handle is cca's serialized one (cca_ipc_get_handle_bytes: any length, so blocks of
+     * expandable segments over any number of granules; a new handle, with its own reference,
+     * on each call; the block's own address, so the offset is 0). PyTorch's reference-counter
+     * file keeps the producer's DataPtr alive; cca's reference also holds the block until the
      * consumer closes it. Called under PyTorch's DeviceGuard of the storage's device.
      */
     cc::ShareableHandle shareIpcHandle(void *ptr) override
     {
         c10::DeviceIndex device = c10::cuda::current_device();
-        cca_ipc_mem_handle_t h;
-        check(cca_ipc_get_handle(ptr, current_stream(device), &h), "shareIpcHandle");
+        size_t len = 0;
+        check(cca_ipc_handle_size(ptr, &len), "shareIpcHandle");
         cc::ShareableHandle out;
         out.offset = 0;
-        out.handle.assign(reinterpret_cast<const char *>(h.bytes), sizeof h.bytes);
+        out.handle.resize(len);
+        check(cca_ipc_get_handle_bytes(ptr, current_stream(device), &out.handle[0], len, &len),
+              "shareIpcHandle");
+        out.handle.resize(len);
         return out;
     }
     /* The consumer's side: opened once per handle while any storage holds it, as PyTorch caches. */
     std::shared_ptr<void> getIpcDevPtr(std::string handle) override
     {
-        TORCH_CHECK(handle.size() == sizeof(cca_ipc_mem_handle_t), "cca: getIpcDevPtr: a handle of ",
-                    handle.size(), " bytes is not cca's (", sizeof(cca_ipc_mem_handle_t),
-                    "): install cca in the producing process too");
+        TORCH_CHECK(handle.size() >= CCA_IPC_HANDLE_SIZE, "cca: getIpcDevPtr: a handle of ", handle.size(),
+                    " bytes is not cca's (", CCA_IPC_HANDLE_SIZE,
+                    " or more): install cca in the producing process too");
         IpcTable &t = ipc_table();
         std::lock_guard<std::mutex> g(t.lock);
         auto it = t.open.find(handle);
@@ -564,10 +574,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
                 return live;
         }
         c10::DeviceIndex device = c10::cuda::current_device();
-        cca_ipc_mem_handle_t h;
-        std::memcpy(h.bytes, handle.data(), sizeof h.bytes);
         void *ptr = nullptr;
-        check(cca_ipc_open(&h, current_stream(device), &ptr, nullptr), "getIpcDevPtr");
+        check(cca_ipc_open_bytes(handle.data(), handle.size(), current_stream(device), &ptr, nullptr),
+              "getIpcDevPtr");
         std::shared_ptr<void> sp(ptr, [handle, device](void *p) { ipc_close(handle, device, p); });
         t.open[handle] = sp;
         return sp;

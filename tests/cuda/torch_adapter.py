@@ -2,11 +2,13 @@
 matches a native run, and every torch.cuda.memory function works with cca's
 figures. Exits 77 when torch or a GPU is missing.
 
-Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO]
+Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
-  build/libcca.so). Each check runs in a fresh process (the allocator is
-  chosen once per process): --worker native|cca --job train-resnet50|
-  train-gpt2|functions prints one JSON line.
+  build/libcca.so). --job runs only the named parts (any of functions,
+  train-resnet50, train-gpt2, train-resnet50-expandable; all by default).
+  Each check runs in a fresh process (the allocator is chosen once per
+  process): --worker native|cca train-resnet50|train-gpt2|functions prints
+  one JSON line.
 """
 import ctypes
 import json
@@ -79,13 +81,23 @@ def worker_train(mode, job):
            "peak_allocated": torch.cuda.max_memory_allocated(),
            "backend": cca.torch.installed() or "pytorch"}
     if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        # PyTorch's getExpandableSegmentSizes leaves out the segments of the null (default)
+        # stream the training ran on: blocks on a stream of its own give it entries, one
+        # per segment (here a small and a large one) with the bytes mapped in each
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            keep = [torch.empty(4096, dtype=torch.uint8, device="cuda"),
+                    torch.empty(50 * MiB, dtype=torch.uint8, device="cuda")]
+        torch.cuda.synchronize()
         segs = torch.cuda.memory._snapshot()["segments"]
         out["expandable_marked"] = bool(segs) and all(sg["is_expandable"] for sg in segs)
         out["reserved"] = torch.cuda.memory_reserved()
+        out["side_stream_bytes"] = sum(sg["total_size"] for sg in segs if sg["stream"] == side.cuda_stream)
         try:  # PyTorch's getExpandableSegmentSizes, of whichever allocator serves the process
             out["expandable_sizes"] = list(cca.torch.expandable_segment_sizes(0))
         except Exception as e:
             out["expandable_sizes"] = "%s: %s" % (type(e).__name__, e)
+        del keep
     return out
 
 
@@ -423,19 +435,33 @@ def main():
     if not torch.cuda.is_available():
         print("SKIPPED: no GPU")
         return 77
-    lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libcca.so"))
+    args = sys.argv[1:]
+    only = []
+    while "--job" in args:
+        i = args.index("--job")
+        only.append(args[i + 1])
+        del args[i:i + 2]
+    parts = ("functions", "train-resnet50", "train-gpt2", "train-resnet50-expandable")
+    unknown = [j for j in only if j not in parts]
+    if unknown:
+        print("FAIL torch adapter: unknown --job %s (one of %s)" % (unknown, ", ".join(parts)))
+        return 2
+    lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     failed = 0
     # build the adapter once, visibly
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch
     t0 = time.time()
     print("adapter:", cca.torch.build_adapter(), "(%.1f s)" % (time.time() - t0))
-    f = run_worker("cca", "functions", lib)
-    for c in f["checks"]:
-        print("%s %s%s" % ("PASS" if c["ok"] else "FAIL", c["name"], "" if c["ok"] else ": " + c["detail"]))
-        failed += not c["ok"]
+    if not only or "functions" in only:
+        f = run_worker("cca", "functions", lib)
+        for c in f["checks"]:
+            print("%s %s%s" % ("PASS" if c["ok"] else "FAIL", c["name"], "" if c["ok"] else ": " + c["detail"]))
+            failed += not c["ok"]
     for job, settings in (("train-resnet50", ""), ("train-gpt2", ""),
                           ("train-resnet50", "expandable_segments:True")):
+        if only and (job + ("-expandable" if settings else "")) not in only:
+            continue
         native = run_worker("native", job, lib, settings)
         ours = run_worker("cca", job, lib, settings)
         if settings:
@@ -456,11 +482,15 @@ def main():
             print("%s %s: snapshots mark every segment expandable (native %s, cca %s)" % (
                 "PASS" if marked else "FAIL", job, native.get("expandable_marked"), ours.get("expandable_marked")))
             failed += not marked
-            # getExpandableSegmentSizes: bytes mapped, one entry per stream and pool
+            # getExpandableSegmentSizes: one entry per segment of a stream other than the null
+            # stream, with its bytes mapped: the side stream's small and large segments
             ns, cs = native.get("expandable_sizes"), ours.get("expandable_sizes")
-            sizes_ok = isinstance(cs, list) and cs == ns and cs[1] == ours["reserved"]
-            print("%s %s: getExpandableSegmentSizes (segments, bytes) native %s, cca %s; cca reserved %s" % (
-                "PASS" if sizes_ok else "FAIL", job, ns, cs, ours.get("reserved")))
+            sizes_ok = (isinstance(cs, list) and cs == ns and cs[0] == 2 and
+                        cs[1] == ours.get("side_stream_bytes") == native.get("side_stream_bytes"))
+            print("%s %s: getExpandableSegmentSizes (segments, bytes) native %s, cca %s; side stream's "
+                  "segments' bytes native %s, cca %s" % (
+                      "PASS" if sizes_ok else "FAIL", job, ns, cs, native.get("side_stream_bytes"),
+                      ours.get("side_stream_bytes")))
             failed += not sizes_ok
     print("%s torch adapter: %d failed" % ("PASS" if not failed else "FAIL", failed))
     return 1 if failed else 0
