@@ -266,9 +266,12 @@ static cca_status_t inflate_into(pk_input_t *in, uint8_t *dst, size_t room, size
 #define TBLOCK ((size_t)256 * 1024)
 #define TBLOCKS 4
 
+#define TBLOCK_HEAD ((size_t)4096) /* room before a block's data for the window's unread tail */
+
 typedef struct tblock {
     struct tblock *next;
     size_t len;
+    uint8_t head[TBLOCK_HEAD];
     uint8_t data[TBLOCK];
 } tblock_t;
 
@@ -295,12 +298,15 @@ static void *inflater_main(void *arg)
         pthread_mutex_lock(&t->mu);
         while (!t->spare && t->allocated >= TBLOCKS && !t->cancel)
             pthread_cond_wait(&t->to_inflater, &t->mu);
-        tblock_t *b = t->spare;
-        if (b)
-            t->spare = b->next;
-        else if (!t->cancel)
-            t->allocated++;
         bool cancel = t->cancel;
+        tblock_t *b = NULL;
+        if (!cancel) { /* a block taken when cancelled would be on no list */
+            b = t->spare;
+            if (b)
+                t->spare = b->next;
+            else
+                t->allocated++;
+        }
         pthread_mutex_unlock(&t->mu);
         if (cancel)
             break;
@@ -390,10 +396,12 @@ static void inflater_stop(pk_input_t *in)
     in->inf = NULL;
 }
 
-/* Append the next inflated block to the window (threaded mode). */
-static cca_status_t take_block(pk_input_t *in)
+/* The next inflated block, in order (waits for it); NULL at the end of the data
+ * (in->eof set) or on the thread's error (*st raised). */
+static tblock_t *next_block(pk_input_t *in, cca_status_t *st)
 {
     struct inflater *t = in->inf;
+    *st = CCA_OK;
     pthread_mutex_lock(&t->mu);
     while (!t->ready_head && !t->finished)
         pthread_cond_wait(&t->to_decoder, &t->mu);
@@ -404,37 +412,86 @@ static cca_status_t take_block(pk_input_t *in)
             t->ready_tail = NULL;
     }
     /* the thread's status counts only once every block it made was taken */
-    cca_status_t st = b ? CCA_OK : t->status;
+    cca_status_t status = b ? CCA_OK : t->status;
     pthread_mutex_unlock(&t->mu);
     if (!b) {
-        if (st)
-            return cca_raise(st, "%s", t->message);
-        in->eof = true;
-        return CCA_OK;
+        if (status)
+            *st = cca_raise(status, "%s", t->message);
+        else
+            in->eof = true;
     }
-    if (in->cap - in->end < b->len) {
-        uint8_t *nb = realloc(in->buf, in->end + b->len);
-        if (!nb)
-            st = in_oom();
-        else {
-            in->buf = nb;
-            in->cap = in->end + b->len;
-        }
-    }
-    if (st == CCA_OK) {
-        memcpy(in->buf + in->end, b->data, b->len);
-        in->end += b->len;
-    }
+    return b;
+}
+
+/* Hand a block back to the inflating thread. */
+static void release_block(pk_input_t *in, tblock_t *b)
+{
+    struct inflater *t = in->inf;
+    if (!b)
+        return;
     pthread_mutex_lock(&t->mu);
     b->next = t->spare;
     t->spare = b;
     pthread_cond_signal(&t->to_inflater);
     pthread_mutex_unlock(&t->mu);
-    return st;
+}
+
+/*
+ * pk_input_fill when inflating on a second thread: the window becomes the next
+ * block itself, its unread tail copied into the room before the block's data,
+ * whenever that holds `need` bytes; otherwise the bytes gather in the window's
+ * own buffer.
+ */
+static cca_status_t fill_from_blocks(pk_input_t *in, size_t need)
+{
+    cca_status_t st = CCA_OK;
+    while (in->end - in->pos < need && !in->eof) {
+        tblock_t *b = next_block(in, &st);
+        if (!b)
+            return st;
+        size_t tail = in->end - in->pos, len = b->len; /* b is the thread's again once released */
+        if (tail <= TBLOCK_HEAD && tail + len >= need) {
+            if (tail)
+                memcpy(b->data - tail, in->buf + in->pos, tail);
+            release_block(in, in->held);
+            in->held = b;
+            in->buf = b->data - tail;
+            in->cap = tail + len;
+        } else {
+            size_t want = tail + len;
+            if (want > in->own_cap) {
+                size_t cap = want > need + PK_WINDOW_DEFAULT ? want : need + PK_WINDOW_DEFAULT;
+                uint8_t *own = malloc(cap);
+                if (!own) {
+                    release_block(in, b);
+                    return in_oom();
+                }
+                if (tail)
+                    memcpy(own, in->buf + in->pos, tail);
+                free(in->own);
+                in->own = own;
+                in->own_cap = cap;
+            } else if (tail) {
+                memmove(in->own, in->buf + in->pos, tail);
+            }
+            memcpy(in->own + tail, b->data, len);
+            release_block(in, b);
+            release_block(in, in->held);
+            in->held = NULL;
+            in->buf = in->own;
+            in->cap = in->own_cap;
+        }
+        in->base += in->pos;
+        in->pos = 0;
+        in->end = tail + len;
+    }
+    return CCA_OK;
 }
 
 cca_status_t pk_input_fill(pk_input_t *in, size_t need)
 {
+    if (in->inf)
+        return fill_from_blocks(in, need);
     if (in->pos) {
         memmove(in->buf, in->buf + in->pos, in->end - in->pos);
         in->end -= in->pos;
@@ -446,18 +503,14 @@ cca_status_t pk_input_fill(pk_input_t *in, size_t need)
         uint8_t *b = realloc(in->buf, target);
         if (!b)
             return in_oom();
-        in->buf = b;
-        in->cap = target;
+        in->buf = in->own = b;
+        in->cap = in->own_cap = target;
     }
     while (in->end < need && !in->eof) {
         size_t room = in->cap - in->end;
         if (room > in->chunk)
             room = in->chunk;
-        if (in->inf) {
-            cca_status_t st = take_block(in);
-            if (st)
-                return st;
-        } else if (in->gz) {
+        if (in->gz) {
             size_t made = 0;
             cca_status_t st = inflate_into(in, in->buf + in->end, room, &made, &in->eof);
             in->end += made;
@@ -488,15 +541,15 @@ cca_status_t pk_input_drain(pk_input_t *in)
     while (in->gz && !in->eof && st == CCA_OK) {
         in->base += in->end;
         in->pos = in->end = 0;
-        if (!in->cap && !(in->buf = malloc(in->cap = PK_WINDOW_DEFAULT)))
-            return in_oom();
         if (in->inf) {
-            st = take_block(in);
-        } else {
-            size_t made = 0;
-            st = inflate_into(in, in->buf, in->cap, &made, &in->eof);
-            in->end = made;
+            release_block(in, next_block(in, &st)); /* checked by the thread; dropped */
+            continue;
         }
+        if (!in->cap && !(in->buf = in->own = malloc(in->cap = in->own_cap = PK_WINDOW_DEFAULT)))
+            return in_oom();
+        size_t made = 0;
+        st = inflate_into(in, in->buf, in->cap, &made, &in->eof);
+        in->end = made;
     }
     return st;
 }
@@ -528,8 +581,8 @@ cca_status_t pk_input_start(pk_input_t *in)
             return inflater_start(in);
         return CCA_OK;
     }
-    in->cap = in->chunk + PK_INPUT_SLACK;
-    in->buf = malloc(in->cap);
+    in->cap = in->own_cap = in->chunk + PK_INPUT_SLACK;
+    in->buf = in->own = malloc(in->cap);
     if (!in->buf)
         return in_oom();
     memcpy(in->buf, head, got);
@@ -540,12 +593,15 @@ cca_status_t pk_input_start(pk_input_t *in)
 
 void pk_input_close(pk_input_t *in)
 {
+    if (in->inf)
+        release_block(in, in->held);
+    in->held = NULL;
     inflater_stop(in);
     if (in->zs_live)
         inflateEnd(&in->zs);
     in->zs_live = false;
     free(in->zin);
-    free(in->buf);
+    free(in->own);
     in->zin = NULL;
-    in->buf = NULL;
+    in->buf = in->own = NULL;
 }

@@ -15,9 +15,14 @@
 #define PK_INPUT_SLACK 16                       /* bytes of room past a refill's target */
 
 typedef struct pk_input {
-    /* the window: buf[pos .. end) are the next bytes, at offset base + pos of the data */
+    /* the window: buf[pos .. end) are the next bytes, at offset base + pos of the data;
+     * buf is own (cap bytes), or, when inflating on a second thread, an inflated block
+     * itself (held) whenever the bytes fit in one: those are decoded where inflated */
     uint8_t *buf;
     size_t cap, pos, end;
+    uint8_t *own;            /* the window's own buffer, own_cap bytes */
+    size_t own_cap;
+    struct tblock *held;     /* the block buf points into, NULL when buf is own */
     uint64_t base;
     bool eof;                /* nothing more will come */
     size_t want;             /* the decoder needs this many bytes from pos (0: none) */

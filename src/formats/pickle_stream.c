@@ -995,7 +995,19 @@ static bool memo_reserve(sreader_t *r, size_t n)
  * dropped container's MEMO_GONE), added when new: a symbol and a dropped
  * container's kind keep theirs, a node gets a new one. 0 when out of memory.
  */
-static uint32_t memo_id_of(sreader_t *r, uintptr_t e)
+static uint32_t memo_id_add(sreader_t *r, uintptr_t e);
+
+static inline uint32_t memo_id_of(sreader_t *r, uintptr_t e)
+{
+    uint32_t id = 0;
+    if (!(e & (1 | MEMO_NODE_BIT)))
+        id = ((const pk_sym_t *)e)->memo_id;
+    else if ((e & 1) && (e >> 2) < 16)
+        id = r->gone_ids[e >> 2];
+    return id ? id : memo_id_add(r, e);
+}
+
+static uint32_t memo_id_add(sreader_t *r, uintptr_t e)
 {
     uint32_t *known = NULL;
     if (e & 1) {

@@ -496,6 +496,70 @@ TEST(gzip_trailer_checked)
     free(one);
 }
 
+/* gzip of n bytes (one member), malloc'd; NULL on failure. */
+static uint8_t *gzip_of(const void *data, size_t n, size_t *out_n)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof(zs));
+    if (deflateInit2(&zs, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    size_t cap = deflateBound(&zs, (uLong)n) + 64;
+    uint8_t *out = malloc(cap);
+    zs.next_in = (Bytef *)(uintptr_t)data;
+    zs.avail_in = (uInt)n;
+    zs.next_out = out;
+    zs.avail_out = (uInt)cap;
+    int zr = out ? deflate(&zs, Z_FINISH) : Z_MEM_ERROR;
+    *out_n = zs.total_out;
+    deflateEnd(&zs);
+    if (zr != Z_STREAM_END) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Strings longer than the room kept before an inflated block (4 KiB) and than
+ * a block (256 KiB), cut by block boundaries anywhere, read from gzip on the
+ * inflating thread: the same tree as the tree reader's. */
+TEST(long_strings_across_inflated_blocks)
+{
+    pv_doc_t *src = pv_doc_new();
+    expect_true(src != NULL);
+    pv_node_t *root = pv_new_dict(src), *list = pv_new_list(src);
+    expect_ok(pv_dict_set(src, root, "strings", list));
+    size_t max = (size_t)700 * 1024;
+    char *text = malloc(max + 64);
+    expect_true(text != NULL);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < max + 64; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        text[i] = (char)('a' + x % 26);
+    }
+    static const size_t lengths[] = {1, 17, 4095, 4096, 4097, 9000, 70000, 262144, 300000, 700 * 1024};
+    for (int round = 0; round < 12; round++)
+        for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++)
+            expect_ok(pv_list_append(src, list, pv_new_strn(src, text + (k * 7 + (size_t)round) % 32,
+                                                            lengths[k] + (k * 5 + (size_t)round) % 29)));
+    free(text);
+    cca_strbuf_t raw;
+    sb_init(&raw);
+    expect_ok(pickle_write_buffer(root, &raw));
+    size_t gz_n = 0;
+    uint8_t *gz = gzip_of(raw.data, raw.len, &gz_n);
+    expect_true(gz != NULL);
+    pv_doc_t *want = NULL, *got = NULL;
+    pk_handler_t h = {0};
+    expect_ok(pickle_load_buffer(raw.data, raw.len, &want));
+    expect_ok(pickle_stream_buffer(gz, gz_n, 0, &h, &got));
+    expect_true(want && got && same_tree(pv_doc_root(want), pv_doc_root(got), 0));
+    pv_doc_free(want);
+    pv_doc_free(got);
+    free(gz);
+    sb_free(&raw);
+    pv_doc_free(src);
+}
+
 int main(void)
 {
     RUN(real_traces_stream_as_the_tree_reader_reads_them);
@@ -506,5 +570,6 @@ int main(void)
     RUN(misuse_and_io_errors);
     RUN(crc32_equals_zlibs);
     RUN(gzip_trailer_checked);
+    RUN(long_strings_across_inflated_blocks);
     return harness_done();
 }
