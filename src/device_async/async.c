@@ -30,6 +30,7 @@
  * counts its size meanwhile.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,7 @@ typedef struct async_device {
 typedef struct async_capture {
     pthread_mutex_t lock;
     atomic_bool active;          /* capture underway, or deferred frees waiting (fast check) */
+    atomic_size_t fast_calls;    /* allocations and frees on the path without this lock */
     bool underway;               /* between begin and end */
     int device;                  /* the capture's device and stream (the rejoin target) */
     cca_stream_t stream;
@@ -346,9 +348,31 @@ void async_shutdown(cca_backend_t *be)
 
 /* ---- allocation ---------------------------------------------------------------------------- */
 
-static bool capture_on_malloc(void);
+static void capture_flush_locked(void);
 static cca_status_t capture_free(void *ptr);
 static cca_status_t free_and_forget(async_shard_t *sh, async_entry_t *e);
+
+/*
+ * The path of allocations and frees while no capture is underway and no free
+ * is deferred: no lock of the capture's. A capture's begin waits until the
+ * calls already on it are done (their driver calls come before the capture
+ * begins, as under PyTorch's mutex); later calls see the capture and take
+ * its lock. Returns false when the call must take the capture's path.
+ */
+static inline bool fast_enter(void)
+{
+    async_capture_t *cap = &AS->capture;
+    atomic_fetch_add(&cap->fast_calls, 1); /* sequentially consistent with begin's store */
+    if (!atomic_load(&cap->active))
+        return true;
+    atomic_fetch_sub_explicit(&cap->fast_calls, 1, memory_order_release);
+    return false;
+}
+
+static inline void fast_leave(void)
+{
+    atomic_fetch_sub_explicit(&AS->capture.fast_calls, 1, memory_order_release);
+}
 
 /* PyTorch's out-of-memory message of this backend. */
 static cca_status_t async_oom(int device, size_t size)
@@ -388,13 +412,12 @@ static bool charge(async_device_t *ad, size_t size)
     return true;
 }
 
-cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **ptr)
+/* The allocation itself; captured: a capture is underway (the caller knows). */
+static cca_status_t malloc_entry(int device, size_t size, cca_stream_t stream, bool captured,
+                                 void **ptr)
 {
     cca_backend_t *be = cca_state->backend;
     async_device_t *ad = &AS->devices[device];
-    bool captured = false;
-    if (atomic_load_explicit(&AS->capture.active, memory_order_acquire))
-        captured = capture_on_malloc();
     cca_status_t st = device_ready(device);
     if (st != CCA_OK)
         return st;
@@ -431,6 +454,23 @@ cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **p
     }
     *ptr = p;
     return CCA_OK;
+}
+
+cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **ptr)
+{
+    if (fast_enter()) {
+        cca_status_t st = malloc_entry(device, size, stream, false, ptr);
+        fast_leave();
+        return st;
+    }
+    /* a capture underway or frees deferred: one at a time with the capture's changes, as
+     * PyTorch's mallocAsync under its mutex */
+    async_capture_t *cap = &AS->capture;
+    pthread_mutex_lock(&cap->lock);
+    capture_flush_locked();
+    cca_status_t st = malloc_entry(device, size, stream, cap->underway, ptr);
+    pthread_mutex_unlock(&cap->lock);
+    return st;
 }
 
 /* Make `dependent` wait for the work queued so far on (stream, device). */
@@ -485,18 +525,23 @@ static void warn_captured_free(const async_entry_t *e)
 
 cca_status_t async_free(void *ptr)
 {
-    if (atomic_load_explicit(&AS->capture.active, memory_order_acquire))
+    if (!fast_enter())
         return capture_free(ptr);
     uintptr_t p = (uintptr_t)ptr;
     async_shard_t *sh = shard_of(p);
     pthread_mutex_lock(&sh->lock);
     async_entry_t *e = table_find_locked(sh, p, true);
     pthread_mutex_unlock(&sh->lock);
-    if (!e)
-        return not_allocated(ptr);
-    if (e->captured)
-        warn_captured_free(e);
-    return free_and_forget(sh, e);
+    cca_status_t st;
+    if (!e) {
+        st = not_allocated(ptr);
+    } else {
+        if (e->captured)
+            warn_captured_free(e);
+        st = free_and_forget(sh, e);
+    }
+    fast_leave();
+    return st;
 }
 
 /* free_entry of e (out of its table) under the pool's read lock; put back if it fails. */
@@ -711,17 +756,15 @@ cca_status_t async_reset_accumulated_stats(int device)
 /* ---- graph capture -------------------------------------------------------------------------- */
 
 /*
- * An allocation while a capture is underway or frees wait for one to end: the
- * frees deferred by a capture that has ended are done now (PyTorch does them
- * at the next allocation); one that fails stays deferred, for the next.
- * Returns whether a capture is underway (the allocation is then captured).
+ * An allocation while a capture is underway or frees wait for one to end
+ * (capture lock held): the frees deferred by a capture that has ended are
+ * done now (PyTorch does them at the next allocation); one that fails stays
+ * deferred, for the next.
  */
-static bool capture_on_malloc(void)
+static void capture_flush_locked(void)
 {
     async_capture_t *cap = &AS->capture;
-    pthread_mutex_lock(&cap->lock);
-    bool underway = cap->underway;
-    if (!underway && cap->deferred_count) {
+    if (!cap->underway && cap->deferred_count) {
         size_t kept = 0;
         for (size_t i = 0; i < cap->deferred_count; i++) {
             uintptr_t p = cap->deferred[i];
@@ -740,10 +783,7 @@ static bool capture_on_malloc(void)
         }
         cap->deferred_count = kept;
     }
-    atomic_store_explicit(&cap->active, cap->underway || cap->deferred_count != 0,
-                          memory_order_release);
-    pthread_mutex_unlock(&cap->lock);
-    return underway;
+    atomic_store(&cap->active, cap->underway || cap->deferred_count != 0);
 }
 
 /* Grow *array (of elem bytes, *cap of them) to hold count + 1. False: out of host memory. */
@@ -846,7 +886,10 @@ cca_status_t async_begin_capture(int device, cca_stream_t stream)
         cap->underway = true;
         cap->device = device;
         cap->stream = stream;
-        atomic_store_explicit(&cap->active, true, memory_order_release);
+        atomic_store(&cap->active, true); /* sequentially consistent with fast_enter */
+        /* calls that passed fast_enter before: done before the capture begins */
+        while (atomic_load(&cap->fast_calls))
+            sched_yield();
     }
     pthread_mutex_unlock(&cap->lock);
     return st;
@@ -872,7 +915,7 @@ cca_status_t async_end_capture(int device)
     }
     cap->free_stream_count = 0;
     cap->underway = false;
-    atomic_store_explicit(&cap->active, cap->deferred_count != 0, memory_order_release);
+    atomic_store(&cap->active, cap->deferred_count != 0);
 out_unlock:
     pthread_mutex_unlock(&cap->lock);
     return st;
