@@ -2,7 +2,9 @@
 
 Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
-PyTorch native with expandable_segments:True, cca (cca.torch.install()).
+PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
+cca with compact_memory:True (its moves of free granules and waits for a
+stream's event counted over the whole run).
 Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
 and torch.empty(1 MiB) + free from Python, broken down: torch.empty(0) + free
@@ -25,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-MODES = ("native", "native-expandable", "cca")
+MODES = ("native", "native-expandable", "cca", "cca-compact")
 
 
 def timed_steps(torch, step, warmup, steps):
@@ -41,7 +43,7 @@ def timed_steps(torch, step, warmup, steps):
 
 def worker(mode):
     import cca.torch
-    if mode == "cca":
+    if mode in ("cca", "cca-compact"):
         assert cca.torch.install() == "adapter", cca.torch.adapter_error()
     import torch
     import torchvision
@@ -112,7 +114,24 @@ def worker(mode):
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     out["backend"] = cca.torch.installed() or "pytorch"
+    if mode == "cca-compact":
+        out.update(compact_counts())
     return out
+
+
+def compact_counts():
+    """cca's moves of free granules in this process (cca_memory_stats_extra)."""
+    import ctypes
+
+    class Entry(ctypes.Structure):
+        _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_int64)]
+    lib = ctypes.CDLL(os.environ["CCA_LIBRARY"])
+    entries = (Entry * 8)()
+    if lib.cca_memory_stats_extra(0, entries, 8) != 0:
+        return {}
+    keys = {b"cca.compact_moves": "compact_moves", b"cca.compact_moved_bytes": "compact_moved_bytes",
+            b"cca.compact_waits": "compact_waits"}
+    return {keys[e.key]: e.value for e in entries if e.key in keys}
 
 
 def main():
@@ -135,6 +154,8 @@ def main():
             env.pop("CCA_ALLOC_CONF", None)
             if mode == "native-expandable":
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            if mode == "cca-compact":
+                env["CCA_ALLOC_CONF"] = "compact_memory:True"
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode],
                                   capture_output=True, text=True, env=env, timeout=300)
             lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
@@ -153,8 +174,8 @@ def main():
         for k in keys:
             if not math.isnan(med[m][k]):  # cca's direct pair has no native figure
                 print("RESULT torch-%s %s value=%g" % (m, k, med[m][k]))
-    print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca / native |")
-    print("|---|---|---|---|---|---|")
+    print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca compact | cca / native |")
+    print("|---|---|---|---|---|---|---|")
     units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
              "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
@@ -163,9 +184,13 @@ def main():
     for k in keys:
         div = (1 << 20) if k == "peak_reserved_bytes" else 1
         vals = [med[m][k] / div for m in MODES]
-        print("| %s | %s | %s | %s | %s | %s |" % (k, units[k], cell(vals[0]), cell(vals[1]), cell(vals[2]),
-                                                    cell(vals[2] / vals[0])))
+        print("| %s | %s | %s | %s | %s | %s | %s |" % (k, units[k], cell(vals[0]), cell(vals[1]), cell(vals[2]),
+                                                         cell(vals[3]), cell(vals[2] / vals[0])))
     print("rounds:", repeat, "backend of the cca runs:", results["cca"][0]["backend"])
+    last = results["cca-compact"][-1]
+    print("cca compact, last round: %s moves of free granules (%.0f MiB), %s waits for a stream's event"
+          % (last.get("compact_moves", "?"), last.get("compact_moved_bytes", 0) / 2**20,
+             last.get("compact_waits", "?")))
 
 
 if __name__ == "__main__":
