@@ -800,7 +800,9 @@ static cca_status_t readiness_wait(cca_device_t *dev, cca_stream_pool_t *sp)
  * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. First only
  * blocks whose stream's work is known done (readiness_refresh: events, no
  * waiting); then, if that is not enough, the others, after waiting for the
- * event of their stream (readiness_wait). Each segment's pool is locked while
+ * event of their stream (readiness_wait). Each time the growth's own kind
+ * (small or large) first: granules taken from the other kind's free runs are
+ * often wanted back by it within the step (a move back and forth). Each segment's pool is locked while
  * it is looked at, so no block of it is returned meanwhile. Device lock and
  * held's lock held. Returns CCA_OK (dev->lent may hold fewer than want) or
  * the first backend failure.
@@ -812,13 +814,19 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
     cca_status_t st = CCA_OK;
     size_t target = dev->lent_count + want;
     dev->compact_lends++;
-    for (int pass = 0; pass < 2 && st == CCA_OK && dev->lent_count < target; pass++) {
+    /* passes: known done and of the growth's kind (small or large), known done and of
+     * the other kind, then the same two waiting for events. keep_seg may be released
+     * on the way (every other granule of it taken): only its address is compared. */
+    bool growth_small = keep_seg->is_small;
+    for (int pass = 0; pass < 4 && st == CCA_OK && dev->lent_count < target; pass++) {
+        bool may_wait = pass >= 2, same_kind = pass % 2 == 0;
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {
             cca_segment_t *next_seg = seg->next_seg;
             cca_expandable_t *es = seg->es;
             if (!es || !es->compact || es->pool->owner->private_pool ||
-                es->granule != dev->vmm_granularity) {
+                es->granule != dev->vmm_granularity ||
+                (seg->is_small == growth_small) != same_kind) {
                 seg = next_seg;
                 continue;
             }
@@ -836,7 +844,7 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
                 if (!block_ready(b))
                     readiness_refresh(dev, owner);
                 if (!block_ready(b)) {
-                    if (pass == 0) {
+                    if (!may_wait) {
                         b = b->next;
                         continue;
                     }

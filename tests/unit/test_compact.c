@@ -261,6 +261,60 @@ TEST(compact_fragmentation_in_oom_message)
     cca_shutdown();
 }
 
+/*
+ * A large growth takes a large segment's hole before the small pool's free
+ * granule (made later, so first in the device's list): the small pool keeps
+ * it for its next allocation, which then maps nothing.
+ */
+TEST(compact_takes_the_growths_own_kind_first)
+{
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(4 * MiB, NULL), *b = xmalloc(4 * MiB, NULL), *c = xmalloc(4 * MiB, NULL);
+    cca_free(b);                    /* a hole of two granules in the large segment */
+    void *x = xmalloc(1000, NULL);  /* the small segment's one granule */
+    cca_free(x);
+    int64_t before = reserved();
+    void *d = xmalloc(2 * MiB, S1); /* a large growth of one granule */
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), before);
+    int64_t maps = stats().num_device_alloc;
+    void *y = xmalloc(1000, NULL);  /* the small granule is still there */
+    expect_true(y != NULL);
+    expect_eq_i64(stats().num_device_alloc, maps);
+    expect_eq_i64(reserved(), before);
+    expect_true(invariants_hold());
+    void *ptrs[] = {a, c, d, y};
+    for (size_t i = 0; i < 4; i++)
+        cca_free(ptrs[i]);
+    cca_shutdown();
+}
+
+/*
+ * A growth whose own segment goes while it lends: S1's segment holds an
+ * unmapped head (lent before) and one free block beyond the growth's run;
+ * lending that block leaves nothing mapped, so the segment is released, and
+ * the growth continues in a new one (one granule of new memory).
+ */
+TEST(compact_growth_outlives_its_released_segment)
+{
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(8 * MiB, S1), *b = xmalloc(4 * MiB, S1);
+    cca_free(a);
+    void *d = xmalloc(8 * MiB, S2); /* a's four granules move to S2 */
+    expect_true(d != NULL);
+    cca_free(b);                    /* S1: [unmapped 8 MiB][free 4 MiB][unmapped] */
+    int64_t before = reserved();
+    void *e = xmalloc(6 * MiB, S1); /* grows from the head; b's granules lent, the segment goes */
+    expect_true(e != NULL);
+    expect_eq_i64(reserved(), before + (int64_t)(2 * MiB));
+    expect_true(invariants_hold());
+    cca_free(d);
+    cca_free(e);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
 static uint64_t calls(cca_backend_op_t op)
 {
     return cca_sim_call_count(sim, op);
@@ -358,6 +412,8 @@ int main(void)
     RUN(compact_keeps_the_growing_run);
     RUN(compact_steady_loop_stays_bounded);
     RUN(compact_fragmentation_in_oom_message);
+    RUN(compact_takes_the_growths_own_kind_first);
+    RUN(compact_growth_outlives_its_released_segment);
     RUN(compact_moves_granules_once_their_stream_event_completes);
     RUN(compact_later_frees_are_not_covered_by_an_older_event);
     return harness_done();
