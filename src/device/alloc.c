@@ -243,7 +243,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     d[OPS_REQUESTED_BYTES] = (int64_t)orig_size;
     block->oversize = block->size >= s->max_split_size;
     d[OPS_OVERSIZE] = block->oversize;
-    static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 1};
+    static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
     ops_apply(pool->owner, type, d, sign);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     *blockp = block;
@@ -564,7 +564,7 @@ cca_status_t alloc_free(void *ptr)
         d[OPS_ALLOCATION] = -1;
         d[OPS_ALLOCATED_BYTES] = -(int64_t)block->size;
         d[OPS_OVERSIZE] = -(int64_t)block->oversize;
-        static const int8_t sign[OPS_COUNT] = {-1, -1, 0, 0, 0, 0, 0, -1};
+        static const int8_t sign[OPS_COUNT] = {-1, -1, 0, 0, 0, 0, 0, 0};
         ops_apply(sp, type, d, sign);
         if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
             events_defer_free(dev, block); /* no event during a capture */

@@ -494,7 +494,8 @@ static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
 
 /*
  * Add amount (non-zero; negative: take away) to one statistic of one type, in
- * mode; sign: 1 or -1 when the caller knows amount's sign, 0 when not. t: the
+ * mode; sign: 1 or -1 when the caller knows amount's sign (amount may then be
+ * 0: the update changes nothing), 0 when not. t: the
  * device's ops table; own: the stream pool's statistics.
  */
 static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_device_stats_t *own,
@@ -554,7 +555,7 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
 {
 #pragma GCC unroll 8
     for (int k = 0; k < OPS_COUNT; k++) {
-        if (!d[k])
+        if (!sign[k] && !d[k]) /* a known sign: the update runs even for 0, a no-op */
             continue;
         if (mode == OPS_LOCKED && k != OPS_OVERSIZE) {
             /* locked: the ALL entry is the two kinds' sum (stats_fill_ops); only its

@@ -278,7 +278,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     d[OPS_ACTIVE] = -1;
     d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
     d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
-    static const int8_t sign[OPS_COUNT] = {-1, -1, -1, -1, -1, 0, 0, -1};
+    static const int8_t sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
     ops_apply(pool->owner, type, d, sign);
 }
 
