@@ -10,7 +10,8 @@
 
 #include "device.h"
 
-#define PTRMAP_SHARDS 256
+#define PTRMAP_SHARDS 4096 /* many: threads on different streams rarely meet on one */
+#define PTRMAP_SHARD_BITS 12
 
 typedef struct ptrmap_shard {
     cca_spinlock_t lock;
@@ -28,7 +29,7 @@ static inline size_t shard_of(uintptr_t addr)
 {
     uint64_t x = (uint64_t)addr >> 21;
     x *= 0x9e3779b97f4a7c15ull;
-    return (size_t)(x >> 56) & (PTRMAP_SHARDS - 1);
+    return (size_t)(x >> (64 - PTRMAP_SHARD_BITS));
 }
 
 static inline uint64_t hash_addr(uintptr_t addr)
