@@ -256,7 +256,6 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     }
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
-    block->free_tick = ++pool->owner->free_tick;
     bins_insert(&pool->bins, block);
     if (block_is_split(block)) {
         net_blocks += 1;
@@ -264,6 +263,8 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     }
     int type = pool_stat_type(pool->is_small);
     bool expandable = pool->expandable_segments && block->segment->es;
+    if (expandable)
+        block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
     int64_t d[OPS_COUNT] = {0};
     if (program_free) {
         /* the program's free and the block's return in one statistics update */
