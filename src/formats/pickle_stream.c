@@ -1507,8 +1507,24 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         } else if ((st = push_container(r, off, PV_DICT))) {
             return st;
         }
-        if (r->stack[r->sp - 1].type == SL_RECORD)
-            (void)record_fast(r, &r->stack[r->sp - 1]);
+        if (r->stack[r->sp - 1].type != SL_RECORD || !record_fast(r, &r->stack[r->sp - 1]))
+            return CCA_OK;
+        /* the records that follow, read here as the steps of their EMPTY_DICTs would
+         * (the top of the stack is a record of the batch, so each is one too) */
+        while (r->in.pos < r->fast_limit && r->in.buf[r->in.pos] == OP_EMPTY_DICT) {
+            r->in.pos += 1;
+            slot_t *s = push_slot(r);
+            if (!s)
+                return CCA_ERR_OUT_OF_MEMORY;
+            memset(s, 0, sizeof(*s));
+            s->kind = PV_DICT;
+            if ((st = new_record(r, r->sp - 1, s))) {
+                pop_to(r, r->sp - 1);
+                return st;
+            }
+            if (!record_fast(r, s))
+                break;
+        }
         return CCA_OK;
     }
     case OP_EMPTY_LIST:
