@@ -724,7 +724,10 @@ static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size
         for (uint64_t m = r->tags_set; m; m &= m - 1)
             r->by_tag[__builtin_ctzll(m)] = NULL;
     uint64_t set = 0;
-    for (size_t i = 0; i < rec->count; i++) {
+    size_t count = rec->count;
+    const pk_value_t **by_tag = r->by_tag;
+    pk_value_t *tag_values = r->tag_values;
+    for (size_t i = 0; i < count; i++) { /* locals: the stores below could alias the reader */
         const slot_t *k = &pairs[2 * i];
         int32_t t;
         const char *text;
@@ -737,8 +740,8 @@ static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size
             continue;
         if (t < 0)
             continue;
-        to_value_fast(r->h, &pairs[2 * i + 1], &r->tag_values[t]);
-        r->by_tag[t] = &r->tag_values[t];
+        to_value_fast(r->h, &pairs[2 * i + 1], &tag_values[t]);
+        by_tag[t] = &tag_values[t];
         set |= (uint64_t)1 << (t & 63);
     }
     r->tags_set = set;
@@ -1105,6 +1108,13 @@ typedef struct pending_memo {
     uintptr_t e;
 } pending_memo_t;
 
+/* Whether the fast path's next MEMOIZE (at idx = memo_count + pending stores) may
+ * store: its pending stores all lie below idx, so only the memo itself can hold it. */
+static inline bool fast_memo_free(const sreader_t *r, uint64_t idx)
+{
+    return idx >= r->memo_len || !r->memo[idx];
+}
+
 /* The memo entry idx as the fast path sees it: pending stores first. 0: unset. */
 static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, int npm, uint64_t idx)
 {
@@ -1171,7 +1181,7 @@ static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, cons
         return false;
     }
     if (*p == OP_MEMOIZE) {
-        if (d->kind != PV_STR || fast_memo(r, pm, *npm, *memo_next))
+        if (d->kind != PV_STR || !fast_memo_free(r, *memo_next))
             return false; /* a memoized number (boxed by the general path), or a set slot */
         pm[(*npm)++] = (pending_memo_t){(*memo_next)++, (uintptr_t)d->v.sym};
         p++;
@@ -1204,7 +1214,7 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     const uint8_t *limit = end - FIXED_OP_MAX;
     /* the memo store of the dict itself */
     if (p < end && *p == OP_MEMOIZE) {
-        if (fast_memo(r, NULL, 0, memo_next))
+        if (!fast_memo_free(r, memo_next))
             return false; /* MEMOIZE onto a set slot: one by one it would not count */
         pm[npm++] = (pending_memo_t){memo_next++, MEMO_GONE(PV_DICT)};
         p++;
