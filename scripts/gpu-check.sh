@@ -28,6 +28,12 @@
 #     two-GPU machine: build the library and those tests (Release), run
 #     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
 #     then the two-rank NCCL run (torch_ddp.py); about 2-4 minutes.
+#   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
+#     test_cuda_expandable (Release), run it (its compact tests print the moves
+#     and the waits for a stream's event), then bench/torch_bench.py (PyTorch
+#     native, native expandable, cca and cca compact: step times, peak
+#     reserved, the compact run's moves and waits); about 4-6 minutes (give it
+#     GPU_CHECK_BUDGET=600).
 # shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
 set -u -o pipefail
 
@@ -167,6 +173,21 @@ run_ctest_multigpu() {
 export multigpu_tests
 export -f build_multigpu run_ctest_multigpu
 
+# GPU_CHECK_ONLY=compact: the compact_memory GPU tests and the PyTorch step times.
+build_compact() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
+        return 1
+    local rc=0 t
+    for t in cca_shared cuda_test_cuda_expandable; do
+        cmake --build "$root/build-gpu-release" -j "$jobs" --target "$t" || rc=1
+    done
+    return $rc
+}
+run_ctest_compact() {
+    ctest --test-dir "$root/build-gpu-release" -R '^cuda_test_cuda_expandable$' --output-on-failure --timeout 150 -V
+}
+export -f build_compact run_ctest_compact
+
 export root logs jobs
 export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
@@ -204,8 +225,26 @@ multigpu)
     echo "gpu-check: all steps passed"
     exit 0
     ;;
+compact)
+    run_step build-compact "$(left 200)" build_compact
+    run_step ctest-compact "$(left 150)" run_ctest_compact
+    run_step torch-bench "$(left 0)" run_torch_bench
+    echo
+    echo "Steps (GPU_CHECK_ONLY=compact):"
+    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    grep -E '^[0-9]+: (ok |FAIL|  busy stream|  idle stream|[0-9]+ passed)' "$logs/ctest-compact.log" 2>/dev/null |
+        sed 's/^/  /'
+    grep -E '^\| |^cca compact' "$logs/torch-bench.log" 2>/dev/null | sed 's/^/  /'
+    echo "logs: $logs  (total $((SECONDS - start))s)"
+    if [ ${#failed_steps[@]} -gt 0 ]; then
+        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
+        exit 1
+    fi
+    echo "gpu-check: all steps passed"
+    exit 0
+    ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact)" >&2
     exit 2
     ;;
 esac
