@@ -164,6 +164,7 @@ typedef struct sreader {
     pk_sym_t **syms;
     size_t nsyms, syms_cap;
     const pk_sym_t *recent[256]; /* texts of up to 8 bytes met recently, by a hash of their bytes */
+    const pk_sym_t *last_short;  /* the str of up to 8 bytes the record fast path met last */
 
     /* records */
     rec_t *recs;
@@ -1160,9 +1161,16 @@ static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, cons
         size_t len = p[1];
         if ((size_t)(end - p) < 2 + len + 1)
             return false;
-        const pk_sym_t *sym;
-        if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
-            return false; /* the general path raises it again */
+        /* the same short text as last time ('N/A' in every PyTorch event): one word
+         * compared (the 8 bytes at p + 2 lie in the window, p being below its limit) */
+        const pk_sym_t *sym = r->last_short;
+        uint64_t word = len && len <= 8 ? le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len)) : 0;
+        if (!sym || len > 8 || sym->len != len || sym->word != word) {
+            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
+                return false; /* the general path raises it again */
+            if (len <= 8)
+                r->last_short = sym;
+        }
         *d = (slot_t){.type = SL_SCALAR, .kind = PV_STR, .v.sym = sym};
         p += 2 + len;
     } else if (op == OP_BININT2) {
