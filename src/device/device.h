@@ -275,6 +275,10 @@ typedef struct cca_device {
                                    values are in ops; the rest here */
     struct ops_table *ops;      /* exact mode's current and peak values (see op_stats_t) */
     _Atomic bool stats_shared;  /* ops updated by atomics, without the stats lock */
+    /* the device's only stream pool, whose lock alone guards the ops table while it stays the
+     * only one (set for the first default pool, cleared under its lock by a second; pool.c) */
+    _Atomic(struct cca_stream_pool *) stats_solo;
+    bool stats_solo_done;       /* a stream pool was created (device lock) */
     uint32_t stats_contended;   /* stats lock found taken (under it), while locked */
 
     /* bit p: device p may access this device's memory; ranges mapped later get
@@ -449,7 +453,9 @@ static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
  *   relaxed (exact_peak_stats:False, default pools): all in the stream pool's
  *     own statistics, plain; device values are summed on read, peaks sampled.
  *   locked: the device's ops table (values and counts), plain, under its
- *     stats lock (one atomic exchange per operation: the single-thread case);
+ *     stats lock (one atomic exchange per operation), or under nothing more
+ *     than the stream pool's own lock while it is the device's only pool
+ *     (stats_solo: one stream, the common single-thread case);
  *     of the ALL entries only the peak is written, the rest is the sum of the
  *     two kinds' (stats_fill_ops; made real when the statistics turn shared).
  *   shared: the ops table by fetch-add, each peak raised by compare-and-swap
@@ -463,10 +469,26 @@ enum { OPS_RELAXED, OPS_LOCKED, OPS_SHARED };
 
 typedef struct op_stats {
     int mode;                  /* OPS_* */
+    bool locked;               /* locked: the stats lock was taken (not the only pool's) */
     bool acc_atomic;           /* shared: the counts go to the ops table by atomics (private pool) */
 } op_stats_t;
 
 #define STATS_SHARE_AFTER 64
+
+/* The only pool's lock, for readers of the ops table (then the stats lock); NULL if none. */
+static inline struct cca_stream_pool *stats_solo_lock(cca_device_t *dev)
+{
+    struct cca_stream_pool *solo = atomic_load_explicit(&dev->stats_solo, memory_order_acquire);
+    if (solo)
+        cca_spin_lock(&solo->lock); /* it lives until shutdown, cleared or not */
+    return solo;
+}
+
+static inline void stats_solo_unlock(struct cca_stream_pool *solo)
+{
+    if (solo)
+        cca_spin_unlock(&solo->lock);
+}
 
 /* Take the stats lock found taken; may turn the device's statistics shared (stats.c). */
 void stats_lock_contended(cca_device_t *dev);
@@ -480,10 +502,16 @@ static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
         return;
     }
     if (!atomic_load_explicit(&dev->stats_shared, memory_order_acquire)) {
+        if (atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp) {
+            o->mode = OPS_LOCKED; /* the device's only pool: its own lock (held) orders all */
+            o->locked = false;
+            return;
+        }
         if (atomic_exchange_explicit(&dev->stats_lock.locked, 1, memory_order_acquire))
             stats_lock_contended(dev);
         if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed)) {
             o->mode = OPS_LOCKED;
+            o->locked = true;
             return;
         }
         stats_unlock(dev); /* turned shared while this thread waited */
@@ -591,7 +619,8 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
     op_stats_begin(sp, &o);
     if (o.mode == OPS_LOCKED) {
         ops_apply_mode(t, own, false, OPS_LOCKED, type, d, sign);
-        stats_unlock(dev);
+        if (o.locked)
+            stats_unlock(dev);
     } else if (o.mode == OPS_SHARED) {
         ops_apply_mode(t, own, o.acc_atomic, OPS_SHARED, type, d, sign);
     } else {

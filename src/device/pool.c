@@ -105,6 +105,13 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     if (!sp)
         return NULL;
     memset(sp, 0, bytes);
+    /* a second stream pool: the first one's lock alone no longer guards the statistics */
+    cca_stream_pool_t *solo = atomic_load_explicit(&dev->stats_solo, memory_order_relaxed);
+    if (solo) {
+        cca_spin_lock(&solo->lock); /* its operation in flight ends first */
+        atomic_store_explicit(&dev->stats_solo, NULL, memory_order_relaxed);
+        cca_spin_unlock(&solo->lock);
+    }
     cca_spin_init(&sp->lock);
     sp->stream = stream;
     sp->device = dev;
@@ -148,9 +155,13 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
 {
     if ((dev->pool_count + 1) * 2 > dev->pool_table_cap)
         return NULL; /* the table is sized generously at init; see pool_stream_get */
+    bool first = !dev->stats_solo_done;
     cca_stream_pool_t *sp = pool_stream_pool_new(dev, stream);
     if (!sp)
         return NULL;
+    dev->stats_solo_done = true;
+    if (first && dev->exact_stats) /* before it is published: its operations see it */
+        atomic_store_explicit(&dev->stats_solo, sp, memory_order_relaxed);
     size_t mask = dev->pool_table_cap - 1;
     size_t i = stream_hash(stream) & mask;
     while (atomic_load_explicit(&dev->pool_table[i], memory_order_relaxed))

@@ -120,10 +120,12 @@ static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_str
                 cca_spin_unlock(&sp->lock);
         }
     }
+    cca_stream_pool_t *solo = held ? NULL : stats_solo_lock(dev); /* (held: relaxed mode only) */
     stats_lock(dev);
     *out = dev->stats; /* its per-operation statistics are the ops table's, below */
     stats_fill_ops(dev, out);
     stats_unlock(dev);
+    stats_solo_unlock(solo);
     stats_add_counts(out, &pools);
 }
 
@@ -230,6 +232,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
         reset_accumulated(&sp->stats.oversize_allocations, 1);
         cca_spin_unlock(&sp->lock);
     }
+    cca_stream_pool_t *solo = stats_solo_lock(dev);
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
     for (int k = 0; k < OPS_COUNT; k++) /* atomically: a private pool's shared writers */
@@ -243,6 +246,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
     s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
     s->num_device_alloc = s->num_device_free = 0;
     stats_unlock(dev);
+    stats_solo_unlock(solo);
     pthread_mutex_unlock(&dev->lock);
     return CCA_OK;
 }
@@ -258,6 +262,7 @@ cca_status_t cca_reset_peak_stats(int device)
     cca_device_stats_t now;
     if (!dev->exact_stats)
         stats_read(dev, &now);
+    cca_stream_pool_t *solo = dev->exact_stats ? stats_solo_lock(dev) : NULL;
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
     reset_peak(s->segment, CCA_STAT_TYPES);
@@ -287,6 +292,7 @@ cca_status_t cca_reset_peak_stats(int device)
         s->oversize_allocations.peak = now.oversize_allocations.current;
     }
     stats_unlock(dev);
+    stats_solo_unlock(solo);
     return CCA_OK;
 }
 

@@ -170,8 +170,43 @@ TEST(counts_exact_through_the_switch)
     cca_shutdown();
 }
 
+/* The first stream's pool writes the statistics under its own lock alone until a second
+ * stream pool appears; the values run on unchanged through the hand-over. */
+TEST(only_pool_then_two)
+{
+    start("");
+    cca_device_t *dev = &cca_state->devices[0];
+    void *a = NULL, *b = NULL, *c = NULL;
+    expect_ok(cca_malloc_device(&a, 3000, 0, (cca_stream_t)0x1000));
+    expect_true(atomic_load(&dev->stats_solo) != NULL);
+    expect_ok(cca_malloc_device(&b, 5 << 20, 0, (cca_stream_t)0x1000));
+    expect_ok(cca_free(a));
+    expect_ok(cca_malloc_device(&c, 700, 0, (cca_stream_t)0x2000)); /* a second pool */
+    expect_true(atomic_load(&dev->stats_solo) == NULL);
+    expect_ok(cca_malloc_device(&a, 3000, 0, (cca_stream_t)0x1000));
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 3);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].peak, 3);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 4);
+    expect_eq_i64(s.allocation[CCA_STAT_SMALL_POOL].current, 2);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 3072 + (5 << 20) + 1024);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, 3000 + (5 << 20) + 700);
+    expect_invariants();
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(c));
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 4);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, 3000 + (5 << 20) + 700);
+    expect_invariants();
+    cca_shutdown();
+}
+
 int main(void)
 {
+    RUN(only_pool_then_two);
     RUN(exact_peaks_across_threads);
     RUN(counts_exact_through_the_switch);
     return harness_done();
