@@ -161,7 +161,7 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
         return NULL;
     dev->stats_solo_done = true;
     if (first && dev->exact_stats) /* before it is published: its operations see it */
-        atomic_store_explicit(&dev->stats_solo, sp, memory_order_relaxed);
+        atomic_store_explicit(&dev->stats_solo, sp, memory_order_release);
     size_t mask = dev->pool_table_cap - 1;
     size_t i = stream_hash(stream) & mask;
     while (atomic_load_explicit(&dev->pool_table[i], memory_order_relaxed))
