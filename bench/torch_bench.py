@@ -145,7 +145,8 @@ def compact_counts():
     if lib.cca_memory_stats_extra(0, entries, 8) != 0:
         return {}
     keys = {b"cca.compact_moves": "compact_moves", b"cca.compact_moved_bytes": "compact_moved_bytes",
-            b"cca.compact_waits": "compact_waits"}
+            b"cca.compact_pending_growths": "compact_pending_growths",
+            b"cca.compact_syncs": "compact_syncs"}
     return {keys[e.key]: e.value for e in entries if e.key in keys}
 
 
@@ -203,9 +204,10 @@ def main():
                                                          cell(vals[3]), cell(vals[2] / vals[0])))
     print("rounds:", repeat, "backend of the cca runs:", results["cca"][0]["backend"])
     last = results["cca-compact"][-1]
-    print("cca compact, last round: %s moves of free granules (%.0f MiB), %s waits for a stream's event"
+    print("cca compact, last round: %s moves of free granules (%.0f MiB), %s growths took new memory "
+          "past granules still pending, %s stream synchronisations after a failed event call"
           % (last.get("compact_moves", "?"), last.get("compact_moved_bytes", 0) / 2**20,
-             last.get("compact_waits", "?")))
+             last.get("compact_pending_growths", "?"), last.get("compact_syncs", "?")))
 
 
 if __name__ == "__main__":

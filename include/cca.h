@@ -637,16 +637,18 @@ typedef struct cca_stat_entry {
 cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
 
 /** Number of entries cca_memory_stats_extra writes. */
-#define CCA_MEMORY_STATS_EXTRA_COUNT 5
+#define CCA_MEMORY_STATS_EXTRA_COUNT 6
 
 /**
  * cca's own keys beside PyTorch's (not in torch.cuda.memory_stats()), sorted:
  * "cca.cached_free_bytes" (free memory the cache holds, all pools),
  * "cca.compact_moved_bytes" and "cca.compact_moves" (bytes of free granules
  * re-mapped for a growth under compact_memory, and the growths that did it),
- * "cca.compact_waits" (times such a growth waited for a stream's work, on
- * that stream's event, because the granules known to be done were not
- * enough), "cca.largest_free_bytes" (the largest free block: the biggest request the
+ * "cca.compact_pending_growths" (growths that mapped new memory because free
+ * granules were left in place, their stream's work not yet known done by an
+ * event; the growth path never waits for it), "cca.compact_syncs" (times a
+ * failed event call made the growth path synchronise the stream instead: 0
+ * unless the backend fails), "cca.largest_free_bytes" (the largest free block: the biggest request the
  * cache could serve without a backend call). out must hold
  * CCA_MEMORY_STATS_EXTRA_COUNT entries.
  */
@@ -739,6 +741,8 @@ typedef struct cca_replay_options {
     int device;              /**< which device_traces entry to replay */
     const char *snapshot_path; /**< if set: dump a snapshot (with the replay's history) here at the end */
     const char *svg_path;    /**< if set: draw the end state and the replay's history here (SVG) */
+    uint64_t event_lag;      /**< an event cca records on a trace's stream completes this many
+                                  trace events later (a GPU running behind); 0: at once */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -776,6 +780,9 @@ typedef struct cca_replay_result {
     /* fragmentation at the end of the replay (cca_cache_fragmentation) */
     uint64_t cached_free_bytes;   /**< free memory the cache holds */
     uint64_t largest_free_bytes;  /**< the largest piece it could serve without a backend call */
+    /* compact_memory over the whole replay (cca_memory_stats_extra) */
+    uint64_t compact_moves;       /**< growths that re-mapped free granules */
+    uint64_t compact_pending_growths; /**< growths that mapped new memory, granules not yet done */
 } cca_replay_result_t;
 
 /**

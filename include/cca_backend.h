@@ -321,6 +321,20 @@ cca_status_t cca_sim_usage(cca_backend_t *backend, cca_sim_usage_t *usage);
 /** Manual events: complete every event recorded on stream so far (all streams if all). */
 cca_status_t cca_sim_complete_stream(cca_backend_t *backend, int device, cca_stream_t stream, bool all);
 
+/**
+ * Manual mode: from now on, an event recorded on a stream not kept manual
+ * completes lag ticks (cca_sim_tick) after its record, lag 0 at once: a GPU
+ * that runs lag steps behind the host. Synchronisation still completes it
+ * at once. CCA_ERR_INVALID_ARGUMENT without manual_events.
+ */
+cca_status_t cca_sim_time_events(cca_backend_t *backend, uint64_t lag);
+
+/** Timed mode: the events of stream complete only by synchronisation or cca_sim_complete_stream. */
+cca_status_t cca_sim_keep_manual(cca_backend_t *backend, int device, cca_stream_t stream);
+
+/** Timed mode: advance the clock by ticks (events due by then complete when next asked). */
+void cca_sim_tick(cca_backend_t *backend, uint64_t ticks);
+
 /** Number of recorded, not yet completed events (manual mode). */
 uint64_t cca_sim_pending_events(cca_backend_t *backend);
 

@@ -16,13 +16,15 @@ static void usage(FILE *out)
             "usage: cca replay TRACE [--settings STR] [--cap BYTES] [--total-memory BYTES]\n"
             "                        [--addresses trace|fresh] [--device N] [--no-fraction]\n"
             "                        [--json] [--snapshot OUT.pickle[.gz]] [--svg OUT.svg]\n"
-            "                        [--compare 'SETTINGS' ['SETTINGS'...]]\n"
+            "                        [--event-lag N] [--compare 'SETTINGS' ['SETTINGS'...]]\n"
             "Replays TRACE (a PyTorch memory snapshot, .pickle or .pickle.gz) through cca on a\n"
             "simulated device. BYTES accept K/M/G/T suffixes. --addresses trace (the default\n"
             "without --settings) hands out PyTorch's segment addresses and compares every\n"
             "allocation with PyTorch's. --compare replays under each settings string and\n"
             "prints a table. --snapshot writes the allocator's state at the end with the\n"
-            "history recorded during the replay (PyTorch's snapshot format); --svg draws them.\n");
+            "history recorded during the replay (PyTorch's snapshot format); --svg draws them.\n"
+            "--event-lag N: an event cca records on a trace's stream completes N trace events\n"
+            "later, as on a GPU running behind the host (default 0: at once).\n");
 }
 
 static int parse_size(const char *text, size_t *out)
@@ -72,6 +74,9 @@ static void print_human(const char *path, const cca_replay_result_t *r, bool tra
     print_mib("peak allocated", r->peak_allocated_bytes);
     print_mib("peak requested", r->peak_requested_bytes);
     print_mib("free in the cache at the end", (int64_t)r->cached_free_bytes);
+    if (r->compact_moves || r->compact_pending_growths)
+        printf("  compact_memory               %" PRIu64 " moves, %" PRIu64 " growths past pending granules\n",
+               r->compact_moves, r->compact_pending_growths);
     print_mib("largest free piece", (int64_t)r->largest_free_bytes);
     if (r->peak_requested_bytes > 0)
         printf("  peak reserved / requested    %.3f\n",
@@ -119,6 +124,8 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
     printf(", \"late_segment_allocs\": %" PRIu64 ", \"late_segment_frees\": %" PRIu64
            ", \"cached_free_bytes\": %" PRIu64 ", \"largest_free_bytes\": %" PRIu64,
            r->late_segment_allocs, r->late_segment_frees, r->cached_free_bytes, r->largest_free_bytes);
+    printf(", \"compact_moves\": %" PRIu64 ", \"compact_pending_growths\": %" PRIu64, r->compact_moves,
+           r->compact_pending_growths);
     printf(", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
            ", \"peak_requested_bytes\": %" PRId64,
            r->peak_reserved_bytes, r->peak_allocated_bytes, r->peak_requested_bytes);
@@ -144,8 +151,8 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
 
 static int compare(const char *path, const cca_replay_options_t *base, char **settings, int count)
 {
-    printf("%-48s %14s %14s %9s %9s %10s %5s %11s\n", "settings", "peak reserved", "peak alloc",
-           "segments", "res/req", "frag@peak", "OOMs", "2nd half");
+    printf("%-48s %14s %14s %9s %9s %10s %5s %11s %11s\n", "settings", "peak reserved", "peak alloc",
+           "segments", "res/req", "frag@peak", "OOMs", "2nd half", "moves");
     int rc = 0;
     for (int i = 0; i < count; i++) {
         cca_replay_options_t opt = *base;
@@ -163,10 +170,12 @@ static int compare(const char *path, const cca_replay_options_t *base, char **se
         double frag = r.peak_reserved_bytes ? 1.0 - (double)r.peak_allocated_bytes / (double)r.peak_reserved_bytes : 0;
         char late[32];
         snprintf(late, sizeof(late), "%" PRIu64 "/%" PRIu64, r.late_segment_allocs, r.late_segment_frees);
-        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 " %11s\n",
+        char moves[32];
+        snprintf(moves, sizeof(moves), "%" PRIu64 "/%" PRIu64, r.compact_moves, r.compact_pending_growths);
+        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 " %11s %11s\n",
                settings[i][0] ? settings[i] : "(default)", (double)r.peak_reserved_bytes / 1048576.0,
                (double)r.peak_allocated_bytes / 1048576.0, r.segment_allocs, ratio, frag * 100.0, r.ooms,
-               late);
+               late, moves);
         cca_replay_result_free(&r);
     }
     return rc;
@@ -215,6 +224,14 @@ int cmd_replay(int argc, char **argv)
                 fprintf(stderr, "cca replay: --addresses %s: expected trace or fresh\n", addresses);
                 return 2;
             }
+        } else if (!strcmp(a, "--event-lag") && has_value) {
+            char *end = NULL;
+            unsigned long long lag = strtoull(argv[++i], &end, 10);
+            if (*end || argv[i][0] == '-' || !argv[i][0]) {
+                fprintf(stderr, "cca replay: --event-lag %s: expected a count of trace events\n", argv[i]);
+                return 2;
+            }
+            opt.event_lag = lag;
         } else if (!strcmp(a, "--device") && has_value) {
             char *end = NULL;
             long d = strtol(argv[++i], &end, 10);

@@ -76,6 +76,7 @@ def _result_dict(r):
         "ooms": r.ooms, "pool_ops": r.pool_ops, "address_mismatches": r.address_mismatches,
         "late_segment_allocs": r.late_segment_allocs, "late_segment_frees": r.late_segment_frees,
         "cached_free_bytes": r.cached_free_bytes, "largest_free_bytes": r.largest_free_bytes,
+        "compact_moves": r.compact_moves, "compact_pending_growths": r.compact_pending_growths,
         "unexpected_ooms": r.unexpected_ooms,
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,

@@ -89,7 +89,8 @@ class ReplayOptions(ctypes.Structure):
     _fields_ = [("settings", ctypes.c_char_p), ("cap", ctypes.c_size_t),
                 ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
                 ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
-                ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p)]
+                ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p),
+                ("event_lag", ctypes.c_uint64)]
 
 
 class ReplayResult(ctypes.Structure):
@@ -110,7 +111,8 @@ class ReplayResult(ctypes.Structure):
                 ("stats_mismatches", ctypes.c_uint64), ("first_stats_mismatch", ctypes.c_char * 160),
                 ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160),
                 ("late_segment_allocs", ctypes.c_uint64), ("late_segment_frees", ctypes.c_uint64),
-                ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64)]
+                ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
+                ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64)]
 
 
 class Error(ctypes.Structure):

@@ -233,7 +233,8 @@ typedef struct cca_device {
     size_t lent_count, lent_cap;
     uint64_t compact_moves;     /* growths served (partly) by unmapped free granules */
     uint64_t compact_lends;     /* calls looking for free granules to lend */
-    uint64_t compact_waits;     /* of them, waits for a stream's event (or stream) */
+    uint64_t compact_pending_growths; /* growths that mapped new memory, free granules pending */
+    uint64_t compact_syncs;     /* stream synchronisations after a failed event call */
     uint64_t compact_moved_bytes; /* bytes moved that way */
 
     /* memory fraction */

@@ -29,9 +29,9 @@
  * run is never taken. A granule moves only once its stream's work on it is
  * done: each free block carries the tick of its return to its stream pool,
  * and an event the growth path records on the stream says which ticks are
- * done (queried, never waited for, while such granules suffice; else that
- * one stream's event is waited for). Each move is an unmap and a map in the
- * statistics and the history.
+ * done (queried, never waited for: granules not yet known done stay, and
+ * the growth maps new memory for the rest). Each move is an unmap and a map
+ * in the statistics and the history.
  *
  * Statistics as PyTorch keeps them in this mode: reserved_bytes and
  * num_device_alloc / num_device_free follow maps and unmaps; segment,
@@ -712,10 +712,13 @@ static bool block_ready(const cca_block_t *b)
  * Learn, without waiting, which free blocks of sp the stream's work is done
  * with (sp's lock held, so nothing is returned meanwhile): if the event an
  * earlier growth recorded on the stream has completed, every block returned
- * before that record is ready; then record it again, covering every block
- * returned so far, and ask once more (an idle stream's event completes at
- * once). Once per lending call. A failing event call changes nothing: the
- * caller then waits for the stream (readiness_wait).
+ * before that record is ready; then, if blocks returned since are not known
+ * ready, record it again, covering every block returned so far, and ask once
+ * more (an idle stream's event completes at once). A record still in flight
+ * is left alone (recording again would push its answer back), so its blocks
+ * become ready at a later growth. Once per lending call. Only where an event
+ * call fails is the stream synchronised instead (wait_stream: the device if
+ * the program destroyed the stream); then every block of sp is ready.
  */
 static void readiness_refresh(cca_device_t *dev, cca_stream_pool_t *sp)
 {
@@ -723,26 +726,43 @@ static void readiness_refresh(cca_device_t *dev, cca_stream_pool_t *sp)
     if (sp->ready_stamp == dev->compact_lends)
         return;
     sp->ready_stamp = dev->compact_lends;
-    if (!sp->ready_event && be->event_create(be->ctx, dev->index, &sp->ready_event) != CCA_OK) {
-        sp->ready_event = NULL;
-        return;
-    }
-    if (sp->event_pending && be->event_query(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
+    cca_status_t st = CCA_OK;
+    if (sp->event_pending) {
+        st = be->event_query(be->ctx, dev->index, sp->ready_event);
+        if (st == CCA_ERR_NOT_READY)
+            return; /* the work before the record in flight is not done yet */
+        if (st != CCA_OK)
+            goto fallback;
         ready_to(sp, sp->event_tick);
         sp->event_pending = false;
     }
     if (sp->ready_tick == sp->free_tick)
         return; /* every block returned so far is ready */
-    if (be->event_record(be->ctx, dev->index, sp->ready_event, sp->stream) != CCA_OK) {
-        sp->event_pending = false;
-        return;
+    if (!sp->ready_event) {
+        st = be->event_create(be->ctx, dev->index, &sp->ready_event);
+        if (st != CCA_OK) {
+            sp->ready_event = NULL;
+            goto fallback;
+        }
     }
+    st = be->event_record(be->ctx, dev->index, sp->ready_event, sp->stream);
+    if (st != CCA_OK)
+        goto fallback;
     sp->event_tick = sp->free_tick;
     sp->event_pending = true;
-    if (be->event_query(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
-        ready_to(sp, sp->event_tick);
-        sp->event_pending = false;
-    }
+    st = be->event_query(be->ctx, dev->index, sp->ready_event);
+    if (st == CCA_ERR_NOT_READY)
+        return;
+    if (st != CCA_OK)
+        goto fallback;
+    ready_to(sp, sp->event_tick);
+    sp->event_pending = false;
+    return;
+fallback:
+    sp->event_pending = false;
+    dev->compact_syncs++;
+    if (wait_stream(dev, sp->stream) == CCA_OK)
+        ready_to(sp, sp->free_tick);
 }
 
 /*
@@ -772,54 +792,31 @@ cca_status_t expandable_destroy_ready_events(cca_device_t *dev)
 }
 
 /*
- * Wait until every free block of sp is ready (sp's lock held): on the event
- * readiness_refresh recorded on its stream after the last return, that one
- * stream only; if there is none (an event call failed), on the stream
- * (wait_stream: the device if the program destroyed the stream). Returns
- * CCA_OK or the backend's failure.
- */
-static cca_status_t readiness_wait(cca_device_t *dev, cca_stream_pool_t *sp)
-{
-    cca_backend_t *be = cca_state->backend;
-    dev->compact_waits++;
-    if (sp->event_pending && sp->event_tick == sp->free_tick &&
-        be->event_synchronize(be->ctx, dev->index, sp->ready_event) == CCA_OK) {
-        ready_to(sp, sp->event_tick);
-        sp->event_pending = false;
-        return CCA_OK;
-    }
-    cca_status_t st = wait_stream(dev, sp->stream);
-    if (st == CCA_OK)
-        ready_to(sp, sp->free_tick);
-    return st;
-}
-
-/*
  * Unmap up to want whole free granules of the device's compact segments of
  * the default pools, any stream, any kind, into dev->lent, keeping the range
- * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. First only
- * blocks whose stream's work is known done (readiness_refresh: events, no
- * waiting); then, if that is not enough, the others, after waiting for the
- * event of their stream (readiness_wait). Each time the growth's own kind
- * (small or large) first: granules taken from the other kind's free runs are
- * often wanted back by it within the step (a move back and forth). Each segment's pool is locked while
- * it is looked at, so no block of it is returned meanwhile. Device lock and
- * held's lock held. Returns CCA_OK (dev->lent may hold fewer than want) or
- * the first backend failure.
+ * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. Only blocks whose
+ * stream's work is known done move (readiness_refresh: events, never a
+ * wait); *pending is set when a free block with whole granules was left
+ * because it is not known done yet (it may move at a later growth). The
+ * growth's own kind (small or large) first: granules taken from the other
+ * kind's free runs are often wanted back by it within the step (a move back
+ * and forth). Each segment's pool is locked while it is looked at, so no
+ * block of it is returned meanwhile. Device lock and held's lock held.
+ * Returns CCA_OK (dev->lent may hold fewer than want) or the first backend
+ * failure.
  */
 static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *held, size_t want,
                                        const cca_segment_t *keep_seg, uintptr_t keep_lo,
-                                       uintptr_t keep_hi)
+                                       uintptr_t keep_hi, bool *pending)
 {
     cca_status_t st = CCA_OK;
     size_t target = dev->lent_count + want;
     dev->compact_lends++;
-    /* passes: known done and of the growth's kind (small or large), known done and of
-     * the other kind, then the same two waiting for events. keep_seg may be released
-     * on the way (every other granule of it taken): only its address is compared. */
+    /* passes: the growth's kind (small or large), then the other kind. keep_seg may be
+     * released on the way (every other granule of it taken): only its address is compared. */
     bool growth_small = keep_seg->is_small;
-    for (int pass = 0; pass < 4 && st == CCA_OK && dev->lent_count < target; pass++) {
-        bool may_wait = pass >= 2, same_kind = pass % 2 == 0;
+    for (int pass = 0; pass < 2 && st == CCA_OK && dev->lent_count < target; pass++) {
+        bool same_kind = pass == 0;
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {
             cca_segment_t *next_seg = seg->next_seg;
@@ -844,13 +841,9 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
                 if (!block_ready(b))
                     readiness_refresh(dev, owner);
                 if (!block_ready(b)) {
-                    if (!may_wait) {
-                        b = b->next;
-                        continue;
-                    }
-                    st = readiness_wait(dev, owner);
-                    if (st != CCA_OK)
-                        break;
+                    *pending = true; /* movable once a later query says its work is done */
+                    b = b->next;
+                    continue;
                 }
                 size_t left = target - dev->lent_count;
                 if (end - begin > left)
@@ -893,25 +886,33 @@ static void lent_release(cca_device_t *dev)
  * memory, unmap free granules elsewhere (lend_free_granules) and find the run
  * again (unmapping may have changed it or opened a lower one). Gives up on
  * lending after a few rounds; what is lent is used first by map_granules.
+ * Never waits for the GPU: a growth that maps new memory because free
+ * granules were not yet known done is counted (cca.compact_pending_growths).
  */
 static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **c)
 {
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
-        return CCA_OK; /* no waiting for streams while a capture may be under way */
+        return CCA_OK; /* nothing moves while a capture may be under way */
+    bool pending = false;
     for (int round = 0; round < 4; round++) {
         size_t need = granules_needed(*c, size);
         if (need <= dev->lent_count)
-            return CCA_OK;
+            break;
         size_t before = dev->lent_count;
         cca_segment_t *seg = (*c)->segment;
         uintptr_t lo = (*c)->addr, hi = (*c)->addr + size + seg->es->granule;
-        cca_status_t st = lend_free_granules(dev, pool->owner, need - dev->lent_count, seg, lo, hi);
+        cca_status_t st = lend_free_granules(dev, pool->owner, need - dev->lent_count, seg, lo, hi,
+                                             &pending);
         if (st != CCA_OK)
             return st;
         st = find_expandable_block(dev, pool, size, c);
-        if (st != CCA_OK || dev->lent_count == before)
+        if (st != CCA_OK)
             return st;
+        if (dev->lent_count == before)
+            break;
     }
+    if (pending && granules_needed(*c, size) > dev->lent_count)
+        dev->compact_pending_growths++;
     return CCA_OK;
 }
 

@@ -338,7 +338,8 @@ static void compare_expected(const pv_node_t *root, const replay_event_t *ev, si
 #define HOLD_STREAM_BASE 0xcca0000000000000ull
 
 static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops, size_t nops,
-                               bool trace_addresses, cca_backend_t *sim, cca_replay_result_t *r)
+                               bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
+                               cca_replay_result_t *r)
 {
     const replay_event_t *ev = trace->ev;
     const uint64_t *streams = trace->streams;
@@ -363,6 +364,8 @@ static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops
             r->late_segment_allocs = (uint64_t)half.num_device_alloc;
             r->late_segment_frees = (uint64_t)half.num_device_free;
         }
+        if (event_lag)
+            cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
         const replay_event_t *e = &ev[i];
         uint64_t stream = streams[e->stream];
         if (graphs.pending && e->kind == EV_ALLOC && stream == graphs.pending->stream) {
@@ -418,6 +421,9 @@ static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops
             r->frees++;
             if (e->deferred) {
                 le->hold = next_hold++;
+                st = cca_sim_keep_manual(sim, 0, (cca_stream_t)(uintptr_t)le->hold);
+                if (st != CCA_OK)
+                    goto out;
                 cca_record_stream((void *)(uintptr_t)le->ptr, (cca_stream_t)(uintptr_t)le->hold);
                 cca_free((void *)(uintptr_t)le->ptr);
             } else {
@@ -549,6 +555,11 @@ static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev,
     free(addrs);
     if (st != CCA_OK)
         return st;
+    /* events on the trace's streams (compact_memory's readiness) complete event_lag
+     * trace events after their record; the private streams of deferred frees stay manual */
+    st = cca_sim_time_events(sim, opt->event_lag);
+    if (st != CCA_OK)
+        return st;
     cca_shutdown();
     st = cca_init_with_backend(sim, r->settings);
     if (st != CCA_OK)
@@ -606,7 +617,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     if (st != CCA_OK)
         goto out_history;
     uint64_t t1 = cca_now_ns();
-    st = run_events(&trace, ops, nops, opt.trace_addresses, sim, r);
+    st = run_events(&trace, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
     r->seconds = (double)(cca_now_ns() - t1) / 1e9;
     r->events_per_second = r->seconds > 0 ? (double)n / r->seconds : 0.0;
     if (st != CCA_OK)
@@ -622,6 +633,15 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     cca_cache_info(0, &cached_free, &largest_free);
     r->cached_free_bytes = cached_free;
     r->largest_free_bytes = largest_free;
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    if (cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT) == CCA_OK) {
+        for (size_t k = 0; k < CCA_MEMORY_STATS_EXTRA_COUNT; k++) {
+            if (!strcmp(extra[k].key, "cca.compact_moves"))
+                r->compact_moves = (uint64_t)extra[k].value;
+            else if (!strcmp(extra[k].key, "cca.compact_pending_growths"))
+                r->compact_pending_growths = (uint64_t)extra[k].value;
+        }
+    }
     r->ooms = (uint64_t)stats.num_ooms;
     r->peak_reserved_bytes = stats.reserved_bytes[CCA_STAT_ALL].peak;
     r->peak_allocated_bytes = stats.allocated_bytes[CCA_STAT_ALL].peak;

@@ -291,21 +291,25 @@ TEST(compact_moves_a_hole_to_another_stream)
 }
 
 /* cca's own counters of compact_memory's moves (cca_memory_stats_extra). */
-static void compact_counts(int64_t *moves, int64_t *waits)
+static void compact_counts(int64_t *moves, int64_t *pending)
 {
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_true(!strcmp(extra[3].key, "cca.compact_pending_growths"));
+    expect_true(!strcmp(extra[4].key, "cca.compact_syncs"));
     *moves = extra[2].value;
-    *waits = extra[3].value;
+    *pending = extra[3].value;
+    expect_eq_i64(extra[4].value, 0); /* no event call failed: never a synchronisation */
 }
 
 /*
  * compact_memory with the owning stream busy: s1 still writes the freed
- * block b (a queue of memsets) when s2's growth wants b's granules. They
- * move only once s1's event says its work is done (at most one wait, on that
- * event): s1's queued memsets end without an error (none hit unmapped
- * memory), the moved granules hold s2's data, the blocks around the hole
- * keep s1's. Then, with s1 idle, a second move.
+ * block b (a queue of memsets) when s2's growth wants b's granules. The
+ * growth does not wait: it maps new memory (reserved grows, no move) and
+ * leaves b's granules in place, s1's queued memsets end without an error
+ * (none hit unmapped memory), the blocks around the hole keep s1's data.
+ * Then, with s1 idle, the next growth sees s1's event complete and moves
+ * the granules (reserved unchanged), which hold s2's data.
  */
 TEST(compact_moves_after_the_owning_streams_event)
 {
@@ -328,18 +332,19 @@ TEST(compact_moves_after_the_owning_streams_event)
     for (int i = 0; i < 128; i++) /* about 1.3 GB of writes: s1 is busy for a while */
         expect_true(cudaMemsetAsync(b, i & 0xff, 10 * MiB, s1) == cudaSuccess);
     expect_ok(cca_free(b));
-    int64_t moves0, waits0, moves1, waits1, moves2, waits2;
-    compact_counts(&moves0, &waits0);
+    int64_t moves0, pending0, moves1, pending1, moves2, pending2;
+    compact_counts(&moves0, &pending0);
     cca_device_stats_t before, after;
     expect_ok(cca_get_device_stats(0, &before));
     expect_ok(cca_malloc((void **)&d, 8 * MiB, (cca_stream_t)s2));
     expect_ok(cca_get_device_stats(0, &after));
-    compact_counts(&moves1, &waits1);
-    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, before.reserved_bytes[CCA_STAT_ALL].current);
-    expect_true(moves1 == moves0 + 1);
-    expect_true(waits1 - waits0 <= 1);
-    printf("  busy stream: %lld move, %lld wait for its event\n", (long long)(moves1 - moves0),
-           (long long)(waits1 - waits0));
+    compact_counts(&moves1, &pending1);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current,
+                  before.reserved_bytes[CCA_STAT_ALL].current + (int64_t)(8 * MiB));
+    expect_true(moves1 == moves0);
+    expect_true(pending1 == pending0 + 1);
+    printf("  busy stream: %lld move, %lld growth past pending granules (new memory, no wait)\n",
+           (long long)(moves1 - moves0), (long long)(pending1 - pending0));
     if (d) {
         expect_true(cudaMemsetAsync(d, 0x44, 8 * MiB, s2) == cudaSuccess);
         expect_eq_u64(check_window(d, 4096, 0x44, s2), 0);
@@ -348,14 +353,18 @@ TEST(compact_moves_after_the_owning_streams_event)
     expect_true(cudaStreamSynchronize(s1) == cudaSuccess); /* s1's memsets hit no unmapped page */
     expect_eq_u64(check_window(a, 10 * MiB - 4096, 0x21, s1), 0);
     expect_eq_u64(check_window(c, 4096, 0x23, s1), 0);
-    /* s1 idle: e's granules move too (its event seen complete, or one short wait) */
+    /* s1 idle: its event (and a new record covering e) complete: b's granules move */
     expect_ok(cca_free(e));
     char *g = NULL;
+    expect_ok(cca_get_device_stats(0, &before));
     expect_ok(cca_malloc((void **)&g, 8 * MiB, (cca_stream_t)s2));
-    compact_counts(&moves2, &waits2);
+    expect_ok(cca_get_device_stats(0, &after));
+    compact_counts(&moves2, &pending2);
     expect_true(moves2 == moves1 + 1);
-    printf("  idle stream: %lld move, %lld wait for its event\n", (long long)(moves2 - moves1),
-           (long long)(waits2 - waits1));
+    expect_true(pending2 == pending1);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, before.reserved_bytes[CCA_STAT_ALL].current);
+    printf("  idle stream: %lld move, %lld growth past pending granules\n", (long long)(moves2 - moves1),
+           (long long)(pending2 - pending1));
     if (g) {
         expect_true(cudaMemsetAsync(g, 0x46, 8 * MiB, s2) == cudaSuccess);
         expect_eq_u64(check_window(g, 8 * MiB - 4096, 0x46, s2), 0);

@@ -517,8 +517,9 @@ static void scenario_expandable_switch(void)
 }
 
 /* compact_memory: holes in one stream's segments lent to the growth of
- * another stream's and of the other kind's (their streams' events recorded,
- * queried and, with events pending, waited for), the OOM path with lending. */
+ * another stream's and of the other kind's (their streams' events recorded
+ * and queried, never waited for; a failed event call synchronises the
+ * stream instead), the OOM path with lending. */
 static void scenario_compact(void)
 {
     do_malloc(10 * MiB, 0, NULL);
@@ -529,7 +530,7 @@ static void scenario_compact(void)
     do_malloc(1000, 0, S1);          /* S1's small segment: a granule of the hole */
     do_malloc(6 * MiB, 0, S1);       /* S1's large segment: three more */
     do_record(4, S2);
-    do_free(4);                      /* waits for S2 */
+    do_free(4);                      /* its event on S2 */
     do_malloc(40 * MiB, 0, NULL);    /* the rest of the hole, then new memory */
     do_malloc(5 * MiB, 1, S2);       /* device 1 */
     do_free(0);

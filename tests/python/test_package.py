@@ -218,8 +218,8 @@ class Layout(unittest.TestCase):
         mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
-                   "cca_replay_options_t": (_lib.ReplayOptions, "svg_path"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "largest_free_bytes")}
+                   "cca_replay_options_t": (_lib.ReplayOptions, "event_lag"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "compact_pending_growths")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()

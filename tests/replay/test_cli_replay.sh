@@ -57,5 +57,15 @@ if "$cca" replay "$trace" --cap 64M --json >"$tmp/cap.json" 2>&1 &&
     ok small_cap
 else fail small_cap "$(head -c 300 "$tmp/cap.json")"; fi
 
+# --event-lag: the GPU running behind; compact's growths then pass pending granules
+if "$cca" replay "$trace" --settings compact_memory:True --event-lag 10 --json >"$tmp/lag.json" 2>&1 &&
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['compact_pending_growths'] > 0, d" "$tmp/lag.json"; then
+    ok event_lag
+else fail event_lag "$(head -c 300 "$tmp/lag.json")"; fi
+
+"$cca" replay "$trace" --event-lag -1 >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--event-lag -1" "$tmp/err"; then ok bad_event_lag; else fail bad_event_lag "rc $rc"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -279,13 +279,17 @@ static void run_stress(const char *settings, size_t total_memory)
            *settings ? (long long)s.num_device_alloc : 0ll,
            *settings ? (long long)s.num_device_free : 0ll);
     if (strstr(settings, "compact_memory")) {
-        /* moves happened, some on events seen complete, some after a wait on one */
+        /* moves happened on events seen complete; no event call failed, so the growth
+         * path never synchronised a stream */
         cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
         expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
-        printf("stress %s: %lld growths moved %lld MiB of free granules, %lld waited for a "
-               "stream's event\n", settings, (long long)extra[2].value,
+        expect_eq_str(extra[3].key, "cca.compact_pending_growths");
+        expect_eq_str(extra[4].key, "cca.compact_syncs");
+        printf("stress %s: %lld growths moved %lld MiB of free granules, %lld took new memory "
+               "past granules still pending\n", settings, (long long)extra[2].value,
                (long long)(extra[1].value >> 20), (long long)extra[3].value);
         expect_true(extra[2].value > 0);
+        expect_eq_i64(extra[4].value, 0);
     }
     cca_shutdown();
 }

@@ -249,8 +249,8 @@ TEST(compact_fragmentation_in_oom_message)
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
     expect_eq_str(extra[0].key, "cca.cached_free_bytes");
     expect_eq_i64(extra[0].value, (int64_t)cached);
-    expect_eq_str(extra[4].key, "cca.largest_free_bytes");
-    expect_eq_i64(extra[4].value, (int64_t)largest);
+    expect_eq_str(extra[5].key, "cca.largest_free_bytes");
+    expect_eq_i64(extra[5].value, (int64_t)largest);
     expect_status(cca_memory_stats_extra(0, extra, 2), CCA_ERR_INVALID_ARGUMENT);
     void *d = NULL;
     expect_status(cca_malloc(&d, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
@@ -320,23 +320,28 @@ static uint64_t calls(cca_backend_op_t op)
     return cca_sim_call_count(sim, op);
 }
 
-static int64_t compact_waits(void)
+/* One of cca's own keys beside PyTorch's, by name. */
+static int64_t extra_stat(const char *key)
 {
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
-    expect_eq_str(extra[3].key, "cca.compact_waits");
-    return extra[3].value;
+    for (size_t i = 0; i < CCA_MEMORY_STATS_EXTRA_COUNT; i++)
+        if (!strcmp(extra[i].key, key))
+            return extra[i].value;
+    printf("  no key %s\n", key);
+    expect_true(false);
+    return -1;
 }
 
 /*
  * Events complete only when the test says (the GPU still working): holes in
  * S1's and S2's segments are not known done, so a growth on another stream
- * waits for one stream's event (no stream or device synchronisation) and
- * takes that hole only, leaving the other mapped while its event is pending;
- * once the test completes the other stream, the next growth sees its event
- * complete and takes its hole without waiting.
+ * does not wait: it maps new memory, moves nothing, and leaves one event
+ * recorded on each stream (no synchronisation of any kind). Once the test
+ * completes the streams, the next growths see the events complete and take
+ * the holes, reserved memory unchanged.
  */
-TEST(compact_moves_granules_once_their_stream_event_completes)
+TEST(compact_takes_new_memory_while_granules_are_pending)
 {
     setup_events("compact_memory:True", 0, true);
     cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
@@ -349,34 +354,44 @@ TEST(compact_moves_granules_once_their_stream_event_completes)
     uint64_t ssyncs = calls(CCA_OP_STREAM_SYNCHRONIZE), dsyncs = calls(CCA_OP_DEVICE_SYNCHRONIZE);
     void *d = xmalloc(10 * MiB, s3);
     expect_true(d != NULL);
-    expect_eq_i64(reserved(), before);                          /* one hole moved */
-    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 5);         /* one hole only */
-    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE) - esyncs, 1); /* one stream's event */
-    expect_eq_u64(cca_sim_pending_events(sim), 1);              /* the other's, still pending */
-    expect_eq_i64(compact_waits(), 1);
+    expect_eq_i64(reserved(), before + (int64_t)(10 * MiB)); /* new memory, no wait */
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 0);
+    expect_eq_u64(cca_sim_pending_events(sim), 2);            /* one record per stream */
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 0);
     expect_true(invariants_hold());
-    /* the other stream's work completes: its hole moves with no wait at all */
+    /* still pending: the records in flight are not made again, nothing moves */
+    uint64_t records = calls(CCA_OP_EVENT_RECORD);
+    void *e = xmalloc(2 * MiB, s3);
+    expect_eq_u64(calls(CCA_OP_EVENT_RECORD), records);
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 0);
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 2);
+    /* the streams' work completes: the holes move, reserved stays */
     expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
-    void *e = xmalloc(10 * MiB, s3);
-    expect_true(e != NULL);
+    before = reserved();
+    void *f = xmalloc(20 * MiB, s3);
+    expect_true(f != NULL);
     expect_eq_i64(reserved(), before);
     expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 10);
-    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE) - esyncs, 1);
-    expect_eq_i64(compact_waits(), 1);
-    /* never a stream or device synchronisation on the way */
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 2);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    /* never a wait on the way */
+    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE), esyncs);
     expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), ssyncs);
     expect_eq_u64(calls(CCA_OP_DEVICE_SYNCHRONIZE), dsyncs);
+    expect_eq_i64(extra_stat("cca.compact_syncs"), 0);
     expect_true(invariants_hold());
-    void *ptrs[] = {a1, c1, a2, c2, d, e};
-    for (size_t i = 0; i < 6; i++)
+    void *ptrs[] = {a1, c1, a2, c2, d, e, f};
+    for (size_t i = 0; i < 7; i++)
         cca_free(ptrs[i]);
     cca_shutdown();
 }
 
 /*
- * A hole freed after the stream's last event was recorded is not taken on
- * that event's word: the event covers the first hole only, so the second is
- * waited for (the event recorded again) before it moves.
+ * A hole freed after the stream's event was recorded is not taken on that
+ * event's word: once the event completes, the first hole moves and the
+ * second stays (a new record covers it); it moves only after that record
+ * completes too.
  */
 TEST(compact_later_frees_are_not_covered_by_an_older_event)
 {
@@ -385,20 +400,57 @@ TEST(compact_later_frees_are_not_covered_by_an_older_event)
     void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
     void *d = xmalloc(4 * MiB, S1), *e = xmalloc(4 * MiB, S1);
     cca_free(b);
-    void *x = xmalloc(4 * MiB, s3); /* records an event on S1, waits for it, takes b's hole */
-    expect_eq_i64(compact_waits(), 1);
+    void *x = xmalloc(4 * MiB, s3); /* records an event on S1, pending: new memory */
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 1);
     cca_free(d); /* after the record: the event says nothing about it */
     expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
     uint64_t unmaps = calls(CCA_OP_VMM_UNMAP);
-    void *y = xmalloc(4 * MiB, s3);
+    int64_t before = reserved();
+    void *y = xmalloc(4 * MiB, s3); /* b's hole moves; d's waits for the new record */
     expect_true(y != NULL);
     expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 2);
-    expect_eq_i64(compact_waits(), 2); /* d's granules waited for on a new record */
+    expect_eq_i64(reserved(), before);
+    expect_eq_u64(cca_sim_pending_events(sim), 1);
+    void *z = xmalloc(4 * MiB, s3); /* the record for d still pending: new memory */
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 2);
+    expect_eq_i64(reserved(), before + (int64_t)(4 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 2);
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    void *w = xmalloc(4 * MiB, s3); /* now d's hole moves */
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 4);
+    expect_eq_i64(reserved(), before + (int64_t)(4 * MiB));
+    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE), 0);
     expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), 0);
     expect_eq_u64(calls(CCA_OP_DEVICE_SYNCHRONIZE), 0);
     expect_true(invariants_hold());
-    void *ptrs[] = {a, c, e, x, y};
-    for (size_t i = 0; i < 5; i++)
+    void *ptrs[] = {a, c, e, x, y, z, w};
+    for (size_t i = 0; i < 7; i++)
+        cca_free(ptrs[i]);
+    cca_shutdown();
+}
+
+/*
+ * Only where an event call fails does the growth path synchronise: the
+ * stream (counted in cca.compact_syncs), after which its holes move.
+ */
+TEST(compact_synchronises_the_stream_only_when_an_event_call_fails)
+{
+    setup_events("compact_memory:True", 0, true);
+    cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
+    void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
+    cca_free(b);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_EVENT_RECORD, 1, false, CCA_ERR_BACKEND));
+    int64_t before = reserved();
+    void *x = xmalloc(4 * MiB, s3);
+    expect_true(x != NULL);
+    expect_eq_i64(reserved(), before); /* b's hole moved after the stream's synchronisation */
+    expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), 1);
+    expect_eq_i64(extra_stat("cca.compact_syncs"), 1);
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 0);
+    expect_true(invariants_hold());
+    cca_sim_clear_faults(sim);
+    void *ptrs[] = {a, c, x};
+    for (size_t i = 0; i < 3; i++)
         cca_free(ptrs[i]);
     cca_shutdown();
 }
@@ -414,7 +466,8 @@ int main(void)
     RUN(compact_fragmentation_in_oom_message);
     RUN(compact_takes_the_growths_own_kind_first);
     RUN(compact_growth_outlives_its_released_segment);
-    RUN(compact_moves_granules_once_their_stream_event_completes);
+    RUN(compact_takes_new_memory_while_granules_are_pending);
     RUN(compact_later_frees_are_not_covered_by_an_older_event);
+    RUN(compact_synchronises_the_stream_only_when_an_event_call_fails);
     return harness_done();
 }

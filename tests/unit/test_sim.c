@@ -539,6 +539,50 @@ TEST(manual_events_synchronize)
     b->destroy(b->ctx);
 }
 
+/* Timed events: a record completes lag ticks later unless its stream is kept
+ * manual; lag 0 completes at once; synchronisation still completes at once. */
+TEST(timed_events)
+{
+    cca_sim_config_t plain = {0};
+    cca_backend_t *a = make(&plain);
+    expect_status(cca_sim_time_events(a, 2), CCA_ERR_INVALID_ARGUMENT); /* manual mode only */
+    a->destroy(a->ctx);
+    cca_sim_config_t cfg = {.manual_events = true};
+    cca_backend_t *b = make(&cfg);
+    cca_event_t e[3];
+    for (int i = 0; i < 3; i++)
+        expect_ok(b->event_create(b->ctx, 0, &e[i]));
+    expect_ok(cca_sim_time_events(b, 2));
+    expect_ok(cca_sim_keep_manual(b, 0, S2));
+    expect_ok(b->event_record(b->ctx, 0, e[0], S1));
+    expect_ok(b->event_record(b->ctx, 0, e[1], S2));
+    cca_sim_tick(b, 1);
+    expect_ok(b->event_record(b->ctx, 0, e[2], S1));
+    expect_status(b->event_query(b->ctx, 0, e[0]), CCA_ERR_NOT_READY);
+    cca_sim_tick(b, 1); /* e[0] due */
+    expect_ok(b->event_query(b->ctx, 0, e[0]));
+    expect_status(b->event_query(b->ctx, 0, e[2]), CCA_ERR_NOT_READY);
+    cca_sim_tick(b, 5);
+    expect_ok(b->event_query(b->ctx, 0, e[2]));
+    expect_status(b->event_query(b->ctx, 0, e[1]), CCA_ERR_NOT_READY); /* kept manual */
+    expect_ok(cca_sim_complete_stream(b, 0, S2, false));
+    expect_ok(b->event_query(b->ctx, 0, e[1]));
+    /* re-recording pushes the answer back; synchronisation completes at once */
+    expect_ok(b->event_record(b->ctx, 0, e[0], S1));
+    expect_status(b->event_query(b->ctx, 0, e[0]), CCA_ERR_NOT_READY);
+    expect_ok(b->event_synchronize(b->ctx, 0, e[0]));
+    expect_ok(b->event_query(b->ctx, 0, e[0]));
+    /* lag 0: at once */
+    expect_ok(cca_sim_time_events(b, 0));
+    expect_ok(b->event_record(b->ctx, 0, e[0], S1));
+    expect_ok(b->event_query(b->ctx, 0, e[0]));
+    expect_eq_u64(cca_sim_pending_events(b), 0);
+    for (int i = 0; i < 3; i++)
+        expect_ok(b->event_destroy(b->ctx, 0, e[i]));
+    expect_no_leaks(b);
+    b->destroy(b->ctx);
+}
+
 TEST(capture_status)
 {
     cca_backend_t *b = make(NULL);
@@ -1287,6 +1331,7 @@ int main(void)
     RUN(automatic_events);
     RUN(manual_events_per_stream);
     RUN(manual_events_synchronize);
+    RUN(timed_events);
     RUN(capture_status);
     RUN(fault_nth_once);
     RUN(fault_persistent_and_clear);

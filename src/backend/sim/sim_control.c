@@ -115,6 +115,46 @@ cca_status_t cca_sim_complete_stream(cca_backend_t *backend, int device, cca_str
     return CCA_OK;
 }
 
+cca_status_t cca_sim_time_events(cca_backend_t *backend, uint64_t lag)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (!c->manual_events)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_sim_time_events: the backend was not created with manual_events");
+    pthread_mutex_lock(&c->lock);
+    c->timed_events = true;
+    c->event_lag = lag;
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_sim_keep_manual(cca_backend_t *backend, int device, cca_stream_t stream)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (device < 0 || device >= c->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_keep_manual: invalid device %d", device);
+    pthread_mutex_lock(&c->lock);
+    sim_stream_t *s = sim_stream_get_locked(c, device, stream);
+    if (s)
+        s->manual = true;
+    pthread_mutex_unlock(&c->lock);
+    return s ? CCA_OK : cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_sim_keep_manual: out of host memory");
+}
+
+void cca_sim_tick(cca_backend_t *backend, uint64_t ticks)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->clock += ticks;
+    pthread_mutex_unlock(&c->lock);
+}
+
 uint64_t cca_sim_pending_events(cca_backend_t *backend)
 {
     sim_ctx_t *c = sim_of(backend);

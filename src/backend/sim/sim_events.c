@@ -2,8 +2,10 @@
  * sim_events.c - the simulated backend's event records: making and finding
  * events, and completing them. Events complete at once, or in manual mode
  * stay pending on their stream until a synchronization (or
- * cca_sim_complete_stream) completes them in record order. The operations
- * on them are in sim_streams.c.
+ * cca_sim_complete_stream) completes them in record order; in timed mode
+ * (cca_sim_time_events, manual mode only) those of streams not kept manual
+ * complete event_lag ticks (cca_sim_tick) after their record. The
+ * operations on them are in sim_streams.c.
  * Invariant: a pending event is in exactly one stream's list, its lists are
  * in record order, and pending_events counts the pending events.
  */
@@ -50,6 +52,22 @@ void sim_device_complete_locked(sim_ctx_t *c, int device)
     for (size_t i = 0; m->slots && i <= m->mask; i++)
         if (m->slots[i].value)
             sim_stream_complete_locked(c, m->slots[i].value, NULL);
+}
+
+sim_stream_t *sim_stream_get_locked(sim_ctx_t *c, int device, cca_stream_t stream)
+{
+    sim_map_t *streams = &c->devices[device].streams;
+    uint64_t key = (uint64_t)(uintptr_t)stream;
+    sim_stream_t *s = simmap_get(streams, key);
+    if (s)
+        return s;
+    s = calloc(1, sizeof(*s));
+    if (!s || !simmap_reserve(streams)) {
+        free(s);
+        return NULL;
+    }
+    simmap_put(streams, key, s);
+    return s;
 }
 
 cca_status_t sim_event_new_locked(sim_ctx_t *c, cca_backend_op_t op, int device, sim_event_t **out)

@@ -103,7 +103,7 @@ out_unlock:
 }
 
 /* Record an event on stream: complete at once, or (manual mode) pending at the end
- * of the stream's list. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND,
+ * of the stream's list (timed mode: due event_lag ticks from now, at once for 0). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT, CCA_ERR_BACKEND,
  * or a fault. */
 static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, cca_stream_t stream)
 {
@@ -115,19 +115,16 @@ static cca_status_t sim_event_record(void *ctx, int device, cca_event_t event, c
     sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_RECORD, device, event, &st);
     if (!e || !c->manual_events)
         goto out_unlock;
-    sim_map_t *streams = &c->devices[device].streams;
-    uint64_t key = (uint64_t)(uintptr_t)stream;
-    sim_stream_t *s = simmap_get(streams, key);
+    sim_stream_t *s = sim_stream_get_locked(c, device, stream);
     if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s || !simmap_reserve(streams)) {
-            free(s);
-            st = sim_host_oom(CCA_OP_EVENT_RECORD);
-            goto out_unlock;
-        }
-        simmap_put(streams, key, s);
+        st = sim_host_oom(CCA_OP_EVENT_RECORD);
+        goto out_unlock;
     }
     sim_event_unlink(c, e); /* re-recording re-arms the event */
+    bool timed = c->timed_events && !s->manual;
+    if (timed && !c->event_lag)
+        goto out_unlock; /* completes at once */
+    e->due = timed ? c->clock + c->event_lag : UINT64_MAX;
     e->stream = s;
     e->pending = true;
     e->prev = s->tail;
@@ -143,8 +140,8 @@ out_unlock:
     return st;
 }
 
-/* CCA_OK if the event completed (or was never recorded), CCA_ERR_NOT_READY if
- * pending; CCA_ERR_INVALID_ARGUMENT, or a fault. */
+/* CCA_OK if the event completed (or was never recorded, or is timed and due),
+ * CCA_ERR_NOT_READY if pending; CCA_ERR_INVALID_ARGUMENT, or a fault. */
 static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
 {
     sim_ctx_t *c = ctx;
@@ -153,6 +150,8 @@ static cca_status_t sim_event_query(void *ctx, int device, cca_event_t event)
     if (st != CCA_OK)
         goto out_unlock;
     sim_event_t *e = sim_find_event(c, CCA_OP_EVENT_QUERY, device, event, &st);
+    if (e && e->pending && e->due <= c->clock)
+        sim_stream_complete_locked(c, e->stream, e); /* timed: its ticks have passed */
     if (e && e->pending)
         st = CCA_ERR_NOT_READY; /* a state, not a failure: nothing recorded */
 out_unlock:

@@ -73,12 +73,14 @@ typedef struct sim_event {
     int device;
     bool interprocess;         /* made by ipc_event_create */
     bool pending;              /* recorded, not completed (manual mode) */
+    uint64_t due;              /* timed stream: the tick at which it completes */
     struct sim_stream *stream; /* stream it is pending on */
     struct sim_event *prev, *next; /* in its stream's pending list, record order */
 } sim_event_t;
 
 typedef struct sim_stream {
     sim_event_t *head, *tail; /* pending events, oldest first */
+    bool manual;              /* timed mode: this stream's events stay manual */
 } sim_stream_t;
 
 typedef struct sim_host {
@@ -116,6 +118,9 @@ typedef struct sim_ctx {
     int device_count;
     bool backed;
     bool manual_events;
+    bool timed_events;      /* manual mode: streams not marked manual complete by ticks */
+    uint64_t event_lag;     /* timed: ticks from a record to its completion (0: at once) */
+    uint64_t clock;         /* timed: ticks so far (cca_sim_tick) */
     size_t granularity;     /* bytes */
     sim_device_t devices[SIM_MAX_DEVICES];
     sim_map_t allocs;       /* addr -> sim_alloc_t */
@@ -199,6 +204,8 @@ sim_event_t *sim_find_event(sim_ctx_t *c, cca_backend_op_t op, int device, cca_e
 void sim_stream_complete_locked(sim_ctx_t *c, sim_stream_t *s, sim_event_t *last);
 /* Complete every pending event of device. */
 void sim_device_complete_locked(sim_ctx_t *c, int device);
+/* The stream record of handle on device, made (not manual) if new; NULL: out of host memory. */
+sim_stream_t *sim_stream_get_locked(sim_ctx_t *c, int device, cca_stream_t stream);
 /* Install the event and stream synchronization operations into the table. */
 void sim_events_install(cca_backend_t *b);
 
