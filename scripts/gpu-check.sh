@@ -30,9 +30,10 @@
 #     then the two-rank NCCL run (torch_ddp.py); about 2-4 minutes.
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
-#     and the waits for a stream's event), then bench/torch_bench.py (PyTorch
-#     native, native expandable, cca and cca compact: step times, peak
-#     reserved, the compact run's moves and waits); about 4-6 minutes (give it
+#     and the growths that took new memory past pending granules), then
+#     bench/torch_bench.py (PyTorch native, native expandable, cca and cca
+#     compact: step times, peak reserved, the compact run's moves, growths past
+#     pending granules and synchronisations); about 4-6 minutes (give it
 #     GPU_CHECK_BUDGET=600).
 # shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
 set -u -o pipefail
