@@ -16,7 +16,17 @@
  * The run is made twice: with plain segments, and with expandable segments
  * (32 reservations growing and unmapping under the threads, real memory
  * behind every mapped granule).
- * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread.
+ * Out of memory: while a route is active, PyTorch's malloc releases no cached
+ * block on its way to an OOM (captures_underway), so with expandable segments
+ * the 8 GiB device may fill with other streams' cached granules and a worker's
+ * allocation fail. Such an OOM is an expected outcome: counted, checked
+ * against num_ooms, and only once the device was full (peak reserved within
+ * 64 MiB of its memory: at most a large granule short). An OOM while no
+ * route was active at any point of the call fails the test, as does one of
+ * the 64 GiB plain-segment run.
+ * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread,
+ * STRESS_MEMORY_MB the memory of the 8 GiB devices (a small one makes OOMs
+ * under routes frequent).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -53,6 +63,8 @@ static struct {
 
 static atomic_bool stop_completer;
 static atomic_uint_fast64_t ops_done, bad_patterns, errors, cross_frees;
+/* route_begins: counted before each begin; route_ends: after each end returned */
+static atomic_uint_fast64_t route_begins, route_ends, ooms_under_routes;
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -114,6 +126,7 @@ static size_t pick_size(uint64_t *rng)
 
 static int ops_per_thread = 3000;
 static atomic_uint_fast64_t routes_begun;
+static bool may_oom; /* the device is small enough for caching under routes to fill it */
 
 /* Workers 1 and 2 capture their stream into pools of their own; worker 3 uses a MemPool. */
 static void toggle_route(int id, cca_stream_t stream, int op, bool *routing)
@@ -122,6 +135,7 @@ static void toggle_route(int id, cca_stream_t stream, int op, bool *routing)
                              id == 3 ? 100 : 0};
     cca_status_t st = CCA_OK;
     if (!*routing) {
+        atomic_fetch_add(&route_begins, 1);
         st = id == 3 ? cca_begin_allocate_thread_to_pool(0, pool)
                      : cca_begin_allocate_stream_to_pool(0, pool, stream);
         atomic_fetch_add(&routes_begun, 1);
@@ -129,6 +143,7 @@ static void toggle_route(int id, cca_stream_t stream, int op, bool *routing)
         st = cca_end_allocate_to_pool(0, pool);
         if (st == CCA_OK)
             st = cca_release_pool(0, pool); /* the graph is gone; the end of use_mem_pool */
+        atomic_fetch_add(&route_ends, 1);
     }
     if (st != CCA_OK) {
         atomic_fetch_add(&errors, 1);
@@ -149,7 +164,17 @@ static void *worker(void *arg)
         uint64_t r = rng_next(&rng) % 100;
         if (r < 55) {
             item_t it = {NULL, pick_size(&rng), rng_next(&rng)};
+            /* no route during the call: none begun and not ended before it, none begun after */
+            uint64_t begins = atomic_load(&route_begins), ends = atomic_load(&route_ends);
             cca_status_t st = cca_malloc((void **)&it.ptr, it.size, mine);
+            bool routed = begins != ends || atomic_load(&route_begins) != begins;
+            if (st == CCA_ERR_OUT_OF_MEMORY && routed && may_oom) {
+                if (it.ptr)
+                    atomic_fetch_add(&errors, 1); /* a failed call hands out nothing */
+                atomic_fetch_add(&ooms_under_routes, 1);
+                atomic_fetch_add(&ops_done, 1);
+                continue;
+            }
             if (st != CCA_OK) {
                 atomic_fetch_add(&errors, 1);
                 printf("  malloc(%zu) failed: %s\n", it.size, cca_last_error()->message);
@@ -213,6 +238,10 @@ static void run_stress(const char *settings, size_t total_memory)
     const char *env = getenv("STRESS_OPS");
     if (env && atoi(env) > 0)
         ops_per_thread = atoi(env);
+    may_oom = total_memory < (64ull << 30);
+    env = getenv("STRESS_MEMORY_MB");
+    if (may_oom && env && atoi(env) > 0)
+        total_memory = (size_t)atoi(env) * MiB;
     for (int i = 0; i < STREAMS; i++)
         streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
     cca_sim_config_t cfg = {0};
@@ -226,6 +255,9 @@ static void run_stress(const char *settings, size_t total_memory)
     atomic_store(&errors, 0);
     atomic_store(&cross_frees, 0);
     atomic_store(&routes_begun, 0);
+    atomic_store(&route_begins, 0);
+    atomic_store(&route_ends, 0);
+    atomic_store(&ooms_under_routes, 0);
     if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
         HARNESS_FAIL("setup: %s", cca_last_error()->message);
         return;
@@ -270,11 +302,19 @@ static void run_stress(const char *settings, size_t total_memory)
     expect_eq_u64(atomic_load(&ops_done), (uint64_t)THREADS * (uint64_t)ops_per_thread);
     expect_eq_u64(u.live_handles, 0);
     expect_true(atomic_load(&routes_begun) > 0);
+    /* every OOM counted by the test was the device's, and came once it was full */
+    uint64_t ooms = atomic_load(&ooms_under_routes);
+    expect_eq_i64(s.num_ooms, (int64_t)ooms);
+    if (ooms && s.reserved_bytes[CCA_STAT_ALL].peak + (int64_t)(64 * MiB) < (int64_t)total_memory)
+        HARNESS_FAIL("%llu OOMs under routes with reserved bytes peaking at %lld of %zu",
+                     (unsigned long long)ooms, (long long)s.reserved_bytes[CCA_STAT_ALL].peak,
+                     total_memory);
     printf("stress%s%s: %d threads, %llu operations, %llu cross-thread frees, %llu routes to "
-           "private pools, %lld allocations, %lld segments, %lld maps, %lld unmaps\n",
+           "private pools, %llu OOMs under routes, %lld allocations, %lld segments, %lld maps, %lld "
+           "unmaps\n",
            *settings ? " " : "", settings, THREADS, (unsigned long long)atomic_load(&ops_done),
            (unsigned long long)atomic_load(&cross_frees),
-           (unsigned long long)atomic_load(&routes_begun),
+           (unsigned long long)atomic_load(&routes_begun), (unsigned long long)ooms,
            (long long)s.allocation[CCA_STAT_ALL].allocated, (long long)s.segment[CCA_STAT_ALL].allocated,
            *settings ? (long long)s.num_device_alloc : 0ll,
            *settings ? (long long)s.num_device_free : 0ll);

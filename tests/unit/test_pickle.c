@@ -15,6 +15,15 @@
 #include "harness.h"
 #include "pickle.h"
 
+/* Files go to a directory of this process's own: tests of other build trees may run at once. */
+static char tmp_dir[] = "/tmp/cca_test_pickle_XXXXXX";
+
+static const char *tmp_path(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", tmp_dir, name);
+    return buf;
+}
+
 static const char *const traces[] = {
     "gpt2_generate_default", "gpt2_train_default", "gpt2_train_expandable", "gpt2_train_gc07",
     "gpt2_train_split64", "graph_mlp_default", "graph_mlp_expandable", "mempool_default",
@@ -457,7 +466,8 @@ TEST(truncation_at_every_offset)
         }
     }
     /* The gzip form truncated anywhere fails cleanly too. */
-    const char *gz = "/tmp/cca_test_pickle_trunc.pickle.gz";
+    char gz_buf[128];
+    const char *gz = tmp_path(gz_buf, sizeof(gz_buf), "trunc.pickle.gz");
     expect_ok(pickle_write_file(root, gz));
     FILE *f = fopen(gz, "rb");
     char buf[4096];
@@ -634,7 +644,9 @@ TEST(writer_round_trip)
     expect_eq_u64(again.len, out.len);
     expect_true(again.len == out.len && memcmp(again.data, out.data, out.len) == 0);
     /* File forms, plain and gzip. */
-    const char *paths[] = {"/tmp/cca_test_pickle_rt.pickle", "/tmp/cca_test_pickle_rt.pickle.gz"};
+    char bufs[2][128];
+    const char *paths[] = {tmp_path(bufs[0], sizeof(bufs[0]), "rt.pickle"),
+                           tmp_path(bufs[1], sizeof(bufs[1]), "rt.pickle.gz")};
     for (int i = 0; i < 2; i++) {
         expect_ok(pickle_write_file(root, paths[i]));
         FILE *fh = fopen(paths[i], "rb");
@@ -684,7 +696,8 @@ TEST(builder_errors)
     expect_status(pickle_load_file(NULL, &d), CCA_ERR_INVALID_ARGUMENT);
     expect_status(pickle_load_buffer(NULL, 3, &d), CCA_ERR_INVALID_ARGUMENT);
     /* Format errors from a file name the file. */
-    const char *bad = "/tmp/cca_test_pickle_bad.pickle";
+    char bad_buf[128];
+    const char *bad = tmp_path(bad_buf, sizeof(bad_buf), "bad.pickle");
     FILE *f = fopen(bad, "wb");
     if (f) {
         fputs("\x80\x04R.", f);
@@ -709,7 +722,9 @@ TEST(python_reads_output)
     pv_node_t *cyc = pv_new_list(doc);
     expect_ok(pv_list_append(doc, cyc, cyc));
     expect_ok(pv_dict_set(doc, root, "cycle", cyc));
-    const char *paths[] = {"/tmp/cca_test_pickle_py.pickle", "/tmp/cca_test_pickle_py.pickle.gz"};
+    char bufs[2][128];
+    const char *paths[] = {tmp_path(bufs[0], sizeof(bufs[0]), "py.pickle"),
+                           tmp_path(bufs[1], sizeof(bufs[1]), "py.pickle.gz")};
     for (int i = 0; i < 2; i++) {
         expect_ok(pickle_write_file(root, paths[i]));
         char cmd[2048];
@@ -792,6 +807,10 @@ TEST(json_exact)
 
 int main(void)
 {
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     RUN(real_traces);
     RUN(scalars);
     RUN(strings_and_bytes);
@@ -804,5 +823,6 @@ int main(void)
     RUN(builder_errors);
     RUN(python_reads_output);
     RUN(json_exact);
+    rmdir(tmp_dir);
     return harness_done();
 }
