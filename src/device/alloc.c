@@ -61,13 +61,14 @@ size_t alloc_segment_size(const cca_settings_t *s, size_t size)
     return CCA_ROUND_LARGE * ((size + CCA_ROUND_LARGE - 1) / CCA_ROUND_LARGE);
 }
 
-static bool should_split(const cca_settings_t *s, const cca_block_t *block, size_t size)
+/* PyTorch's should_split, for a free block of total bytes of pool serving size bytes. */
+static bool should_split(const cca_settings_t *s, const cca_pool_t *pool, size_t total, size_t size)
 {
-    const cca_private_pool_t *pp = block->pool->owner->private_pool;
+    const cca_private_pool_t *pp = pool->owner->private_pool;
     if (pp && pp->no_split)
         return false;
-    size_t remaining = block->size - size;
-    if (block->pool->is_small || s->expandable_segments)
+    size_t remaining = total - size;
+    if (pool->is_small || s->expandable_segments)
         return remaining >= CCA_MIN_BLOCK_SIZE;
     return size < s->max_split_size && remaining > CCA_SMALL_SIZE;
 }
@@ -168,6 +169,42 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
 }
 
 /*
+ * The request's statistics and trace: block handed out, remaining the free
+ * rest split off it (or NULL), already_split whether the block it came from
+ * was a piece of a split segment (pool lock held).
+ */
+static inline void alloc_account(cca_device_t *dev, cca_pool_t *pool, cca_block_t *block,
+                                 const cca_block_t *remaining, bool already_split, size_t orig_size)
+{
+    const cca_settings_t *s = &cca_state->settings;
+    int type = pool_stat_type(pool->is_small);
+    int64_t d[OPS_COUNT] = {0};
+    if (pool->expandable_segments && block->segment->es) {
+        /* PyTorch keeps expandable blocks out of inactive_split */
+    } else if (remaining) {
+        if (already_split) {
+            d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
+        } else {
+            d[OPS_INACTIVE_SPLIT_BYTES] = (int64_t)remaining->size;
+            d[OPS_INACTIVE_SPLIT] = 1;
+        }
+    } else if (already_split) {
+        d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
+        d[OPS_INACTIVE_SPLIT] = -1;
+    }
+    d[OPS_ALLOCATION] = 1;
+    d[OPS_ALLOCATED_BYTES] = (int64_t)block->size;
+    d[OPS_ACTIVE] = 1;
+    d[OPS_ACTIVE_BYTES] = (int64_t)block->size;
+    d[OPS_REQUESTED_BYTES] = (int64_t)orig_size;
+    block->oversize = block->size >= s->max_split_size;
+    d[OPS_OVERSIZE] = block->oversize;
+    static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
+    ops_apply(pool->owner, type, d, sign);
+    trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+}
+
+/*
  * Hand out a block found free or fresh from a segment: split off the rest if
  * split says so (-1: if worth it), update statistics, enter it in the pointer
  * map (pool lock held).
@@ -177,10 +214,9 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
 {
     cca_block_t *block = *blockp;
     const cca_settings_t *s = &cca_state->settings;
-    int type = pool_stat_type(pool->is_small);
     bool already_split = block_is_split(block);
     cca_block_t *remaining = NULL;
-    if (split < 0 ? should_split(s, block, size) : split > 0) {
+    if (split < 0 ? should_split(s, pool, block->size, size) : split > 0) {
         cca_block_t *front = pool_block_new(pool, block->segment, block->addr, size);
         if (!front) {
             bins_insert(&pool->bins, block);
@@ -222,31 +258,57 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
             pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
         bins_insert(&pool->bins, remaining);
     }
-    int64_t d[OPS_COUNT] = {0};
-    if (pool->expandable_segments && block->segment->es) {
-        /* PyTorch keeps expandable blocks out of inactive_split */
-    } else if (remaining) {
-        if (already_split) {
-            d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
-        } else {
-            d[OPS_INACTIVE_SPLIT_BYTES] = (int64_t)remaining->size;
-            d[OPS_INACTIVE_SPLIT] = 1;
-        }
-    } else if (already_split) {
-        d[OPS_INACTIVE_SPLIT_BYTES] = -(int64_t)block->size;
-        d[OPS_INACTIVE_SPLIT] = -1;
-    }
-    d[OPS_ALLOCATION] = 1;
-    d[OPS_ALLOCATED_BYTES] = (int64_t)block->size;
-    d[OPS_ACTIVE] = 1;
-    d[OPS_ACTIVE_BYTES] = (int64_t)block->size;
-    d[OPS_REQUESTED_BYTES] = (int64_t)orig_size;
-    block->oversize = block->size >= s->max_split_size;
-    d[OPS_OVERSIZE] = block->oversize;
-    static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
-    ops_apply(pool->owner, type, d, sign);
-    trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+    alloc_account(dev, pool, block, remaining, already_split, orig_size);
     *blockp = block;
+    return CCA_OK;
+}
+
+/*
+ * The pool's held-back block (pool_free_block), if a request of size bytes
+ * would get it as it is: best fit over the pool as PyTorch has it (the held
+ * block merged with its free upper neighbour) picks the merged block, whose
+ * split gives back the held block and that neighbour. NULL otherwise (pool
+ * lock held; nothing changed).
+ */
+static cca_block_t *held_fit(const cca_pool_t *pool, size_t size)
+{
+    const cca_settings_t *s = &cca_state->settings;
+    cca_block_t *h = pool->held;
+    if (h->size != size)
+        return NULL;
+    const cca_block_t *up = h->next;
+    size_t merged = h->size + up->size;
+    if (merged >= s->max_split_size || !should_split(s, pool, merged, size))
+        return NULL;
+    /* the merged block sorts after up: best fit picks it unless a block ordered
+     * between (size, address) of the request and the merged block fits */
+    const cca_block_t *c = bins_best_fit(&pool->bins, size);
+    if (c == up)
+        c = bins_next(&pool->bins, up);
+    if (c && (c->size < merged || (c->size == merged && c->addr < h->addr)))
+        return NULL;
+    return h;
+}
+
+/* Hand out the held block found by held_fit (pool lock held). */
+static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t *block,
+                                     size_t orig_size)
+{
+    const cca_settings_t *s = &cca_state->settings;
+    if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
+        atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
+                                  memory_order_relaxed);
+    block->allocated = true;
+    block->requested_size = orig_size;
+    if (!ptrmap_insert(cca_state->ptrmap, block)) {
+        block->allocated = false; /* still held */
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
+    }
+    pool->held = NULL;
+    cca_block_t *up = block->next;
+    up->gc_count_base = atomic_load_explicit(
+        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    alloc_account(dev, pool, block, up, block->prev || up->next, orig_size);
     return CCA_OK;
 }
 
@@ -312,7 +374,7 @@ static cca_block_t *oom_fallback(cca_device_t *dev, cca_stream_pool_t *sp, bool 
         if (!psp)
             continue;
         cca_pool_t *pool = is_small ? &psp->small : &psp->large;
-        cca_spin_lock(&psp->lock);
+        pool_lock(psp);
         cca_block_t *b = get_free_block(dev, pool, size, false);
         cca_spin_unlock(&psp->lock);
         if (b) {
@@ -336,7 +398,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     if (cca_state->free_callback_count)
         freed |= release_free_memory_callbacks();
     if (freed) {
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         block = get_free_block(dev, pool, size, true);
         if (block) {
             st = alloc_found_block(dev, pool, &block, size, orig_size, -1);
@@ -348,7 +410,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     }
 
     pthread_mutex_lock(&dev->lock);
-    cca_spin_lock(&sp->lock);
+    pool_lock(sp);
     /* Another thread may have freed into this pool meanwhile. */
     block = get_free_block(dev, pool, size, false);
     if (!block) {
@@ -362,7 +424,7 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
             block = oom_fallback(dev, sp, pool->is_small, size, &fallback);
             if (block) {
                 cca_stream_pool_t *fsp = fallback->owner;
-                cca_spin_lock(&fsp->lock);
+                pool_lock(fsp);
                 st = alloc_found_block(dev, fallback, &block, size, orig_size, -1);
                 cca_spin_unlock(&fsp->lock);
                 cca_spin_unlock(&sp->lock);
@@ -467,7 +529,17 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
     cca_spin_lock(&sp->lock);
-    cca_block_t *block = get_free_block(dev, pool, rsize, true);
+    cca_block_t *block = NULL;
+    if (sp->small.held || sp->large.held) {
+        block = pool->held ? held_fit(pool, rsize) : NULL;
+        if (block) {
+            st = alloc_held_block(dev, pool, block, size);
+            cca_spin_unlock(&sp->lock);
+            goto done;
+        }
+        pool_flush(sp);
+    }
+    block = get_free_block(dev, pool, rsize, true);
     if (block) {
         st = alloc_found_block(dev, pool, &block, rsize, size, -1);
         cca_spin_unlock(&sp->lock);
@@ -475,6 +547,7 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
         cca_spin_unlock(&sp->lock);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
+done:
     if (sp->private_pool)
         pools_unpin(sp);
     if (context)

@@ -522,7 +522,7 @@ static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
     }
     for (size_t i = 0; i < list->count; i++) {
         if (lock)
-            cca_spin_lock(&list->pools[i]->lock);
+            pool_lock(list->pools[i]);
         else
             cca_spin_unlock(&list->pools[i]->lock);
     }

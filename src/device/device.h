@@ -121,6 +121,11 @@ typedef struct cca_pool {
     bool is_small;
     uint32_t expandable_segments; /* live expandable segments of this pool */
     struct cca_block *unmapped;   /* their unmapped blocks, by address */
+    /* A freed block whose merge with its free upper neighbour is put off
+     * (pool_free_block): the next request of its size takes it back where
+     * best fit would split it off again; any other use of the pool merges it
+     * first (pool_flush). Its statistics are already those of the merge. */
+    struct cca_block *held;
     cca_bins_t bins;
 } cca_pool_t;
 
@@ -419,17 +424,19 @@ enum {
     OPS_INACTIVE_SPLIT, OPS_INACTIVE_SPLIT_BYTES, OPS_OVERSIZE, OPS_COUNT
 };
 
-typedef struct ops_value {
-    int64_t current, peak;
-} ops_value_t;
-
 typedef struct ops_count {
     int64_t allocated, freed;
 } ops_count_t;
 
-/* Allocated 64-byte aligned (pool_device_init): each type's row of values is two cache lines. */
+/*
+ * Allocated 64-byte aligned (pool_device_init). Each type's row of current
+ * values is one cache line and its peaks another: an operation writes the
+ * current rows of ALL and of its kind and only reads the peak rows (unless a
+ * peak rises), so threads meet on two written lines per operation.
+ */
 typedef struct ops_table {
-    ops_value_t v[CCA_STAT_TYPES][OPS_COUNT];
+    int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
+    int64_t peak[CCA_STAT_TYPES][OPS_COUNT];
     ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed while locked; a private
                                                  pool's (by atomics) once shared */
 } ops_table_t;
@@ -544,24 +551,24 @@ static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_de
         }
         return;
     }
-    ops_value_t *v = &t->v[type][stat];
+    int64_t *cur = &t->cur[type][stat], *peak = &t->peak[type][stat];
     ops_count_t *n = &t->n[type][stat];
     if (mode == OPS_LOCKED) { /* plain: the stats lock orders every writer and reader */
-        v->current += amount;
+        *cur += amount;
         if (up) {
-            if (v->current > v->peak)
-                v->peak = v->current;
+            if (*cur > *peak)
+                *peak = *cur;
             n->allocated += amount;
         } else {
             n->freed -= amount;
         }
         return;
     }
-    int64_t now = __atomic_add_fetch(&v->current, amount, __ATOMIC_RELAXED);
+    int64_t now = __atomic_add_fetch(cur, amount, __ATOMIC_RELAXED);
     if (up) {
-        int64_t peak = __atomic_load_n(&v->peak, __ATOMIC_RELAXED);
-        while (now > peak && !__atomic_compare_exchange_n(&v->peak, &peak, now, true,
-                                                           __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        int64_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
+        while (now > seen && !__atomic_compare_exchange_n(peak, &seen, now, true,
+                                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         }
     }
     if (acc_atomic) {
@@ -591,9 +598,9 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
              * peak is kept, raised from the sum this update produced */
             ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);
             if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
-                int64_t all = t->v[CCA_STAT_SMALL_POOL][k].current + t->v[CCA_STAT_LARGE_POOL][k].current;
-                if (all > t->v[CCA_STAT_ALL][k].peak)
-                    t->v[CCA_STAT_ALL][k].peak = all;
+                int64_t all = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
+                if (all > t->peak[CCA_STAT_ALL][k])
+                    t->peak[CCA_STAT_ALL][k] = all;
             }
             continue;
         }
@@ -664,6 +671,16 @@ void pool_private_destroy(cca_device_t *dev, cca_private_pool_t *pp);
 cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count);
 /* Merge the free block src (if free) into dst; bytes subsumed, or 0 (stream pool lock held). */
 size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins);
+/* Merge the blocks held back from merging in both pools of sp (its lock held). */
+void pool_flush(cca_stream_pool_t *sp);
+/* Lock a stream pool for anything but the cached pair: its held-back block
+ * is merged first, so the caller sees the pool exactly as PyTorch's. */
+static inline void pool_lock(cca_stream_pool_t *sp)
+{
+    cca_spin_lock(&sp->lock);
+    if (sp->small.held || sp->large.held)
+        pool_flush(sp);
+}
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */

@@ -120,7 +120,7 @@ static void event_done(cca_device_t *dev, cca_block_t *block, cca_stream_pool_t 
 {
     cca_stream_pool_t *sp = block->pool->owner;
     if (sp != held)
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
     if (--block->event_count == 0)
         pool_free_block(dev, block, false);
     if (sp != held)
@@ -318,7 +318,7 @@ cca_status_t events_insert_deferred_locked(cca_device_t *dev)
         list = block->bin_next;
         block->bin_next = block->bin_prev = NULL;
         cca_stream_pool_t *sp = block->pool->owner;
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
             events_forget_capture_uses(dev, block, true);
         cca_status_t st = block->stream_use_count ? events_insert(dev, block) : CCA_OK;
@@ -603,7 +603,7 @@ cca_status_t events_free_safe_in_capture(cca_device_t *dev, cca_stream_t stream)
         ready = block->bin_next;
         block->bin_next = NULL;
         cca_stream_pool_t *sp = block->pool->owner;
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
             events_forget_capture_uses(dev, block, false);
         block->stream_use_count = 0; /* the graph orders its uses: no event */

@@ -829,7 +829,7 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
             }
             cca_stream_pool_t *owner = es->pool->owner;
             if (owner != held)
-                cca_spin_lock(&owner->lock);
+                pool_lock(owner);
             for (cca_block_t *b = seg->head; b && st == CCA_OK && dev->lent_count < target;) {
                 size_t begin = granule_ceil(seg, b->addr);
                 size_t end = granule_floor(seg, b->addr + b->size);

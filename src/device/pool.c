@@ -249,28 +249,70 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
  * with free neighbours, put it in its bin, update the statistics (stream
  * pool lock held).
  */
+void pool_flush(cca_stream_pool_t *sp)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        cca_pool_t *pool = kind ? &sp->large : &sp->small;
+        cca_block_t *h = pool->held;
+        if (!h)
+            continue;
+        pool->held = NULL;
+        pool_try_merge_blocks(h, h->next, &pool->bins); /* its gc_count_base: the free's */
+        bins_insert(&pool->bins, h);
+    }
+}
+
+/*
+ * Whether block, just returned, may be held back from merging (pool lock
+ * held, the pool's held block flushed): a block of a default pool's plain
+ * segment whose upper neighbour is free and whose lower one is not, so the
+ * merge would only take in the upper one. A request of the block's size
+ * that best fit would serve from the merged block then gets it back as it
+ * is (alloc.c), the cached pair's split and merge never made.
+ */
+static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
+{
+    const cca_block_t *next = block->next;
+    return next && next->in_bin && !(block->prev && block->prev->in_bin) &&
+           !block->segment->es && !pool->owner->private_pool;
+}
+
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
 {
     cca_pool_t *pool = block->pool;
+    cca_stream_pool_t *sp = pool->owner;
+    if (sp->small.held || sp->large.held)
+        pool_flush(sp);
     trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
                  pool->owner->stream);
     size_t original_size = block->size;
     size_t requested = block->requested_size;
     int64_t net_blocks = 0, net_bytes = 0;
-    cca_block_t *candidates[2] = {block->prev, block->next};
-    for (int i = 0; i < 2; i++) {
-        size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
-        if (subsumed) {
-            net_blocks -= 1;
-            net_bytes -= (int64_t)subsumed;
-        }
-    }
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
-    bins_insert(&pool->bins, block);
-    if (block_is_split(block)) {
-        net_blocks += 1;
-        net_bytes += (int64_t)block->size;
+    if (pool_may_hold(pool, block)) {
+        /* the statistics of the merge with the upper neighbour, the merge put off */
+        pool->held = block;
+        net_blocks = -1;
+        net_bytes = -(int64_t)block->next->size;
+        if (block->prev || block->next->next) {
+            net_blocks += 1;
+            net_bytes += (int64_t)(block->size + block->next->size);
+        }
+    } else {
+        cca_block_t *candidates[2] = {block->prev, block->next};
+        for (int i = 0; i < 2; i++) {
+            size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
+            if (subsumed) {
+                net_blocks -= 1;
+                net_bytes -= (int64_t)subsumed;
+            }
+        }
+        bins_insert(&pool->bins, block);
+        if (block_is_split(block)) {
+            net_blocks += 1;
+            net_bytes += (int64_t)block->size;
+        }
     }
     int type = pool_stat_type(pool->is_small);
     bool expandable = pool->expandable_segments && block->segment->es;

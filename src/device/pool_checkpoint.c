@@ -269,7 +269,7 @@ static cca_status_t checkpoint_restore_segment(cca_device_t *dev, cca_segment_t 
     cca_status_t st = CCA_OK;
     for (size_t i = 0; i < cs->block_count && st == CCA_OK; i++) {
         const ckpt_block_t *bs = &cs->blocks[i];
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         cca_pool_t *pool = curr->pool;
         bins_remove(&pool->bins, curr);
         st = alloc_take_block(dev, pool, &curr, bs->size, bs->size, curr->size > bs->size ? 1 : 0);

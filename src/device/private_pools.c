@@ -449,7 +449,7 @@ size_t pools_cached_bytes_locked(cca_device_t *dev)
     for (cca_private_pool_t *pp = dev->private_pools; pp; pp = pp->next)
         for (size_t i = 0; i < pp->stream_pool_count; i++) {
             cca_stream_pool_t *sp = pp->stream_pools[i];
-            cca_spin_lock(&sp->lock);
+            pool_lock(sp);
             for (int kind = 0; kind < 2; kind++) {
                 cca_bins_t *bins = kind ? &sp->large.bins : &sp->small.bins;
                 for (cca_block_t *b = bins_best_fit(bins, 0); b; b = bins_next(bins, b))

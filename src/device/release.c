@@ -148,7 +148,7 @@ cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream
 {
     cca_status_t result = CCA_OK;
     if (pool->owner != held)
-        cca_spin_lock(&pool->owner->lock);
+        pool_lock(pool->owner);
     cca_block_t *b = bins_best_fit(&pool->bins, 0);
     while (b) {
         cca_block_t *next = bins_next(&pool->bins, b);
@@ -170,7 +170,7 @@ static cca_status_t release_pool_expandable(cca_device_t *dev, cca_pool_t *pool,
     if (!pool->expandable_segments)
         return CCA_OK;
     if (pool->owner != held)
-        cca_spin_lock(&pool->owner->lock);
+        pool_lock(pool->owner);
     cca_status_t st = expandable_release_pool(dev, pool);
     if (pool->owner != held)
         cca_spin_unlock(&pool->owner->lock);
@@ -327,7 +327,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
         return;
     for (size_t i = 0; i < n; i++)
         if (pools[i] != held)
-            cca_spin_lock(&pools[i]->lock);
+            pool_lock(pools[i]);
     size_t total_age = 0;
     int64_t freeable = 0;
     for (size_t i = 0; i < n; i++)
@@ -465,7 +465,7 @@ static void for_each_pool_locked(cca_device_t *dev, void (*fn)(cca_stream_pool_t
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
         if (!sp)
             continue;
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         fn(sp, arg);
         cca_spin_unlock(&sp->lock);
     }
@@ -493,7 +493,7 @@ static void cache_info_pool(cca_stream_pool_t *sp, void *arg)
 /* cache_info_pool for a private pool's stream pool (taking its lock). */
 static void cache_info_private(cca_stream_pool_t *sp, void *arg)
 {
-    cca_spin_lock(&sp->lock);
+    pool_lock(sp);
     cache_info_pool(sp, arg);
     cca_spin_unlock(&sp->lock);
 }

@@ -49,9 +49,8 @@ static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
 static void ops_sum_all(ops_table_t *t)
 {
     for (int k = 0; k < OPS_OVERSIZE; k++) {
-        ops_value_t *v = t->v[CCA_STAT_ALL] + k;
         ops_count_t *n = t->n[CCA_STAT_ALL] + k;
-        v->current = t->v[CCA_STAT_SMALL_POOL][k].current + t->v[CCA_STAT_LARGE_POOL][k].current;
+        t->cur[CCA_STAT_ALL][k] = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
         n->allocated = t->n[CCA_STAT_SMALL_POOL][k].allocated + t->n[CCA_STAT_LARGE_POOL][k].allocated;
         n->freed = t->n[CCA_STAT_SMALL_POOL][k].freed + t->n[CCA_STAT_LARGE_POOL][k].freed;
     }
@@ -74,11 +73,10 @@ void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out)
     bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_relaxed);
     for (int k = 0; k < OPS_COUNT; k++)
         for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
-            const ops_value_t *v = &dev->ops->v[t][k];
             const ops_count_t *n = &dev->ops->n[t][k];
             cca_stat_t *d = &ops_array(out, k)[t];
-            d->current = __atomic_load_n(&v->current, __ATOMIC_RELAXED);
-            d->peak = __atomic_load_n(&v->peak, __ATOMIC_RELAXED);
+            d->current = __atomic_load_n(&dev->ops->cur[t][k], __ATOMIC_RELAXED);
+            d->peak = __atomic_load_n(&dev->ops->peak[t][k], __ATOMIC_RELAXED);
             d->allocated = __atomic_load_n(&n->allocated, __ATOMIC_RELAXED);
             d->freed = __atomic_load_n(&n->freed, __ATOMIC_RELAXED);
         }
@@ -275,8 +273,8 @@ cca_status_t cca_reset_peak_stats(int device)
             ops_sum_all(dev->ops); /* locked (the stats lock is held): ALL's currents first */
         for (int k = 0; k < OPS_COUNT; k++)
             for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
-                ops_value_t *v = &dev->ops->v[t][k];
-                __atomic_store_n(&v->peak, __atomic_load_n(&v->current, __ATOMIC_RELAXED),
+                __atomic_store_n(&dev->ops->peak[t][k],
+                                 __atomic_load_n(&dev->ops->cur[t][k], __ATOMIC_RELAXED),
                                  __ATOMIC_RELAXED);
             }
     } else {

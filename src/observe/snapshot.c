@@ -39,7 +39,7 @@ void cca_snapshot_free(cca_snapshot_t *snap)
 static void lock_one(cca_stream_pool_t *sp, void *lock)
 {
     if (*(bool *)lock)
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
     else
         cca_spin_unlock(&sp->lock);
 }

@@ -71,7 +71,7 @@ static void lock_world(bool lock)
             cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
             if (sp) {
                 if (lock)
-                    cca_spin_lock(&sp->lock);
+                    pool_lock(sp);
                 else
                     cca_spin_unlock(&sp->lock);
             }

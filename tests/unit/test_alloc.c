@@ -9,6 +9,7 @@
 
 #include "device.h"
 #include "harness.h"
+#include "runtime.h"
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
@@ -176,6 +177,111 @@ TEST(split_reuse_and_merge)
     expect_ok(cca_cache_info(0, &total, &largest));
     expect_eq_u64(total, 2 * MiB);
     expect_eq_u64(largest, 2 * MiB);
+}
+
+/* The statistics of the whole device, with the invariant checker run first. */
+static cca_device_stats_t checked_stats(void)
+{
+    char why[256];
+    cca_status_t st = alloc_check_invariants(why, sizeof(why));
+    if (st != CCA_OK)
+        printf("  invariants: %s\n", why);
+    expect_ok(st);
+    return stats(0);
+}
+
+/*
+ * A freed block whose only free neighbour is above it is held back from
+ * merging until the pool is used otherwise; everything seen from outside is
+ * the merged pool: statistics at once, cache_info and the checker (which
+ * merge it first), and the next allocations land where PyTorch puts them.
+ */
+TEST(held_free_is_the_merge)
+{
+    setup(NULL, 0, false);
+    char *a = xmalloc(4 * KiB, NULL);
+    char *b = xmalloc(4 * KiB, NULL);
+    expect_ok(cca_free(b)); /* below: a (allocated), above: the free rest */
+    cca_device_stats_t s = stats(0); /* no merge forced yet */
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 4 * KiB);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 4 * KiB);
+    /* the pair: the same block back, the statistics of a split */
+    char *c = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(c, b);
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 8 * KiB);
+    expect_eq_i64(s.allocation[CCA_STAT_SMALL_POOL].allocated, 3);
+    expect_eq_i64(s.allocation[CCA_STAT_SMALL_POOL].freed, 1);
+    expect_ok(cca_free(c));
+    size_t total = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &total, &largest)); /* sees the merged block */
+    expect_eq_u64(total, 2 * MiB - 4 * KiB);
+    expect_eq_u64(largest, 2 * MiB - 4 * KiB);
+    s = checked_stats();
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+
+    /* best fit elsewhere: an exact 4 KiB hole below beats the merged block */
+    char *x = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(x, b);
+    char *y = xmalloc(4 * KiB, NULL);
+    char *h = xmalloc(4 * KiB, NULL);
+    expect_ok(cca_free(x)); /* a hole between a and y: merged with nothing */
+    expect_ok(cca_free(h)); /* held: y below, the free rest above */
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 2);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 8 * KiB);
+    char *p = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(p, x);
+    char *q = xmalloc(4 * KiB, NULL); /* now the merged block is the best fit */
+    expect_eq_ptr(q, h);
+    checked_stats();
+
+    /* another size: the held block merged, then split at its address */
+    expect_ok(cca_free(q));
+    char *r = xmalloc(8 * KiB, NULL);
+    expect_eq_ptr(r, h);
+    s = checked_stats();
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 20 * KiB);
+
+    /* another free merges the held one first: a run of frees ends in one block */
+    expect_ok(cca_free(r));
+    expect_ok(cca_free(p));
+    expect_ok(cca_free(y));
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 4 * KiB);
+    expect_ok(cca_free(a)); /* a's upper neighbour is free, its lower one absent */
+    s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 0);
+    expect_ok(cca_empty_cache()); /* releases the segment: the held block merged first */
+    s = checked_stats();
+    expect_eq_i64(s.segment[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+
+    /* large pool: 3 MiB blocks of a 20 MiB segment, the rest above split off */
+    char *l1 = xmalloc(3 * MiB, NULL);
+    char *l2 = xmalloc(3 * MiB, NULL);
+    expect_ok(cca_free(l2));
+    char *l3 = xmalloc(3 * MiB, NULL);
+    expect_eq_ptr(l3, l2);
+    expect_ok(cca_free(l3));
+    /* a free on another stream's pool leaves this one's held block alone */
+    void *o = xmalloc(4 * KiB, S1);
+    expect_ok(cca_free(o));
+    char *l4 = xmalloc(3 * MiB, NULL);
+    expect_eq_ptr(l4, l2);
+    s = checked_stats();
+    expect_eq_i64(s.inactive_split[CCA_STAT_LARGE_POOL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_LARGE_POOL].current, 14 * MiB);
+    expect_ok(cca_free(l4));
+    expect_ok(cca_free(l1));
+    s = checked_stats();
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
 }
 
 TEST(best_fit_ties_by_address)
@@ -630,6 +736,7 @@ int main(void)
     RUN(size_zero_and_huge);
     RUN(small_and_large_pools);
     RUN(split_reuse_and_merge);
+    RUN(held_free_is_the_merge);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
     RUN(large_split_rule);

@@ -77,18 +77,18 @@ TEST(detects_corruption)
     cca_block_t *first = seg->head; /* free (a), then b allocated, then the free rest */
 
     /* exact statistics: the per-operation current values live in the device's ops table */
-    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES].current += 512;
+    dev->ops->cur[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES] += 512;
     expect_invalid("allocated_bytes.all"); /* the sum of the kinds, checked first */
-    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES].current -= 512;
+    dev->ops->cur[CCA_STAT_SMALL_POOL][OPS_ALLOCATED_BYTES] -= 512;
 
     /* (while one thread allocates, the ALL entries are the kinds' sums) */
-    dev->ops->v[CCA_STAT_LARGE_POOL][OPS_INACTIVE_SPLIT].current++;
+    dev->ops->cur[CCA_STAT_LARGE_POOL][OPS_INACTIVE_SPLIT]++;
     expect_invalid("inactive_split.all");
-    dev->ops->v[CCA_STAT_LARGE_POOL][OPS_INACTIVE_SPLIT].current--;
+    dev->ops->cur[CCA_STAT_LARGE_POOL][OPS_INACTIVE_SPLIT]--;
 
-    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_REQUESTED_BYTES].current++;
+    dev->ops->cur[CCA_STAT_SMALL_POOL][OPS_REQUESTED_BYTES]++;
     expect_invalid("requested_bytes.all");
-    dev->ops->v[CCA_STAT_SMALL_POOL][OPS_REQUESTED_BYTES].current--;
+    dev->ops->cur[CCA_STAT_SMALL_POOL][OPS_REQUESTED_BYTES]--;
 
     first->size += 512;
     expect_invalid("should start at");
