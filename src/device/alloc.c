@@ -173,8 +173,10 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
  * rest split off it (or NULL), already_split whether the block it came from
  * was a piece of a split segment (pool lock held).
  */
-static inline void alloc_account(cca_device_t *dev, cca_pool_t *pool, cca_block_t *block,
-                                 const cca_block_t *remaining, bool already_split, size_t orig_size)
+static inline __attribute__((always_inline)) void alloc_account(cca_device_t *dev, cca_pool_t *pool,
+                                                                cca_block_t *block,
+                                                                const cca_block_t *remaining,
+                                                                bool already_split, size_t orig_size)
 {
     const cca_settings_t *s = &cca_state->settings;
     int type = pool_stat_type(pool->is_small);
@@ -298,17 +300,26 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
                                   memory_order_relaxed);
+    if (!ptrmap_insert(cca_state->ptrmap, block))
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map"); /* still held */
     block->allocated = true;
+    size_t old_req = block->requested_size;
     block->requested_size = orig_size;
-    if (!ptrmap_insert(cca_state->ptrmap, block)) {
-        block->allocated = false; /* still held */
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
-    }
     pool->held = NULL;
     cca_block_t *up = block->next;
     up->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
-    alloc_account(dev, pool, block, up, block->prev || up->next, orig_size);
+    bool split = block->prev || up->next;
+    if (pool->held_stats) {
+        /* its free's statistics and these in one update (the same size, the same oversize:
+         * a change of max_split_size merges it first) */
+        pool->held_stats = false;
+        ops_apply_again(pool->owner, pool_stat_type(pool->is_small), (int64_t)block->size,
+                        (int64_t)up->size, split, block->oversize, (int64_t)old_req, (int64_t)orig_size);
+        trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+    } else {
+        alloc_account(dev, pool, block, up, split, orig_size);
+    }
     return CCA_OK;
 }
 

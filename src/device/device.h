@@ -126,6 +126,12 @@ typedef struct cca_pool {
      * best fit would split it off again; any other use of the pool merges it
      * first (pool_flush). Its statistics are already those of the merge. */
     struct cca_block *held;
+    /* true: the held block's free statistics are not yet applied; pool_flush
+     * applies them, or the held block's next allocation folds them into its
+     * own (ops_apply_again). Only where every reader takes this pool's lock
+     * first: the relaxed mode, or the exact one while the pool is its
+     * device's only one (stats_solo). */
+    bool held_stats;
     cca_bins_t bins;
 } cca_pool_t;
 
@@ -484,11 +490,16 @@ typedef struct op_stats {
 #define STATS_SHARE_AFTER 64
 
 /* The only pool's lock, for readers of the ops table (then the stats lock); NULL if none. */
+void pool_flush(struct cca_stream_pool *sp);
+
 static inline struct cca_stream_pool *stats_solo_lock(cca_device_t *dev)
 {
     struct cca_stream_pool *solo = atomic_load_explicit(&dev->stats_solo, memory_order_acquire);
-    if (solo)
+    if (solo) {
         cca_spin_lock(&solo->lock); /* it lives until shutdown, cleared or not */
+        if (solo->small.held || solo->large.held)
+            pool_flush(solo); /* its held-back free's statistics applied */
+    }
     return solo;
 }
 
@@ -636,6 +647,142 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
     }
 }
 
+/* Whether sp may keep a held-back free's statistics unapplied (held_stats; pool lock held). */
+static inline bool ops_may_defer(const cca_stream_pool_t *sp)
+{
+    cca_device_t *dev = sp->device;
+    if (sp->private_pool)
+        return false;
+    if (!dev->exact_stats)
+        return true; /* relaxed: readers sum the pools under their locks */
+    return !atomic_load_explicit(&dev->stats_shared, memory_order_acquire) &&
+           atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp;
+}
+
+/* One statistic moved by a, then by b, as two ops_add of the relaxed mode would. */
+static inline __attribute__((always_inline)) void stat_move2(cca_stat_t *st, int64_t a, int64_t b)
+{
+    int64_t mid = st->current + a, end = mid + b;
+    if (a > 0) {
+        st->allocated += a;
+        if (mid > st->peak)
+            st->peak = mid;
+    } else {
+        st->freed -= a;
+    }
+    if (b > 0) {
+        st->allocated += b;
+        if (end > st->peak)
+            st->peak = end;
+    } else {
+        st->freed -= b;
+    }
+    st->current = end;
+}
+
+/* The same for the locked mode's table entries. */
+static inline __attribute__((always_inline)) void ops_move2(int64_t *cur, int64_t *peak, ops_count_t *n,
+                                                            int64_t a, int64_t b)
+{
+    int64_t mid = *cur + a, end = mid + b;
+    if (a > 0) {
+        n->allocated += a;
+        if (mid > *peak)
+            *peak = mid;
+    } else {
+        n->freed -= a;
+    }
+    if (b > 0) {
+        n->allocated += b;
+        if (end > *peak)
+            *peak = end;
+    } else {
+        n->freed -= b;
+    }
+    *cur = end;
+}
+
+/*
+ * The statistics of a held-back free (held_stats) and of the held block's
+ * allocation again, in one update (pool lock held; the modes of
+ * ops_may_defer). size: the block's bytes; up: its free upper neighbour's;
+ * split: the merged block was a piece of a split segment; old_req, new_req:
+ * the two requests' sizes. The same as pool_free_block's update followed by
+ * alloc_account's: allocation, allocated_bytes, active, active_bytes,
+ * oversize and inactive_split come back to their values (their counts move,
+ * and inactive_split_bytes' peak may rise in between, by size, when split),
+ * requested_bytes moves by new_req - old_req.
+ */
+static inline __attribute__((always_inline)) void ops_apply_again(cca_stream_pool_t *sp, int type,
+                                                                  int64_t size, int64_t up, bool split,
+                                                                  bool oversize, int64_t old_req,
+                                                                  int64_t new_req)
+{
+    cca_device_t *dev = sp->device;
+    int other = type == CCA_STAT_SMALL_POOL ? CCA_STAT_LARGE_POOL : CCA_STAT_SMALL_POOL;
+    if (!dev->exact_stats) {
+        cca_device_stats_t *own = &sp->stats;
+        for (int row = 0; row < 2; row++) {
+            int ty = row ? type : CCA_STAT_ALL;
+            own->allocation[ty].allocated++;
+            own->allocation[ty].freed++;
+            own->active[ty].allocated++;
+            own->active[ty].freed++;
+            own->allocated_bytes[ty].allocated += size;
+            own->allocated_bytes[ty].freed += size;
+            own->active_bytes[ty].allocated += size;
+            own->active_bytes[ty].freed += size;
+            stat_move2(&own->requested_bytes[ty], -old_req, new_req);
+            if (split) {
+                stat_move2(&own->inactive_split_bytes[ty], size, -size);
+            } else {
+                own->inactive_split[ty].allocated++;
+                own->inactive_split[ty].freed++;
+                own->inactive_split_bytes[ty].allocated += up;
+                own->inactive_split_bytes[ty].freed += up;
+            }
+        }
+        if (oversize) {
+            own->oversize_allocations.allocated++;
+            own->oversize_allocations.freed++;
+        }
+        return;
+    }
+    ops_table_t *t = dev->ops; /* locked, the only pool: its lock orders every reader */
+    ops_count_t *n = t->n[type];
+    n[OPS_ALLOCATION].allocated++;
+    n[OPS_ALLOCATION].freed++;
+    n[OPS_ACTIVE].allocated++;
+    n[OPS_ACTIVE].freed++;
+    n[OPS_ALLOCATED_BYTES].allocated += size;
+    n[OPS_ALLOCATED_BYTES].freed += size;
+    n[OPS_ACTIVE_BYTES].allocated += size;
+    n[OPS_ACTIVE_BYTES].freed += size;
+    ops_move2(&t->cur[type][OPS_REQUESTED_BYTES], &t->peak[type][OPS_REQUESTED_BYTES],
+              &n[OPS_REQUESTED_BYTES], -old_req, new_req);
+    if (new_req > old_req) {
+        int64_t all = t->cur[type][OPS_REQUESTED_BYTES] + t->cur[other][OPS_REQUESTED_BYTES];
+        if (all > t->peak[CCA_STAT_ALL][OPS_REQUESTED_BYTES])
+            t->peak[CCA_STAT_ALL][OPS_REQUESTED_BYTES] = all;
+    }
+    if (split) {
+        ops_move2(&t->cur[type][OPS_INACTIVE_SPLIT_BYTES], &t->peak[type][OPS_INACTIVE_SPLIT_BYTES],
+                  &n[OPS_INACTIVE_SPLIT_BYTES], size, -size);
+        int64_t all = t->cur[type][OPS_INACTIVE_SPLIT_BYTES] + t->cur[other][OPS_INACTIVE_SPLIT_BYTES] + size;
+        if (all > t->peak[CCA_STAT_ALL][OPS_INACTIVE_SPLIT_BYTES])
+            t->peak[CCA_STAT_ALL][OPS_INACTIVE_SPLIT_BYTES] = all;
+    } else {
+        n[OPS_INACTIVE_SPLIT].allocated++;
+        n[OPS_INACTIVE_SPLIT].freed++;
+        n[OPS_INACTIVE_SPLIT_BYTES].allocated += up;
+        n[OPS_INACTIVE_SPLIT_BYTES].freed += up;
+    }
+    if (oversize) {
+        t->n[CCA_STAT_ALL][OPS_OVERSIZE].allocated++;
+        t->n[CCA_STAT_ALL][OPS_OVERSIZE].freed++;
+    }
+}
+
 /* ---- pool.c: blocks, stream pools, device set-up ------------------------------ */
 
 /* A block struct from the pool's spares or the heap, every field set (pool lock held). */
@@ -671,7 +818,8 @@ void pool_private_destroy(cca_device_t *dev, cca_private_pool_t *pp);
 cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count);
 /* Merge the free block src (if free) into dst; bytes subsumed, or 0 (stream pool lock held). */
 size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins);
-/* Merge the blocks held back from merging in both pools of sp (its lock held). */
+/* Merge the blocks held back from merging in both pools of sp, their statistics
+ * applied (its lock held). */
 void pool_flush(cca_stream_pool_t *sp);
 /* Lock a stream pool for anything but the cached pair: its held-back block
  * is merged first, so the caller sees the pool exactly as PyTorch's. */

@@ -108,7 +108,7 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     /* a second stream pool: the first one's lock alone no longer guards the statistics */
     cca_stream_pool_t *solo = atomic_load_explicit(&dev->stats_solo, memory_order_relaxed);
     if (solo) {
-        cca_spin_lock(&solo->lock); /* its operation in flight ends first */
+        pool_lock(solo); /* its operation in flight ends first; its held-back statistics applied */
         atomic_store_explicit(&dev->stats_solo, NULL, memory_order_relaxed);
         cca_spin_unlock(&solo->lock);
     }
@@ -249,6 +249,24 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
  * with free neighbours, put it in its bin, update the statistics (stream
  * pool lock held).
  */
+/* The signs of a return's statistics where known (pool_free_block). */
+static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
+
+/* The statistics of the program's free of held block h, merged with its upper neighbour. */
+static void held_free_deltas(const cca_block_t *h, int64_t d[OPS_COUNT])
+{
+    const cca_block_t *up = h->next;
+    bool split = h->prev || up->next;
+    d[OPS_ALLOCATION] = -1;
+    d[OPS_ALLOCATED_BYTES] = -(int64_t)h->size;
+    d[OPS_ACTIVE] = -1;
+    d[OPS_ACTIVE_BYTES] = -(int64_t)h->size;
+    d[OPS_REQUESTED_BYTES] = -(int64_t)h->requested_size;
+    d[OPS_INACTIVE_SPLIT] = split ? 0 : -1;
+    d[OPS_INACTIVE_SPLIT_BYTES] = split ? (int64_t)h->size : -(int64_t)up->size;
+    d[OPS_OVERSIZE] = -(int64_t)h->oversize;
+}
+
 void pool_flush(cca_stream_pool_t *sp)
 {
     for (int kind = 0; kind < 2; kind++) {
@@ -257,6 +275,12 @@ void pool_flush(cca_stream_pool_t *sp)
         if (!h)
             continue;
         pool->held = NULL;
+        if (pool->held_stats) {
+            pool->held_stats = false;
+            int64_t d[OPS_COUNT];
+            held_free_deltas(h, d);
+            ops_apply(sp, pool_stat_type(pool->is_small), d, free_sign);
+        }
         pool_try_merge_blocks(h, h->next, &pool->bins); /* its gc_count_base: the free's */
         bins_insert(&pool->bins, h);
     }
@@ -291,8 +315,14 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
     if (pool_may_hold(pool, block)) {
-        /* the statistics of the merge with the upper neighbour, the merge put off */
         pool->held = block;
+        if (program_free && ops_may_defer(sp)) {
+            /* its statistics too: pool_flush applies them (held_free_deltas), or
+             * the block's next allocation folds them into its own (alloc.c) */
+            pool->held_stats = true;
+            return;
+        }
+        /* the statistics of the merge with the upper neighbour, the merge put off */
         net_blocks = -1;
         net_bytes = -(int64_t)block->next->size;
         if (block->prev || block->next->next) {
@@ -332,8 +362,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     d[OPS_ACTIVE] = -1;
     d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
     d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
-    static const int8_t sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
-    ops_apply(pool->owner, type, d, sign);
+    ops_apply(pool->owner, type, d, free_sign);
 }
 
 cca_status_t pool_invalid_pointer(const char *what, const void *ptr)

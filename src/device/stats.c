@@ -59,7 +59,10 @@ static void ops_sum_all(ops_table_t *t)
 void stats_lock_contended(cca_device_t *dev)
 {
     cca_spin_lock_slow(&dev->stats_lock);
+    /* not while one pool writes alone (stats_solo): its operations take no stats
+     * lock, and it may hold a free's statistics back (ops_may_defer) */
     if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed) &&
+        !atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) &&
         ++dev->stats_contended >= STATS_SHARE_AFTER) {
         ops_sum_all(dev->ops); /* shared writers keep the ALL entries themselves */
         atomic_store_explicit(&dev->stats_shared, true, memory_order_release);
@@ -112,7 +115,7 @@ static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_str
             if (!sp)
                 continue;
             if (sp != held)
-                cca_spin_lock(&sp->lock);
+                pool_lock(sp);
             stats_add_counts(&pools, &sp->stats);
             if (sp != held)
                 cca_spin_unlock(&sp->lock);
@@ -147,7 +150,7 @@ void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool
         if (!sp)
             continue;
         if (sp != held)
-            cca_spin_lock(&sp->lock);
+            pool_lock(sp);
         stats_add_ops(&sum, &sp->stats);
         if (sp != held)
             cca_spin_unlock(&sp->lock);
@@ -225,7 +228,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
         if (!sp)
             continue;
-        cca_spin_lock(&sp->lock);
+        pool_lock(sp);
         reset_accumulated(&sp->stats.allocation[0], STATS_ARRAY_COUNT);
         reset_accumulated(&sp->stats.oversize_allocations, 1);
         cca_spin_unlock(&sp->lock);

@@ -6,6 +6,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "device.h"
 #include "harness.h"
@@ -282,6 +283,106 @@ TEST(held_free_is_the_merge)
     s = checked_stats();
     expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
     expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+/*
+ * One script of allocations and frees, with a statistics read after every
+ * step (a read merges a held-back block and applies its statistics) or with
+ * none: the statistics at the end must be the same in every field.
+ */
+static void run_pairs_script(const char *settings, bool read_each, cca_device_stats_t *out)
+{
+    setup(settings, 0, false);
+    enum { SLOTS = 12 };
+    void *slot[SLOTS] = {0};
+    static const size_t sizes[] = {513, 1024, 700, 1000, 4 * KiB, 3 * MiB, 3 * MiB - 100, 40 * MiB, 600};
+    uint64_t x = 12345;
+    for (int i = 0; i < 2000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((x >> 33) % SLOTS);
+        size_t size = sizes[(x >> 20) % (sizeof(sizes) / sizeof(sizes[0]))];
+        cca_stream_t stream = k < 8 ? NULL : S1;
+        if (slot[k]) {
+            expect_ok(cca_free(slot[k]));
+            slot[k] = NULL;
+            if (k % 3 == 0) /* the same slot again at once: the cached pair */
+                slot[k] = xmalloc(size, stream);
+        } else {
+            slot[k] = xmalloc(size, stream);
+        }
+        if (read_each)
+            (void)stats(0);
+    }
+    for (int k = 0; k < SLOTS; k++)
+        if (slot[k] && k % 2)
+            expect_ok(cca_free(slot[k]));
+    *out = stats(0);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
+TEST(held_statistics_equal_merged)
+{
+    const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20",
+                           "roundup_power2_divisions:4"};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        cca_device_stats_t each, none;
+        run_pairs_script(modes[m], true, &each);
+        run_pairs_script(modes[m], false, &none);
+        /* peaks too, but in the relaxed mode, whose peaks are sampled (at reads among others) */
+        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
+        const cca_stat_t *a = each.allocation, *b = none.allocation;
+        size_t differing = 0;
+        for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++) /* allocation ... requested_bytes */
+            if (a[i].current != b[i].current || a[i].allocated != b[i].allocated ||
+                a[i].freed != b[i].freed || (peaks && a[i].peak != b[i].peak)) {
+                if (!differing)
+                    printf("  settings \"%s\": statistic %zu: %lld/%lld/%lld/%lld read each step, "
+                           "%lld/%lld/%lld/%lld not\n", modes[m], i, (long long)a[i].current,
+                           (long long)a[i].peak, (long long)a[i].allocated, (long long)a[i].freed,
+                           (long long)b[i].current, (long long)b[i].peak, (long long)b[i].allocated,
+                           (long long)b[i].freed);
+                differing++;
+            }
+        differing += memcmp(&each.oversize_allocations, &none.oversize_allocations,
+                            sizeof(cca_stat_t)) != 0 && peaks;
+        differing += each.num_device_alloc != none.num_device_alloc;
+        expect_eq_u64(differing, 0);
+        expect_ne_u64((uint64_t)none.allocation[CCA_STAT_ALL].allocated, 0);
+    }
+}
+
+/* A held-back free whose merge raises inactive_split_bytes to its peak, taken again at once. */
+TEST(held_free_peak_in_between)
+{
+    const char *modes[] = {"", "exact_peak_stats:False"};
+    for (int m = 0; m < 2; m++) {
+        setup(modes[m], 0, false);
+        char *a1 = xmalloc(1 * MiB, NULL); /* a full small segment: 1 MiB + 512 KiB + 512 KiB */
+        char *a2 = xmalloc(512 * KiB, NULL);
+        char *a3 = xmalloc(512 * KiB, NULL);
+        char *b = xmalloc(4 * KiB, NULL); /* a second segment, 2 MiB - 4 KiB of it free */
+        expect_ok(cca_free(a3));          /* + 512 KiB inactive */
+        expect_ok(cca_free(a2));          /* held: merged with a3, + 512 KiB more */
+        char *again = xmalloc(512 * KiB, NULL);
+        expect_eq_ptr(again, a2);
+        cca_device_stats_t s = stats(0);
+        for (int t = 0; t < 2; t++) {
+            cca_stat_t *ib = &s.inactive_split_bytes[t ? CCA_STAT_SMALL_POOL : CCA_STAT_ALL];
+            expect_eq_i64(ib->current, (int64_t)(2 * MiB + 512 * KiB - 4 * KiB));
+            if (m == 0) /* the relaxed mode samples its peaks */
+                expect_eq_i64(ib->peak, (int64_t)(3 * MiB - 4 * KiB));
+        }
+        expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, (int64_t)(1 * MiB + 512 * KiB + 4 * KiB));
+        expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 5);
+        expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 2);
+        expect_ok(cca_free(again));
+        expect_ok(cca_free(a1));
+        expect_ok(cca_free(b));
+        s = stats(0);
+        expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+        expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    }
 }
 
 TEST(best_fit_ties_by_address)
@@ -737,6 +838,8 @@ int main(void)
     RUN(small_and_large_pools);
     RUN(split_reuse_and_merge);
     RUN(held_free_is_the_merge);
+    RUN(held_statistics_equal_merged);
+    RUN(held_free_peak_in_between);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
     RUN(large_split_rule);
