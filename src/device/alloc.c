@@ -238,7 +238,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     }
     block->allocated = true;
     block->requested_size = orig_size;
-    if (!ptrmap_insert(cca_state->ptrmap, block)) {
+    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) {
         /* undo: rejoin the split and return the block to its bin */
         block->allocated = false;
         if (remaining) {
@@ -300,7 +300,7 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
                                   memory_order_relaxed);
-    if (!ptrmap_insert(cca_state->ptrmap, block))
+    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock))
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map"); /* still held */
     block->allocated = true;
     size_t old_req = block->requested_size;
@@ -628,17 +628,26 @@ cca_status_t alloc_free(void *ptr)
         break;
     }
     cca_state_t *S = cca_state;
-    cca_block_t *block = ptrmap_find(S->ptrmap, (uintptr_t)ptr, true);
-    if (!block)
-        return pool_invalid_pointer("cca_free", ptr);
-    if (!block->pool)
-        return uncached_free(block);
+    bool context = trace_context_gather(CCA_RECORD_CONTEXT_ALL); /* outside the locks */
+    /* solo mode (one stream pool in the process): its lock guards the map too */
+    cca_spinlock_t *solo = ptrmap_solo_lock(S->ptrmap);
+    cca_block_t *block = ptrmap_find_held(S->ptrmap, (uintptr_t)ptr, true, solo);
+    if (!block || !block->pool) {
+        if (solo)
+            cca_spin_unlock(solo);
+        if (context)
+            trace_context_release();
+        return block ? uncached_free(block) : pool_invalid_pointer("cca_free", ptr);
+    }
     cca_stream_pool_t *sp = block->pool->owner;
     cca_device_t *dev = sp->device;
     int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
-    bool context = trace_context_gather(CCA_RECORD_CONTEXT_ALL); /* outside the locks */
-    cca_spin_lock(&sp->lock);
+    if (solo != &sp->lock) { /* the shards' mode (solo is then NULL) */
+        if (solo)
+            cca_spin_unlock(solo);
+        cca_spin_lock(&sp->lock);
+    }
     block->allocated = false;
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
     if (!block->stream_use_count) {

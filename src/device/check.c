@@ -580,14 +580,14 @@ cca_status_t device_check_invariants(char *why, size_t why_len)
             break;
         /* The map is shared by every device: count this device's blocks in it. */
         c.map_uncached = 0;
-        ptrmap_for_each(S->ptrmap, map_visit, &c);
+        ptrmap_for_each(S->ptrmap, map_visit, &c, ptrmap_solo(S->ptrmap)); /* every pool locked */
         for (size_t i = 0; i < c.seen_count; i++)
             pooled_allocated += c.seen[i].block->allocated;
         check_device(&c, dev, &e);
     }
     if (!c.failed) {
         /* Every map entry must be an allocated block of some device, or uncached. */
-        size_t in_map = ptrmap_count(S->ptrmap);
+        size_t in_map = ptrmap_count(S->ptrmap, ptrmap_solo(S->ptrmap));
         if (in_map != pooled_allocated + c.map_uncached)
             fail(&c, "the pointer map holds %zu blocks, but %zu are allocated (+ %zu uncached)",
                  in_map, pooled_allocated, c.map_uncached);

@@ -323,15 +323,30 @@ extern cca_state_t *cca_state;
 struct cca_ptrmap;
 cca_status_t ptrmap_create(struct cca_ptrmap **out);
 void ptrmap_destroy(struct cca_ptrmap *m);
-/* Insert a block keyed by its address. Returns false on allocation failure. */
+/* A stream pool was made (its lock; NULL for one that may not guard the map, a private
+ * pool's): the first starts solo mode, the second ends it. */
+void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
+/* A stream pool is freed (its lock): solo mode ends if it was its pool's. */
+void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
+/* In solo mode, the only stream pool's lock, taken (then no shard lock is needed while it
+ * is held); else NULL, nothing taken. */
+cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m);
+/* The solo mode's lock, not taken (for a caller holding every stream pool lock), or NULL. */
+cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
+/* Insert a block keyed by its address. Returns false on allocation failure. held: a
+ * stream pool lock the caller holds (or NULL); _held calls take no lock it stands for. */
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block);
+bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
 /* Find a live block by its exact address; remove it when remove is set. */
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove);
-/* Find the live block containing addr (slow: scans). */
+cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
+                              const cca_spinlock_t *held);
+/* Find the live block containing addr (slow: scans; no stream pool lock held). */
 cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr);
 /* Call fn on every block (no locks taken by fn). */
-void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg);
-size_t ptrmap_count(struct cca_ptrmap *m);
+void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg,
+                     const cca_spinlock_t *held);
+size_t ptrmap_count(struct cca_ptrmap *m, const cca_spinlock_t *held);
 
 /* ---- bins.c ---------------------------------------------------------------- */
 

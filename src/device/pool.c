@@ -134,6 +134,8 @@ void pool_stream_pool_delete(cca_stream_pool_t *sp)
         sp->spare_blocks = b->bin_next;
         free(b);
     }
+    if (cca_state->ptrmap)
+        ptrmap_pool_gone(cca_state->ptrmap, &sp->lock);
     free(sp);
 }
 
@@ -160,6 +162,7 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     if (!sp)
         return NULL;
     dev->stats_solo_done = true;
+    ptrmap_pool_made(cca_state->ptrmap, &sp->lock); /* the first may guard the map, a second ends that */
     if (first && dev->exact_stats) /* before it is published: its operations see it */
         atomic_store_explicit(&dev->stats_solo, sp, memory_order_release);
     size_t mask = dev->pool_table_cap - 1;

@@ -137,6 +137,7 @@ static cca_stream_pool_t *pools_stream_locked(cca_device_t *dev, cca_private_poo
     if (!sp)
         return NULL;
     dev->stats_solo_done = true; /* (a private pool's is never the only one's) */
+    ptrmap_pool_made(cca_state->ptrmap, NULL); /* nor does it guard the map */
     sp->private_pool = pp;
     memmove(&pp->stream_pools[i + 1], &pp->stream_pools[i],
             (pp->stream_pool_count - i) * sizeof(*pp->stream_pools));

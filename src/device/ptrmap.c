@@ -3,6 +3,13 @@
  * have their own lock. A shard is chosen by the 2 MiB region of the address,
  * so the blocks of one segment (which belongs to one stream) share a shard
  * and threads on different streams rarely touch the same lock.
+ *
+ * While the process has a single stream pool (one device, one stream: the
+ * common program), that pool's lock guards the whole map instead of the
+ * shards' (solo mode): its allocations and frees, which hold it anyway, then
+ * take no second lock (the _held calls). Every other user takes that lock in
+ * place of a shard's. A second stream pool ends solo mode for good
+ * (ptrmap_pool_made), under the first pool's lock.
  * Invariant: a block is in the map exactly while it is allocated.
  */
 #include <pthread.h>
@@ -22,6 +29,9 @@ typedef struct ptrmap_shard {
 } ptrmap_shard_t;
 
 struct cca_ptrmap {
+    _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
+    pthread_mutex_t pools_lock;     /* orders ptrmap_pool_made */
+    bool pool_made;                 /* a stream pool was made */
     ptrmap_shard_t shards[PTRMAP_SHARDS];
 };
 
@@ -47,6 +57,8 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory creating the pointer map");
     for (int i = 0; i < PTRMAP_SHARDS; i++)
         cca_spin_init(&m->shards[i].lock);
+    pthread_mutex_init(&m->pools_lock, NULL);
+    atomic_init(&m->solo, NULL);
     *out = m;
     return CCA_OK;
 }
@@ -58,7 +70,68 @@ void ptrmap_destroy(struct cca_ptrmap *m)
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         free(m->shards[i].buckets);
     }
+    pthread_mutex_destroy(&m->pools_lock);
     free(m);
+}
+
+void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
+{
+    pthread_mutex_lock(&m->pools_lock);
+    if (!m->pool_made) {
+        m->pool_made = true;
+        atomic_store_explicit(&m->solo, pool_lock, memory_order_release); /* NULL: none */
+    } else {
+        cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_relaxed);
+        if (solo) {
+            cca_spin_lock(solo); /* its operation in flight ends first */
+            atomic_store_explicit(&m->solo, NULL, memory_order_release);
+            cca_spin_unlock(solo);
+        }
+    }
+    pthread_mutex_unlock(&m->pools_lock);
+}
+
+void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
+{
+    pthread_mutex_lock(&m->pools_lock);
+    if (atomic_load_explicit(&m->solo, memory_order_relaxed) == pool_lock)
+        atomic_store_explicit(&m->solo, NULL, memory_order_release); /* its blocks are gone */
+    pthread_mutex_unlock(&m->pools_lock);
+}
+
+cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
+{
+    cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_acquire);
+    if (!solo)
+        return NULL;
+    cca_spin_lock(solo);
+    if (atomic_load_explicit(&m->solo, memory_order_relaxed) == solo)
+        return solo;
+    cca_spin_unlock(solo); /* solo mode ended meanwhile */
+    return NULL;
+}
+
+cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m)
+{
+    return atomic_load_explicit(&m->solo, memory_order_acquire);
+}
+
+/* Lock the map for one operation: the only pool's lock in solo mode (returned), else
+ * NULL, the caller then taking a shard's. held: a lock the caller holds already. */
+static inline cca_spinlock_t *map_lock(struct cca_ptrmap *m, const cca_spinlock_t *held)
+{
+    cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_acquire);
+    if (!solo)
+        return NULL;
+    if (solo == held)
+        return solo; /* unchanged while it is held */
+    return ptrmap_solo_lock(m);
+}
+
+static inline void map_unlock(cca_spinlock_t *solo, const cca_spinlock_t *held)
+{
+    if (solo && solo != held)
+        cca_spin_unlock(solo);
 }
 
 static bool shard_grow(ptrmap_shard_t *s)
@@ -83,68 +156,99 @@ static bool shard_grow(ptrmap_shard_t *s)
     return true;
 }
 
-bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
+static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
 {
-    uint64_t h = hash_addr(block->addr);
-    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
-    cca_spin_lock(&s->lock);
-    if (s->count >= s->cap && !shard_grow(s) && s->cap == 0) {
-        cca_spin_unlock(&s->lock);
+    if (s->count >= s->cap && !shard_grow(s) && s->cap == 0)
         return false;
-    }
-    size_t j = (size_t)(h >> 6) & (s->cap - 1);
+    size_t j = (size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1);
     block->map_next = s->buckets[j];
     s->buckets[j] = block;
     s->count++;
-    cca_spin_unlock(&s->lock);
     return true;
+}
+
+bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
+{
+    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
+    cca_spinlock_t *solo = map_lock(m, held);
+    if (!solo)
+        cca_spin_lock(&s->lock);
+    bool ok = shard_insert(s, block);
+    if (!solo)
+        cca_spin_unlock(&s->lock);
+    map_unlock(solo, held);
+    return ok;
+}
+
+bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
+{
+    return ptrmap_insert_held(m, block, NULL);
+}
+
+static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
+{
+    if (!s->cap)
+        return NULL;
+    cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
+    while (*link && (*link)->addr != addr)
+        link = &(*link)->map_next;
+    cca_block_t *found = *link;
+    if (found && remove) {
+        *link = found->map_next;
+        found->map_next = NULL;
+        s->count--;
+    }
+    return found;
+}
+
+cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
+                              const cca_spinlock_t *held)
+{
+    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
+    cca_spinlock_t *solo = map_lock(m, held);
+    if (!solo)
+        cca_spin_lock(&s->lock);
+    cca_block_t *found = shard_find(s, addr, remove);
+    if (!solo)
+        cca_spin_unlock(&s->lock);
+    map_unlock(solo, held);
+    return found;
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
 {
-    uint64_t h = hash_addr(addr);
-    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
-    cca_block_t *found = NULL;
-    cca_spin_lock(&s->lock);
-    if (s->cap) {
-        cca_block_t **link = &s->buckets[(size_t)(h >> 6) & (s->cap - 1)];
-        while (*link && (*link)->addr != addr)
-            link = &(*link)->map_next;
-        found = *link;
-        if (found && remove) {
-            *link = found->map_next;
-            found->map_next = NULL;
-            s->count--;
-        }
-    }
-    cca_spin_unlock(&s->lock);
-    return found;
+    return ptrmap_find_held(m, addr, remove, NULL);
 }
 
 cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr)
 {
-    for (int i = 0; i < PTRMAP_SHARDS; i++) {
+    cca_spinlock_t *solo = map_lock(m, NULL);
+    cca_block_t *found = NULL;
+    for (int i = 0; i < PTRMAP_SHARDS && !found; i++) {
         ptrmap_shard_t *s = &m->shards[i];
-        cca_block_t *found = NULL;
-        cca_spin_lock(&s->lock);
+        if (!solo)
+            cca_spin_lock(&s->lock);
         for (size_t j = 0; j < s->cap && !found; j++)
             for (cca_block_t *b = s->buckets[j]; b; b = b->map_next)
                 if (addr >= b->addr && addr < b->addr + b->size) {
                     found = b;
                     break;
                 }
-        cca_spin_unlock(&s->lock);
-        if (found)
-            return found;
+        if (!solo)
+            cca_spin_unlock(&s->lock);
     }
-    return NULL;
+    map_unlock(solo, NULL);
+    return found;
 }
 
-void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg)
+void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg,
+                     const cca_spinlock_t *held)
 {
+    cca_spinlock_t *solo = map_lock(m, held);
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         ptrmap_shard_t *s = &m->shards[i];
-        cca_spin_lock(&s->lock);
+        if (!solo)
+            cca_spin_lock(&s->lock);
         for (size_t j = 0; j < s->cap; j++) {
             cca_block_t *next;
             for (cca_block_t *b = s->buckets[j]; b; b = next) {
@@ -152,17 +256,23 @@ void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), vo
                 fn(b, arg);
             }
         }
-        cca_spin_unlock(&s->lock);
+        if (!solo)
+            cca_spin_unlock(&s->lock);
     }
+    map_unlock(solo, held);
 }
 
-size_t ptrmap_count(struct cca_ptrmap *m)
+size_t ptrmap_count(struct cca_ptrmap *m, const cca_spinlock_t *held)
 {
+    cca_spinlock_t *solo = map_lock(m, held);
     size_t n = 0;
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
-        cca_spin_lock(&m->shards[i].lock);
+        if (!solo)
+            cca_spin_lock(&m->shards[i].lock);
         n += m->shards[i].count;
-        cca_spin_unlock(&m->shards[i].lock);
+        if (!solo)
+            cca_spin_unlock(&m->shards[i].lock);
     }
+    map_unlock(solo, held);
     return n;
 }

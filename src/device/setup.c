@@ -40,7 +40,7 @@ static void destroy_state(cca_state_t *S, int devices_ready)
     async_shutdown(S->backend);
     shared_shutdown();
     if (S->ptrmap)
-        ptrmap_for_each(S->ptrmap, free_uncached_block, S->backend);
+        ptrmap_for_each(S->ptrmap, free_uncached_block, S->backend, NULL);
     for (int d = 0; d < devices_ready; d++) {
         expandable_device_shutdown(&S->devices[d]);
         pool_device_shutdown(&S->devices[d]);

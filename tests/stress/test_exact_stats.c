@@ -179,10 +179,12 @@ TEST(only_pool_then_two)
     void *a = NULL, *b = NULL, *c = NULL;
     expect_ok(cca_malloc_device(&a, 3000, 0, (cca_stream_t)0x1000));
     expect_true(atomic_load(&dev->stats_solo) != NULL);
+    expect_true(ptrmap_solo(cca_state->ptrmap) == &atomic_load(&dev->stats_solo)->lock);
     expect_ok(cca_malloc_device(&b, 5 << 20, 0, (cca_stream_t)0x1000));
     expect_ok(cca_free(a));
     expect_ok(cca_malloc_device(&c, 700, 0, (cca_stream_t)0x2000)); /* a second pool */
     expect_true(atomic_load(&dev->stats_solo) == NULL);
+    expect_true(ptrmap_solo(cca_state->ptrmap) == NULL); /* the map's shards take over */
     expect_ok(cca_malloc_device(&a, 3000, 0, (cca_stream_t)0x1000));
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
@@ -204,8 +206,64 @@ TEST(only_pool_then_two)
     cca_shutdown();
 }
 
+static atomic_int solo_pairs; /* pairs the first stream's thread has made */
+
+static void *solo_worker(void *arg)
+{
+    void **handed = arg; /* blocks left for the main thread to free */
+    cca_stream_t stream = (cca_stream_t)0x1000;
+    for (int i = 0; i < PAIRS; i++) {
+        void *p = NULL;
+        expect_ok(cca_malloc_device(&p, 512 + (size_t)(i % 5) * 512, 0, stream));
+        if (i % 1000 == 0 && i / 1000 < 8)
+            handed[i / 1000] = p; /* freed later by another thread, on another pool's terms */
+        else
+            expect_ok(cca_free(p));
+        atomic_store(&solo_pairs, i + 1);
+    }
+    return NULL;
+}
+
+/*
+ * The only stream pool guards the statistics and the pointer map alone (no
+ * stats lock, no map shard lock) while a thread makes pairs on it; a second
+ * stream pool made by another thread in the middle of that ends both, the
+ * pairs running on; blocks allocated then are freed by the other thread.
+ */
+TEST(solo_ends_under_pairs)
+{
+    start("");
+    void *handed[8] = {0};
+    atomic_store(&solo_pairs, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, solo_worker, handed);
+    while (atomic_load(&solo_pairs) < PAIRS / 4) {
+        /* the worker's pool is the only one until this thread makes a second */
+    }
+    void *other = NULL;
+    expect_ok(cca_malloc_device(&other, 4096, 0, (cca_stream_t)0x2000));
+    expect_true(ptrmap_solo(cca_state->ptrmap) == NULL);
+    pthread_join(t, NULL);
+    for (int i = 0; i < 8; i++)
+        expect_ok(cca_free(handed[i]));
+    expect_ok(cca_free(other));
+    expect_status(cca_free(other), CCA_ERR_INVALID_POINTER);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, PAIRS + 1);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, PAIRS + 1);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].allocated, s.allocated_bytes[CCA_STAT_ALL].freed);
+    expect_true(s.allocation[CCA_STAT_ALL].peak >= 9);
+    expect_invariants();
+    cca_shutdown();
+}
+
 int main(void)
 {
+    RUN(solo_ends_under_pairs);
     RUN(only_pool_then_two);
     RUN(exact_peaks_across_threads);
     RUN(counts_exact_through_the_switch);
