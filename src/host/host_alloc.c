@@ -5,7 +5,11 @@
  *
  * Requests are rounded up to a power of two (or, above
  * pinned_max_round_threshold, to a page) and served from one LIFO free list
- * per power-of-two size class, each with its own lock. A miss takes pinned
+ * per power-of-two size class. The free lists, the pointer map, the blocks'
+ * states and the exact active statistics share one spinlock: a cached
+ * allocation takes it once, and so does a free with no stream recorded
+ * (lookup, double-free check, statistics and the push in one critical
+ * section of a few dozen instructions). A miss takes pinned
  * memory from the system: backend host_alloc (cudaHostAlloc), or malloc +
  * parallel page pre-fault + host_register, or a bump carve from the reserve
  * segment. Blocks are never split or merged.
@@ -16,7 +20,7 @@
  * stopping at the first one not ready) or by a background thread.
  *
  * Invariants:
- *  - every block held from the system is in the pointer map (sharded hash,
+ *  - every block held from the system is in the pointer map (hash table,
  *    exact address) and in the sorted range array (interior lookups) until
  *    it is given back; a block is in at most one free list, and only when it
  *    is not allocated and has no pending event;
@@ -59,17 +63,13 @@ cca_status_t host_create(cca_backend_t *backend, const cca_settings_t *settings,
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pinned allocator");
     h->backend = backend;
     store_settings(h, settings);
-    for (size_t i = 0; i < HOST_SHARDS; i++) {
-        h->shards[i].nbuckets = 16;
-        h->shards[i].buckets = calloc(h->shards[i].nbuckets, sizeof(host_block_t *));
-        if (!h->shards[i].buckets) {
-            status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pinned allocator");
-            goto out_free;
-        }
-        cca_spin_init(&h->shards[i].lock);
+    h->nbuckets = HOST_MAP_BUCKETS;
+    h->buckets = calloc(h->nbuckets, sizeof(host_block_t *));
+    if (!h->buckets) {
+        status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pinned allocator");
+        goto out_free;
     }
-    for (size_t i = 0; i < HOST_CLASSES; i++)
-        cca_spin_init(&h->classes[i].lock);
+    cca_spin_init(&h->lock);
     pthread_mutex_init(&h->settings_lock, NULL);
     pthread_mutex_init(&h->ranges_lock, NULL);
     pthread_mutex_init(&h->events_lock, NULL);
@@ -89,8 +89,6 @@ cca_status_t host_create(cca_backend_t *backend, const cca_settings_t *settings,
     return CCA_OK;
 
 out_free:
-    for (size_t i = 0; i < HOST_SHARDS; i++)
-        free(h->shards[i].buckets);
     free(h);
     return status;
 }
@@ -126,8 +124,7 @@ void host_destroy(host_alloc_t *h)
     if (h->reserve_state == 2)
         (void)host_sys_free(h, h->reserve_base, h->reserve_origin);
     free(h->ranges);
-    for (size_t i = 0; i < HOST_SHARDS; i++)
-        free(h->shards[i].buckets);
+    free(h->buckets);
     pthread_mutex_destroy(&h->settings_lock);
     pthread_mutex_destroy(&h->ranges_lock);
     pthread_mutex_destroy(&h->events_lock);
@@ -158,9 +155,62 @@ cca_status_t host_apply_settings(host_alloc_t *h, const cca_settings_t *settings
 /* Allocation, free, record                                                  */
 /* ------------------------------------------------------------------------ */
 
-cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
+/*
+ * host_malloc's miss: a block of rounded bytes (class index) carved from the
+ * reserve segment, else from the system. Same returns as host_malloc.
+ */
+static __attribute__((noinline)) cca_status_t malloc_miss(host_alloc_t *h, void **ptr,
+                                                          size_t rounded, size_t index)
 {
     cca_status_t status;
+    void *mem = NULL;
+    host_origin_t origin = HOST_ORIGIN_RESERVE;
+    status = host_reserve_take(h, rounded, &mem);
+    if (status != CCA_OK)
+        return status;
+    if (!mem) {
+        status = host_sys_alloc(h, rounded, &mem, &origin);
+        if (status != CCA_OK)
+            return status;
+    }
+    host_block_t *b = calloc(1, sizeof(*b));
+    if (!b) {
+        status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for a pinned block record");
+        goto out_release;
+    }
+    b->ptr = mem;
+    b->size = rounded;
+    b->origin = origin;
+    b->uses = b->inline_uses;
+    b->uses_cap = HOST_INLINE_USES;
+    b->allocated = true;
+    atomic_init(&b->event_count, 0);
+    status = host_ranges_insert(h, b);
+    if (status != CCA_OK)
+        goto out_free_block;
+
+    pthread_mutex_lock(&h->stats_lock);
+    host_stat_increase(&h->allocations, 1);
+    host_stat_increase(&h->allocated_bytes, (int64_t)rounded);
+    pthread_mutex_unlock(&h->stats_lock);
+    cca_spin_lock(&h->lock);
+    host_map_insert_locked(h, b);
+    host_count_taken_locked(h, &h->classes[index], rounded);
+    cca_spin_unlock(&h->lock);
+    *ptr = mem;
+    return CCA_OK;
+
+out_free_block:
+    free(b);
+out_release:
+    /* A carve stays in the reserve segment (freed with it); system memory goes back. */
+    if (origin != HOST_ORIGIN_RESERVE)
+        (void)host_sys_free(h, mem, origin);
+    return status;
+}
+
+cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
+{
     if (!ptr)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_host_malloc: ptr is NULL");
     if (size == 0) {
@@ -175,101 +225,64 @@ cca_status_t host_malloc(host_alloc_t *h, void **ptr, size_t size)
         !atomic_load_explicit(&h->use_background, memory_order_relaxed))
         (void)host_process_events(h); /* a failed query leaves its block cached */
 
-    size_t rounded = host_round(h, size);
-    host_block_t *b = host_class_take(h, rounded);
-    if (b) {
-        atomic_store_explicit(&b->allocated, true, memory_order_release);
-        host_active_move(h, 1, (int64_t)b->size);
-        *ptr = b->ptr;
-        return CCA_OK;
+    /* The block size: the next power of two, or a page multiple above the threshold. */
+    size_t index = host_ceil_log2(size);
+    size_t rounded = (size_t)1 << index;
+    if (size > atomic_load_explicit(&h->round_threshold, memory_order_relaxed)) {
+        rounded = host_round_up(size, HOST_PAGE);
+        index = host_ceil_log2(rounded);
     }
-
-    /* Slow path: the reserve segment, else the system. */
-    void *mem = NULL;
-    host_origin_t origin = HOST_ORIGIN_RESERVE;
-    status = host_reserve_take(h, rounded, &mem);
-    if (status != CCA_OK)
-        return status;
-    if (!mem) {
-        status = host_sys_alloc(h, rounded, &mem, &origin);
-        if (status != CCA_OK)
-            return status;
-    }
-    b = calloc(1, sizeof(*b));
-    if (!b) {
-        status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for a pinned block record");
-        goto out_release;
-    }
-    b->ptr = mem;
-    b->size = rounded;
-    b->origin = origin;
-    b->uses = b->inline_uses;
-    b->uses_cap = HOST_INLINE_USES;
-    atomic_init(&b->allocated, true);
-    atomic_init(&b->event_count, 0);
-    status = host_ranges_insert(h, b);
-    if (status != CCA_OK)
-        goto out_free_block;
-    host_map_insert(h, b);
-
-    pthread_mutex_lock(&h->stats_lock);
-    host_stat_increase(&h->allocations, 1);
-    host_stat_increase(&h->allocated_bytes, (int64_t)rounded);
-    pthread_mutex_unlock(&h->stats_lock);
-    host_class_count(h, rounded, true);
-    host_active_move(h, 1, (int64_t)rounded);
-    *ptr = mem;
+    cca_spin_lock(&h->lock);
+    host_block_t *b = host_class_pop_locked(h, index, rounded);
+    cca_spin_unlock(&h->lock);
+    if (!b)
+        return malloc_miss(h, ptr, rounded, index);
+    *ptr = b->ptr;
     return CCA_OK;
-
-out_free_block:
-    free(b);
-out_release:
-    /* A carve stays in the reserve segment (freed with it); system memory goes back. */
-    if (origin != HOST_ORIGIN_RESERVE)
-        (void)host_sys_free(h, mem, origin);
-    return status;
 }
 
-cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
+/*
+ * host_release_ptr's error: ptr is not a block's start (b NULL) or its block
+ * is not allocated. Called with the lock held; releases it. Returns
+ * CCA_ERR_INVALID_POINTER.
+ */
+static __attribute__((noinline, cold)) cca_status_t free_error_unlock(host_alloc_t *h, void *ptr,
+                                                                     host_block_t *b)
+{
+    size_t size = b ? b->size : 0; /* b may be given back once the lock is dropped */
+    cca_spin_unlock(&h->lock);
+    if (!b)
+        return host_raise_unknown(h, ptr, "cca_host_free");
+    return cca_raise(CCA_ERR_INVALID_POINTER,
+                     "cca_host_free: pointer %p (pinned block of %zu bytes) was already freed",
+                     ptr, size);
+}
+
+/*
+ * host_release_ptr for a block used on streams (b->nuses > 0, just marked not
+ * allocated): one event recorded per stream, with no lock held; the block
+ * becomes available when the last completes. On failure the block is
+ * allocated again with its streams, as before the call. Called with the lock
+ * held; releases it. Returns host_release_ptr's statuses.
+ */
+static __attribute__((noinline)) cca_status_t free_recording_events_unlock(host_alloc_t *h,
+                                                                           host_block_t *b)
 {
     cca_backend_t *be = h->backend;
     cca_status_t status = CCA_OK;
-    if (!ptr)
-        return CCA_OK;
-
-    host_shard_t *s = host_shard_of(h, ptr);
-    cca_spin_lock(&s->lock);
-    host_block_t *b = host_map_find_locked(s, ptr);
-    if (!b) {
-        cca_spin_unlock(&s->lock);
-        return host_raise_unknown(h, ptr, "cca_host_free");
-    }
-    if (!atomic_load_explicit(&b->allocated, memory_order_acquire)) {
-        cca_spin_unlock(&s->lock);
-        return cca_raise(CCA_ERR_INVALID_POINTER,
-                         "cca_host_free: pointer %p (pinned block of %zu bytes) was already freed",
-                         ptr, b->size);
-    }
-    atomic_store_explicit(&b->allocated, false, memory_order_relaxed);
     size_t nuses = b->nuses;
     host_use_t inline_copy[HOST_INLINE_USES];
     host_use_t *uses = inline_copy;
     size_t uses_cap = b->uses_cap;
     if (b->uses == b->inline_uses) {
-        if (nuses)
-            memcpy(inline_copy, b->inline_uses, nuses * sizeof(*uses));
+        memcpy(inline_copy, b->inline_uses, nuses * sizeof(*uses));
     } else {
         uses = b->uses;
         b->uses = b->inline_uses;
         b->uses_cap = HOST_INLINE_USES;
     }
     b->nuses = 0;
-    cca_spin_unlock(&s->lock);
-
-    if (nuses == 0) {
-        host_block_available(h, b);
-        return CCA_OK;
-    }
+    cca_spin_unlock(&h->lock);
 
     /* One event per stream, recorded with no lock held. */
     host_event_t *first = NULL, *last = NULL;
@@ -318,7 +331,7 @@ out_restore:
         next = e->next;
         host_event_put(h, e);
     }
-    cca_spin_lock(&s->lock);
+    cca_spin_lock(&h->lock);
     if (uses == inline_copy) {
         memcpy(b->inline_uses, inline_copy, nuses * sizeof(*uses));
     } else {
@@ -326,12 +339,31 @@ out_restore:
         b->uses_cap = uses_cap;
     }
     b->nuses = nuses;
-    atomic_store_explicit(&b->allocated, true, memory_order_relaxed);
-    cca_spin_unlock(&s->lock);
+    b->allocated = true;
+    cca_spin_unlock(&h->lock);
     return status;
 }
 
-/* Add (stream, device) to b's uses. Shard lock held. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
+{
+    if (!ptr)
+        return CCA_OK;
+    cca_spin_lock(&h->lock);
+    host_block_t *b = host_map_find_locked(h, ptr);
+    if (!b || !b->allocated)
+        return free_error_unlock(h, ptr, b);
+    b->allocated = false;
+    if (b->nuses != 0)
+        return free_recording_events_unlock(h, b);
+    /* No stream recorded: available at once, in this critical section. */
+    bool discard = host_block_available_locked(h, b);
+    cca_spin_unlock(&h->lock);
+    if (discard)
+        host_block_discard(h, b);
+    return CCA_OK;
+}
+
+/* Add (stream, device) to b's uses. Lock held. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
 static cca_status_t block_add_use_locked(host_block_t *b, cca_stream_t stream, int device)
 {
     for (size_t i = 0; i < b->nuses; i++)
@@ -368,21 +400,20 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
 
     void *base = ptr;
     for (int attempt = 0; attempt < 2; attempt++) {
-        host_shard_t *s = host_shard_of(h, base);
-        cca_spin_lock(&s->lock);
-        host_block_t *b = host_map_find_locked(s, base);
+        cca_spin_lock(&h->lock);
+        host_block_t *b = host_map_find_locked(h, base);
         if (b) {
-            if (atomic_load_explicit(&b->allocated, memory_order_acquire))
+            if (b->allocated)
                 status = block_add_use_locked(b, stream, device);
             else
                 status = cca_raise(CCA_ERR_INVALID_POINTER,
                                    "cca_host_record_event: pointer %p is in a pinned block that "
                                    "is not allocated (freed)",
                                    ptr);
-            cca_spin_unlock(&s->lock);
+            cca_spin_unlock(&h->lock);
             return status;
         }
-        cca_spin_unlock(&s->lock);
+        cca_spin_unlock(&h->lock);
         size_t size;
         if (attempt == 0 && !host_ranges_find(h, ptr, &base, &size))
             break;
@@ -399,7 +430,7 @@ cca_status_t host_empty_cache(host_alloc_t *h)
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
         host_block_t *taken = NULL;
-        cca_spin_lock(&c->lock);
+        cca_spin_lock(&h->lock);
         host_block_t **link = &c->head;
         while (*link) {
             host_block_t *b = *link;
@@ -414,14 +445,16 @@ cca_status_t host_empty_cache(host_alloc_t *h)
             b->free_next = taken;
             taken = b;
         }
-        cca_spin_unlock(&c->lock);
+        cca_spin_unlock(&h->lock);
         while (taken) {
             host_block_t *b = taken;
             taken = b->free_next;
             b->free_next = NULL;
             cca_status_t status = host_block_release(h, b);
             if (status != CCA_OK) {
-                host_class_push(h, b, false);
+                cca_spin_lock(&h->lock);
+                host_class_push_locked(h, b);
+                cca_spin_unlock(&h->lock);
                 if (first_error == CCA_OK)
                     first_error = status;
             }
@@ -472,19 +505,20 @@ cca_status_t host_get_stats(host_alloc_t *h, cca_host_stats_t *stats)
     stats->host_alloc_time = h->alloc_time;
     stats->host_free_time = h->free_time;
     pthread_mutex_unlock(&h->stats_lock);
+    /* One critical section: the active statistics are a consistent snapshot. */
+    cca_spin_lock(&h->lock);
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
-        cca_spin_lock(&c->lock);
         stats->active_requests.allocated += c->taken;
         stats->active_requests.freed += c->returned;
         stats->active_bytes.allocated += c->taken_bytes;
         stats->active_bytes.freed += c->returned_bytes;
-        cca_spin_unlock(&c->lock);
     }
-    stats->active_requests.current = __atomic_load_n(&h->active.requests, __ATOMIC_RELAXED);
-    stats->active_requests.peak = atomic_load(&h->active.peak_requests);
-    stats->active_bytes.current = __atomic_load_n(&h->active.bytes, __ATOMIC_RELAXED);
-    stats->active_bytes.peak = atomic_load(&h->active.peak_bytes);
+    stats->active_requests.current = h->active.requests;
+    stats->active_requests.peak = h->active.peak_requests;
+    stats->active_bytes.current = h->active.bytes;
+    stats->active_bytes.peak = h->active.peak_bytes;
+    cca_spin_unlock(&h->lock);
     return CCA_OK;
 }
 
@@ -497,12 +531,12 @@ void host_reset_accumulated_stats(host_alloc_t *h)
     memset(&h->alloc_time, 0, sizeof(h->alloc_time));
     memset(&h->free_time, 0, sizeof(h->free_time));
     pthread_mutex_unlock(&h->stats_lock);
+    cca_spin_lock(&h->lock);
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
-        cca_spin_lock(&c->lock);
         c->taken = c->taken_bytes = c->returned = c->returned_bytes = 0;
-        cca_spin_unlock(&c->lock);
     }
+    cca_spin_unlock(&h->lock);
 }
 
 void host_reset_peak_stats(host_alloc_t *h)
@@ -513,37 +547,38 @@ void host_reset_peak_stats(host_alloc_t *h)
     h->alloc_time.max = h->alloc_time.min = 0;
     h->free_time.max = h->free_time.min = 0;
     pthread_mutex_unlock(&h->stats_lock);
-    atomic_store(&h->active.peak_requests, __atomic_load_n(&h->active.requests, __ATOMIC_RELAXED));
-    atomic_store(&h->active.peak_bytes, __atomic_load_n(&h->active.bytes, __ATOMIC_RELAXED));
+    cca_spin_lock(&h->lock);
+    h->active.peak_requests = h->active.requests;
+    h->active.peak_bytes = h->active.bytes;
+    cca_spin_unlock(&h->lock);
 }
 
 bool host_is_valid(host_alloc_t *h)
 {
     bool valid = true;
     size_t cached = 0;
+    cca_spin_lock(&h->lock);
     for (size_t i = 0; i < HOST_CLASSES; i++) {
         host_class_t *c = &h->classes[i];
         size_t count = 0, odd = 0;
-        cca_spin_lock(&c->lock);
         for (host_block_t *b = c->head; b; b = b->free_next) {
             count++;
             if (b->size != (size_t)1 << i)
                 odd++;
-            if (host_ceil_log2(b->size) != i || atomic_load(&b->allocated) ||
-                atomic_load(&b->event_count) != 0)
+            if (host_ceil_log2(b->size) != i || b->allocated || atomic_load(&b->event_count) != 0)
                 valid = false;
         }
         if (count != c->count || odd != c->odd)
             valid = false;
         cached += count;
-        cca_spin_unlock(&c->lock);
     }
     size_t mapped = 0;
-    for (size_t i = 0; i < HOST_SHARDS; i++) {
-        cca_spin_lock(&h->shards[i].lock);
-        mapped += h->shards[i].count;
-        cca_spin_unlock(&h->shards[i].lock);
-    }
+    for (size_t i = 0; i < h->nbuckets; i++)
+        for (host_block_t *b = h->buckets[i]; b; b = b->map_next)
+            mapped++;
+    if (mapped != h->mapped)
+        valid = false;
+    cca_spin_unlock(&h->lock);
     pthread_mutex_lock(&h->ranges_lock);
     if (mapped != h->nranges || cached > h->nranges)
         valid = false;

@@ -1,17 +1,15 @@
 /*
- * host_map.c - the pinned host allocator's block lookups: the sharded pointer
- * map (exact block addresses, one lock per shard) and the range array sorted
- * by address (interior pointers, and every block at destroy).
+ * host_map.c - the pinned host allocator's block lookups: the pointer map
+ * (a chained hash table of exact block addresses, under the allocator's
+ * lock; its lookup is inline in pinned.h) and the range array sorted by
+ * address (interior pointers, and every block at destroy; ranges_lock).
  * Invariant: every block held from the system is in both until it is given
  * back; each structure is changed only under its own lock.
  */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #include "pinned.h"
 
@@ -19,72 +17,56 @@
 /* The pointer map and the range array                                      */
 /* ------------------------------------------------------------------------ */
 
-static size_t ptr_hash(const void *ptr)
+/* Double the bucket array; best effort (chains grow on failure). Lock held. */
+static void map_grow_locked(host_alloc_t *h)
 {
-    uint64_t x = (uint64_t)(uintptr_t)ptr * 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 20);
-}
-
-host_shard_t *host_shard_of(host_alloc_t *h, const void *ptr)
-{
-    return &h->shards[(ptr_hash(ptr) >> 24) & (HOST_SHARDS - 1)];
-}
-
-host_block_t *host_map_find_locked(host_shard_t *s, const void *ptr)
-{
-    host_block_t *b = s->buckets[ptr_hash(ptr) & (s->nbuckets - 1)];
-    while (b && b->ptr != ptr)
-        b = b->map_next;
-    return b;
-}
-
-/* Double the bucket array when the load passes 1; best effort (chains grow on failure). */
-static void map_grow_locked(host_shard_t *s)
-{
-    size_t n = s->nbuckets * 2;
+    size_t n = h->nbuckets * 2;
     host_block_t **buckets = calloc(n, sizeof(*buckets));
     if (!buckets)
         return;
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        host_block_t *b = s->buckets[i];
+    for (size_t i = 0; i < h->nbuckets; i++) {
+        host_block_t *b = h->buckets[i];
         while (b) {
             host_block_t *next = b->map_next;
-            size_t j = ptr_hash(b->ptr) & (n - 1);
+            size_t j = host_ptr_hash(b->ptr) & (n - 1);
             b->map_next = buckets[j];
             buckets[j] = b;
             b = next;
         }
     }
-    free(s->buckets);
-    s->buckets = buckets;
-    s->nbuckets = n;
+    free(h->buckets);
+    h->buckets = buckets;
+    h->nbuckets = n;
+}
+
+void host_map_insert_locked(host_alloc_t *h, host_block_t *b)
+{
+    if (h->mapped >= h->nbuckets)
+        map_grow_locked(h);
+    size_t i = host_ptr_hash(b->ptr) & (h->nbuckets - 1);
+    b->map_next = h->buckets[i];
+    h->buckets[i] = b;
+    h->mapped++;
 }
 
 void host_map_insert(host_alloc_t *h, host_block_t *b)
 {
-    host_shard_t *s = host_shard_of(h, b->ptr);
-    cca_spin_lock(&s->lock);
-    if (s->count >= s->nbuckets)
-        map_grow_locked(s);
-    size_t i = ptr_hash(b->ptr) & (s->nbuckets - 1);
-    b->map_next = s->buckets[i];
-    s->buckets[i] = b;
-    s->count++;
-    cca_spin_unlock(&s->lock);
+    cca_spin_lock(&h->lock);
+    host_map_insert_locked(h, b);
+    cca_spin_unlock(&h->lock);
 }
 
 void host_map_remove(host_alloc_t *h, host_block_t *b)
 {
-    host_shard_t *s = host_shard_of(h, b->ptr);
-    cca_spin_lock(&s->lock);
-    host_block_t **link = &s->buckets[ptr_hash(b->ptr) & (s->nbuckets - 1)];
+    cca_spin_lock(&h->lock);
+    host_block_t **link = &h->buckets[host_ptr_hash(b->ptr) & (h->nbuckets - 1)];
     while (*link && *link != b)
         link = &(*link)->map_next;
     if (*link) {
         *link = b->map_next;
-        s->count--;
+        h->mapped--;
     }
-    cca_spin_unlock(&s->lock);
+    cca_spin_unlock(&h->lock);
 }
 
 /* Index of the first block whose address is > ptr. ranges_lock held. */

@@ -225,19 +225,25 @@ cca_status_t host_block_release(host_alloc_t *h, host_block_t *b)
 }
 
 /*
- * A freed block whose events all completed: no longer active; cached, or
- * given back when larger than pinned_max_cached_size (cached anyway if that
- * fails: empty_cache retries).
+ * Give back a block that host_block_available_locked did not cache (larger
+ * than pinned_max_cached_size); cached after all if that fails: empty_cache
+ * retries. Lock not held.
  */
+void host_block_discard(host_alloc_t *h, host_block_t *b)
+{
+    if (host_block_release(h, b) == CCA_OK)
+        return;
+    cca_spin_lock(&h->lock);
+    host_class_push_locked(h, b);
+    cca_spin_unlock(&h->lock);
+}
+
+/* A freed block whose events all completed: available again (cached, or given back). */
 void host_block_available(host_alloc_t *h, host_block_t *b)
 {
-    size_t size = b->size;
-    host_active_move(h, -1, -(int64_t)size);
-    if (b->origin != HOST_ORIGIN_RESERVE &&
-        size > atomic_load_explicit(&h->max_cached, memory_order_relaxed) &&
-        host_block_release(h, b) == CCA_OK) {
-        host_class_count(h, size, false);
-        return;
-    }
-    host_class_push(h, b, true);
+    cca_spin_lock(&h->lock);
+    bool discard = host_block_available_locked(h, b);
+    cca_spin_unlock(&h->lock);
+    if (discard)
+        host_block_discard(h, b);
 }

@@ -17,7 +17,7 @@
 #include "host.h"
 
 #define HOST_CLASSES 64         /* size classes: ceil(log2(size)) */
-#define HOST_SHARDS 64          /* pointer map shards */
+#define HOST_MAP_BUCKETS 1024   /* initial pointer map buckets (a power of two) */
 #define HOST_PAGE ((size_t)4096) /* page rounding and pre-fault stride, as PyTorch */
 #define HOST_HUGE ((size_t)2 << 20) /* register mode: alignment of large buffers */
 #define HOST_INLINE_USES 4      /* streams kept in the block before spilling to the heap */
@@ -37,39 +37,41 @@ typedef struct host_use {
     int device;
 } host_use_t;
 
+/*
+ * A block of pinned memory. Fields marked (lock) are read and written only
+ * under host_alloc.lock; ptr, size and origin do not change while the block
+ * is known.
+ */
 typedef struct host_block {
-    void *ptr;                  /* start of the block */
-    size_t size;                /* bytes (the rounded request) */
+    void *ptr;                    /* start of the block */
+    size_t size;                  /* bytes (the rounded request) */
+    struct host_block *map_next;  /* pointer map chain (lock) */
+    struct host_block *free_next; /* free list link (lock) */
     host_origin_t origin;
-    atomic_bool allocated;      /* in use by a caller */
-    atomic_size_t event_count;  /* events recorded at free, not yet completed */
-    size_t nuses;               /* streams recorded since allocation (shard lock) */
-    size_t uses_cap;            /* capacity of uses */
-    host_use_t *uses;           /* inline_uses or a heap array */
+    bool allocated;               /* in use by a caller (lock) */
+    size_t nuses;                 /* streams recorded since allocation (lock) */
+    atomic_size_t event_count;    /* events recorded at free, not yet completed */
+    size_t uses_cap;              /* capacity of uses (lock) */
+    host_use_t *uses;             /* inline_uses or a heap array (lock) */
     host_use_t inline_uses[HOST_INLINE_USES];
-    struct host_block *map_next;  /* pointer map chain (shard lock) */
-    struct host_block *free_next; /* free list link (class lock) */
 } host_block_t;
 
-/* One size class: LIFO free list. */
+/* One size class: a LIFO free list and its accumulated counters (all under the lock),
+ * on a cache line of its own. */
 typedef struct host_class {
-    _Alignas(64) cca_spinlock_t lock;
-    host_block_t *head;
+    _Alignas(64) host_block_t *head;
     size_t count; /* blocks in the list */
     size_t odd;   /* blocks whose size is not exactly 2^index (page-rounded) */
-    /* accumulated active statistics of this class's blocks (kept here, under
-     * the lock the hot path takes anyway, so that it adds no shared counter) */
+    /* accumulated active statistics of this class's blocks */
     int64_t taken, taken_bytes;       /* handed to callers */
     int64_t returned, returned_bytes; /* available again (or released) after free */
 } host_class_t;
 
-/* One shard of the pointer map: chained hash table. */
-typedef struct host_shard {
-    _Alignas(64) cca_spinlock_t lock;
-    host_block_t **buckets;
-    size_t nbuckets; /* power of two */
-    size_t count;
-} host_shard_t;
+/* The active (requests, bytes) statistics: current values and their exact peaks (lock). */
+typedef struct host_active {
+    int64_t requests, bytes;
+    int64_t peak_requests, peak_bytes;
+} host_active_t;
 
 /* An event: pooled (block NULL) or pending for a block. */
 typedef struct host_event {
@@ -78,24 +80,6 @@ typedef struct host_event {
     host_block_t *block;
     struct host_event *next;
 } host_event_t;
-
-/*
- * The active (requests, bytes) statistics, moved together without a lock: on
- * x86-64 one 16-byte compare-and-swap updates both currents (one atomic
- * read-modify-write instead of two, the largest cost of a cached pair);
- * elsewhere, and under ThreadSanitizer (which cannot see the instruction), two
- * fetch-adds. Each peak is exact: raised by compare-and-swap from the value
- * its own update produced.
- */
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define HOST_ACTIVE_CAS16 1
-#endif
-
-typedef struct host_active {
-    _Alignas(16) int64_t requests; /* current values: atomic loads, host_active_move writes */
-    int64_t bytes;
-    _Atomic int64_t peak_requests, peak_bytes;
-} host_active_t;
 
 struct host_alloc {
     cca_backend_t *backend;
@@ -109,8 +93,20 @@ struct host_alloc {
     atomic_bool use_background;
     pthread_mutex_t settings_lock;      /* serialises host_apply_settings */
 
+    /*
+     * The cached path's state: the free lists, the pointer map (a chained
+     * hash table of every block by exact address), the blocks' (lock)
+     * fields and the active statistics, all under one lock, so that a
+     * cached allocation or free takes one atomic exchange and updates the
+     * exact statistics with plain stores. The backend is never called with
+     * it held, and no other lock is taken under it.
+     */
+    _Alignas(64) cca_spinlock_t lock;
+    host_active_t active;
+    host_block_t **buckets;
+    size_t nbuckets; /* power of two */
+    size_t mapped;   /* blocks in the map */
     host_class_t classes[HOST_CLASSES];
-    host_shard_t shards[HOST_SHARDS];
 
     /* every block, sorted by address, for interior pointers and destroy */
     pthread_mutex_t ranges_lock;
@@ -139,8 +135,6 @@ struct host_alloc {
     cca_stat_t allocations, allocated_bytes;
     int64_t num_host_alloc, num_host_free;
     cca_duration_stat_t alloc_time, free_time; /* us */
-    /* hot-path statistics: current and exact peak (accumulated: per class) */
-    _Alignas(64) host_active_t active;
 
     /* background event thread */
     pthread_mutex_t bg_lock;
@@ -164,14 +158,6 @@ static inline size_t host_round_up(size_t x, size_t to)
     return (x + to - 1) & ~(to - 1);
 }
 
-/* The block size serving a request: next power of two, or page above the threshold. */
-static inline size_t host_round(host_alloc_t *h, size_t size)
-{
-    if (size > atomic_load_explicit(&h->round_threshold, memory_order_relaxed))
-        return host_round_up(size, HOST_PAGE);
-    return (size_t)1 << host_ceil_log2(size);
-}
-
 static inline void host_stat_increase(cca_stat_t *s, int64_t amount)
 {
     s->current += amount;
@@ -186,41 +172,27 @@ static inline void host_stat_decrease(cca_stat_t *s, int64_t amount)
     s->freed += amount;
 }
 
-static inline void host_peak_raise(_Atomic int64_t *peak_slot, int64_t now)
-{
-    int64_t peak = atomic_load_explicit(peak_slot, memory_order_relaxed);
-    while (now > peak && !atomic_compare_exchange_weak_explicit(peak_slot, &peak, now,
-                                                                memory_order_relaxed,
-                                                                memory_order_relaxed)) {
-    }
-}
-
-/* Add requests and bytes (negative: take away) to the active statistics. */
-static inline void host_active_move(host_alloc_t *h, int64_t requests, int64_t bytes)
+/* A block of size bytes handed to a caller: counted in its class and active. Lock held. */
+static inline void host_count_taken_locked(host_alloc_t *h, host_class_t *c, size_t size)
 {
     host_active_t *a = &h->active;
-    int64_t now_requests, now_bytes;
-#ifdef HOST_ACTIVE_CAS16
-    int64_t lo = __atomic_load_n(&a->requests, __ATOMIC_RELAXED);
-    int64_t hi = __atomic_load_n(&a->bytes, __ATOMIC_RELAXED);
-    unsigned char done;
-    do {
-        now_requests = lo + requests;
-        now_bytes = hi + bytes;
-        /* on failure rdx:rax receive the current pair, and the loop retries */
-        __asm__ __volatile__("lock cmpxchg16b %1\n\tsetz %0"
-                             : "=q"(done), "+m"(a->requests), "+a"(lo), "+d"(hi)
-                             : "b"(now_requests), "c"(now_bytes)
-                             : "memory", "cc");
-    } while (!done);
-#else
-    now_requests = __atomic_add_fetch(&a->requests, requests, __ATOMIC_RELAXED);
-    now_bytes = __atomic_add_fetch(&a->bytes, bytes, __ATOMIC_RELAXED);
-#endif
-    if (requests > 0) {
-        host_peak_raise(&a->peak_requests, now_requests);
-        host_peak_raise(&a->peak_bytes, now_bytes);
-    }
+    c->taken++;
+    c->taken_bytes += (int64_t)size;
+    a->requests++;
+    a->bytes += (int64_t)size;
+    if (a->requests > a->peak_requests)
+        a->peak_requests = a->requests;
+    if (a->bytes > a->peak_bytes)
+        a->peak_bytes = a->bytes;
+}
+
+/* A block of size bytes available again (or released) after free: no longer active. Lock held. */
+static inline void host_count_returned_locked(host_alloc_t *h, host_class_t *c, size_t size)
+{
+    c->returned++;
+    c->returned_bytes += (int64_t)size;
+    h->active.requests--;
+    h->active.bytes -= (int64_t)size;
 }
 
 static inline void host_duration_add(cca_duration_stat_t *d, int64_t us)
@@ -235,13 +207,26 @@ static inline void host_duration_add(cca_duration_stat_t *d, int64_t us)
 
 /* ---- host_map.c: the pointer map and the range array ----------------------------------- */
 
-/* The pointer map shard of ptr. */
-host_shard_t *host_shard_of(host_alloc_t *h, const void *ptr);
-/* The block starting exactly at ptr in shard s, or NULL (shard lock held). */
-host_block_t *host_map_find_locked(host_shard_t *s, const void *ptr);
-/* Add b to the pointer map (takes the shard lock). */
+static inline size_t host_ptr_hash(const void *ptr)
+{
+    uint64_t x = (uint64_t)(uintptr_t)ptr * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 20);
+}
+
+/* The block starting exactly at ptr, or NULL. Lock held. */
+static inline host_block_t *host_map_find_locked(host_alloc_t *h, const void *ptr)
+{
+    host_block_t *b = h->buckets[host_ptr_hash(ptr) & (h->nbuckets - 1)];
+    while (b && b->ptr != ptr)
+        b = b->map_next;
+    return b;
+}
+
+/* Add b to the pointer map (lock held; on table growth failure the chains grow). */
+void host_map_insert_locked(host_alloc_t *h, host_block_t *b);
+/* Add b to the pointer map, taking the lock. */
 void host_map_insert(host_alloc_t *h, host_block_t *b);
-/* Remove b from the pointer map (takes the shard lock). */
+/* Remove b from the pointer map, taking the lock. */
 void host_map_remove(host_alloc_t *h, host_block_t *b);
 /* Add b to the range array. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
 cca_status_t host_ranges_insert(host_alloc_t *h, host_block_t *b);
@@ -252,15 +237,56 @@ bool host_ranges_find(host_alloc_t *h, const void *ptr, void **base, size_t *siz
 /* Raise CCA_ERR_INVALID_POINTER for a pointer that is not the start of a block. */
 cca_status_t host_raise_unknown(host_alloc_t *h, const void *ptr, const char *what);
 
-/* ---- host_alloc.c: free lists ---------------------------------------------------------------- */
+/* ---- host_classes.c: free lists ------------------------------------------------------------- */
 
-/* Cache b in its class; returned: b comes back from a caller (counted as such). */
-void host_class_push(host_alloc_t *h, host_block_t *b, bool returned);
-/* A free block of at least size bytes from size's class (most recently freed, or the
- * smallest that fits where the class holds page-rounded blocks); NULL if none. */
-host_block_t *host_class_take(host_alloc_t *h, size_t size);
-/* Count a block handed out (taken) or returned outside the free-list operations. */
-void host_class_count(host_alloc_t *h, size_t size, bool taken);
+/* Cache b (not allocated, no pending event) at the head of its class. Lock held. */
+void host_class_push_locked(host_alloc_t *h, host_block_t *b);
+/* The general case of host_class_pop_locked: a class holding page-rounded blocks. */
+host_block_t *host_class_take_locked(host_alloc_t *h, size_t index, size_t size);
+
+/*
+ * Take a free block of at least size bytes from class index, counted as taken
+ * and active: the most recently freed one, or, where the class holds
+ * page-rounded blocks, the smallest that fits. NULL if none. Lock held.
+ */
+static inline host_block_t *host_class_pop_locked(host_alloc_t *h, size_t index, size_t size)
+{
+    host_class_t *c = &h->classes[index];
+    if (c->odd)
+        return host_class_take_locked(h, index, size);
+    host_block_t *b = c->head;
+    if (!b)
+        return NULL;
+    c->head = b->free_next;
+    b->free_next = NULL;
+    c->count--;
+    b->allocated = true;
+    host_count_taken_locked(h, c, b->size);
+    return b;
+}
+
+/*
+ * A freed block with no pending event: counted as returned and no longer
+ * active, then cached; a block larger than pinned_max_cached_size (and not
+ * carved from the reserve segment) is not cached: true, and the caller gives
+ * it back with host_block_discard once the lock is dropped. Lock held.
+ */
+static inline bool host_block_available_locked(host_alloc_t *h, host_block_t *b)
+{
+    size_t size = b->size;
+    size_t index = host_ceil_log2(size);
+    host_class_t *c = &h->classes[index];
+    host_count_returned_locked(h, c, size);
+    if (size > atomic_load_explicit(&h->max_cached, memory_order_relaxed) &&
+        b->origin != HOST_ORIGIN_RESERVE)
+        return true;
+    b->free_next = c->head;
+    c->head = b;
+    c->count++;
+    if (size != (size_t)1 << index)
+        c->odd++;
+    return false;
+}
 
 /* ---- host_system.c: pinned memory from the system -------------------------------------- */
 
@@ -274,9 +300,12 @@ cca_status_t host_reserve_take(host_alloc_t *h, size_t size, void **ptr);
 /* Give a block (not carved, in no free list, not allocated, no pending event) back
  * to the system and forget it; on failure it is unchanged and still known. */
 cca_status_t host_block_release(host_alloc_t *h, host_block_t *b);
-/* A freed block whose events all completed: cached, or given back when larger than
- * pinned_max_cached_size. */
+/* A freed block whose events all completed: host_block_available_locked, then
+ * host_block_discard where asked (takes the lock). */
 void host_block_available(host_alloc_t *h, host_block_t *b);
+/* Give back a block that host_block_available_locked did not cache; cached after
+ * all if that fails (empty_cache retries). Lock not held. */
+void host_block_discard(host_alloc_t *h, host_block_t *b);
 
 /* ---- host_events.c: events and the background thread ---------------------------------- */
 

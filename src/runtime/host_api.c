@@ -37,12 +37,9 @@ host_alloc_t *host_global(void)
     return atomic_load_explicit(&global_host, memory_order_acquire);
 }
 
-/* Initialise cca if needed and return the global host allocator in *h. */
-static cca_status_t global_get(host_alloc_t **h)
+/* Initialise cca and return the global host allocator in *h (the first call's path). */
+static __attribute__((noinline)) cca_status_t global_start(host_alloc_t **h)
 {
-    *h = host_global();
-    if (*h) /* it exists only while cca is up */
-        return CCA_OK;
     cca_status_t status = cca_init();
     if (status != CCA_OK)
         return status;
@@ -52,18 +49,42 @@ static cca_status_t global_get(host_alloc_t **h)
     return CCA_OK;
 }
 
-cca_status_t cca_host_malloc(void **ptr, size_t size)
+/* Initialise cca if needed and return the global host allocator in *h. */
+static inline cca_status_t global_get(host_alloc_t **h)
+{
+    /* read directly: a call to host_global() is not inlined in the position-independent build */
+    *h = atomic_load_explicit(&global_host, memory_order_acquire);
+    if (*h) /* it exists only while cca is up */
+        return CCA_OK;
+    return global_start(h);
+}
+
+/* cca_host_malloc and cca_host_free before cca is up (out of line: the calls
+ * after it need no stack frame). */
+static __attribute__((noinline)) cca_status_t host_malloc_first(void **ptr, size_t size)
 {
     host_alloc_t *h;
-    cca_status_t status = global_get(&h);
+    cca_status_t status = global_start(&h);
     return status != CCA_OK ? status : host_malloc(h, ptr, size);
+}
+
+static __attribute__((noinline)) cca_status_t host_free_first(void *ptr)
+{
+    host_alloc_t *h;
+    cca_status_t status = global_start(&h);
+    return status != CCA_OK ? status : host_release_ptr(h, ptr);
+}
+
+cca_status_t cca_host_malloc(void **ptr, size_t size)
+{
+    host_alloc_t *h = atomic_load_explicit(&global_host, memory_order_acquire);
+    return h ? host_malloc(h, ptr, size) : host_malloc_first(ptr, size);
 }
 
 cca_status_t cca_host_free(void *ptr)
 {
-    host_alloc_t *h;
-    cca_status_t status = global_get(&h);
-    return status != CCA_OK ? status : host_release_ptr(h, ptr);
+    host_alloc_t *h = atomic_load_explicit(&global_host, memory_order_acquire);
+    return h ? host_release_ptr(h, ptr) : host_free_first(ptr);
 }
 
 cca_status_t cca_host_record_event(void *ptr, cca_stream_t stream)
