@@ -203,6 +203,7 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
     d[OPS_OVERSIZE] = block->oversize;
     static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
     ops_apply(pool->owner, type, d, sign);
+    pool->last_alloc = block;
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
 }
 

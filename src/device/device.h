@@ -126,6 +126,7 @@ typedef struct cca_pool {
      * best fit would split it off again; any other use of the pool merges it
      * first (pool_flush). Its statistics are already those of the merge. */
     struct cca_block *held;
+    struct cca_block *last_alloc; /* the block handed out last: only it is held back */
     /* true: the held block's free statistics are not yet applied; pool_flush
      * applies them, or the held block's next allocation folds them into its
      * own (ops_apply_again). Only where every reader takes this pool's lock

@@ -63,6 +63,8 @@ void pool_block_delete(cca_block_t *b)
     if (b->stream_uses != b->stream_uses_inline)
         free(b->stream_uses);
     cca_stream_pool_t *sp = b->pool->owner;
+    if (b->pool->last_alloc == b)
+        b->pool->last_alloc = NULL;
     if (sp->spare_count >= 4096) {
         free(b);
         return;
@@ -291,16 +293,17 @@ void pool_flush(cca_stream_pool_t *sp)
 
 /*
  * Whether block, just returned, may be held back from merging (pool lock
- * held, the pool's held block flushed): a block of a default pool's plain
- * segment whose upper neighbour is free and whose lower one is not, so the
- * merge would only take in the upper one. A request of the block's size
+ * held, the pool's held block flushed): the block its pool handed out last
+ * (the cached pair's; holding others would mostly cost a merge later), of a
+ * default pool's plain segment, whose upper neighbour is free and whose lower
+ * one is not, so the merge would only take in the upper one. A request of the block's size
  * that best fit would serve from the merged block then gets it back as it
  * is (alloc.c), the cached pair's split and merge never made.
  */
 static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
 {
     const cca_block_t *next = block->next;
-    return next && next->in_bin && !(block->prev && block->prev->in_bin) &&
+    return block == pool->last_alloc && next && next->in_bin && !(block->prev && block->prev->in_bin) &&
            !block->segment->es && !pool->owner->private_pool;
 }
 
