@@ -362,17 +362,6 @@ bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key)
     return false;
 }
 
-size_t settings_roundup_divisions(const cca_settings_t *s, size_t size)
-{
-    size_t index = 0;
-    if (size >= CCA_MiB) {
-        index = (size_t)(63 - __builtin_clzll((unsigned long long)size)) - 20;
-        if (index >= CCA_ROUNDUP_INTERVALS)
-            index = CCA_ROUNDUP_INTERVALS - 1;
-    }
-    return s->roundup_power2_divisions[index];
-}
-
 /* ---- errors ---------------------------------------------------------------------- */
 
 /* Length of a span as shown in messages, and whether it was cut. */

@@ -91,7 +91,16 @@ bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key);
 void settings_describe(const cca_settings_t *s, cca_strbuf_t *out);
 
 /* The divisions to use for a request of size bytes (PyTorch's lookup). */
-size_t settings_roundup_divisions(const cca_settings_t *s, size_t size);
+static inline size_t settings_roundup_divisions(const cca_settings_t *s, size_t size)
+{
+    size_t index = 0;
+    if (size >= ((size_t)1 << 20)) {
+        index = (size_t)(63 - __builtin_clzll((unsigned long long)size)) - 20;
+        if (index >= CCA_ROUNDUP_INTERVALS)
+            index = CCA_ROUNDUP_INTERVALS - 1;
+    }
+    return s->roundup_power2_divisions[index];
+}
 
 /*
  * The pure tokenizer: splits text into tokens (identifiers/numbers, and the

@@ -41,7 +41,7 @@ static size_t roundup_power2_next_division(size_t size, size_t divisions)
 }
 
 /* The block size PyTorch uses for a request of size bytes. */
-size_t alloc_round_size(const cca_settings_t *s, size_t size)
+static inline size_t round_size(const cca_settings_t *s, size_t size)
 {
     if (size < CCA_MIN_BLOCK_SIZE)
         return CCA_MIN_BLOCK_SIZE;
@@ -49,6 +49,11 @@ size_t alloc_round_size(const cca_settings_t *s, size_t size)
     if (divisions > 1 && size > CCA_MIN_BLOCK_SIZE * divisions)
         return roundup_power2_next_division(size, divisions);
     return CCA_MIN_BLOCK_SIZE * ((size + CCA_MIN_BLOCK_SIZE - 1) / CCA_MIN_BLOCK_SIZE);
+}
+
+size_t alloc_round_size(const cca_settings_t *s, size_t size)
+{
+    return round_size(s, size);
 }
 
 /* The segment size requested from the backend for a block of size bytes. */
@@ -301,8 +306,8 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
                                   memory_order_relaxed);
-    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock))
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map"); /* still held */
+    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
     block->allocated = true;
     size_t old_req = block->requested_size;
     block->requested_size = orig_size;
@@ -316,7 +321,8 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
          * a change of max_split_size merges it first) */
         pool->held_stats = false;
         ops_apply_again(pool->owner, pool_stat_type(pool->is_small), (int64_t)block->size,
-                        (int64_t)up->size, split, block->oversize, (int64_t)old_req, (int64_t)orig_size);
+                        (int64_t)up->size, split, block->oversize, (int64_t)old_req,
+                        (int64_t)orig_size);
         trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     } else {
         alloc_account(dev, pool, block, up, split, orig_size);
@@ -537,7 +543,7 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
         sp = pool_stream_get(dev, stream);
     if (!sp)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
-    size_t rsize = alloc_round_size(&S->settings, size);
+    size_t rsize = round_size(&S->settings, size);
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
     cca_spin_lock(&sp->lock);

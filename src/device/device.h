@@ -697,8 +697,8 @@ static inline __attribute__((always_inline)) void stat_move2(cca_stat_t *st, int
 }
 
 /* The same for the locked mode's table entries. */
-static inline __attribute__((always_inline)) void ops_move2(int64_t *cur, int64_t *peak, ops_count_t *n,
-                                                            int64_t a, int64_t b)
+static inline __attribute__((always_inline)) void ops_move2(int64_t *cur, int64_t *peak,
+                                                            ops_count_t *n, int64_t a, int64_t b)
 {
     int64_t mid = *cur + a, end = mid + b;
     if (a > 0) {
@@ -784,7 +784,8 @@ static inline __attribute__((always_inline)) void ops_apply_again(cca_stream_poo
     if (split) {
         ops_move2(&t->cur[type][OPS_INACTIVE_SPLIT_BYTES], &t->peak[type][OPS_INACTIVE_SPLIT_BYTES],
                   &n[OPS_INACTIVE_SPLIT_BYTES], size, -size);
-        int64_t all = t->cur[type][OPS_INACTIVE_SPLIT_BYTES] + t->cur[other][OPS_INACTIVE_SPLIT_BYTES] + size;
+        int64_t all = t->cur[type][OPS_INACTIVE_SPLIT_BYTES] + t->cur[other][OPS_INACTIVE_SPLIT_BYTES] +
+                      size;
         if (all > t->peak[CCA_STAT_ALL][OPS_INACTIVE_SPLIT_BYTES])
             t->peak[CCA_STAT_ALL][OPS_INACTIVE_SPLIT_BYTES] = all;
     } else {

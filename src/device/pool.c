@@ -164,7 +164,7 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     if (!sp)
         return NULL;
     dev->stats_solo_done = true;
-    ptrmap_pool_made(cca_state->ptrmap, &sp->lock); /* the first may guard the map, a second ends that */
+    ptrmap_pool_made(cca_state->ptrmap, &sp->lock); /* the first guards the map, a second ends it */
     if (first && dev->exact_stats) /* before it is published: its operations see it */
         atomic_store_explicit(&dev->stats_solo, sp, memory_order_release);
     size_t mask = dev->pool_table_cap - 1;
@@ -303,8 +303,8 @@ void pool_flush(cca_stream_pool_t *sp)
 static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
 {
     const cca_block_t *next = block->next;
-    return block == pool->last_alloc && next && next->in_bin && !(block->prev && block->prev->in_bin) &&
-           !block->segment->es && !pool->owner->private_pool;
+    return block == pool->last_alloc && next && next->in_bin &&
+           !(block->prev && block->prev->in_bin) && !block->segment->es && !pool->owner->private_pool;
 }
 
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
