@@ -278,12 +278,15 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
  * split gives back the held block and that neighbour. NULL otherwise (pool
  * lock held; nothing changed).
  */
-static cca_block_t *held_fit(const cca_pool_t *pool, size_t size)
+static cca_block_t *held_fit(cca_pool_t *pool, size_t size)
 {
     const cca_settings_t *s = &cca_state->settings;
     cca_block_t *h = pool->held;
     if (h->size != size)
         return NULL;
+    /* the same answer while the bins are as they were (a settings change merges h first) */
+    if (pool->fit_block == h && pool->fit_size == size && pool->fit_version == pool->bins.version)
+        return h;
     const cca_block_t *up = h->next;
     size_t merged = h->size + up->size;
     if (merged >= s->max_split_size || !should_split(s, pool, merged, size))
@@ -295,6 +298,9 @@ static cca_block_t *held_fit(const cca_pool_t *pool, size_t size)
         c = bins_next(&pool->bins, up);
     if (c && (c->size < merged || (c->size == merged && c->addr < h->addr)))
         return NULL;
+    pool->fit_block = h;
+    pool->fit_size = size;
+    pool->fit_version = pool->bins.version;
     return h;
 }
 

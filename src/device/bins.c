@@ -44,6 +44,7 @@ void bins_insert(cca_bins_t *bins, cca_block_t *block)
     bins->words[bin >> 6] |= 1ull << (bin & 63);
     bins->summary |= 1ull << (bin >> 6);
     bins->count++;
+    bins->version++;
 }
 
 void bins_remove(cca_bins_t *bins, cca_block_t *block)
@@ -63,6 +64,7 @@ void bins_remove(cca_bins_t *bins, cca_block_t *block)
             bins->summary &= ~(1ull << (bin >> 6));
     }
     bins->count--;
+    bins->version++;
 }
 
 /* First non-empty bin with index >= from, or -1. */

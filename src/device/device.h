@@ -111,6 +111,7 @@ typedef struct cca_bins {
     uint64_t summary;              /* bit w: words[w] non-zero */
     cca_block_t *heads[CCA_BIN_COUNT]; /* each bin sorted by (size, addr) */
     size_t count;                  /* free blocks */
+    uint64_t version;              /* moves at every insert and remove */
 } cca_bins_t;
 
 struct cca_device;
@@ -133,6 +134,10 @@ typedef struct cca_pool {
      * first: the relaxed mode, or the exact one while the pool is its
      * device's only one (stats_solo). */
     bool held_stats;
+    /* held_fit's last yes: for this held block, size and bins version (nothing else moves it) */
+    const struct cca_block *fit_block;
+    size_t fit_size;
+    uint64_t fit_version;
     cca_bins_t bins;
 } cca_pool_t;
 

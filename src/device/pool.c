@@ -65,6 +65,8 @@ void pool_block_delete(cca_block_t *b)
     cca_stream_pool_t *sp = b->pool->owner;
     if (b->pool->last_alloc == b)
         b->pool->last_alloc = NULL;
+    if (b->pool->fit_block == b)
+        b->pool->fit_block = NULL;
     if (sp->spare_count >= 4096) {
         free(b);
         return;

@@ -385,6 +385,32 @@ TEST(held_free_peak_in_between)
     }
 }
 
+/* A hole made while the held block was out (its next free holds it again) beats it. */
+TEST(held_fit_sees_a_new_hole)
+{
+    setup(NULL, 0, false);
+    char *x = xmalloc(4 * KiB, NULL);
+    char *a = xmalloc(4 * KiB, NULL);
+    char *h = xmalloc(4 * KiB, NULL);
+    for (int i = 0; i < 3; i++) { /* the cached pair, h each time */
+        expect_ok(cca_free(h));
+        char *again = xmalloc(4 * KiB, NULL);
+        expect_eq_ptr(again, h);
+    }
+    expect_ok(cca_free(x)); /* an exact hole below, a and h still allocated */
+    expect_ok(cca_free(h)); /* held again: h was handed out last */
+    char *p = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(p, x); /* best fit: the exact hole, not the merged block at h */
+    char *q = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(q, h);
+    expect_ok(cca_free(p));
+    expect_ok(cca_free(q));
+    expect_ok(cca_free(a));
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 8);
+}
+
 TEST(best_fit_ties_by_address)
 {
     setup(NULL, 0, false);
@@ -840,6 +866,7 @@ int main(void)
     RUN(held_free_is_the_merge);
     RUN(held_statistics_equal_merged);
     RUN(held_free_peak_in_between);
+    RUN(held_fit_sees_a_new_hole);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
     RUN(large_split_rule);
