@@ -312,7 +312,9 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
                                   memory_order_relaxed);
-    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
+    if (pool->held_in_map) /* solo mode left it there */
+        pool->held_in_map = false;
+    else if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
     block->allocated = true;
     size_t old_req = block->requested_size;
@@ -642,10 +644,22 @@ cca_status_t alloc_free(void *ptr)
     }
     cca_state_t *S = cca_state;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_ALL); /* outside the locks */
-    /* solo mode (one stream pool in the process): its lock guards the map too */
+    /* solo mode (one stream pool in the process): its lock guards the map too, and the
+     * block is taken out of the map below, unless it is held back (pool_may_hold) */
     cca_spinlock_t *solo = ptrmap_solo_lock(S->ptrmap);
-    cca_block_t *block = ptrmap_find_held(S->ptrmap, (uintptr_t)ptr, true, solo);
+    cca_block_t **link = NULL, *block;
+    if (solo) {
+        cca_stream_pool_t *only = pool_of_lock(solo);
+        if (only->small.held || only->large.held)
+            pool_flush(only); /* first: the decision below is then pool_free_block's */
+        link = ptrmap_find_link_solo(S->ptrmap, (uintptr_t)ptr);
+        block = link ? *link : NULL;
+    } else {
+        block = ptrmap_find(S->ptrmap, (uintptr_t)ptr, true);
+    }
     if (!block || !block->pool) {
+        if (block && solo) /* (no stream pool is made in the uncached mode: cannot be) */
+            ptrmap_unlink_solo(S->ptrmap, link);
         if (solo)
             cca_spin_unlock(solo);
         if (context)
@@ -656,10 +670,16 @@ cca_status_t alloc_free(void *ptr)
     cca_device_t *dev = sp->device;
     int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
-    if (solo != &sp->lock) { /* the shards' mode (solo is then NULL) */
-        if (solo)
-            cca_spin_unlock(solo);
+    if (solo && solo != &sp->lock) { /* cannot be: solo mode's pool is the only one */
+        ptrmap_unlink_solo(S->ptrmap, link);
+        cca_spin_unlock(solo);
         cca_spin_lock(&sp->lock);
+    } else if (!solo) { /* the shards' mode */
+        cca_spin_lock(&sp->lock);
+    } else if (block->stream_use_count || !pool_may_hold(block->pool, block)) {
+        ptrmap_unlink_solo(S->ptrmap, link);
+    } else {
+        block->pool->held_in_map = true; /* held below; not allocated: found by no lookup */
     }
     block->allocated = false;
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);

@@ -14,6 +14,7 @@
 #define CCA_DEVICE_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 
 #include "internal.h"
@@ -134,6 +135,9 @@ typedef struct cca_pool {
      * first: the relaxed mode, or the exact one while the pool is its
      * device's only one (stats_solo). */
     bool held_stats;
+    /* true: the held block stayed in the pointer map (solo mode: the map's lock is this
+     * pool's), not allocated, so no lookup finds it; pool_flush takes it out */
+    bool held_in_map;
     /* held_fit's last yes: for this held block, size and bins version (nothing else moves it) */
     const struct cca_block *fit_block;
     size_t fit_size;
@@ -327,10 +331,11 @@ extern cca_state_t *cca_state;
 /* ---- ptrmap.c -------------------------------------------------------------- */
 
 struct cca_ptrmap;
-cca_status_t ptrmap_create(struct cca_ptrmap **out);
+cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinlock_t *solo));
 void ptrmap_destroy(struct cca_ptrmap *m);
 /* A stream pool was made (its lock; NULL for one that may not guard the map, a private
- * pool's): the first starts solo mode, the second ends it. */
+ * pool's): the first starts solo mode, the second ends it, calling first, under the solo
+ * lock, the map's solo_end function (given to ptrmap_create) with that lock. */
 void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
 /* A stream pool is freed (its lock): solo mode ends if it was its pool's. */
 void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
@@ -343,7 +348,14 @@ cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
  * stream pool lock the caller holds (or NULL); _held calls take no lock it stands for. */
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block);
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
-/* Find a live block by its exact address; remove it when remove is set. */
+/* Solo mode, its lock held (ptrmap_solo_lock): the link holding the live block at addr
+ * (NULL: none), valid until the map next changes; ptrmap_unlink_solo takes it out. */
+cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr);
+void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link);
+/* Take block itself out of the map (a held block kept there; held: as for _held). */
+void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
+/* Find a live block by its exact address (a pooled block not allocated, held back in solo
+ * mode, is not found); remove it when remove is set. */
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove);
 cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
                               const cca_spinlock_t *held);
@@ -843,6 +855,29 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
 /* Merge the blocks held back from merging in both pools of sp, their statistics
  * applied (its lock held). */
 void pool_flush(cca_stream_pool_t *sp);
+/* The pointer map's solo mode ends (the solo pool's lock, held): its held blocks out of it. */
+void pool_solo_end(cca_spinlock_t *solo);
+
+/* The stream pool whose lock is lock. */
+static inline cca_stream_pool_t *pool_of_lock(cca_spinlock_t *lock)
+{
+    return (cca_stream_pool_t *)((char *)lock - offsetof(cca_stream_pool_t, lock));
+}
+/*
+ * Whether block, just returned, may be held back from merging (pool lock
+ * held, the pool's held block flushed): the block its pool handed out last
+ * (the cached pair's; holding others would mostly cost a merge later), of a
+ * default pool's plain segment, whose upper neighbour is free and whose lower
+ * one is not, so the merge would only take in the upper one. A request of
+ * the block's size that best fit would serve from the merged block then gets
+ * it back as it is (alloc.c), the cached pair's split and merge never made.
+ */
+static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
+{
+    const cca_block_t *next = block->next;
+    return block == pool->last_alloc && next && next->in_bin &&
+           !(block->prev && block->prev->in_bin) && !block->segment->es && !pool->owner->private_pool;
+}
 /* Lock a stream pool for anything but the cached pair: its held-back block
  * is merged first, so the caller sees the pool exactly as PyTorch's. */
 static inline void pool_lock(cca_stream_pool_t *sp)

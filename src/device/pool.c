@@ -256,6 +256,13 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
  * with free neighbours, put it in its bin, update the statistics (stream
  * pool lock held).
  */
+void pool_solo_end(cca_spinlock_t *solo)
+{
+    cca_stream_pool_t *sp = pool_of_lock(solo);
+    if (sp->small.held_in_map || sp->large.held_in_map)
+        pool_flush(sp); /* the shards' mode keeps only allocated blocks in the map */
+}
+
 /* The signs of a return's statistics where known (pool_free_block). */
 static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 
@@ -282,6 +289,10 @@ void pool_flush(cca_stream_pool_t *sp)
         if (!h)
             continue;
         pool->held = NULL;
+        if (pool->held_in_map) { /* solo mode kept it in the pointer map */
+            pool->held_in_map = false;
+            ptrmap_remove_block(cca_state->ptrmap, h, &sp->lock);
+        }
         if (pool->held_stats) {
             pool->held_stats = false;
             int64_t d[OPS_COUNT];
@@ -293,21 +304,6 @@ void pool_flush(cca_stream_pool_t *sp)
     }
 }
 
-/*
- * Whether block, just returned, may be held back from merging (pool lock
- * held, the pool's held block flushed): the block its pool handed out last
- * (the cached pair's; holding others would mostly cost a merge later), of a
- * default pool's plain segment, whose upper neighbour is free and whose lower
- * one is not, so the merge would only take in the upper one. A request of the block's size
- * that best fit would serve from the merged block then gets it back as it
- * is (alloc.c), the cached pair's split and merge never made.
- */
-static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
-{
-    const cca_block_t *next = block->next;
-    return block == pool->last_alloc && next && next->in_bin &&
-           !(block->prev && block->prev->in_bin) && !block->segment->es && !pool->owner->private_pool;
-}
 
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
 {

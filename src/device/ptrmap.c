@@ -10,7 +10,9 @@
  * take no second lock (the _held calls). Every other user takes that lock in
  * place of a shard's. A second stream pool ends solo mode for good
  * (ptrmap_pool_made), under the first pool's lock.
- * Invariant: a block is in the map exactly while it is allocated.
+ * Invariant: a block is in the map exactly while it is allocated, or held
+ * back from merging in solo mode (pool->held_in_map: not allocated, found by
+ * no lookup).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,6 +34,7 @@ struct cca_ptrmap {
     _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
     pthread_mutex_t pools_lock;     /* orders ptrmap_pool_made */
     bool pool_made;                 /* a stream pool was made */
+    void (*solo_end)(cca_spinlock_t *solo); /* run as solo mode ends, its lock held */
     ptrmap_shard_t shards[PTRMAP_SHARDS];
 };
 
@@ -50,7 +53,7 @@ static inline uint64_t hash_addr(uintptr_t addr)
     return x ^ (x >> 32);
 }
 
-cca_status_t ptrmap_create(struct cca_ptrmap **out)
+cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinlock_t *solo))
 {
     struct cca_ptrmap *m = calloc(1, sizeof(*m));
     if (!m)
@@ -59,6 +62,7 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out)
         cca_spin_init(&m->shards[i].lock);
     pthread_mutex_init(&m->pools_lock, NULL);
     atomic_init(&m->solo, NULL);
+    m->solo_end = solo_end;
     *out = m;
     return CCA_OK;
 }
@@ -84,6 +88,8 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
         cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_relaxed);
         if (solo) {
             cca_spin_lock(solo); /* its operation in flight ends first */
+            if (m->solo_end)
+                m->solo_end(solo); /* its pool's held block out of the map */
             atomic_store_explicit(&m->solo, NULL, memory_order_release);
             cca_spin_unlock(solo);
         }
@@ -190,7 +196,7 @@ static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
     if (!s->cap)
         return NULL;
     cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
-    while (*link && (*link)->addr != addr)
+    while (*link && ((*link)->addr != addr || ((*link)->pool && !(*link)->allocated)))
         link = &(*link)->map_next;
     cca_block_t *found = *link;
     if (found && remove) {
@@ -213,6 +219,46 @@ cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
         cca_spin_unlock(&s->lock);
     map_unlock(solo, held);
     return found;
+}
+
+void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
+{
+    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
+    cca_spinlock_t *solo = map_lock(m, held);
+    if (!solo)
+        cca_spin_lock(&s->lock);
+    if (s->cap) {
+        cca_block_t **link = &s->buckets[(size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1)];
+        while (*link && *link != block)
+            link = &(*link)->map_next;
+        if (*link) {
+            *link = block->map_next;
+            block->map_next = NULL;
+            s->count--;
+        }
+    }
+    if (!solo)
+        cca_spin_unlock(&s->lock);
+    map_unlock(solo, held);
+}
+
+cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr)
+{
+    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
+    if (!s->cap)
+        return NULL;
+    cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
+    while (*link && ((*link)->addr != addr || ((*link)->pool && !(*link)->allocated)))
+        link = &(*link)->map_next;
+    return *link ? link : NULL;
+}
+
+void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link)
+{
+    cca_block_t *block = *link;
+    *link = block->map_next;
+    block->map_next = NULL;
+    m->shards[shard_of(block->addr)].count--;
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)

@@ -86,7 +86,7 @@ static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *se
     }
     if (S->device_count > CCA_MAX_DEVICES)
         S->device_count = CCA_MAX_DEVICES;
-    st = ptrmap_create(&S->ptrmap);
+    st = ptrmap_create(&S->ptrmap, pool_solo_end);
     if (st != CCA_OK)
         goto out_destroy;
     S->devices = calloc((size_t)S->device_count, sizeof(*S->devices));

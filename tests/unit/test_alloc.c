@@ -411,6 +411,55 @@ TEST(held_fit_sees_a_new_hole)
     expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 8);
 }
 
+/*
+ * While one stream pool guards the pointer map (solo mode), the held block stays
+ * in the map, not allocated: every lookup misses it, a free of it is a double
+ * free, and a second stream pool takes it out of the map.
+ */
+TEST(held_block_in_the_map)
+{
+    setup(NULL, 0, false);
+    char *a = xmalloc(4 * KiB, NULL);
+    char *h = xmalloc(4 * KiB, NULL);
+    expect_true(ptrmap_solo(cca_state->ptrmap) != NULL);
+    expect_ok(cca_free(h));
+    cca_stream_pool_t *sp = pool_of_lock(ptrmap_solo(cca_state->ptrmap));
+    expect_true(sp->small.held && sp->small.held->addr == (uintptr_t)h && sp->small.held_in_map);
+    expect_status(cca_free(h), CCA_ERR_INVALID_POINTER);      /* a double free */
+    expect_status(cca_free(h + 512), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_record_stream(h, S1), CCA_ERR_INVALID_POINTER);
+    void *base = NULL;
+    size_t size = 0;
+    expect_status(cca_get_base_allocation(h, &base, &size), CCA_ERR_INVALID_POINTER);
+    cca_device_stats_t s = stats(0); /* merges the held block (and takes it out of the map) */
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 1);
+    expect_true(!sp->small.held && !sp->small.held_in_map);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+
+    /* held again, then a second stream pool ends solo mode: out of the map */
+    char *h2 = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(h2, h);
+    expect_ok(cca_free(h2));
+    expect_true(sp->small.held_in_map);
+    void *other = xmalloc(4 * KiB, S1);
+    expect_true(ptrmap_solo(cca_state->ptrmap) == NULL);
+    expect_true(!sp->small.held_in_map);
+    expect_status(cca_free(h2), CCA_ERR_INVALID_POINTER);
+    char *h3 = xmalloc(4 * KiB, NULL); /* the shards' mode from here */
+    expect_eq_ptr(h3, h);
+    expect_ok(cca_free(h3));
+    expect_status(cca_free(h3), CCA_ERR_INVALID_POINTER);
+    expect_ok(cca_free(other));
+    expect_ok(cca_free(a));
+    s = stats(0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 5);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 5);
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
 TEST(best_fit_ties_by_address)
 {
     setup(NULL, 0, false);
@@ -867,6 +916,7 @@ int main(void)
     RUN(held_statistics_equal_merged);
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
+    RUN(held_block_in_the_map);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
     RUN(large_split_rule);
