@@ -9,6 +9,10 @@
  *    none under an unmapped block; unmapped blocks are granule-aligned, free,
  *    never in a bin, in their pool's address-ordered unmapped list exactly
  *    once, and never next to another unmapped block; mapped bytes add up;
+ *    an aliased block (compact_memory: its old mappings still in the
+ *    backend) is an unmapped block of a compact segment of a default pool,
+ *    on the device's aliased list exactly once and in no unmapped list,
+ *    next to anything; the list's bytes equal aliased_bytes;
  *  - blocks: each is exactly one of allocated, waiting for its events, set
  *    aside during a route to a private pool (on the deferred list), or free; a free block sits in exactly one bin, the bin of its own pool,
  *    bins are sorted by (size, address) and agree with their bitmaps; no two
@@ -42,6 +46,7 @@ typedef struct seen_block {
     uint32_t event_refs;  /* pending events naming it */
     uint32_t deferred_refs; /* times on the deferred list */
     uint32_t unmapped_visits; /* times met in an unmapped list */
+    uint32_t aliased_visits;  /* times met in the device's aliased list */
     bool in_map;          /* found in the pointer map */
 } seen_block_t;
 
@@ -216,7 +221,7 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
             if (!b->mapped && !seg->es)
                 fail(c, "device %d: block 0x%" PRIxPTR " of a plain segment is marked unmapped",
                      dev->index, b->addr);
-            if (!b->mapped && b->next && !b->next->mapped)
+            if (!b->mapped && !b->aliased && b->next && !b->next->mapped && !b->next->aliased)
                 fail(c, "device %d: unmapped neighbours 0x%" PRIxPTR " and 0x%" PRIxPTR
                      " are not merged", dev->index, b->addr, b->next->addr);
             if (states != 1)
@@ -338,6 +343,27 @@ static void check_pool(check_ctx_t *c, cca_device_t *dev, cca_pool_t *pool)
              (void *)pool->owner->stream, pool->is_small ? "small" : "large", count, bins->count);
 }
 
+/* compact_memory: the aliased list's blocks, links and bytes. */
+static void check_aliased(check_ctx_t *c, cca_device_t *dev)
+{
+    size_t bytes = 0;
+    const cca_block_t *prev = NULL;
+    for (const cca_block_t *b = dev->aliased; b && !c->failed; b = b->bin_next) {
+        if (b->bin_prev != prev)
+            fail(c, "device %d: aliased list broken at 0x%" PRIxPTR, dev->index, b->addr);
+        seen_block_t *s = seen_find(c, b);
+        if (!s)
+            fail(c, "device %d: aliased block 0x%" PRIxPTR " tiles no segment", dev->index, b->addr);
+        else
+            s->aliased_visits++;
+        bytes += b->size;
+        prev = b;
+    }
+    if (!c->failed && bytes != dev->aliased_bytes)
+        fail(c, "device %d: aliased blocks hold %zu bytes, aliased_bytes says %zu", dev->index,
+             bytes, dev->aliased_bytes);
+}
+
 /* Pending events: each names a waiting block; list, counters agree. */
 static void check_events(check_ctx_t *c, cca_device_t *dev)
 {
@@ -431,9 +457,17 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
         if (s->deferred_refs != (uint32_t)deferred)
             fail(c, "device %d: block 0x%" PRIxPTR " is %s but on the set-aside list %u times",
                  dev->index, b->addr, deferred ? "set aside" : "not set aside", s->deferred_refs);
-        if (s->unmapped_visits != (uint32_t)!b->mapped)
+        if (s->unmapped_visits != (uint32_t)(!b->mapped && !b->aliased))
             fail(c, "device %d: block 0x%" PRIxPTR " (%s) is in %u unmapped lists", dev->index,
-                 b->addr, b->mapped ? "mapped" : "unmapped", s->unmapped_visits);
+                 b->addr, b->mapped ? "mapped" : b->aliased ? "aliased" : "unmapped",
+                 s->unmapped_visits);
+        if (s->aliased_visits != (uint32_t)b->aliased)
+            fail(c, "device %d: block 0x%" PRIxPTR " (%s) is in the aliased list %u times",
+                 dev->index, b->addr, b->aliased ? "aliased" : "not aliased", s->aliased_visits);
+        if (b->aliased && (b->mapped || !b->segment->es || !b->segment->es->compact ||
+                           b->pool->owner->private_pool))
+            fail(c, "device %d: aliased block 0x%" PRIxPTR " is mapped or not of a default pool's "
+                 "compact segment", dev->index, b->addr);
         if (s->event_refs != b->event_count)
             fail(c, "device %d: block 0x%" PRIxPTR " counts %u events, %u are pending", dev->index,
                  b->addr, b->event_count, s->event_refs);
@@ -574,6 +608,8 @@ cca_status_t device_check_invariants(char *why, size_t why_len)
         }
         if (!c.failed)
             check_events(&c, dev);
+        if (!c.failed)
+            check_aliased(&c, dev);
         if (!c.failed)
             check_private_pools(&c, dev);
         if (c.failed)

@@ -60,6 +60,11 @@ typedef struct cca_block {
     bool oversize;              /* counted in oversize_allocations (max_split_size may change) */
     bool mapped;                /* false: unmapped address space of an expandable segment,
                                    in its pool's unmapped list (bin links), never in a bin */
+    bool aliased;               /* compact_memory: unmapped in the allocator's view (mapped
+                                   false), its handles mapped again elsewhere, its own mappings
+                                   kept in the backend until its stream's work on them is done;
+                                   in the device's aliased list (bin links), in no other list;
+                                   address space nothing maps or allocates meanwhile */
     uint32_t stream_use_count;  /* streams recorded with record_stream */
     uint32_t stream_use_cap;
     cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
@@ -257,6 +262,12 @@ typedef struct cca_device {
     uint64_t compact_pending_growths; /* growths that mapped new memory, free granules pending */
     uint64_t compact_syncs;     /* stream synchronisations after a failed event call */
     uint64_t compact_moved_bytes; /* bytes moved that way */
+    /* compact_memory: blocks whose granules a growth of their own stream maps again while the
+     * stream's work on them is pending (their handles mapped at two addresses); the old
+     * mappings are unmapped once the stream's event says the work is done (expandable.c) */
+    struct cca_block *aliased;  /* those blocks, linked by bin_next / bin_prev */
+    size_t aliased_bytes;       /* bytes of their old mappings */
+    uint64_t compact_aliased_bytes; /* bytes mapped again that way (part of compact_moved_bytes) */
 
     /* memory fraction */
     bool set_fraction;
@@ -1024,6 +1035,9 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block);
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 /* Release handles whose release failed before (device lock held). */
 cca_status_t expandable_release_orphans(cca_device_t *dev);
+/* compact_memory: unmap the old mappings of aliased blocks whose stream's work is done (wait:
+ * after synchronising the stream); held: the stream pool locked by the caller, or NULL. */
+cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait);
 /* compact_memory: destroy the streams' readiness events (empty_cache; device lock held). */
 cca_status_t expandable_destroy_ready_events(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */

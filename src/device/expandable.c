@@ -167,12 +167,13 @@ static void orphan_push(cca_device_t *dev, uintptr_t addr, size_t size, cca_phys
 }
 
 /* Unmap and release the orphans. Returns the first failure (those stay orphans). */
-static void lent_release(cca_device_t *dev);
+static void lent_release(cca_device_t *dev, cca_stream_pool_t *held, bool settle);
+static bool handle_aliased(const cca_device_t *dev, cca_phys_handle_t h);
 
 cca_status_t expandable_release_orphans(cca_device_t *dev)
 {
     cca_backend_t *be = cca_state->backend;
-    lent_release(dev);
+    lent_release(dev, NULL, false);
     cca_status_t result = CCA_OK;
     size_t kept = 0;
     for (size_t i = 0; i < dev->orphan_count; i++) {
@@ -196,7 +197,9 @@ cca_status_t expandable_release_orphans(cca_device_t *dev)
 
 /*
  * Unmap granules [begin, mapped) and release handles [begin, created) of an
- * unfinished map; what fails becomes an orphan (room reserved before).
+ * unfinished map; what fails becomes an orphan (room reserved before). A
+ * handle still mapped at an aliased block's old address goes back to
+ * dev->lent instead (the growth's lent_release waits for its stream first).
  */
 static void map_undo(cca_device_t *dev, cca_segment_t *seg, size_t begin, size_t mapped,
                      size_t created, const cca_phys_handle_t *handles)
@@ -208,6 +211,8 @@ static void map_undo(cca_device_t *dev, cca_segment_t *seg, size_t begin, size_t
         cca_phys_handle_t h = handles[i - begin];
         if (i < mapped && be->vmm_unmap(be->ctx, dev->index, (void *)addr, g) != CCA_OK)
             orphan_push(dev, addr, g, h, true);
+        else if (handle_aliased(dev, h))
+            dev->lent[dev->lent_count++] = h; /* taken from there: room left */
         else if (be->vmm_release(be->ctx, dev->index, h) != CCA_OK)
             orphan_push(dev, addr, g, h, false);
     }
@@ -271,10 +276,11 @@ out_free:
 
 /* ---- finding and growing ---------------------------------------------------------- */
 
-/* PyTorch's "allocatable": free, no events, no recorded streams (mapped or not). */
+/* PyTorch's "allocatable": free, no events, no recorded streams (mapped or not); never an
+ * aliased block (compact_memory), whose old mappings are still in the backend. */
 static bool allocatable(const cca_block_t *b)
 {
-    return b && !b->allocated && b->event_count == 0 && b->stream_use_count == 0;
+    return b && !b->allocated && b->event_count == 0 && b->stream_use_count == 0 && !b->aliased;
 }
 
 /* Whether the free run starting at b holds size bytes. */
@@ -557,6 +563,11 @@ static bool lent_reserve(cca_device_t *dev, size_t more)
  * stay unmapped and are accounted; a handle whose release failed is kept and
  * released by a later empty_cache.
  */
+static void take_out(cca_device_t *dev, cca_block_t *block, size_t begin, size_t stop,
+                     cca_block_t *before, cca_block_t *after);
+
+static cca_status_t alias_unmap(cca_device_t *dev, cca_block_t *b);
+
 static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t begin, size_t end,
                                    bool lend, bool *released)
 {
@@ -593,6 +604,30 @@ static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t
         pool_block_delete(before);
         return st;
     }
+    take_out(dev, block, begin, stop, before, after);
+    merge_unmapped(pool, block, block->prev);
+    merge_unmapped(pool, block, block->next);
+    unmapped_insert(pool, block);
+    if (st == CCA_OK && !block->prev && !block->next) {
+        st = segment_release(dev, block);
+        *released = st == CCA_OK;
+    }
+    return st;
+}
+
+/*
+ * The allocator's half of unmapping granules [begin, stop) of the free block
+ * (no longer present in the handle table): split off what stays mapped below
+ * and above as free blocks (before and after: spare structs, deleted if not
+ * used), leave block as the unmapped run (out of its bin, in no list), and
+ * account the unmap (reserved bytes, num_device_free, the history).
+ */
+static void take_out(cca_device_t *dev, cca_block_t *block, size_t begin, size_t stop,
+                     cca_block_t *before, cca_block_t *after)
+{
+    cca_pool_t *pool = block->pool;
+    cca_segment_t *seg = block->segment;
+    cca_expandable_t *es = seg->es;
     handles_trim(es);
     uintptr_t uaddr = granule_addr(seg, begin);
     size_t usize = (stop - begin) * es->granule;
@@ -626,20 +661,12 @@ static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t
     block->size = usize;
     block->mapped = false;
     block->requested_size = 0;
-    merge_unmapped(pool, block, block->prev);
-    merge_unmapped(pool, block, block->next);
-    unmapped_insert(pool, block);
     dev->total_allocated_memory -= usize;
     stats_lock(dev);
     stat2_dec(dev->stats.reserved_bytes, pool_stat_type(pool->is_small), (int64_t)usize);
     dev->stats.num_device_free++;
     stats_unlock(dev);
     trace_record(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream);
-    if (st == CCA_OK && !block->prev && !block->next) {
-        st = segment_release(dev, block);
-        *released = st == CCA_OK;
-    }
-    return st;
 }
 
 /* Wait for the work of stream on dev: a stream the program has destroyed
@@ -670,6 +697,15 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block)
     cca_status_t st = wait_stream(dev, seg->stream);
     if (st != CCA_OK)
         return st;
+    cca_stream_pool_t *owner = block->pool->owner;
+    if (owner->ready_tick < owner->free_tick)
+        owner->ready_tick = owner->free_tick; /* the stream's work is done */
+    for (cca_block_t *b = dev->aliased, *next; b; b = next) {
+        next = b->bin_next; /* that work's old mappings go first (another segment's, or this one's
+                               beside block: not the block itself) */
+        if (b->pool->owner == owner)
+            alias_unmap(dev, b);
+    }
     bool released;
     return unmap_granules(dev, block, begin, end, false, &released);
 }
@@ -791,6 +827,134 @@ cca_status_t expandable_destroy_ready_events(cca_device_t *dev)
     return result;
 }
 
+/* ---- compact_memory: aliasing granules whose stream's work is pending ------------------ */
+
+/*
+ * Lend the handles of granules [begin, end) of the free block (whole granules
+ * inside it) to the growth in progress of its own stream while that stream's
+ * work on them may still be queued: the growth maps them at its own address
+ * (a second mapping of the same handle; work queued on the stream later runs
+ * after the work queued before), and the old mappings stay in the backend
+ * until the stream's event says that work is done (expandable_settle_aliases).
+ * In the allocator's view the range is unmapped at once (reserved bytes,
+ * num_device_free and the history as for an unmap): an aliased block, in the
+ * device's aliased list, that nothing maps or allocates meanwhile. Returns
+ * CCA_OK or CCA_ERR_OUT_OF_MEMORY (host memory; nothing changed).
+ */
+static cca_status_t alias_granules(cca_device_t *dev, cca_block_t *block, size_t begin, size_t end)
+{
+    cca_pool_t *pool = block->pool;
+    cca_segment_t *seg = block->segment;
+    cca_expandable_t *es = seg->es;
+    cca_block_t *before = pool_block_new(pool, seg, 0, 0);
+    cca_block_t *after = before ? pool_block_new(pool, seg, 0, 0) : NULL;
+    if (!after || !lent_reserve(dev, end - begin)) {
+        if (after)
+            pool_block_delete(after);
+        if (before)
+            pool_block_delete(before);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory unmapping an expandable segment");
+    }
+    for (size_t i = begin; i < end; i++) {
+        dev->lent[dev->lent_count++] = es->handles[i].handle;
+        es->handles[i].present = false;
+    }
+    es->mapped_bytes -= (end - begin) * es->granule;
+    take_out(dev, block, begin, end, before, after);
+    block->aliased = true;
+    block->bin_prev = NULL;
+    block->bin_next = dev->aliased;
+    if (dev->aliased)
+        dev->aliased->bin_prev = block;
+    dev->aliased = block;
+    dev->aliased_bytes += block->size;
+    dev->compact_aliased_bytes += block->size;
+    return CCA_OK;
+}
+
+/*
+ * Unmap the old mappings of the aliased block b (its stream's work on them
+ * done; their handles are not released, being mapped elsewhere) and make it
+ * unmapped address space of its pool, merged with its unmapped neighbours; a
+ * reservation left with nothing mapped is freed. Granule by granule from the
+ * lowest; b->requested_size (unused while aliased) holds the bytes already
+ * unmapped, so a failed unmap leaves b aliased and a later call goes on from
+ * there. Returns CCA_OK or the backend failure.
+ */
+static cca_status_t alias_unmap(cca_device_t *dev, cca_block_t *b)
+{
+    cca_backend_t *be = cca_state->backend;
+    size_t g = b->segment->es->granule;
+    for (; b->requested_size < b->size; b->requested_size += g) {
+        cca_status_t st =
+            be->vmm_unmap(be->ctx, dev->index, (void *)(b->addr + b->requested_size), g);
+        if (st != CCA_OK)
+            return st;
+    }
+    b->requested_size = 0;
+    cca_status_t result = CCA_OK;
+    if (b->bin_prev)
+        b->bin_prev->bin_next = b->bin_next;
+    else
+        dev->aliased = b->bin_next;
+    if (b->bin_next)
+        b->bin_next->bin_prev = b->bin_prev;
+    b->bin_prev = b->bin_next = NULL;
+    b->aliased = false;
+    dev->aliased_bytes -= b->size;
+    cca_pool_t *pool = b->pool;
+    merge_unmapped(pool, b, b->prev);
+    merge_unmapped(pool, b, b->next);
+    unmapped_insert(pool, b);
+    if (!b->prev && !b->next) {
+        cca_status_t st = segment_release(dev, b);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
+    }
+    return result;
+}
+
+/*
+ * Unmap the old mappings of every aliased block whose stream's work is known
+ * done: without waiting (a query of the stream's event, and a record when
+ * none is in flight: readiness_refresh), or with wait after synchronising
+ * the stream (empty_cache and the release of cached blocks). held: the stream
+ * pool whose lock the caller holds (NULL: none); the others are locked in
+ * turn. Device lock held. Returns CCA_OK or the first failure (what failed
+ * stays aliased, or became an orphan).
+ */
+cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait)
+{
+    cca_status_t result = CCA_OK;
+    for (cca_block_t *b = dev->aliased; b;) {
+        cca_block_t *next = b->bin_next;
+        cca_stream_pool_t *owner = b->pool->owner;
+        if (owner != held)
+            pool_lock(owner);
+        cca_status_t st = CCA_OK;
+        if (!block_ready(b) && !wait) {
+            readiness_refresh(dev, owner);
+        } else if (!block_ready(b)) {
+            uint64_t tick = owner->free_tick; /* the wait covers every block returned so far */
+            if (owner != held)
+                cca_spin_unlock(&owner->lock); /* no wait under a pool's lock */
+            st = wait_stream(dev, owner->stream);
+            if (owner != held)
+                pool_lock(owner);
+            if (st == CCA_OK)
+                ready_to(owner, tick);
+        }
+        if (st == CCA_OK && block_ready(b))
+            st = alias_unmap(dev, b);
+        if (owner != held)
+            cca_spin_unlock(&owner->lock);
+        if (st != CCA_OK && result == CCA_OK)
+            result = st;
+        b = next;
+    }
+    return result;
+}
+
 /*
  * Unmap up to want whole free granules of the device's compact segments of
  * the default pools, any stream, any kind, into dev->lent, keeping the range
@@ -812,18 +976,21 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
     cca_status_t st = CCA_OK;
     size_t target = dev->lent_count + want;
     dev->compact_lends++;
-    /* passes: the growth's kind (small or large), then the other kind. keep_seg may be
+    expandable_settle_aliases(dev, held, false); /* old mappings now done with: address space back */
+    /* passes: the growth's kind (small or large), then the other kind, granules known done;
+     * then, of the growth's own stream, granules still pending (aliased). keep_seg may be
      * released on the way (every other granule of it taken): only its address is compared. */
     bool growth_small = keep_seg->is_small;
-    for (int pass = 0; pass < 2 && st == CCA_OK && dev->lent_count < target; pass++) {
-        bool same_kind = pass == 0;
+    int passes = held->private_pool ? 2 : 4;
+    for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
+        bool same_kind = pass % 2 == 0, alias = pass >= 2;
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {
             cca_segment_t *next_seg = seg->next_seg;
             cca_expandable_t *es = seg->es;
             if (!es || !es->compact || es->pool->owner->private_pool ||
                 es->granule != dev->vmm_granularity ||
-                (seg->is_small == growth_small) != same_kind) {
+                (seg->is_small == growth_small) != same_kind || (alias && es->pool->owner != held)) {
                 seg = next_seg;
                 continue;
             }
@@ -838,16 +1005,23 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
                     b = b->next;
                     continue;
                 }
-                if (!block_ready(b))
+                if (!alias && !block_ready(b))
                     readiness_refresh(dev, owner);
-                if (!block_ready(b)) {
-                    *pending = true; /* movable once a later query says its work is done */
+                if (block_ready(b) == alias) {
+                    if (!alias && (passes == 2 || owner != held))
+                        *pending = true; /* movable once a later query says its work is done */
                     b = b->next;
                     continue;
                 }
                 size_t left = target - dev->lent_count;
                 if (end - begin > left)
                     begin = end - left; /* the top granules: the rest of the block stays below */
+                if (alias) {
+                    cca_block_t *next = b->next;
+                    st = alias_granules(dev, b, begin, end);
+                    b = next;
+                    continue;
+                }
                 bool released = false;
                 st = unmap_granules(dev, b, begin, end, true, &released);
                 if (released)
@@ -866,17 +1040,40 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
  * Give back handles lent and not used (their bytes are already unaccounted);
  * one whose release fails becomes an orphan. Without host memory for the
  * orphan records they stay lent, released by the next release of orphans.
+ * With settle, a handle still mapped at an aliased block's old address (a
+ * growth that failed, or did not need it) is released only once the old
+ * mappings are unmapped, after a wait for their stream (held: the stream
+ * pool the caller has locked): the release then frees its memory. Where that
+ * fails, or without settle, the handle becomes an orphan, released later.
  */
-static void lent_release(cca_device_t *dev)
+static void lent_release(cca_device_t *dev, cca_stream_pool_t *held, bool settle)
 {
     cca_backend_t *be = cca_state->backend;
     if (!orphans_reserve(dev, dev->lent_count))
         return;
+    for (size_t i = 0; settle && i < dev->lent_count; i++)
+        if (handle_aliased(dev, dev->lent[i])) {
+            expandable_settle_aliases(dev, held, true);
+            break;
+        }
     while (dev->lent_count) {
         cca_phys_handle_t h = dev->lent[--dev->lent_count];
-        if (be->vmm_release(be->ctx, dev->index, h) != CCA_OK)
+        if (handle_aliased(dev, h) || be->vmm_release(be->ctx, dev->index, h) != CCA_OK)
             orphan_push(dev, 0, 0, h, false);
     }
+}
+
+/* Whether the handle h is still mapped at an aliased block's old address. */
+static bool handle_aliased(const cca_device_t *dev, cca_phys_handle_t h)
+{
+    for (const cca_block_t *b = dev->aliased; b; b = b->bin_next) {
+        const cca_segment_t *seg = b->segment;
+        size_t end = granule_floor(seg, b->addr + b->size);
+        for (size_t i = granule_floor(seg, b->addr + b->requested_size); i < end; i++)
+            if (seg->es->handles[i].handle == h)
+                return true;
+    }
+    return false;
 }
 
 /* ---- growth ----------------------------------------------------------------------- */
@@ -945,7 +1142,7 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
         st = map_block(dev, next, remaining < next->size ? remaining : next->size, &c);
     }
     if (dev->lent_count)
-        lent_release(dev);
+        lent_release(dev, pool->owner, true);
     if (st != CCA_OK)
         return st;
     bins_remove(&pool->bins, c);
@@ -1022,6 +1219,11 @@ cca_status_t expandable_add_peer(cca_device_t *dev, int peer)
 void expandable_device_shutdown(cca_device_t *dev)
 {
     cca_backend_t *be = cca_state->backend;
+    for (cca_block_t *b = dev->aliased; b; b = b->bin_next) /* old mappings of aliased handles */
+        for (size_t off = b->requested_size; off < b->size; off += b->segment->es->granule)
+            be->vmm_unmap(be->ctx, dev->index, (void *)(b->addr + off), b->segment->es->granule);
+    dev->aliased = NULL;
+    dev->aliased_bytes = 0;
     expandable_release_orphans(dev); /* before their reservations go */
     cca_segment_t *seg = dev->segments;
     while (seg) {

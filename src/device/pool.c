@@ -51,6 +51,7 @@ cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr
     b->in_bin = false;
     b->oversize = false;
     b->mapped = true;
+    b->aliased = false;
     b->stream_use_count = 0;
     b->stream_use_cap = CCA_INLINE_STREAMS;
     b->stream_uses = b->stream_uses_inline;

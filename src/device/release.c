@@ -254,6 +254,8 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
     cca_status_t st = events_insert_deferred_locked(dev);
     if (st == CCA_OK)
         st = events_synchronize_and_free(dev, held, NULL);
+    if (st == CCA_OK)
+        st = expandable_settle_aliases(dev, held, true);
     if (st != CCA_OK)
         return st;
     st = expandable_release_orphans(dev);

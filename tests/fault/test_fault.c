@@ -542,6 +542,30 @@ static void scenario_compact(void)
     do_malloc(3 * MiB, 0, NULL);
 }
 
+/* compact_memory: a hole of S1's segment whose work is pending mapped again
+ * by S1's own growths (aliased: the old mappings stay until S1's event
+ * completes), the old mappings unmapped by a later growth once it has, by
+ * empty_cache (a wait) while one is still pending, and by the OOM path. */
+static void scenario_compact_alias(void)
+{
+    do_malloc(4 * MiB, 0, S1);
+    do_malloc(4 * MiB, 0, S1);
+    do_malloc(4 * MiB, 0, S1);
+    do_free(1);                      /* two granules, S1's work on them pending */
+    do_malloc(6 * MiB, 0, S1);       /* aliases them, one granule new */
+    do_malloc(1000, 0, S1);          /* the small pool: a new granule */
+    do_free(0);
+    do_malloc(6 * MiB, 0, S1);       /* aliases the first hole too */
+    step_check(cca_sim_complete_stream(sim, 0, S1, false), "complete S1");
+    do_free(0);
+    do_malloc(10 * MiB, 0, S1);      /* unmaps the old mappings, then moves or aliases */
+    do_free(1);
+    do_malloc(8 * MiB, 0, S1);
+    step_check(cca_empty_cache(), "cca_empty_cache"); /* waits for S1, unmaps the rest */
+    do_free(0);
+    do_malloc(100 * MiB, 0, S1);     /* beyond the cap: aliases, releases, or OOM */
+}
+
 typedef struct scenario {
     const char *name;
     void (*run)(void);
@@ -565,6 +589,7 @@ static const scenario_t scenarios[] = {
     {"pools_reuse", scenario_pools_reuse, "graph_capture_record_stream_reuse:True", 0},
     {"compact", scenario_compact, "compact_memory:True", 120 * MiB},
     {"pools_allocator", scenario_pools_allocator, "", 0},
+    {"compact_alias", scenario_compact_alias, "compact_memory:True", 120 * MiB},
 };
 
 static void setup(const scenario_t *sc)
@@ -713,6 +738,7 @@ TEST(fault_pools) { fault_loops(&scenarios[11]); }
 TEST(fault_pools_reuse) { fault_loops(&scenarios[12]); }
 TEST(fault_compact) { fault_loops(&scenarios[13]); }
 TEST(fault_pools_allocator) { fault_loops(&scenarios[14]); }
+TEST(fault_compact_alias) { fault_loops(&scenarios[15]); }
 
 int main(void)
 {
@@ -732,6 +758,7 @@ int main(void)
     RUN(fault_pools_reuse);
     RUN(fault_compact);
     RUN(fault_pools_allocator);
+    RUN(fault_compact_alias);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

@@ -455,6 +455,128 @@ TEST(compact_synchronises_the_stream_only_when_an_event_call_fails)
     cca_shutdown();
 }
 
+/* A compact device whose physical handles are shared memory (ipc_shared): a
+ * handle mapped at two addresses shows the same bytes at both. */
+static void setup_shared(void)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 1ull << 30;
+    cfg.manual_events = true;
+    cfg.ipc_shared = true;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK ||
+        cca_init_with_backend(sim, "compact_memory:True") != CCA_OK) {
+        printf("cannot set up: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+static bool all_bytes(const unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+/*
+ * S1's own growth maps a hole of S1's segment whose work is still pending:
+ * the same handles are mapped at the growth's address (no backend unmap, one
+ * granule created for the rest), reserved memory counts them once, the old
+ * address keeps its mapping and data for the work queued on it, and nothing
+ * allocates there. Once S1's event has completed, the next growth unmaps the
+ * old mappings and may use the address space again. Never a wait.
+ */
+TEST(compact_aliases_pending_granules_of_its_own_stream)
+{
+    setup_shared();
+    cca_device_t *dev = &cca_state->devices[0];
+    unsigned char *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
+    memset(b, 0x5a, 4 * MiB); /* the work queued on b */
+    cca_free(b);
+    int64_t before = reserved();
+    uint64_t unmaps = calls(CCA_OP_VMM_UNMAP), creates = calls(CCA_OP_VMM_CREATE);
+    unsigned char *d = xmalloc(6 * MiB, S1);
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), before + (int64_t)(2 * MiB)); /* b's two granules, one new */
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 1);
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 0);    /* b's mappings stay */
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB);
+    expect_eq_u64(dev->compact_aliased_bytes, 4 * MiB);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 0);
+    expect_true(all_bytes(b, 4 * MiB, 0x5a));               /* old address: data intact */
+    expect_true(all_bytes(d, 4 * MiB, 0x5a));               /* the same memory, moved */
+    d[0] = 0x11;
+    expect_true(b[2 * MiB] == 0x11 || b[0] == 0x11);       /* one handle, two addresses */
+    expect_true(invariants_hold());
+    /* S1 still behind: another growth neither unmaps the old range nor maps there */
+    void *e = xmalloc(4 * MiB, S1);
+    expect_true(e != NULL && ((uintptr_t)e + 4 * MiB <= (uintptr_t)b || (uintptr_t)e >= (uintptr_t)b + 4 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 0);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB);
+    expect_true(invariants_hold());
+    /* S1's work done: the next growth unmaps the old mappings first */
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    void *f = xmalloc(2 * MiB, S1);
+    expect_true(f != NULL);
+    expect_eq_u64(calls(CCA_OP_VMM_UNMAP) - unmaps, 2);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 0);
+    expect_true(invariants_hold());
+    expect_eq_u64(calls(CCA_OP_EVENT_SYNCHRONIZE), 0);
+    expect_eq_u64(calls(CCA_OP_STREAM_SYNCHRONIZE), 0);
+    expect_eq_u64(calls(CCA_OP_DEVICE_SYNCHRONIZE), 0);
+    void *ptrs[] = {a, c, d, e, f};
+    for (size_t i = 0; i < 5; i++)
+        cca_free(ptrs[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_handles, 0);
+    expect_eq_u64(u.live_reservations, 0);
+    cca_shutdown();
+}
+
+/*
+ * Another stream's pending granules are never aliased (its work is not
+ * ordered before the growth's); empty_cache waits for the owner stream and
+ * unmaps the old mappings of a block still aliased; shutdown unmaps them
+ * too (nothing left in the backend).
+ */
+TEST(compact_aliases_only_its_own_stream_and_settles_at_empty_cache)
+{
+    setup_events("compact_memory:True", 0, true);
+    cca_device_t *dev = &cca_state->devices[0];
+    void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
+    cca_free(b);
+    int64_t before = reserved();
+    void *x = xmalloc(4 * MiB, S2); /* S1's hole pending: new memory, no alias */
+    expect_eq_i64(reserved(), before + (int64_t)(4 * MiB));
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 0);
+    expect_eq_i64(extra_stat("cca.compact_pending_growths"), 1);
+    void *y = xmalloc(6 * MiB, S1); /* S1's own growth aliases it */
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB);
+    expect_true(invariants_hold());
+    uint64_t unmaps = calls(CCA_OP_VMM_UNMAP);
+    expect_ok(cca_empty_cache());   /* waits for S1, unmaps the old mappings */
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 0);
+    expect_true(calls(CCA_OP_VMM_UNMAP) - unmaps >= 2);
+    expect_true(invariants_hold());
+    cca_free(y);
+    void *z = xmalloc(2 * MiB, S1);
+    cca_free(z);
+    cca_free(a);                    /* a hole pending again, aliased by the next growth */
+    void *w = xmalloc(10 * MiB, S1);
+    expect_true(w != NULL && dev->aliased_bytes > 0);
+    expect_true(invariants_hold());
+    (void)c;
+    (void)x;
+    (void)w;
+    cca_shutdown();                 /* the old mappings go with the rest */
+}
+
 int main(void)
 {
     cca_register_output(NULL, NULL);
@@ -469,5 +591,7 @@ int main(void)
     RUN(compact_takes_new_memory_while_granules_are_pending);
     RUN(compact_later_frees_are_not_covered_by_an_older_event);
     RUN(compact_synchronises_the_stream_only_when_an_event_call_fails);
+    RUN(compact_aliases_pending_granules_of_its_own_stream);
+    RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     return harness_done();
 }
