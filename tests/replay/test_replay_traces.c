@@ -117,10 +117,11 @@ TEST(compact_event_lag)
     expect_ok(cca_replay_file(path, &opt, &behind));
     expect_true(now.compact_moves > 0);
     expect_eq_u64(now.compact_pending_growths, 0);
-    expect_true(behind.compact_pending_growths > 0);
+    /* a single stream: its own pending granules are aliased, the lag-0 peak kept */
+    expect_eq_u64(behind.compact_pending_growths, 0);
+    expect_true(behind.compact_moves > 0);
     expect_true(now.peak_reserved_bytes * 1000 <= now.peak_requested_bytes * 1005);
-    expect_true(behind.peak_reserved_bytes * 100 <= behind.peak_requested_bytes * 102);
-    expect_true(behind.peak_reserved_bytes >= now.peak_reserved_bytes);
+    expect_true(behind.peak_reserved_bytes * 1000 <= behind.peak_requested_bytes * 1005);
     expect_eq_u64(behind.unexpected_ooms, 0);
     printf("  resnet50 compact: lag 0 %.3f, %llu moves; lag 100 %.3f, %llu moves, %llu growths past "
            "pending granules\n",
