@@ -191,19 +191,34 @@ bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
     return ptrmap_insert_held(m, block, NULL);
 }
 
-static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
+/* The link holding the live block at addr in s (a held, not allocated block is not
+ * live), or NULL (its lock, or the solo lock, held). */
+static inline __attribute__((always_inline)) cca_block_t **shard_link(ptrmap_shard_t *s, uintptr_t addr)
 {
     if (!s->cap)
         return NULL;
     cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
     while (*link && ((*link)->addr != addr || ((*link)->pool && !(*link)->allocated)))
         link = &(*link)->map_next;
+    return *link ? link : NULL;
+}
+
+static inline void shard_unlink(ptrmap_shard_t *s, cca_block_t **link)
+{
+    cca_block_t *block = *link;
+    *link = block->map_next;
+    block->map_next = NULL;
+    s->count--;
+}
+
+static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
+{
+    cca_block_t **link = shard_link(s, addr);
+    if (!link)
+        return NULL;
     cca_block_t *found = *link;
-    if (found && remove) {
-        *link = found->map_next;
-        found->map_next = NULL;
-        s->count--;
-    }
+    if (remove)
+        shard_unlink(s, link);
     return found;
 }
 
@@ -231,11 +246,8 @@ void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spi
         cca_block_t **link = &s->buckets[(size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1)];
         while (*link && *link != block)
             link = &(*link)->map_next;
-        if (*link) {
-            *link = block->map_next;
-            block->map_next = NULL;
-            s->count--;
-        }
+        if (*link)
+            shard_unlink(s, link);
     }
     if (!solo)
         cca_spin_unlock(&s->lock);
@@ -244,21 +256,12 @@ void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spi
 
 cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr)
 {
-    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
-    if (!s->cap)
-        return NULL;
-    cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
-    while (*link && ((*link)->addr != addr || ((*link)->pool && !(*link)->allocated)))
-        link = &(*link)->map_next;
-    return *link ? link : NULL;
+    return shard_link(&m->shards[shard_of(addr)], addr);
 }
 
 void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link)
 {
-    cca_block_t *block = *link;
-    *link = block->map_next;
-    block->map_next = NULL;
-    m->shards[shard_of(block->addr)].count--;
+    shard_unlink(&m->shards[shard_of((*link)->addr)], link);
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
