@@ -380,6 +380,59 @@ TEST(compact_moves_after_the_owning_streams_event)
     teardown();
 }
 
+/*
+ * The owning stream's own growth takes its freed granules while the stream is still
+ * writing them: they are mapped at the growth's address too (no new device memory for
+ * them, no wait), and the stream's order keeps the old and the new work apart.
+ */
+TEST(compact_aliases_the_streams_own_pending_granules)
+{
+    if (!setup("compact_memory:True"))
+        return;
+    cudaStream_t s1 = new_stream();
+    char *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    expect_ok(cca_malloc((void **)&a, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&b, 10 * MiB, (cca_stream_t)s1));
+    expect_ok(cca_malloc((void **)&c, 10 * MiB, (cca_stream_t)s1));
+    if (!(a && b && c)) {
+        teardown();
+        return;
+    }
+    expect_true(cudaMemsetAsync(a, 0x21, 10 * MiB, s1) == cudaSuccess);
+    expect_true(cudaMemsetAsync(c, 0x23, 10 * MiB, s1) == cudaSuccess);
+    for (int i = 0; i < 128; i++) /* about 1.3 GB of writes into b: s1 is busy for a while */
+        expect_true(cudaMemsetAsync(b, i & 0xff, 10 * MiB, s1) == cudaSuccess);
+    expect_ok(cca_free(b));
+    int64_t moves0, pending0, moves1, pending1;
+    compact_counts(&moves0, &pending0);
+    cca_device_stats_t before, after;
+    expect_ok(cca_get_device_stats(0, &before));
+    expect_ok(cca_malloc((void **)&d, 16 * MiB, (cca_stream_t)s1)); /* b's hole is too small */
+    expect_ok(cca_get_device_stats(0, &after));
+    compact_counts(&moves1, &pending1);
+    /* b's 10 MiB serve the growth, only the other 6 MiB are new */
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current,
+                  before.reserved_bytes[CCA_STAT_ALL].current + (int64_t)(6 * MiB));
+    expect_true(moves1 == moves0 + 1);
+    expect_true(pending1 == pending0);
+    if (d) {
+        expect_true(cudaMemsetAsync(d, 0x44, 16 * MiB, s1) == cudaSuccess); /* after b's writes */
+        expect_eq_u64(check_window(d, 4096, 0x44, s1), 0);
+        expect_eq_u64(check_window(d, 16 * MiB - 4096, 0x44, s1), 0);
+    }
+    expect_eq_u64(check_window(a, 10 * MiB - 4096, 0x21, s1), 0);
+    expect_eq_u64(check_window(c, 4096, 0x23, s1), 0);
+    expect_true(cudaDeviceSynchronize() == cudaSuccess); /* no write reached an unmapped page */
+    void *ptrs[] = {a, c, d};
+    for (size_t i = 0; i < 3; i++)
+        expect_ok(cca_free(ptrs[i]));
+    expect_ok(cca_empty_cache()); /* the old addresses' mappings go too */
+    expect_ok(cca_get_device_stats(0, &after));
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, 0);
+    cudaStreamDestroy(s1);
+    teardown();
+}
+
 int main(void)
 {
     setenv("CCA_BACKEND", "cuda", 1);
@@ -400,5 +453,6 @@ int main(void)
     RUN(streams_and_pools);
     RUN(compact_moves_a_hole_to_another_stream);
     RUN(compact_moves_after_the_owning_streams_event);
+    RUN(compact_aliases_the_streams_own_pending_granules);
     return harness_done();
 }
