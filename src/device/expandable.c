@@ -976,11 +976,12 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
     cca_status_t st = CCA_OK;
     size_t target = dev->lent_count + want;
     dev->compact_lends++;
+    /* keep_seg may be released from here on (by the settling of aliases, or every other
+     * granule of it taken): only its address is compared after this read */
+    bool growth_small = keep_seg->is_small;
     expandable_settle_aliases(dev, held, false); /* old mappings now done with: address space back */
     /* passes: the growth's kind (small or large), then the other kind, granules known done;
-     * then, of the growth's own stream, granules still pending (aliased). keep_seg may be
-     * released on the way (every other granule of it taken): only its address is compared. */
-    bool growth_small = keep_seg->is_small;
+     * then, of the growth's own stream, granules still pending (aliased) */
     int passes = held->private_pool ? 2 : 4;
     for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
         bool same_kind = pass % 2 == 0, alias = pass >= 2;
