@@ -460,6 +460,41 @@ TEST(held_block_in_the_map)
     expect_ok(alloc_check_invariants(why, sizeof(why)));
 }
 
+/* A block returned by its last event (not by the program's free) may be held too; its
+ * statistics are applied at once, and the next request of its size takes it back. */
+TEST(held_after_its_event)
+{
+    setup(NULL, 0, true);
+    char *a = xmalloc(4 * KiB, S1);
+    char *h = xmalloc(4 * KiB, S1);
+    expect_ok(cca_record_stream(h, S2));
+    expect_ok(cca_free(h)); /* waits for S2 */
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.active[CCA_STAT_ALL].current, 2);
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, false));
+    char *again = xmalloc(4 * KiB, S1); /* reclaims h (held), then gets it back */
+    expect_eq_ptr(again, h);
+    s = stats(0);
+    expect_eq_i64(s.active[CCA_STAT_ALL].current, 2);
+    expect_eq_i64(s.active[CCA_STAT_ALL].freed, 1);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 3);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 2 * MiB - 8 * KiB);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+    expect_ok(cca_free(again)); /* the program's free: held, back again */
+    char *third = xmalloc(4 * KiB, S1);
+    expect_eq_ptr(third, h);
+    expect_ok(cca_free(third));
+    expect_ok(cca_free(a));
+    s = stats(0);
+    expect_eq_i64(s.active[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 4);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 4);
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
 TEST(best_fit_ties_by_address)
 {
     setup(NULL, 0, false);
@@ -917,6 +952,7 @@ int main(void)
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
+    RUN(held_after_its_event);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
     RUN(large_split_rule);
