@@ -267,7 +267,8 @@ void pool_solo_end(cca_spinlock_t *solo)
 /* The signs of a return's statistics where known (pool_free_block). */
 static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 
-/* The statistics of the program's free of held block h, merged with its upper neighbour. */
+/* The statistics of the program's free of held block h, merged with its upper neighbour
+ * (plain segments only: held blocks are never in expandable ones). */
 static void held_free_deltas(const cca_block_t *h, int64_t d[OPS_COUNT])
 {
     const cca_block_t *up = h->next;
@@ -316,7 +317,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
                  pool->owner->stream);
     size_t original_size = block->size;
     size_t requested = block->requested_size;
-    int64_t net_blocks = 0, net_bytes = 0;
+    int type = pool_stat_type(pool->is_small);
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
     if (pool_may_hold(pool, block)) {
@@ -328,28 +329,27 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
             return;
         }
         /* the statistics of the merge with the upper neighbour, the merge put off */
-        net_blocks = -1;
-        net_bytes = -(int64_t)block->next->size;
-        if (block->prev || block->next->next) {
-            net_blocks += 1;
-            net_bytes += (int64_t)(block->size + block->next->size);
-        }
-    } else {
-        cca_block_t *candidates[2] = {block->prev, block->next};
-        for (int i = 0; i < 2; i++) {
-            size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
-            if (subsumed) {
-                net_blocks -= 1;
-                net_bytes -= (int64_t)subsumed;
-            }
-        }
-        bins_insert(&pool->bins, block);
-        if (block_is_split(block)) {
-            net_blocks += 1;
-            net_bytes += (int64_t)block->size;
+        int64_t d[OPS_COUNT];
+        held_free_deltas(block, d);
+        if (!program_free) /* returned by its last event: the program's free was counted then */
+            d[OPS_ALLOCATION] = d[OPS_ALLOCATED_BYTES] = d[OPS_OVERSIZE] = 0;
+        ops_apply(sp, type, d, free_sign);
+        return;
+    }
+    int64_t net_blocks = 0, net_bytes = 0;
+    cca_block_t *candidates[2] = {block->prev, block->next};
+    for (int i = 0; i < 2; i++) {
+        size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
+        if (subsumed) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)subsumed;
         }
     }
-    int type = pool_stat_type(pool->is_small);
+    bins_insert(&pool->bins, block);
+    if (block_is_split(block)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)block->size;
+    }
     bool expandable = pool->expandable_segments && block->segment->es;
     if (expandable)
         block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
