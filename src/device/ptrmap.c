@@ -140,6 +140,23 @@ static inline void map_unlock(cca_spinlock_t *solo, const cca_spinlock_t *held)
         cca_spin_unlock(solo);
 }
 
+/* Lock shard s for one operation: the solo lock in solo mode (returned), else s's own. */
+static inline cca_spinlock_t *shard_lock(struct cca_ptrmap *m, ptrmap_shard_t *s,
+                                         const cca_spinlock_t *held)
+{
+    cca_spinlock_t *solo = map_lock(m, held);
+    if (!solo)
+        cca_spin_lock(&s->lock);
+    return solo;
+}
+
+static inline void shard_unlock(ptrmap_shard_t *s, cca_spinlock_t *solo, const cca_spinlock_t *held)
+{
+    if (!solo)
+        cca_spin_unlock(&s->lock);
+    map_unlock(solo, held);
+}
+
 static bool shard_grow(ptrmap_shard_t *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
@@ -176,13 +193,9 @@ static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
     ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
-    cca_spinlock_t *solo = map_lock(m, held);
-    if (!solo)
-        cca_spin_lock(&s->lock);
+    cca_spinlock_t *solo = shard_lock(m, s, held);
     bool ok = shard_insert(s, block);
-    if (!solo)
-        cca_spin_unlock(&s->lock);
-    map_unlock(solo, held);
+    shard_unlock(s, solo, held);
     return ok;
 }
 
@@ -226,22 +239,16 @@ cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
                               const cca_spinlock_t *held)
 {
     ptrmap_shard_t *s = &m->shards[shard_of(addr)];
-    cca_spinlock_t *solo = map_lock(m, held);
-    if (!solo)
-        cca_spin_lock(&s->lock);
+    cca_spinlock_t *solo = shard_lock(m, s, held);
     cca_block_t *found = shard_find(s, addr, remove);
-    if (!solo)
-        cca_spin_unlock(&s->lock);
-    map_unlock(solo, held);
+    shard_unlock(s, solo, held);
     return found;
 }
 
 void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
     ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
-    cca_spinlock_t *solo = map_lock(m, held);
-    if (!solo)
-        cca_spin_lock(&s->lock);
+    cca_spinlock_t *solo = shard_lock(m, s, held);
     if (s->cap) {
         cca_block_t **link = &s->buckets[(size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1)];
         while (*link && *link != block)
@@ -249,9 +256,7 @@ void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spi
         if (*link)
             shard_unlink(s, link);
     }
-    if (!solo)
-        cca_spin_unlock(&s->lock);
-    map_unlock(solo, held);
+    shard_unlock(s, solo, held);
 }
 
 cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr)

@@ -103,24 +103,32 @@ static void stats_add_counts(cca_device_stats_t *dst, cca_device_stats_t *src)
         }
 }
 
+/* add applied to out and each stream pool's own statistics, each pool locked in turn
+ * (held: the one the caller holds). */
+static void stats_sum_pools(cca_device_t *dev, cca_stream_pool_t *held,
+                            void (*add)(cca_device_stats_t *, cca_device_stats_t *),
+                            cca_device_stats_t *out)
+{
+    for (size_t i = 0; i < dev->pool_table_cap; i++) {
+        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
+        if (!sp)
+            continue;
+        if (sp != held)
+            pool_lock(sp);
+        add(out, &sp->stats);
+        if (sp != held)
+            cca_spin_unlock(&sp->lock);
+    }
+}
+
 /* exact_peak_stats: the ops table's values and counts, and (shared) the pools' counts. */
 static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
 {
     cca_device_stats_t pools;
     bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_acquire);
     memset(&pools, 0, sizeof(pools));
-    if (shared) {
-        for (size_t i = 0; i < dev->pool_table_cap; i++) {
-            cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
-            if (!sp)
-                continue;
-            if (sp != held)
-                pool_lock(sp);
-            stats_add_counts(&pools, &sp->stats);
-            if (sp != held)
-                cca_spin_unlock(&sp->lock);
-        }
-    }
+    if (shared)
+        stats_sum_pools(dev, held, stats_add_counts, &pools);
     cca_stream_pool_t *solo = held ? NULL : stats_solo_lock(dev); /* (held: relaxed mode only) */
     stats_lock(dev);
     *out = dev->stats; /* its per-operation statistics are the ops table's, below */
@@ -145,16 +153,7 @@ void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool
     }
     cca_device_stats_t sum;
     memset(&sum, 0, sizeof(sum));
-    for (size_t i = 0; i < dev->pool_table_cap; i++) {
-        cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
-        if (!sp)
-            continue;
-        if (sp != held)
-            pool_lock(sp);
-        stats_add_ops(&sum, &sp->stats);
-        if (sp != held)
-            cca_spin_unlock(&sp->lock);
-    }
+    stats_sum_pools(dev, held, stats_add_ops, &sum);
     cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
     stats_lock(dev);
     stats_op_arrays(&dev->stats, d);
