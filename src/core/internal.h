@@ -77,6 +77,9 @@ typedef struct cca_spinlock {
 
 void cca_spin_lock_slow(cca_spinlock_t *l);
 
+/* One step of waiting for another thread: spin briefly, then yield the CPU (spinlock.c). */
+void cca_spin_backoff(unsigned spins);
+
 static inline void cca_spin_init(cca_spinlock_t *l)
 {
     atomic_init(&l->locked, 0);

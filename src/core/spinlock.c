@@ -16,15 +16,20 @@ static inline void cpu_relax(void)
 #endif
 }
 
+void cca_spin_backoff(unsigned spins)
+{
+    if (spins < 128)
+        cpu_relax();
+    else
+        sched_yield();
+}
+
 void cca_spin_lock_slow(cca_spinlock_t *l)
 {
     for (unsigned spins = 0;; spins++) {
         if (!atomic_load_explicit(&l->locked, memory_order_relaxed) &&
             !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
             return;
-        if (spins < 128)
-            cpu_relax();
-        else
-            sched_yield();
+        cca_spin_backoff(spins);
     }
 }

@@ -562,9 +562,9 @@ static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
     }
     if (lock) {
         pthread_mutex_lock(&dev->events_lock);
-        cca_spin_lock(&dev->stats_lock);
+        stats_lock(dev);
     } else {
-        cca_spin_unlock(&dev->stats_lock);
+        stats_unlock(dev);
         pthread_mutex_unlock(&dev->events_lock);
         pthread_mutex_unlock(&dev->lock);
         free(list->pools);

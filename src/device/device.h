@@ -167,7 +167,19 @@ typedef struct cca_stream_pool {
     uint64_t ready_stamp;       /* the device's compact_lends when readiness was last asked */
     cca_event_t ready_event;    /* recorded on the stream by growths; NULL until the first */
     bool event_pending;         /* ready_event recorded, not yet seen complete */
+    int request_slot;           /* its index in the device's stats_requests; -1: none yet,
+                                   -2: the table was full (it waits for the lock instead) */
+    /* a statistics update waiting for the stats lock's holder to apply it (stats.c) */
+    _Alignas(64) struct stats_request {
+        _Atomic int state;      /* STATS_REQ_* */
+        int type;
+        const int64_t *d;       /* the waiting thread's own arrays, live until DONE */
+        const int8_t *sign;
+    } request;
 } cca_stream_pool_t;
+
+enum { STATS_REQ_IDLE, STATS_REQ_PENDING, STATS_REQ_DONE };
+#define STATS_REQUEST_SLOTS 64
 
 /* A pending record_stream event. */
 typedef struct cca_pending_event {
@@ -303,16 +315,21 @@ typedef struct cca_device {
 
     /* stats */
     bool exact_stats;           /* settings.exact_peak_stats at init */
+    /* 0: free; 1: held; 2: held, and updates may wait for the holder to apply them
+     * (a combining lock: stats_lock, stats_unlock, stats_combine) */
     cca_spinlock_t stats_lock;
     cca_device_stats_t stats;   /* exact: the per-operation statistics' current and peak
                                    values are in ops; the rest here */
     struct ops_table *ops;      /* exact mode's current and peak values (see op_stats_t) */
-    _Atomic bool stats_shared;  /* ops updated by atomics, without the stats lock */
+    /* the request slots of the stream pools that have waited for the stats lock, in the
+     * order they first did; the holder applies the pending ones before it lets go */
+    _Atomic(struct stats_request *) stats_requests[STATS_REQUEST_SLOTS];
+    _Atomic uint32_t stats_request_count;
     /* the device's only stream pool, whose lock alone guards the ops table while it stays the
      * only one (set for the first default pool, cleared under its lock by a second; pool.c) */
     _Atomic(struct cca_stream_pool *) stats_solo;
     bool stats_solo_done;       /* a stream pool was created (device lock) */
-    uint32_t stats_contended;   /* stats lock found taken (under it), while locked */
+    uint64_t stats_combined;    /* updates applied by another thread's hand (stats lock) */
 
     /* bit p: device p may access this device's memory; ranges mapped later get
      * its access (peer.c; bits only added, under the device lock) */
@@ -449,13 +466,30 @@ static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
     stat_decrease(&arr[type], amount);
 }
 
-static inline void stats_lock(cca_device_t *dev)
+/* The stats lock taken from 0, never over a held lock's 2 (stats.c: when it was taken). */
+void stats_lock_slow(cca_device_t *dev);
+
+static inline bool stats_try_lock(cca_device_t *dev)
 {
-    cca_spin_lock(&dev->stats_lock);
+    int free = 0;
+    return atomic_compare_exchange_strong_explicit(&dev->stats_lock.locked, &free, 1,
+                                                   memory_order_acquire, memory_order_relaxed);
 }
 
+static inline void stats_lock(cca_device_t *dev)
+{
+    if (!stats_try_lock(dev))
+        stats_lock_slow(dev);
+}
+
+/* Apply the updates waiting for the holder (stats lock held, its word seen at 2; stats.c). */
+void stats_serve(cca_device_t *dev);
+
+/* Let go of the stats lock; whoever holds it applies the updates waiting first. */
 static inline void stats_unlock(cca_device_t *dev)
 {
+    if (atomic_load_explicit(&dev->stats_lock.locked, memory_order_relaxed) != 1)
+        stats_serve(dev);
     cca_spin_unlock(&dev->stats_lock);
 }
 
@@ -480,15 +514,12 @@ typedef struct ops_count {
 
 /*
  * Allocated 64-byte aligned (pool_device_init). Each type's row of current
- * values is one cache line and its peaks another: an operation writes the
- * current rows of ALL and of its kind and only reads the peak rows (unless a
- * peak rises), so threads meet on two written lines per operation.
+ * values is one cache line and its peaks another.
  */
 typedef struct ops_table {
     int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
     int64_t peak[CCA_STAT_TYPES][OPS_COUNT];
-    ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed while locked; a private
-                                                 pool's (by atomics) once shared */
+    ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed */
 } ops_table_t;
 
 /* The statistics array of stat in a cca_device_stats_t (oversize_allocations: one entry). */
@@ -510,28 +541,29 @@ static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
  * How one operation's statistics are written (ops_apply):
  *   relaxed (exact_peak_stats:False, default pools): all in the stream pool's
  *     own statistics, plain; device values are summed on read, peaks sampled.
- *   locked: the device's ops table (values and counts), plain, under its
- *     stats lock (one atomic exchange per operation), or under nothing more
- *     than the stream pool's own lock while it is the device's only pool
- *     (stats_solo: one stream, the common single-thread case);
- *     of the ALL entries only the peak is written, the rest is the sum of the
- *     two kinds' (stats_fill_ops; made real when the statistics turn shared).
- *   shared: the ops table by fetch-add, each peak raised by compare-and-swap
- *     from the value its own fetch-add produced, so every current value is
- *     linearizable and every peak exact; allocated / freed in the stream pool
- *     (plain, its lock), or the ops table's by fetch-add for a private pool. A
- *     device's statistics turn shared for good once its stats lock was found
- *     taken STATS_SHARE_AFTER times (stats.c); never back.
+ *   locked (exact_peak_stats, the default): the device's ops table (values and
+ *     counts), plain, by one thread at a time, so each operation is one step
+ *     of a single order and every peak is exact: under nothing more than the
+ *     stream pool's own lock while it is the device's only pool (stats_solo:
+ *     one stream, the common single-thread case), else under the stats lock.
+ *     Of the ALL entries only the peak is written, the rest is the sum of the
+ *     two kinds' (stats_fill_ops).
+ *   combined: the stats lock was found held: the update is published in the
+ *     stream pool's request slot and the lock's holder applies it, with every
+ *     other one waiting, before it lets go (stats_combine, stats_serve); the
+ *     thread waits for that, or takes the lock itself once it is free. One
+ *     thread at a time still writes the table, in the order the holder applies
+ *     the updates, all of them made while it held the lock, so the values and
+ *     peaks stay those of one order consistent with real time; threads that
+ *     meet on the lock exchange one cache line each with the holder instead of
+ *     taking the lock and its table lines in turn.
  */
-enum { OPS_RELAXED, OPS_LOCKED, OPS_SHARED };
+enum { OPS_RELAXED, OPS_LOCKED, OPS_COMBINED };
 
 typedef struct op_stats {
     int mode;                  /* OPS_* */
     bool locked;               /* locked: the stats lock was taken (not the only pool's) */
-    bool acc_atomic;           /* shared: the counts go to the ops table by atomics (private pool) */
 } op_stats_t;
-
-#define STATS_SHARE_AFTER 64
 
 /* The only pool's lock, for readers of the ops table (then the stats lock); NULL if none. */
 void pool_flush(struct cca_stream_pool *sp);
@@ -553,34 +585,21 @@ static inline void stats_solo_unlock(struct cca_stream_pool *solo)
         cca_spin_unlock(&solo->lock);
 }
 
-/* Take the stats lock found taken; may turn the device's statistics shared (stats.c). */
-void stats_lock_contended(cca_device_t *dev);
-
 static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
 {
     cca_device_t *dev = sp->device;
-    o->acc_atomic = false;
+    o->locked = false;
     if (!dev->exact_stats && !sp->private_pool) { /* private pools: always the device's */
         o->mode = OPS_RELAXED;
         return;
     }
-    if (!atomic_load_explicit(&dev->stats_shared, memory_order_acquire)) {
-        if (atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp) {
-            o->mode = OPS_LOCKED; /* the device's only pool: its own lock (held) orders all */
-            o->locked = false;
-            return;
-        }
-        if (atomic_exchange_explicit(&dev->stats_lock.locked, 1, memory_order_acquire))
-            stats_lock_contended(dev);
-        if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed)) {
-            o->mode = OPS_LOCKED;
-            o->locked = true;
-            return;
-        }
-        stats_unlock(dev); /* turned shared while this thread waited */
-    }
-    o->mode = OPS_SHARED;
-    o->acc_atomic = sp->private_pool != NULL;
+    o->mode = OPS_LOCKED;
+    if (atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp)
+        return; /* the device's only pool: its own lock (held) orders all */
+    if (stats_try_lock(dev))
+        o->locked = true;
+    else
+        o->mode = OPS_COMBINED;
 }
 
 /*
@@ -590,8 +609,8 @@ static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
  * device's ops table; own: the stream pool's statistics.
  */
 static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_device_stats_t *own,
-                                                          bool acc_atomic, int mode, int stat,
-                                                          int type, int64_t amount, int sign)
+                                                          int mode, int stat, int type,
+                                                          int64_t amount, int sign)
 {
     bool up = sign > 0 || (sign == 0 && amount > 0);
     if (mode == OPS_RELAXED) {
@@ -608,39 +627,19 @@ static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_de
     }
     int64_t *cur = &t->cur[type][stat], *peak = &t->peak[type][stat];
     ops_count_t *n = &t->n[type][stat];
-    if (mode == OPS_LOCKED) { /* plain: the stats lock orders every writer and reader */
-        *cur += amount;
-        if (up) {
-            if (*cur > *peak)
-                *peak = *cur;
-            n->allocated += amount;
-        } else {
-            n->freed -= amount;
-        }
-        return;
-    }
-    int64_t now = __atomic_add_fetch(cur, amount, __ATOMIC_RELAXED);
+    *cur += amount; /* locked: one writer at a time, every reader behind the same lock */
     if (up) {
-        int64_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
-        while (now > seen && !__atomic_compare_exchange_n(peak, &seen, now, true,
-                                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        }
-    }
-    if (acc_atomic) {
-        __atomic_add_fetch(up ? &n->allocated : &n->freed, up ? amount : -amount, __ATOMIC_RELAXED);
+        if (*cur > *peak)
+            *peak = *cur;
+        n->allocated += amount;
     } else {
-        cca_stat_t *acc = &ops_array(own, stat)[type];
-        if (up)
-            acc->allocated += amount;
-        else
-            acc->freed -= amount;
+        n->freed -= amount;
     }
 }
 
 static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
                                                                  cca_device_stats_t *own,
-                                                                 bool acc_atomic, int mode,
-                                                                 int type,
+                                                                 int mode, int type,
                                                                  const int64_t d[OPS_COUNT],
                                                                  const int8_t sign[OPS_COUNT])
 {
@@ -651,7 +650,7 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
         if (mode == OPS_LOCKED && k != OPS_OVERSIZE) {
             /* locked: the ALL entry is the two kinds' sum (stats_fill_ops); only its
              * peak is kept, raised from the sum this update produced */
-            ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);
+            ops_add(t, own, mode, k, type, d[k], sign[k]);
             if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
                 int64_t all = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
                 if (all > t->peak[CCA_STAT_ALL][k])
@@ -659,11 +658,19 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
             }
             continue;
         }
-        ops_add(t, own, acc_atomic, mode, k, CCA_STAT_ALL, d[k], sign[k]);
+        ops_add(t, own, mode, k, CCA_STAT_ALL, d[k], sign[k]);
         if (k != OPS_OVERSIZE)
-            ops_add(t, own, acc_atomic, mode, k, type, d[k], sign[k]);
+            ops_add(t, own, mode, k, type, d[k], sign[k]);
     }
 }
+
+/* Take sp's request slot out of its device's table, if it has one (before sp is freed). */
+void stats_request_release(cca_stream_pool_t *sp);
+
+/* Publish the update in sp's request slot and wait until the stats lock's holder has
+ * applied it, or apply it under the lock once it is free (stats.c). */
+void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
+                   const int8_t sign[OPS_COUNT]);
 
 /*
  * One operation's statistics: d[k] added to statistic k (OPS_*), in the ALL
@@ -676,18 +683,16 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
                                                             const int8_t sign[OPS_COUNT])
 {
     cca_device_t *dev = sp->device;
-    ops_table_t *t = dev->ops;
-    cca_device_stats_t *own = &sp->stats;
     op_stats_t o;
     op_stats_begin(sp, &o);
     if (o.mode == OPS_LOCKED) {
-        ops_apply_mode(t, own, false, OPS_LOCKED, type, d, sign);
+        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
         if (o.locked)
             stats_unlock(dev);
-    } else if (o.mode == OPS_SHARED) {
-        ops_apply_mode(t, own, o.acc_atomic, OPS_SHARED, type, d, sign);
+    } else if (o.mode == OPS_COMBINED) {
+        stats_combine(sp, type, d, sign);
     } else {
-        ops_apply_mode(t, own, false, OPS_RELAXED, type, d, sign);
+        ops_apply_mode(NULL, &sp->stats, OPS_RELAXED, type, d, sign);
     }
 }
 
@@ -699,8 +704,7 @@ static inline bool ops_may_defer(const cca_stream_pool_t *sp)
         return false;
     if (!dev->exact_stats)
         return true; /* relaxed: readers sum the pools under their locks */
-    return !atomic_load_explicit(&dev->stats_shared, memory_order_acquire) &&
-           atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp;
+    return atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp;
 }
 
 /* One statistic moved by a, then by b, as two ops_add of the relaxed mode would. */

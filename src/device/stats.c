@@ -45,7 +45,7 @@ static void stats_add_ops(cca_device_stats_t *dst, cca_device_stats_t *src)
     dst->oversize_allocations.freed += src->oversize_allocations.freed;
 }
 
-/* Locked mode's ALL entries: the sums of the two kinds' (stats lock held, or every writer out). */
+/* Locked mode's ALL entries: the sums of the two kinds' (stats lock held). */
 static void ops_sum_all(ops_table_t *t)
 {
     for (int k = 0; k < OPS_OVERSIZE; k++) {
@@ -56,51 +56,139 @@ static void ops_sum_all(ops_table_t *t)
     }
 }
 
-void stats_lock_contended(cca_device_t *dev)
+/* ---- the combining stats lock ------------------------------------------------------ */
+
+void stats_lock_slow(cca_device_t *dev)
 {
-    cca_spin_lock_slow(&dev->stats_lock);
-    /* not while one pool writes alone (stats_solo): its operations take no stats
-     * lock, and it may hold a free's statistics back (ops_may_defer) */
-    if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed) &&
-        !atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) &&
-        ++dev->stats_contended >= STATS_SHARE_AFTER) {
-        ops_sum_all(dev->ops); /* shared writers keep the ALL entries themselves */
-        atomic_store_explicit(&dev->stats_shared, true, memory_order_release);
+    for (unsigned spins = 0;; spins++) {
+        if (atomic_load_explicit(&dev->stats_lock.locked, memory_order_relaxed) == 0 &&
+            stats_try_lock(dev))
+            return;
+        cca_spin_backoff(spins);
     }
 }
 
-/* The exact mode's values and counts into out (stats lock held; atomic loads: shared
- * writers run). */
+/* Apply one published update and tell its thread (stats lock held). */
+static void stats_apply_request(cca_device_t *dev, struct stats_request *r)
+{
+    ops_apply_mode(dev->ops, NULL, OPS_LOCKED, r->type, r->d, r->sign);
+    dev->stats_combined++;
+    atomic_store_explicit(&r->state, STATS_REQ_DONE, memory_order_release);
+}
+
+/*
+ * The holder found the lock's word at 2: set it back to 1, then apply every
+ * update published before the thread that published it saw the lock held
+ * (it set the 2 after publishing, and the exchange here reads that 2); a few
+ * rounds while more arrive. Updates published later are applied by the next
+ * holder, or by their own thread once it finds the lock free.
+ */
+void stats_serve(cca_device_t *dev)
+{
+    for (int round = 0; round < 4; round++) {
+        if (atomic_exchange_explicit(&dev->stats_lock.locked, 1, memory_order_acq_rel) != 2)
+            return;
+        uint32_t n = atomic_load_explicit(&dev->stats_request_count, memory_order_acquire);
+        for (uint32_t i = 0; i < n; i++) {
+            struct stats_request *r =
+                atomic_load_explicit(&dev->stats_requests[i], memory_order_acquire);
+            if (r && atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_PENDING)
+                stats_apply_request(dev, r);
+        }
+    }
+}
+
+/* sp's request slot, entered in a free place of the device's table the first time it
+ * waits (sp's lock held); NULL: the table is full, sp waits for the lock instead. */
+static struct stats_request *stats_request_slot(cca_stream_pool_t *sp)
+{
+    cca_device_t *dev = sp->device;
+    if (sp->request_slot == -1) {
+        sp->request_slot = -2;
+        for (uint32_t i = 0; i < STATS_REQUEST_SLOTS; i++) {
+            struct stats_request *none = NULL;
+            if (!atomic_compare_exchange_strong_explicit(&dev->stats_requests[i], &none,
+                                                         &sp->request, memory_order_acq_rel,
+                                                         memory_order_relaxed))
+                continue;
+            sp->request_slot = (int)i;
+            uint32_t n = atomic_load_explicit(&dev->stats_request_count, memory_order_relaxed);
+            while (n <= i && !atomic_compare_exchange_weak_explicit(&dev->stats_request_count, &n,
+                                                                    i + 1, memory_order_release,
+                                                                    memory_order_relaxed)) {
+            }
+            break;
+        }
+    }
+    return sp->request_slot >= 0 ? &sp->request : NULL;
+}
+
+void stats_request_release(cca_stream_pool_t *sp)
+{
+    if (sp->request_slot < 0)
+        return;
+    cca_device_t *dev = sp->device;
+    stats_lock(dev); /* no holder is reading the table meanwhile */
+    atomic_store_explicit(&dev->stats_requests[sp->request_slot], NULL, memory_order_relaxed);
+    stats_unlock(dev);
+    sp->request_slot = -1;
+}
+
+void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
+                   const int8_t sign[OPS_COUNT])
+{
+    cca_device_t *dev = sp->device;
+    struct stats_request *r = stats_request_slot(sp);
+    if (!r) { /* no slot left: wait for the lock itself */
+        stats_lock_slow(dev);
+        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+        stats_unlock(dev);
+        return;
+    }
+    r->type = type;
+    r->d = d;
+    r->sign = sign;
+    atomic_store_explicit(&r->state, STATS_REQ_PENDING, memory_order_release);
+    _Atomic int *word = &dev->stats_lock.locked;
+    for (unsigned spins = 0;; spins++) {
+        if (atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_DONE)
+            break;
+        int w = atomic_load_explicit(word, memory_order_relaxed);
+        if (w == 0 && stats_try_lock(dev)) {
+            /* the lock is this thread's: no one else applies the update now, and the
+             * requests this thread serves as it lets go are no longer its own */
+            if (atomic_exchange_explicit(&r->state, STATS_REQ_IDLE, memory_order_relaxed) !=
+                STATS_REQ_DONE)
+                ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+            stats_unlock(dev);
+            return;
+        }
+        if (w == 1) /* tell the holder an update waits (after publishing it) */
+            atomic_compare_exchange_strong_explicit(word, &w, 2, memory_order_acq_rel,
+                                                    memory_order_relaxed);
+        cca_spin_backoff(spins);
+    }
+    atomic_store_explicit(&r->state, STATS_REQ_IDLE, memory_order_relaxed);
+}
+
+/* The exact mode's values and counts into out (stats lock held). */
 void stats_fill_ops(const cca_device_t *dev, cca_device_stats_t *out)
 {
-    bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_relaxed);
     for (int k = 0; k < OPS_COUNT; k++)
         for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
             const ops_count_t *n = &dev->ops->n[t][k];
             cca_stat_t *d = &ops_array(out, k)[t];
-            d->current = __atomic_load_n(&dev->ops->cur[t][k], __ATOMIC_RELAXED);
-            d->peak = __atomic_load_n(&dev->ops->peak[t][k], __ATOMIC_RELAXED);
-            d->allocated = __atomic_load_n(&n->allocated, __ATOMIC_RELAXED);
-            d->freed = __atomic_load_n(&n->freed, __ATOMIC_RELAXED);
+            d->current = dev->ops->cur[t][k];
+            d->peak = dev->ops->peak[t][k];
+            d->allocated = n->allocated;
+            d->freed = n->freed;
         }
-    if (shared)
-        return;
-    for (int k = 0; k < OPS_OVERSIZE; k++) { /* locked: ALL is the kinds' sum, but its peak */
+    for (int k = 0; k < OPS_OVERSIZE; k++) { /* ALL is the kinds' sum, but its peak */
         cca_stat_t *a = ops_array(out, k);
         a[CCA_STAT_ALL].current = a[CCA_STAT_SMALL_POOL].current + a[CCA_STAT_LARGE_POOL].current;
         a[CCA_STAT_ALL].allocated = a[CCA_STAT_SMALL_POOL].allocated + a[CCA_STAT_LARGE_POOL].allocated;
         a[CCA_STAT_ALL].freed = a[CCA_STAT_SMALL_POOL].freed + a[CCA_STAT_LARGE_POOL].freed;
     }
-}
-
-/* The allocated / freed counts of the per-operation statistics of src, added to dst's. */
-static void stats_add_counts(cca_device_stats_t *dst, cca_device_stats_t *src)
-{
-    for (int k = 0; k < OPS_COUNT; k++)
-        for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
-            ops_array(dst, k)[t].allocated += ops_array(src, k)[t].allocated;
-            ops_array(dst, k)[t].freed += ops_array(src, k)[t].freed;
-        }
 }
 
 /* add applied to out and each stream pool's own statistics, each pool locked in turn
@@ -121,21 +209,15 @@ static void stats_sum_pools(cca_device_t *dev, cca_stream_pool_t *held,
     }
 }
 
-/* exact_peak_stats: the ops table's values and counts, and (shared) the pools' counts. */
+/* exact_peak_stats: the ops table's values and counts. */
 static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
 {
-    cca_device_stats_t pools;
-    bool shared = atomic_load_explicit(&dev->stats_shared, memory_order_acquire);
-    memset(&pools, 0, sizeof(pools));
-    if (shared)
-        stats_sum_pools(dev, held, stats_add_counts, &pools);
     cca_stream_pool_t *solo = held ? NULL : stats_solo_lock(dev); /* (held: relaxed mode only) */
     stats_lock(dev);
     *out = dev->stats; /* its per-operation statistics are the ops table's, below */
     stats_fill_ops(dev, out);
     stats_unlock(dev);
     stats_solo_unlock(solo);
-    stats_add_counts(out, &pools);
 }
 
 /*
@@ -223,7 +305,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
     if (async_enabled())
         return async_reset_accumulated_stats(device);
     pthread_mutex_lock(&dev->lock);
-    for (size_t i = 0; i < dev->pool_table_cap; i++) { /* exact mode: the counts of shared stats */
+    for (size_t i = 0; i < dev->pool_table_cap; i++) { /* relaxed mode's counts */
         cca_stream_pool_t *sp = atomic_load_explicit(&dev->pool_table[i], memory_order_acquire);
         if (!sp)
             continue;
@@ -235,11 +317,9 @@ cca_status_t cca_reset_accumulated_stats(int device)
     cca_stream_pool_t *solo = stats_solo_lock(dev);
     stats_lock(dev);
     cca_device_stats_t *s = &dev->stats;
-    for (int k = 0; k < OPS_COUNT; k++) /* atomically: a private pool's shared writers */
-        for (int t = 0; t < CCA_STAT_TYPES; t++) {
-            __atomic_store_n(&dev->ops->n[t][k].allocated, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&dev->ops->n[t][k].freed, 0, __ATOMIC_RELAXED);
-        }
+    for (int k = 0; k < OPS_COUNT; k++) /* exact mode's */
+        for (int t = 0; t < CCA_STAT_TYPES; t++)
+            dev->ops->n[t][k].allocated = dev->ops->n[t][k].freed = 0;
     reset_accumulated(&s->allocation[0], STATS_ARRAY_COUNT); /* relaxed mode's, and segments' */
     reset_accumulated(&s->oversize_allocations, 1);
     reset_accumulated(&s->oversize_segments, 1);
@@ -269,16 +349,10 @@ cca_status_t cca_reset_peak_stats(int device)
     reset_peak(s->reserved_bytes, CCA_STAT_TYPES);
     reset_peak(&s->oversize_segments, 1);
     if (dev->exact_stats) {
-        /* peak = current, by atomics (shared writers may run; a concurrent raise wins or is
-         * overwritten by a value the current had) */
-        if (!atomic_load_explicit(&dev->stats_shared, memory_order_relaxed))
-            ops_sum_all(dev->ops); /* locked (the stats lock is held): ALL's currents first */
+        ops_sum_all(dev->ops); /* ALL's currents first */
         for (int k = 0; k < OPS_COUNT; k++)
-            for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++) {
-                __atomic_store_n(&dev->ops->peak[t][k],
-                                 __atomic_load_n(&dev->ops->cur[t][k], __ATOMIC_RELAXED),
-                                 __ATOMIC_RELAXED);
-            }
+            for (int t = 0; t < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); t++)
+                dev->ops->peak[t][k] = dev->ops->cur[t][k];
     } else {
         reset_peak(&s->allocation[0], STATS_ARRAY_COUNT);
         reset_peak(&s->oversize_allocations, 1);
