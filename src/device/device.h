@@ -167,14 +167,17 @@ typedef struct cca_stream_pool {
     uint64_t ready_stamp;       /* the device's compact_lends when readiness was last asked */
     cca_event_t ready_event;    /* recorded on the stream by growths; NULL until the first */
     bool event_pending;         /* ready_event recorded, not yet seen complete */
-    int request_slot;           /* its index in the device's stats_requests; -1: none yet,
+    int request_slot;           /* its index in the device's ops->requests; -1: none yet,
                                    -2: the table was full (it waits for the lock instead) */
-    /* a statistics update waiting for the stats lock's holder to apply it (stats.c) */
+    /* a statistics update waiting for the stats lock's holder to apply it (stats.c):
+     * one cache line, the update's values in it, so the holder reads one line a request */
     _Alignas(64) struct stats_request {
+        int64_t bytes[4];       /* d[] of OPS_ALLOCATED_BYTES, ACTIVE_BYTES, REQUESTED_BYTES,
+                                   INACTIVE_SPLIT_BYTES */
+        int32_t counts[4];      /* d[] of OPS_ALLOCATION, ACTIVE, INACTIVE_SPLIT, OVERSIZE */
+        const int8_t *sign;     /* the caller's constant array */
         _Atomic int state;      /* STATS_REQ_* */
         int type;
-        const int64_t *d;       /* the waiting thread's own arrays, live until DONE */
-        const int8_t *sign;
     } request;
 } cca_stream_pool_t;
 
@@ -315,21 +318,13 @@ typedef struct cca_device {
 
     /* stats */
     bool exact_stats;           /* settings.exact_peak_stats at init */
-    /* 0: free; 1: held; 2: held, and updates may wait for the holder to apply them
-     * (a combining lock: stats_lock, stats_unlock, stats_combine) */
-    cca_spinlock_t stats_lock;
     cca_device_stats_t stats;   /* exact: the per-operation statistics' current and peak
-                                   values are in ops; the rest here */
-    struct ops_table *ops;      /* exact mode's current and peak values (see op_stats_t) */
-    /* the request slots of the stream pools that have waited for the stats lock, in the
-     * order they first did; the holder applies the pending ones before it lets go */
-    _Atomic(struct stats_request *) stats_requests[STATS_REQUEST_SLOTS];
-    _Atomic uint32_t stats_request_count;
+                                   values are in ops; the rest here (stats lock: ops->lock) */
+    struct ops_table *ops;      /* the stats lock; exact mode's values (see op_stats_t) */
     /* the device's only stream pool, whose lock alone guards the ops table while it stays the
      * only one (set for the first default pool, cleared under its lock by a second; pool.c) */
     _Atomic(struct cca_stream_pool *) stats_solo;
     bool stats_solo_done;       /* a stream pool was created (device lock) */
-    uint64_t stats_combined;    /* updates applied by another thread's hand (stats lock) */
 
     /* bit p: device p may access this device's memory; ranges mapped later get
      * its access (peer.c; bits only added, under the device lock) */
@@ -466,33 +461,6 @@ static inline void stat2_dec(cca_stat_t *arr, int type, int64_t amount)
     stat_decrease(&arr[type], amount);
 }
 
-/* The stats lock taken from 0, never over a held lock's 2 (stats.c: when it was taken). */
-void stats_lock_slow(cca_device_t *dev);
-
-static inline bool stats_try_lock(cca_device_t *dev)
-{
-    int free = 0;
-    return atomic_compare_exchange_strong_explicit(&dev->stats_lock.locked, &free, 1,
-                                                   memory_order_acquire, memory_order_relaxed);
-}
-
-static inline void stats_lock(cca_device_t *dev)
-{
-    if (!stats_try_lock(dev))
-        stats_lock_slow(dev);
-}
-
-/* Apply the updates waiting for the holder (stats lock held, its word seen at 2; stats.c). */
-void stats_serve(cca_device_t *dev);
-
-/* Let go of the stats lock; whoever holds it applies the updates waiting first. */
-static inline void stats_unlock(cca_device_t *dev)
-{
-    if (atomic_load_explicit(&dev->stats_lock.locked, memory_order_relaxed) != 1)
-        stats_serve(dev);
-    cca_spin_unlock(&dev->stats_lock);
-}
-
 /*
  * The per-operation statistics (allocation, allocated_bytes, active,
  * active_bytes, requested_bytes, inactive_split, inactive_split_bytes, in
@@ -513,14 +481,53 @@ typedef struct ops_count {
 } ops_count_t;
 
 /*
- * Allocated 64-byte aligned (pool_device_init). Each type's row of current
- * values is one cache line and its peaks another.
+ * The device's stats lock and exact mode's values, allocated 64-byte aligned
+ * (pool_device_init) apart from the device's fields that every operation
+ * reads. The lock's word has a cache line of its own, the holder's own fields
+ * another; each type's row of current values is one line and its peaks
+ * another.
  */
 typedef struct ops_table {
-    int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
+    /* 0: free; 1: held; 2: held, and updates may wait for the holder to apply them
+     * (a combining lock: stats_lock, stats_unlock, stats_combine) */
+    _Alignas(64) cca_spinlock_t lock;
+    /* the holder's: the request slots of the stream pools that have waited for the
+     * lock (a free place taken); the holder applies the pending ones before it lets go */
+    _Alignas(64) uint64_t combined; /* updates applied by another thread's hand */
+    _Atomic uint32_t request_count; /* slots in use are below it */
+    _Atomic(struct stats_request *) requests[STATS_REQUEST_SLOTS];
+    _Alignas(64) int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
     int64_t peak[CCA_STAT_TYPES][OPS_COUNT];
     ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed */
 } ops_table_t;
+
+/* The stats lock taken from 0, never over a held lock's 2 (stats.c: when it was taken). */
+void stats_lock_slow(cca_device_t *dev);
+
+static inline bool stats_try_lock(cca_device_t *dev)
+{
+    int free = 0;
+    return atomic_compare_exchange_strong_explicit(&dev->ops->lock.locked, &free, 1,
+                                                   memory_order_acquire, memory_order_relaxed);
+}
+
+static inline void stats_lock(cca_device_t *dev)
+{
+    if (!stats_try_lock(dev))
+        stats_lock_slow(dev);
+}
+
+/* Apply the updates waiting for the holder (stats lock held, its word seen at 2; stats.c). */
+void stats_serve(cca_device_t *dev);
+
+/* Let go of the stats lock; whoever holds it applies the updates waiting first. */
+static inline void stats_unlock(cca_device_t *dev)
+{
+    if (atomic_load_explicit(&dev->ops->lock.locked, memory_order_relaxed) != 1)
+        stats_serve(dev);
+    cca_spin_unlock(&dev->ops->lock);
+}
+
 
 /* The statistics array of stat in a cca_device_stats_t (oversize_allocations: one entry). */
 static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)

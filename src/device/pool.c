@@ -402,7 +402,7 @@ cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising device %d", index);
     }
     pthread_mutex_init(&dev->lock, NULL);
-    cca_spin_init(&dev->stats_lock);
+    cca_spin_init(&dev->ops->lock);
     dev->exact_stats = cca_state->settings.exact_peak_stats;
     pthread_mutex_init(&dev->events_lock, NULL);
     double fraction = cca_state->settings.per_process_memory_fraction;

@@ -61,18 +61,28 @@ static void ops_sum_all(ops_table_t *t)
 void stats_lock_slow(cca_device_t *dev)
 {
     for (unsigned spins = 0;; spins++) {
-        if (atomic_load_explicit(&dev->stats_lock.locked, memory_order_relaxed) == 0 &&
+        if (atomic_load_explicit(&dev->ops->lock.locked, memory_order_relaxed) == 0 &&
             stats_try_lock(dev))
             return;
         cca_spin_backoff(spins);
     }
 }
 
+/* Which d[] entries a request keeps as bytes (int64) and as counts (int32). */
+static const int request_bytes[4] = {OPS_ALLOCATED_BYTES, OPS_ACTIVE_BYTES, OPS_REQUESTED_BYTES,
+                                     OPS_INACTIVE_SPLIT_BYTES};
+static const int request_counts[4] = {OPS_ALLOCATION, OPS_ACTIVE, OPS_INACTIVE_SPLIT, OPS_OVERSIZE};
+
 /* Apply one published update and tell its thread (stats lock held). */
 static void stats_apply_request(cca_device_t *dev, struct stats_request *r)
 {
-    ops_apply_mode(dev->ops, NULL, OPS_LOCKED, r->type, r->d, r->sign);
-    dev->stats_combined++;
+    int64_t d[OPS_COUNT];
+    for (int i = 0; i < 4; i++) {
+        d[request_bytes[i]] = r->bytes[i];
+        d[request_counts[i]] = r->counts[i];
+    }
+    ops_apply_mode(dev->ops, NULL, OPS_LOCKED, r->type, d, r->sign);
+    dev->ops->combined++;
     atomic_store_explicit(&r->state, STATS_REQ_DONE, memory_order_release);
 }
 
@@ -81,17 +91,24 @@ static void stats_apply_request(cca_device_t *dev, struct stats_request *r)
  * update published before the thread that published it saw the lock held
  * (it set the 2 after publishing, and the exchange here reads that 2); a few
  * rounds while more arrive. Updates published later are applied by the next
- * holder, or by their own thread once it finds the lock free.
+ * holder, or by their own thread once it finds the lock free. The slots are
+ * fetched first, all at once, then applied.
  */
 void stats_serve(cca_device_t *dev)
 {
+    ops_table_t *t = dev->ops;
     for (int round = 0; round < 4; round++) {
-        if (atomic_exchange_explicit(&dev->stats_lock.locked, 1, memory_order_acq_rel) != 2)
+        if (atomic_exchange_explicit(&t->lock.locked, 1, memory_order_acq_rel) != 2)
             return;
-        uint32_t n = atomic_load_explicit(&dev->stats_request_count, memory_order_acquire);
+        uint32_t n = atomic_load_explicit(&t->request_count, memory_order_acquire);
+        struct stats_request *slot[STATS_REQUEST_SLOTS];
         for (uint32_t i = 0; i < n; i++) {
-            struct stats_request *r =
-                atomic_load_explicit(&dev->stats_requests[i], memory_order_acquire);
+            slot[i] = atomic_load_explicit(&t->requests[i], memory_order_acquire);
+            if (slot[i])
+                __builtin_prefetch(slot[i], 1);
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            struct stats_request *r = slot[i];
             if (r && atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_PENDING)
                 stats_apply_request(dev, r);
         }
@@ -107,13 +124,13 @@ static struct stats_request *stats_request_slot(cca_stream_pool_t *sp)
         sp->request_slot = -2;
         for (uint32_t i = 0; i < STATS_REQUEST_SLOTS; i++) {
             struct stats_request *none = NULL;
-            if (!atomic_compare_exchange_strong_explicit(&dev->stats_requests[i], &none,
+            if (!atomic_compare_exchange_strong_explicit(&dev->ops->requests[i], &none,
                                                          &sp->request, memory_order_acq_rel,
                                                          memory_order_relaxed))
                 continue;
             sp->request_slot = (int)i;
-            uint32_t n = atomic_load_explicit(&dev->stats_request_count, memory_order_relaxed);
-            while (n <= i && !atomic_compare_exchange_weak_explicit(&dev->stats_request_count, &n,
+            uint32_t n = atomic_load_explicit(&dev->ops->request_count, memory_order_relaxed);
+            while (n <= i && !atomic_compare_exchange_weak_explicit(&dev->ops->request_count, &n,
                                                                     i + 1, memory_order_release,
                                                                     memory_order_relaxed)) {
             }
@@ -129,7 +146,7 @@ void stats_request_release(cca_stream_pool_t *sp)
         return;
     cca_device_t *dev = sp->device;
     stats_lock(dev); /* no holder is reading the table meanwhile */
-    atomic_store_explicit(&dev->stats_requests[sp->request_slot], NULL, memory_order_relaxed);
+    atomic_store_explicit(&dev->ops->requests[sp->request_slot], NULL, memory_order_relaxed);
     stats_unlock(dev);
     sp->request_slot = -1;
 }
@@ -145,21 +162,29 @@ void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
         stats_unlock(dev);
         return;
     }
+    for (int i = 0; i < 4; i++) {
+        r->bytes[i] = d[request_bytes[i]];
+        r->counts[i] = (int32_t)d[request_counts[i]]; /* blocks: a few at most */
+    }
     r->type = type;
-    r->d = d;
     r->sign = sign;
     atomic_store_explicit(&r->state, STATS_REQ_PENDING, memory_order_release);
-    _Atomic int *word = &dev->stats_lock.locked;
+    _Atomic int *word = &dev->ops->lock.locked;
     for (unsigned spins = 0;; spins++) {
         if (atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_DONE)
-            break;
+            return; /* (DONE stays until the next update overwrites it) */
+        if (spins % 4) { /* mostly its own slot: the lock's line stays with its holder */
+            cca_spin_backoff(spins);
+            continue;
+        }
         int w = atomic_load_explicit(word, memory_order_relaxed);
         if (w == 0 && stats_try_lock(dev)) {
             /* the lock is this thread's: no one else applies the update now, and the
              * requests this thread serves as it lets go are no longer its own */
-            if (atomic_exchange_explicit(&r->state, STATS_REQ_IDLE, memory_order_relaxed) !=
-                STATS_REQ_DONE)
+            if (atomic_load_explicit(&r->state, memory_order_relaxed) == STATS_REQ_PENDING) {
                 ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+                atomic_store_explicit(&r->state, STATS_REQ_DONE, memory_order_relaxed);
+            }
             stats_unlock(dev);
             return;
         }
@@ -168,7 +193,6 @@ void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
                                                     memory_order_relaxed);
         cca_spin_backoff(spins);
     }
-    atomic_store_explicit(&r->state, STATS_REQ_IDLE, memory_order_relaxed);
 }
 
 /* The exact mode's values and counts into out (stats lock held). */

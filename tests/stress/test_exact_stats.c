@@ -117,7 +117,7 @@ static int pending_requests(cca_device_t *dev)
 {
     int n = 0;
     for (int i = 0; i < STATS_REQUEST_SLOTS; i++) {
-        struct stats_request *r = atomic_load(&dev->stats_requests[i]);
+        struct stats_request *r = atomic_load(&dev->ops->requests[i]);
         n += r && atomic_load(&r->state) == STATS_REQ_PENDING;
     }
     return n;
@@ -139,7 +139,7 @@ TEST(holder_applies_the_waiting_updates)
         expect_ok(cca_free(warm[i]));
     }
     expect_true(atomic_load(&dev->stats_solo) == NULL);
-    uint64_t before = dev->stats_combined;
+    uint64_t before = dev->ops->combined;
     stats_lock(dev);
     pthread_t t[QUEUED];
     for (uintptr_t i = 0; i < QUEUED; i++)
@@ -147,12 +147,12 @@ TEST(holder_applies_the_waiting_updates)
     while (pending_requests(dev) < QUEUED) {
         /* each worker publishes, then waits for this holder */
     }
-    expect_eq_i64(atomic_load(&dev->stats_lock.locked), 2);
+    expect_eq_i64(atomic_load(&dev->ops->lock.locked), 2);
     stats_unlock(dev);
     void *p[QUEUED];
     for (int i = 0; i < QUEUED; i++)
         pthread_join(t[i], &p[i]);
-    expect_eq_i64((int64_t)(dev->stats_combined - before), QUEUED);
+    expect_eq_i64((int64_t)(dev->ops->combined - before), QUEUED);
     int64_t bytes = 0, requested = 0;
     for (uintptr_t i = 0; i < QUEUED; i++) {
         bytes += (int64_t)((round_size(i) + 511) / 512 * 512);
@@ -199,22 +199,22 @@ TEST(request_slot_given_back)
     pthread_join(t, &b);
     expect_ok(cca_free(b));
     /* the routed stream's pool (a private pool's) waits too, in the next slot */
-    uint32_t used = atomic_load(&dev->stats_request_count);
+    uint32_t used = atomic_load(&dev->ops->request_count);
     stats_lock(dev);
     pthread_create(&t, NULL, queued_worker, (void *)0x10); /* stream 0x2000 */
     while (pending_requests(dev) < 1) {
     }
     stats_unlock(dev);
     pthread_join(t, &b);
-    expect_eq_i64(atomic_load(&dev->stats_request_count), used + 1);
-    expect_true(atomic_load(&dev->stats_requests[used]) != NULL);
+    expect_eq_i64(atomic_load(&dev->ops->request_count), used + 1);
+    expect_true(atomic_load(&dev->ops->requests[used]) != NULL);
     expect_ok(cca_end_allocate_to_pool(0, id));
     expect_ok(cca_free(b));
     expect_ok(cca_free(w2));
     expect_ok(cca_release_pool(0, id)); /* the route's use */
     expect_ok(cca_release_pool(0, id)); /* its creation's */
     expect_ok(cca_empty_cache()); /* its segment goes: its stream pool, and the slot, free */
-    expect_true(atomic_load(&dev->stats_requests[used]) == NULL);
+    expect_true(atomic_load(&dev->ops->requests[used]) == NULL);
     expect_ok(cca_free(a));
     expect_ok(cca_free(w1));
     expect_invariants();
@@ -279,7 +279,7 @@ TEST(counts_exact_under_contention)
     expect_true(s.allocation[CCA_STAT_ALL].peak >= 2);
     expect_true(s.allocation[CCA_STAT_ALL].peak <= 2 * THREADS);
     printf("  %llu updates applied by another thread's hand\n",
-           (unsigned long long)cca_state->devices[0].stats_combined);
+           (unsigned long long)cca_state->devices[0].ops->combined);
     expect_invariants();
     cca_shutdown();
 }
