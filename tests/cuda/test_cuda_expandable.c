@@ -13,6 +13,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* setenv under -std=c11 */
 #endif
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -290,6 +291,31 @@ TEST(compact_moves_a_hole_to_another_stream)
     teardown();
 }
 
+/*
+ * A gate on a stream: a host function queued on it that returns only once the
+ * test opens the gate, so the stream's work stays pending (its events
+ * incomplete) for as long as a test needs, whatever the GPU's speed.
+ */
+static atomic_int gate_open;
+
+static void CUDART_CB gate_wait(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&gate_open)) {
+    }
+}
+
+static void gate_close(cudaStream_t s)
+{
+    atomic_store(&gate_open, 0);
+    expect_true(cudaLaunchHostFunc(s, gate_wait, NULL) == cudaSuccess);
+}
+
+static void gate_release(void)
+{
+    atomic_store(&gate_open, 1);
+}
+
 /* cca's own counters of compact_memory's moves (cca_memory_stats_extra). */
 static void compact_counts(int64_t *moves, int64_t *pending)
 {
@@ -304,7 +330,8 @@ static void compact_counts(int64_t *moves, int64_t *pending)
 
 /*
  * compact_memory with the owning stream busy: s1 still writes the freed
- * block b (a queue of memsets) when s2's growth wants b's granules. The
+ * block b (a queue of memsets held behind a gate the test opens later) when
+ * s2's growth wants b's granules. The
  * growth does not wait: it maps new memory (reserved grows, no move) and
  * leaves b's granules in place, s1's queued memsets end without an error
  * (none hit unmapped memory), the blocks around the hole keep s1's data.
@@ -329,8 +356,9 @@ TEST(compact_moves_after_the_owning_streams_event)
     expect_true(cudaMemsetAsync(a, 0x21, 10 * MiB, s1) == cudaSuccess);
     expect_true(cudaMemsetAsync(c, 0x23, 10 * MiB, s1) == cudaSuccess);
     expect_true(cudaMemsetAsync(f, 0x25, 10 * MiB, s1) == cudaSuccess);
-    for (int i = 0; i < 128; i++) /* about 1.3 GB of writes: s1 is busy for a while */
+    for (int i = 0; i < 128; i++) /* about 1.3 GB of writes */
         expect_true(cudaMemsetAsync(b, i & 0xff, 10 * MiB, s1) == cudaSuccess);
+    gate_close(s1); /* s1 stays busy until the gate opens */
     expect_ok(cca_free(b));
     int64_t moves0, pending0, moves1, pending1, moves2, pending2;
     compact_counts(&moves0, &pending0);
@@ -350,6 +378,7 @@ TEST(compact_moves_after_the_owning_streams_event)
         expect_eq_u64(check_window(d, 4096, 0x44, s2), 0);
         expect_eq_u64(check_window(d, 8 * MiB - 4096, 0x44, s2), 0);
     }
+    gate_release();
     expect_true(cudaStreamSynchronize(s1) == cudaSuccess); /* s1's memsets hit no unmapped page */
     expect_eq_u64(check_window(a, 10 * MiB - 4096, 0x21, s1), 0);
     expect_eq_u64(check_window(c, 4096, 0x23, s1), 0);
@@ -400,8 +429,9 @@ TEST(compact_aliases_the_streams_own_pending_granules)
     }
     expect_true(cudaMemsetAsync(a, 0x21, 10 * MiB, s1) == cudaSuccess);
     expect_true(cudaMemsetAsync(c, 0x23, 10 * MiB, s1) == cudaSuccess);
-    for (int i = 0; i < 128; i++) /* about 1.3 GB of writes into b: s1 is busy for a while */
+    for (int i = 0; i < 128; i++) /* about 1.3 GB of writes into b */
         expect_true(cudaMemsetAsync(b, i & 0xff, 10 * MiB, s1) == cudaSuccess);
+    gate_close(s1); /* s1 stays busy until the gate opens: b's granules stay pending */
     expect_ok(cca_free(b));
     int64_t moves0, pending0, moves1, pending1;
     compact_counts(&moves0, &pending0);
@@ -415,6 +445,7 @@ TEST(compact_aliases_the_streams_own_pending_granules)
                   before.reserved_bytes[CCA_STAT_ALL].current + (int64_t)(6 * MiB));
     expect_true(moves1 == moves0 + 1);
     expect_true(pending1 == pending0);
+    gate_release();
     if (d) {
         expect_true(cudaMemsetAsync(d, 0x44, 16 * MiB, s1) == cudaSuccess); /* after b's writes */
         expect_eq_u64(check_window(d, 4096, 0x44, s1), 0);
