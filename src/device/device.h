@@ -528,7 +528,6 @@ static inline void stats_unlock(cca_device_t *dev)
     cca_spin_unlock(&dev->ops->lock);
 }
 
-
 /* The statistics array of stat in a cca_device_stats_t (oversize_allocations: one entry). */
 static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
 {

@@ -31,6 +31,16 @@ static size_t round_size(uintptr_t id)
     return (id + 1) * 1536 + 100;
 }
 
+/* The bytes (rounded to 512) and the requested bytes of the first n threads' blocks. */
+static void round_sums(uintptr_t n, int64_t *bytes, int64_t *requested)
+{
+    *bytes = *requested = 0;
+    for (uintptr_t i = 0; i < n; i++) {
+        *bytes += (int64_t)((round_size(i) + 511) / 512 * 512);
+        *requested += (int64_t)round_size(i);
+    }
+}
+
 static void *barrier_worker(void *arg)
 {
     uintptr_t id = (uintptr_t)arg;
@@ -73,11 +83,8 @@ TEST(exact_peaks_across_threads)
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
     pthread_barrier_destroy(&barrier);
-    int64_t bytes = 0, requested = 0;
-    for (uintptr_t i = 0; i < THREADS; i++) {
-        bytes += (int64_t)((round_size(i) + 511) / 512 * 512);
-        requested += (int64_t)round_size(i);
-    }
+    int64_t bytes, requested;
+    round_sums(THREADS, &bytes, &requested);
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
     expect_eq_i64(s.allocation[CCA_STAT_ALL].peak, THREADS);
@@ -153,11 +160,8 @@ TEST(holder_applies_the_waiting_updates)
     for (int i = 0; i < QUEUED; i++)
         pthread_join(t[i], &p[i]);
     expect_eq_i64((int64_t)(dev->ops->combined - before), QUEUED);
-    int64_t bytes = 0, requested = 0;
-    for (uintptr_t i = 0; i < QUEUED; i++) {
-        bytes += (int64_t)((round_size(i) + 511) / 512 * 512);
-        requested += (int64_t)round_size(i);
-    }
+    int64_t bytes, requested;
+    round_sums(QUEUED, &bytes, &requested);
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
     expect_eq_i64(s.allocation[CCA_STAT_ALL].current, QUEUED);
