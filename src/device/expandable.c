@@ -956,6 +956,27 @@ cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *hel
 }
 
 /*
+ * The reserved bytes below which a growth takes new memory rather than alias
+ * its stream's pending granules: the most the device has reserved after a
+ * growth, or COMPACT_ALIAS_SLACK above the most bytes requested at once, if
+ * higher. An alias saves memory only while the program's reserve is at its
+ * peak, and costs maps at every step it repeats; below that line new memory
+ * is mapped once and stays. Device lock and held's lock held.
+ */
+#define COMPACT_ALIAS_SLACK 100 /* parts in 10000: 1% */
+static size_t alias_limit(cca_device_t *dev, cca_stream_pool_t *held)
+{
+    cca_device_stats_t now;
+    stats_read_held(dev, &now, held);
+    const cca_stat_t *req = &now.requested_bytes[CCA_STAT_ALL];
+    size_t peak = (size_t)(req->peak > req->current ? req->peak : req->current);
+    if (peak > dev->compact_requested)
+        dev->compact_requested = peak; /* kept across cca_reset_peak_stats */
+    size_t limit = dev->compact_requested + dev->compact_requested / 10000 * COMPACT_ALIAS_SLACK;
+    return limit > dev->compact_high ? limit : dev->compact_high;
+}
+
+/*
  * Unmap up to want whole free granules of the device's compact segments of
  * the default pools, any stream, any kind, into dev->lent, keeping the range
  * [keep_lo, keep_hi) of keep_seg (the growth's run) mapped. Only blocks whose
@@ -981,10 +1002,23 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
     bool growth_small = keep_seg->is_small;
     expandable_settle_aliases(dev, held, false); /* old mappings now done with: address space back */
     /* passes: the growth's kind (small or large), then the other kind, granules known done;
-     * then, of the growth's own stream, granules still pending (aliased) */
+     * then, of the growth's own stream, granules still pending (aliased), only as many as
+     * would otherwise take the device's reserved bytes past their high-water mark: below it,
+     * new memory costs no more than the program has already held, and an alias costs maps */
     int passes = held->private_pool ? 2 : 4;
+    size_t full_target = target;
     for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
         bool same_kind = pass % 2 == 0, alias = pass >= 2;
+        if (pass == 2) {
+            size_t g = dev->vmm_granularity;
+            size_t after = dev->total_allocated_memory + full_target * g; /* lent ones map again */
+            size_t limit = alias_limit(dev, held);
+            size_t excess = after > limit ? (after - limit + g - 1) / g : 0;
+            if (dev->lent_count + excess < target)
+                target = dev->lent_count + excess;
+            if (dev->lent_count >= target)
+                break;
+        }
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {
             cca_segment_t *next_seg = seg->next_seg;
@@ -1144,6 +1178,9 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
     }
     if (dev->lent_count)
         lent_release(dev, pool->owner, true);
+    size_t reserved = dev->total_allocated_memory;
+    if (reserved > dev->compact_high)
+        dev->compact_high = reserved;
     if (st != CCA_OK)
         return st;
     bins_remove(&pool->bins, c);

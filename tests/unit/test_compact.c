@@ -540,6 +540,50 @@ TEST(compact_aliases_pending_granules_of_its_own_stream)
 }
 
 /*
+ * Below the alias limit (the most reserved after a growth, or 1 % over peak
+ * requested) a growth takes new memory rather than alias its stream's
+ * pending granules: an alias saves nothing the program has not already held
+ * and costs maps at every step it repeats. Past the limit it aliases only
+ * the granules that would go beyond it.
+ */
+TEST(compact_aliases_only_past_the_alias_limit)
+{
+    setup_shared();
+    cca_device_t *dev = &cca_state->devices[0];
+    void *x = xmalloc(20 * MiB, S1); /* the program's peak so far: 20 MiB */
+    cca_free(x);
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
+    cca_free(b); /* pending on S1 */
+    uint64_t creates = calls(CCA_OP_VMM_CREATE);
+    void *d = xmalloc(6 * MiB, S1); /* 12 + 6 MiB: under 20, new memory */
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), (int64_t)(18 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 3);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 0);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 0);
+    void *e = xmalloc(6 * MiB, S1); /* 18 + 6 MiB passes 20.2: b's two granules, one new */
+    expect_true(e != NULL);
+    expect_eq_i64(reserved(), (int64_t)(20 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 4);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_true(invariants_hold());
+    /* the limit is kept across a reset of the peaks */
+    expect_ok(cca_reset_peak_stats(0));
+    expect_eq_u64(dev->compact_high, 20 * MiB);
+    void *ptrs[] = {a, c, d, e};
+    for (size_t i = 0; i < 4; i++)
+        cca_free(ptrs[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    expect_true(invariants_hold());
+    cca_shutdown();
+}
+
+/*
  * Another stream's pending granules are never aliased (its work is not
  * ordered before the growth's); empty_cache waits for the owner stream and
  * unmaps the old mappings of a block still aliased; shutdown unmaps them
@@ -592,6 +636,7 @@ int main(void)
     RUN(compact_later_frees_are_not_covered_by_an_older_event);
     RUN(compact_synchronises_the_stream_only_when_an_event_call_fails);
     RUN(compact_aliases_pending_granules_of_its_own_stream);
+    RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     return harness_done();
 }
