@@ -637,11 +637,13 @@ typedef struct cca_stat_entry {
 cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
 
 /** Number of entries cca_memory_stats_extra writes. */
-#define CCA_MEMORY_STATS_EXTRA_COUNT 6
+#define CCA_MEMORY_STATS_EXTRA_COUNT 7
 
 /**
  * cca's own keys beside PyTorch's (not in torch.cuda.memory_stats()), sorted:
  * "cca.cached_free_bytes" (free memory the cache holds, all pools),
+ * "cca.compact_aliased_bytes" (the part of the moved bytes a growth mapped
+ * while its own stream's work on them was pending, see compact_memory),
  * "cca.compact_moved_bytes" and "cca.compact_moves" (bytes of free granules
  * re-mapped for a growth under compact_memory, and the growths that did it),
  * "cca.compact_pending_growths" (growths that mapped new memory because free

@@ -283,7 +283,8 @@ typedef struct cca_device {
     struct cca_block *aliased;  /* those blocks, linked by bin_next / bin_prev */
     size_t aliased_bytes;       /* bytes of their old mappings */
     uint64_t compact_aliased_bytes; /* bytes mapped again that way (part of compact_moved_bytes) */
-    size_t compact_high;        /* the most reserved bytes after any expandable growth */
+    size_t compact_high;        /* the most reserved bytes after any expandable growth, plus
+                                   the bytes aliased since (expandable.c: alias_limit) */
     size_t compact_requested;   /* the most requested bytes seen at a growth that could alias */
 
     /* memory fraction */

@@ -531,7 +531,7 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
     cca_status_t st = cca_cache_info(device, &cached, &largest);
     if (st != CCA_OK)
         return st;
-    uint64_t moves = 0, moved = 0, pending = 0, syncs = 0;
+    uint64_t moves = 0, moved = 0, pending = 0, syncs = 0, aliased = 0;
     if (!async_enabled()) {
         cca_device_t *dev = &cca_state->devices[device];
         pthread_mutex_lock(&dev->lock);
@@ -539,14 +539,16 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
         moved = dev->compact_moved_bytes;
         pending = dev->compact_pending_growths;
         syncs = dev->compact_syncs;
+        aliased = dev->compact_aliased_bytes;
         pthread_mutex_unlock(&dev->lock);
     }
     out[0] = (cca_stat_entry_t){"cca.cached_free_bytes", (int64_t)cached};
-    out[1] = (cca_stat_entry_t){"cca.compact_moved_bytes", (int64_t)moved};
-    out[2] = (cca_stat_entry_t){"cca.compact_moves", (int64_t)moves};
-    out[3] = (cca_stat_entry_t){"cca.compact_pending_growths", (int64_t)pending};
-    out[4] = (cca_stat_entry_t){"cca.compact_syncs", (int64_t)syncs};
-    out[5] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
+    out[1] = (cca_stat_entry_t){"cca.compact_aliased_bytes", (int64_t)aliased};
+    out[2] = (cca_stat_entry_t){"cca.compact_moved_bytes", (int64_t)moved};
+    out[3] = (cca_stat_entry_t){"cca.compact_moves", (int64_t)moves};
+    out[4] = (cca_stat_entry_t){"cca.compact_pending_growths", (int64_t)pending};
+    out[5] = (cca_stat_entry_t){"cca.compact_syncs", (int64_t)syncs};
+    out[6] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
     return CCA_OK;
 }
 

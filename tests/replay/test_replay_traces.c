@@ -105,9 +105,10 @@ TEST(settings_override_changes_outcome)
 /* compact_memory with the GPU at once (event_lag 0) and running behind (100 trace
  * events): at once every move is made and no growth passes pending granules;
  * behind, a growth aliases its stream's pending granules only past the alias
- * limit (1 % over peak requested), so peak reserved stays within it and the
- * loop's second half maps almost nothing (with aliasing at every growth: 12
- * maps and 19 unmaps there). */
+ * limit (the most reserved so far plus the bytes aliased before), so the loop
+ * settles: its second half maps almost nothing (with aliasing at every growth:
+ * 12 maps and 19 unmaps there) and peak reserved stays within 2 % of peak
+ * requested. */
 TEST(compact_event_lag)
 {
     const char *path = "tests/data/traces/resnet50_train_default.pickle.gz";
@@ -123,7 +124,7 @@ TEST(compact_event_lag)
     expect_eq_u64(behind.compact_pending_growths, 0);
     expect_true(behind.compact_moves > 0);
     expect_true(now.peak_reserved_bytes * 1000 <= now.peak_requested_bytes * 1005);
-    expect_true(behind.peak_reserved_bytes * 1000 <= behind.peak_requested_bytes * 1012);
+    expect_true(behind.peak_reserved_bytes * 1000 <= behind.peak_requested_bytes * 1020);
     expect_true(behind.peak_reserved_bytes > now.peak_reserved_bytes); /* new memory below it */
     expect_true(behind.late_segment_allocs <= 3);
     expect_true(behind.late_segment_frees <= 5);

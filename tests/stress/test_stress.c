@@ -323,13 +323,13 @@ static void run_stress(const char *settings, size_t total_memory)
          * path never synchronised a stream */
         cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
         expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
-        expect_eq_str(extra[3].key, "cca.compact_pending_growths");
-        expect_eq_str(extra[4].key, "cca.compact_syncs");
+        expect_eq_str(extra[4].key, "cca.compact_pending_growths");
+        expect_eq_str(extra[5].key, "cca.compact_syncs");
         printf("stress %s: %lld growths moved %lld MiB of free granules, %lld took new memory "
-               "past granules still pending\n", settings, (long long)extra[2].value,
-               (long long)(extra[1].value >> 20), (long long)extra[3].value);
-        expect_true(extra[2].value > 0);
-        expect_eq_i64(extra[4].value, 0);
+               "past granules still pending\n", settings, (long long)extra[3].value,
+               (long long)(extra[2].value >> 20), (long long)extra[4].value);
+        expect_true(extra[3].value > 0);
+        expect_eq_i64(extra[5].value, 0);
     }
     cca_shutdown();
 }
