@@ -895,12 +895,14 @@ static inline cca_stream_pool_t *pool_of_lock(cca_spinlock_t *lock)
  * one is not, so the merge would only take in the upper one. A request of
  * the block's size that best fit would serve from the merged block then gets
  * it back as it is (alloc.c), the cached pair's split and merge never made.
+ * Blocks of expandable segments too: anything that looks at their free
+ * blocks or maps, unmaps or lends granules locks the pool with pool_lock.
  */
 static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *block)
 {
     const cca_block_t *next = block->next;
     return block == pool->last_alloc && next && next->in_bin &&
-           !(block->prev && block->prev->in_bin) && !block->segment->es && !pool->owner->private_pool;
+           !(block->prev && block->prev->in_bin) && !pool->owner->private_pool;
 }
 /* Lock a stream pool for anything but the cached pair: its held-back block
  * is merged first, so the caller sees the pool exactly as PyTorch's. */

@@ -274,14 +274,14 @@ static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 static void held_free_deltas(const cca_block_t *h, int64_t d[OPS_COUNT])
 {
     const cca_block_t *up = h->next;
-    bool split = h->prev || up->next;
+    bool split = h->prev || up->next, inactive = !h->segment->es; /* as pool_free_block */
     d[OPS_ALLOCATION] = -1;
     d[OPS_ALLOCATED_BYTES] = -(int64_t)h->size;
     d[OPS_ACTIVE] = -1;
     d[OPS_ACTIVE_BYTES] = -(int64_t)h->size;
     d[OPS_REQUESTED_BYTES] = -(int64_t)h->requested_size;
-    d[OPS_INACTIVE_SPLIT] = split ? 0 : -1;
-    d[OPS_INACTIVE_SPLIT_BYTES] = split ? (int64_t)h->size : -(int64_t)up->size;
+    d[OPS_INACTIVE_SPLIT] = !inactive || split ? 0 : -1;
+    d[OPS_INACTIVE_SPLIT_BYTES] = !inactive ? 0 : split ? (int64_t)h->size : -(int64_t)up->size;
     d[OPS_OVERSIZE] = -(int64_t)h->oversize;
 }
 
@@ -324,7 +324,11 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
     if (pool_may_hold(pool, block)) {
         pool->held = block;
-        if (program_free && ops_may_defer(sp)) {
+        if (block->segment->es && pool->expandable_segments)
+            block->free_tick = ++sp->free_tick; /* compact_memory's readiness (expandable.c) */
+        /* (an expandable block's statistics are applied now: they leave inactive_split alone,
+         * which ops_apply_again does not know) */
+        if (program_free && ops_may_defer(sp) && !block->segment->es) {
             /* its statistics too: pool_flush applies them (held_free_deltas), or
              * the block's next allocation folds them into its own (alloc.c) */
             pool->held_stats = true;

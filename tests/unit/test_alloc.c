@@ -324,7 +324,8 @@ static void run_pairs_script(const char *settings, bool read_each, cca_device_st
 TEST(held_statistics_equal_merged)
 {
     const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20",
-                           "roundup_power2_divisions:4"};
+                           "roundup_power2_divisions:4", "expandable_segments:True",
+                           "compact_memory:True"};
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
         cca_device_stats_t each, none;
         run_pairs_script(modes[m], true, &each);
@@ -458,6 +459,44 @@ TEST(held_block_in_the_map)
     expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 5);
     expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 5);
     expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
+/*
+ * In an expandable segment the cached pair holds the block back too: its
+ * statistics at once, with inactive_split left alone as PyTorch leaves it for
+ * expandable blocks, the same block back for the next request of its size,
+ * and a growth (which needs the pool as PyTorch has it) merges it first.
+ */
+TEST(held_in_an_expandable_segment)
+{
+    setup("expandable_segments:True", 0, false);
+    char *a = xmalloc(4 * KiB, NULL);
+    char *h = xmalloc(4 * KiB, NULL);
+    expect_ok(cca_free(h));
+    cca_stream_pool_t *sp = pool_of_lock(ptrmap_solo(cca_state->ptrmap));
+    expect_true(sp->small.held && sp->small.held->addr == (uintptr_t)h);
+    expect_true(sp->small.held->segment->es != NULL);
+    expect_true(sp->small.held->free_tick != 0); /* compact_memory's readiness sees the free */
+    char *c = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(c, h);
+    expect_ok(cca_free(c));
+    expect_true(sp->small.held != NULL);
+    void *big = xmalloc(3 * MiB, NULL); /* the large pool: the small one keeps its held block */
+    char *d = xmalloc(8 * KiB, NULL); /* another size: h merged first, then best fit's split */
+    expect_true(sp->small.held == NULL);
+    expect_eq_ptr(d, h);
+    cca_device_stats_t s = checked_stats();
+    expect_eq_i64(s.inactive_split[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.inactive_split_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 3);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 5);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, (int64_t)(12 * KiB + 3 * MiB));
+    expect_ok(cca_free(d));
+    expect_ok(cca_free(big));
+    expect_ok(cca_free(a));
+    s = checked_stats();
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.active_bytes[CCA_STAT_ALL].current, 0);
 }
 
 /* A block returned by its last event (not by the program's free) may be held too; its
@@ -952,6 +991,7 @@ int main(void)
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
+    RUN(held_in_an_expandable_segment);
     RUN(held_after_its_event);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
