@@ -298,6 +298,14 @@ static cca_block_t *held_fit(cca_pool_t *pool, size_t size)
         c = bins_next(&pool->bins, up);
     if (c && (c->size < merged || (c->size == merged && c->addr < h->addr)))
         return NULL;
+    if (h->segment->es && pool->expandable_segments) {
+        /* expandable best fit (expandable_fit): with the mode off it skips the block; with it
+         * on it moves past the merged block to the next one if that could grow less */
+        if (!s->expandable_segments)
+            return NULL;
+        if (c && block_expandable_size(c) < h->size + block_expandable_size(up))
+            return NULL;
+    }
     pool->fit_block = h;
     pool->fit_size = size;
     pool->fit_version = pool->bins.version;

@@ -446,6 +446,13 @@ static inline bool block_is_split(const cca_block_t *b)
     return b->prev || b->next;
 }
 
+/* The size a free block could grow to: its own and the unmapped run after it (PyTorch's
+ * expandable best fit prefers the block that could grow least). */
+static inline size_t block_expandable_size(const cca_block_t *b)
+{
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
 static inline int pool_stat_type(bool is_small)
 {
     return is_small ? CCA_STAT_SMALL_POOL : CCA_STAT_LARGE_POOL;

@@ -478,11 +478,7 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
 
 /* ---- best fit in a pool holding expandable blocks ---------------------------------- */
 
-/* The size a free block could grow to: its own and the unmapped run after it. */
-static size_t expandable_size(const cca_block_t *b)
-{
-    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
-}
+#define expandable_size block_expandable_size
 
 /*
  * PyTorch's get_free_block, for a best fit b that is an expandable block:

@@ -270,7 +270,7 @@ void pool_solo_end(cca_spinlock_t *solo)
 static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 
 /* The statistics of the program's free of held block h, merged with its upper neighbour
- * (plain segments only: held blocks are never in expandable ones). */
+ * (inactive_split unchanged for a block of an expandable segment, as pool_free_block). */
 static void held_free_deltas(const cca_block_t *h, int64_t d[OPS_COUNT])
 {
     const cca_block_t *up = h->next;

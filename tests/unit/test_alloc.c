@@ -499,6 +499,35 @@ TEST(held_in_an_expandable_segment)
     expect_eq_i64(s.active_bytes[CCA_STAT_ALL].current, 0);
 }
 
+/*
+ * A held block of an expandable segment is given back as it is only where
+ * PyTorch's expandable best fit would pick the merged block: here a 3 MiB
+ * hole that cannot grow comes after the merged block (whose unmapped tail
+ * lets it grow far), so PyTorch's best fit moves on to the hole.
+ */
+TEST(held_in_an_expandable_segment_yields_to_best_fit)
+{
+    setup("expandable_segments:True", 0, false);
+    char *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = xmalloc(1 * MiB, NULL); /* the small pool's first two granules */
+    char *a = xmalloc(4 * KiB, NULL);
+    char *h = xmalloc(4 * KiB, NULL);
+    for (int i = 0; i < 3; i++)
+        expect_ok(cca_free(p[i])); /* a 3 MiB hole, p[3] above it */
+    expect_ok(cca_free(h));
+    cca_stream_pool_t *sp = pool_of_lock(ptrmap_solo(cca_state->ptrmap));
+    expect_true(sp->small.held && sp->small.held->addr == (uintptr_t)h);
+    char *x = xmalloc(4 * KiB, NULL);
+    expect_eq_ptr(x, p[0]);
+    checked_stats();
+    expect_ok(cca_free(x));
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(p[3]));
+    cca_device_stats_t s = checked_stats();
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+}
+
 /* A block returned by its last event (not by the program's free) may be held too; its
  * statistics are applied at once, and the next request of its size takes it back. */
 TEST(held_after_its_event)
@@ -992,6 +1021,7 @@ int main(void)
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
     RUN(held_in_an_expandable_segment);
+    RUN(held_in_an_expandable_segment_yields_to_best_fit);
     RUN(held_after_its_event);
     RUN(best_fit_ties_by_address);
     RUN(streams_do_not_share_blocks);
