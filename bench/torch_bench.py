@@ -106,14 +106,7 @@ def worker(mode):
         opt.step()
     out["resnet50_train_ms"] = timed_steps(torch, resnet_step, 5, 30) * 1e3
     if mode == "cca-compact":  # the loop's own moves: after warm-up, a steady loop makes none
-        before = compact_counts()
-        for _ in range(10):
-            resnet_step()
-        torch.cuda.synchronize()
-        after = compact_counts()
-        out["resnet50_steady_moves"] = after["compact_moves"] - before["compact_moves"]
-        out["resnet50_steady_aliased_mib"] = (after["compact_aliased_bytes"]
-                                              - before["compact_aliased_bytes"]) / 2**20
+        steady_moves(torch, resnet_step, 10, "resnet50", out)
     del model, opt, x, y
 
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
@@ -126,14 +119,7 @@ def worker(mode):
         gopt.step()
     out["gpt2_train_ms"] = timed_steps(torch, gpt_step, 3, 15) * 1e3
     if mode == "cca-compact":
-        before = compact_counts()
-        for _ in range(5):
-            gpt_step()
-        torch.cuda.synchronize()
-        after = compact_counts()
-        out["gpt2_train_steady_moves"] = after["compact_moves"] - before["compact_moves"]
-        out["gpt2_train_steady_aliased_mib"] = (after["compact_aliased_bytes"]
-                                                - before["compact_aliased_bytes"]) / 2**20
+        steady_moves(torch, gpt_step, 5, "gpt2_train", out)
     del gopt
     gpt.eval()
     prompt = ids[:1, :32]
@@ -150,6 +136,18 @@ def worker(mode):
     if mode == "cca-compact":
         out.update(compact_counts())
     return out
+
+
+def steady_moves(torch, step, steps, name, out):
+    """cca's moves (and the bytes aliased) over steps more steps of a warmed-up loop."""
+    before = compact_counts()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    after = compact_counts()
+    out[name + "_steady_moves"] = after["compact_moves"] - before["compact_moves"]
+    out[name + "_steady_aliased_mib"] = (after["compact_aliased_bytes"]
+                                         - before["compact_aliased_bytes"]) / 2**20
 
 
 def compact_counts():

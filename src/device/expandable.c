@@ -478,7 +478,6 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
 
 /* ---- best fit in a pool holding expandable blocks ---------------------------------- */
 
-#define expandable_size block_expandable_size
 
 /*
  * PyTorch's get_free_block, for a best fit b that is an expandable block:
@@ -488,10 +487,10 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b)
 {
     if (cca_state->settings.expandable_segments) {
-        if (expandable_size(b) == b->size || pool->bins.count == 1)
+        if (block_expandable_size(b) == b->size || pool->bins.count == 1)
             return b; /* nothing to grow into, or no other block: no later block counts as smaller */
         cca_block_t *next = bins_next(&pool->bins, b);
-        while (b->segment->es && next && expandable_size(next) < expandable_size(b)) {
+        while (b->segment->es && next && block_expandable_size(next) < block_expandable_size(b)) {
             b = next;
             next = bins_next(&pool->bins, b);
         }
@@ -1017,8 +1016,6 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
             size_t excess = after > limit ? (after - limit + g - 1) / g : 0;
             if (dev->lent_count + excess < target)
                 target = dev->lent_count + excess;
-            if (dev->lent_count >= target)
-                break;
         }
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {

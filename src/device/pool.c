@@ -322,10 +322,11 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     int type = pool_stat_type(pool->is_small);
     block->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    bool expandable = pool->expandable_segments && block->segment->es;
+    if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
+        block->free_tick = ++sp->free_tick; /* compact_memory's readiness (expandable.c) */
     if (pool_may_hold(pool, block)) {
         pool->held = block;
-        if (block->segment->es && pool->expandable_segments)
-            block->free_tick = ++sp->free_tick; /* compact_memory's readiness (expandable.c) */
         /* (an expandable block's statistics are applied now: they leave inactive_split alone,
          * which ops_apply_again does not know) */
         if (program_free && ops_may_defer(sp) && !block->segment->es) {
@@ -356,9 +357,6 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         net_blocks += 1;
         net_bytes += (int64_t)block->size;
     }
-    bool expandable = pool->expandable_segments && block->segment->es;
-    if (expandable)
-        block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
     int64_t d[OPS_COUNT] = {0};
     if (program_free) {
         /* the program's free and the block's return in one statistics update */
