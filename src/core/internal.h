@@ -92,6 +92,12 @@ static inline void cca_spin_lock(cca_spinlock_t *l)
     cca_spin_lock_slow(l);
 }
 
+static inline bool cca_spin_trylock(cca_spinlock_t *l)
+{
+    return !atomic_load_explicit(&l->locked, memory_order_relaxed) &&
+           !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire);
+}
+
 static inline void cca_spin_unlock(cca_spinlock_t *l)
 {
     atomic_store_explicit(&l->locked, 0, memory_order_release);

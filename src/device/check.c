@@ -562,7 +562,7 @@ static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
     }
     if (lock) {
         pthread_mutex_lock(&dev->events_lock);
-        stats_lock(dev);
+        stats_lock_merged(dev); /* every stream pool lock held: no entry is being made */
     } else {
         stats_unlock(dev);
         pthread_mutex_unlock(&dev->events_lock);

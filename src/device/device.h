@@ -167,22 +167,45 @@ typedef struct cca_stream_pool {
     uint64_t ready_stamp;       /* the device's compact_lends when readiness was last asked */
     cca_event_t ready_event;    /* recorded on the stream by growths; NULL until the first */
     bool event_pending;         /* ready_event recorded, not yet seen complete */
-    int request_slot;           /* its index in the device's ops->requests; -1: none yet,
-                                   -2: the table was full (it waits for the lock instead) */
-    /* a statistics update waiting for the stats lock's holder to apply it (stats.c):
-     * one cache line, the update's values in it, so the holder reads one line a request */
-    _Alignas(64) struct stats_request {
-        int64_t bytes[4];       /* d[] of OPS_ALLOCATED_BYTES, ACTIVE_BYTES, REQUESTED_BYTES,
-                                   INACTIVE_SPLIT_BYTES */
-        int32_t counts[4];      /* d[] of OPS_ALLOCATION, ACTIVE, INACTIVE_SPLIT, OVERSIZE */
-        const int8_t *sign;     /* the caller's constant array */
-        _Atomic int state;      /* STATS_REQ_* */
-        int type;
-    } request;
+    /* exact mode beside other pools: the log of its operations' statistics (stats.c);
+     * NULL until its first logged operation */
+    struct stats_log *log;
+    int log_slot;               /* its index in the device's ops->logs; -1: none yet,
+                                   -2: none to be had (it applies its updates under the
+                                   stats lock instead) */
 } cca_stream_pool_t;
 
-enum { STATS_REQ_IDLE, STATS_REQ_PENDING, STATS_REQ_DONE };
-#define STATS_REQUEST_SLOTS 64
+/*
+ * One operation's statistics, logged by its stream pool with the time it was
+ * made (stats_log_append): d[] of OPS_ALLOCATED_BYTES, ACTIVE_BYTES,
+ * REQUESTED_BYTES, INACTIVE_SPLIT_BYTES in bytes, of OPS_ALLOCATION, ACTIVE,
+ * INACTIVE_SPLIT, OVERSIZE in counts (a block or two each), the caller's
+ * signs. One cache line.
+ */
+typedef struct stats_entry {
+    _Alignas(64) uint64_t time;             /* CLOCK_MONOTONIC, ns; strictly rising in one log */
+    int64_t bytes[4];
+    int8_t counts[4];
+    int8_t sign[8];             /* OPS_COUNT */
+    int32_t type;
+} stats_entry_t;
+
+#define STATS_LOG_ENTRIES 256   /* a power of two */
+#define STATS_LOG_SLOTS 256
+
+/*
+ * A stream pool's log: written under its pool's lock, read and emptied by
+ * whoever merges under the stats lock (stats_merge). The producer's line,
+ * the merger's line, then the entries.
+ */
+typedef struct stats_log {
+    _Alignas(64) _Atomic uint64_t tail; /* entries written so far */
+    _Atomic int stamping;       /* 1 from before an entry's time is read to after it is in */
+    uint64_t last_time;
+    uint64_t head_seen;         /* the producer's last look at head */
+    _Alignas(64) _Atomic uint64_t head; /* entries merged so far */
+    stats_entry_t e[STATS_LOG_ENTRIES];
+} stats_log_t;
 
 /* A pending record_stream event. */
 typedef struct cca_pending_event {
@@ -323,7 +346,7 @@ typedef struct cca_device {
     bool exact_stats;           /* settings.exact_peak_stats at init */
     cca_device_stats_t stats;   /* exact: the per-operation statistics' current and peak
                                    values are in ops; the rest here (stats lock: ops->lock) */
-    struct ops_table *ops;      /* the stats lock; exact mode's values (see op_stats_t) */
+    struct ops_table *ops;      /* the stats lock; exact mode's values (see ops_apply) */
     /* the device's only stream pool, whose lock alone guards the ops table while it stays the
      * only one (set for the first default pool, cleared under its lock by a second; pool.c) */
     _Atomic(struct cca_stream_pool *) stats_solo;
@@ -498,44 +521,44 @@ typedef struct ops_count {
  * another.
  */
 typedef struct ops_table {
-    /* 0: free; 1: held; 2: held, and updates may wait for the holder to apply them
-     * (a combining lock: stats_lock, stats_unlock, stats_combine) */
-    _Alignas(64) cca_spinlock_t lock;
-    /* the holder's: the request slots of the stream pools that have waited for the
-     * lock (a free place taken); the holder applies the pending ones before it lets go */
-    _Alignas(64) uint64_t combined; /* updates applied by another thread's hand */
-    _Atomic uint32_t request_count; /* slots in use are below it */
-    _Atomic(struct stats_request *) requests[STATS_REQUEST_SLOTS];
+    _Alignas(64) cca_spinlock_t lock; /* the stats lock */
+    /* the merger's (stats lock): the logs of stream pools that have logged, in slots
+     * below log_count; merged_to: every entry up to this time is in the table */
+    _Alignas(64) _Atomic uint32_t log_count;
+    uint64_t merged_to;
+    uint64_t merged;            /* entries merged so far */
+    _Atomic(stats_log_t *) logs[STATS_LOG_SLOTS];
     _Alignas(64) int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
     int64_t peak[CCA_STAT_TYPES][OPS_COUNT];
     ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed */
 } ops_table_t;
 
-/* The stats lock taken from 0, never over a held lock's 2 (stats.c: when it was taken). */
-void stats_lock_slow(cca_device_t *dev);
-
 static inline bool stats_try_lock(cca_device_t *dev)
 {
-    int free = 0;
-    return atomic_compare_exchange_strong_explicit(&dev->ops->lock.locked, &free, 1,
-                                                   memory_order_acquire, memory_order_relaxed);
+    return cca_spin_trylock(&dev->ops->lock);
 }
 
+/* The stats lock: the device's own statistics (segments, reserved, counters) and the ops
+ * table; a reader of the table's values merges the logs first (stats_lock_merged). */
 static inline void stats_lock(cca_device_t *dev)
 {
-    if (!stats_try_lock(dev))
-        stats_lock_slow(dev);
+    cca_spin_lock(&dev->ops->lock);
 }
 
-/* Apply the updates waiting for the holder (stats lock held, its word seen at 2; stats.c). */
-void stats_serve(cca_device_t *dev);
-
-/* Let go of the stats lock; whoever holds it applies the updates waiting first. */
 static inline void stats_unlock(cca_device_t *dev)
 {
-    if (atomic_load_explicit(&dev->ops->lock.locked, memory_order_relaxed) != 1)
-        stats_serve(dev);
     cca_spin_unlock(&dev->ops->lock);
+}
+
+/* Every logged entry made before now into the ops table, in time order (stats lock held;
+ * stats.c). After it the table holds the values of one order of all operations so far. */
+void stats_merge(cca_device_t *dev);
+
+/* The stats lock, the logs merged: the table is current (for its readers). */
+static inline void stats_lock_merged(cca_device_t *dev)
+{
+    stats_lock(dev);
+    stats_merge(dev);
 }
 
 /* The statistics array of stat in a cca_device_stats_t (oversize_allocations: one entry). */
@@ -557,29 +580,23 @@ static inline cca_stat_t *ops_array(cca_device_stats_t *s, int stat)
  * How one operation's statistics are written (ops_apply):
  *   relaxed (exact_peak_stats:False, default pools): all in the stream pool's
  *     own statistics, plain; device values are summed on read, peaks sampled.
- *   locked (exact_peak_stats, the default): the device's ops table (values and
- *     counts), plain, by one thread at a time, so each operation is one step
- *     of a single order and every peak is exact: under nothing more than the
- *     stream pool's own lock while it is the device's only pool (stats_solo:
- *     one stream, the common single-thread case), else under the stats lock.
+ *   locked (exact_peak_stats, the default, while the stream pool is its
+ *     device's only one: stats_solo, the common single-thread case): the
+ *     device's ops table (values and counts), plain, under nothing more than
+ *     the pool's own lock, which orders every operation and every reader.
  *     Of the ALL entries only the peak is written, the rest is the sum of the
  *     two kinds' (stats_fill_ops).
- *   combined: the stats lock was found held: the update is published in the
- *     stream pool's request slot and the lock's holder applies it, with every
- *     other one waiting, before it lets go (stats_combine, stats_serve); the
- *     thread waits for that, or takes the lock itself once it is free. One
- *     thread at a time still writes the table, in the order the holder applies
- *     the updates, all of them made while it held the lock, so the values and
- *     peaks stay those of one order consistent with real time; threads that
- *     meet on the lock exchange one cache line each with the holder instead of
- *     taking the lock and its table lines in turn.
+ *   logged (exact_peak_stats beside other pools): the update goes into the
+ *     stream pool's own log with the time it was made (stats_log_append), a
+ *     line of the pool's own, no lock shared with another thread; whoever
+ *     next takes the stats lock to read the table, or finds its log half
+ *     full, merges every log's entries made before the moment it looks into
+ *     the table, in time order (stats_merge). The table's values and peaks
+ *     are those of the operations in the order of their times: one order,
+ *     consistent with real time (an operation that ended before another began
+ *     has the earlier time), so every peak is exact.
  */
-enum { OPS_RELAXED, OPS_LOCKED, OPS_COMBINED };
-
-typedef struct op_stats {
-    int mode;                  /* OPS_* */
-    bool locked;               /* locked: the stats lock was taken (not the only pool's) */
-} op_stats_t;
+enum { OPS_RELAXED, OPS_LOCKED, OPS_LOGGED };
 
 /* The only pool's lock, for readers of the ops table (then the stats lock); NULL if none. */
 void pool_flush(struct cca_stream_pool *sp);
@@ -601,21 +618,15 @@ static inline void stats_solo_unlock(struct cca_stream_pool *solo)
         cca_spin_unlock(&solo->lock);
 }
 
-static inline void op_stats_begin(cca_stream_pool_t *sp, op_stats_t *o)
+/* How sp's operation writes its statistics (pool lock held). */
+static inline int op_stats_mode(const cca_stream_pool_t *sp)
 {
     cca_device_t *dev = sp->device;
-    o->locked = false;
-    if (!dev->exact_stats && !sp->private_pool) { /* private pools: always the device's */
-        o->mode = OPS_RELAXED;
-        return;
-    }
-    o->mode = OPS_LOCKED;
+    if (!dev->exact_stats && !sp->private_pool) /* private pools: always the device's */
+        return OPS_RELAXED;
     if (atomic_load_explicit(&dev->stats_solo, memory_order_relaxed) == sp)
-        return; /* the device's only pool: its own lock (held) orders all */
-    if (stats_try_lock(dev))
-        o->locked = true;
-    else
-        o->mode = OPS_COMBINED;
+        return OPS_LOCKED; /* the device's only pool: its own lock (held) orders all */
+    return OPS_LOGGED;
 }
 
 /*
@@ -680,13 +691,13 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
     }
 }
 
-/* Take sp's request slot out of its device's table, if it has one (before sp is freed). */
-void stats_request_release(cca_stream_pool_t *sp);
+/* Take sp's log out of its device's table, its entries merged, and free it (before sp
+ * is freed; stats.c). */
+void stats_log_release(cca_stream_pool_t *sp);
 
-/* Publish the update in sp's request slot and wait until the stats lock's holder has
- * applied it, or apply it under the lock once it is free (stats.c). */
-void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
-                   const int8_t sign[OPS_COUNT]);
+/* Log the update, with the time it is made, in sp's log (pool lock held; stats.c). */
+void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
+                      const int8_t sign[OPS_COUNT]);
 
 /*
  * One operation's statistics: d[k] added to statistic k (OPS_*), in the ALL
@@ -698,18 +709,13 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
                                                             const int64_t d[OPS_COUNT],
                                                             const int8_t sign[OPS_COUNT])
 {
-    cca_device_t *dev = sp->device;
-    op_stats_t o;
-    op_stats_begin(sp, &o);
-    if (o.mode == OPS_LOCKED) {
-        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
-        if (o.locked)
-            stats_unlock(dev);
-    } else if (o.mode == OPS_COMBINED) {
-        stats_combine(sp, type, d, sign);
-    } else {
+    int mode = op_stats_mode(sp);
+    if (mode == OPS_LOCKED)
+        ops_apply_mode(sp->device->ops, NULL, OPS_LOCKED, type, d, sign);
+    else if (mode == OPS_LOGGED)
+        stats_log_append(sp, type, d, sign);
+    else
         ops_apply_mode(NULL, &sp->stats, OPS_RELAXED, type, d, sign);
-    }
 }
 
 /* Whether sp may keep a held-back free's statistics unapplied (held_stats; pool lock held). */

@@ -124,7 +124,7 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     sp->small.is_small = true;
     sp->large.owner = sp;
     sp->large.is_small = false;
-    sp->request_slot = -1;
+    sp->log_slot = -1;
     return sp;
 }
 
@@ -142,7 +142,7 @@ void pool_stream_pool_delete(cca_stream_pool_t *sp)
     }
     if (cca_state->ptrmap)
         ptrmap_pool_gone(cca_state->ptrmap, &sp->lock);
-    stats_request_release(sp);
+    stats_log_release(sp);
     free(sp);
 }
 

@@ -5,8 +5,10 @@
  * Invariant: a read never changes a current value; in sampled mode it may
  * only raise peaks to the current sums.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "async.h"
 #include "check.h"
@@ -56,143 +58,229 @@ static void ops_sum_all(ops_table_t *t)
     }
 }
 
-/* ---- the combining stats lock ------------------------------------------------------ */
+/* ---- the statistics logs ---------------------------------------------------------- */
 
-void stats_lock_slow(cca_device_t *dev)
+/* The time an entry is stamped with, and the merge's horizon: CLOCK_MONOTONIC, which the
+ * kernel keeps rising across CPUs, read after every earlier instruction. */
+static inline uint64_t stats_clock(void)
 {
-    for (unsigned spins = 0;; spins++) {
-        if (atomic_load_explicit(&dev->ops->lock.locked, memory_order_relaxed) == 0 &&
-            stats_try_lock(dev))
-            return;
-        cca_spin_backoff(spins);
-    }
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Which d[] entries a request keeps as bytes (int64) and as counts (int32). */
-static const int request_bytes[4] = {OPS_ALLOCATED_BYTES, OPS_ACTIVE_BYTES, OPS_REQUESTED_BYTES,
-                                     OPS_INACTIVE_SPLIT_BYTES};
-static const int request_counts[4] = {OPS_ALLOCATION, OPS_ACTIVE, OPS_INACTIVE_SPLIT, OPS_OVERSIZE};
+/* No later instruction starts before the clock read before it is done. */
+static inline void stats_clock_fence(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_lfence();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#endif
+    atomic_thread_fence(memory_order_seq_cst);
+}
 
-/* Apply one published update and tell its thread (stats lock held). */
-static void stats_apply_request(cca_device_t *dev, struct stats_request *r)
+/* Which d[] entries an entry keeps as bytes and as counts. */
+static const int entry_bytes[4] = {OPS_ALLOCATED_BYTES, OPS_ACTIVE_BYTES, OPS_REQUESTED_BYTES,
+                                   OPS_INACTIVE_SPLIT_BYTES};
+static const int entry_counts[4] = {OPS_ALLOCATION, OPS_ACTIVE, OPS_INACTIVE_SPLIT, OPS_OVERSIZE};
+
+/* One entry into the table (stats lock held). */
+static void stats_apply_entry(ops_table_t *t, const stats_entry_t *e)
 {
     int64_t d[OPS_COUNT];
     for (int i = 0; i < 4; i++) {
-        d[request_bytes[i]] = r->bytes[i];
-        d[request_counts[i]] = r->counts[i];
+        d[entry_bytes[i]] = e->bytes[i];
+        d[entry_counts[i]] = e->counts[i];
     }
-    ops_apply_mode(dev->ops, NULL, OPS_LOCKED, r->type, d, r->sign);
-    dev->ops->combined++;
-    atomic_store_explicit(&r->state, STATS_REQ_DONE, memory_order_release);
+    ops_apply_mode(t, NULL, OPS_LOCKED, e->type, d, e->sign);
 }
 
 /*
- * The holder found the lock's word at 2: set it back to 1, then apply every
- * update published before the thread that published it saw the lock held
- * (it set the 2 after publishing, and the exchange here reads that 2); a few
- * rounds while more arrive. Updates published later are applied by the next
- * holder, or by their own thread once it finds the lock free. The slots are
- * fetched first, all at once, then applied.
+ * Why the merge is exact. A producer sets its log's stamping word with an
+ * atomic exchange (every earlier store visible), then reads the clock, writes
+ * the entry, publishes the tail and clears stamping. The merger reads the
+ * clock (now), fences, then for each log waits while stamping is set and
+ * reads the tail. An entry it does not see was stamped after the merger found
+ * stamping clear, so after now: every entry made up to now is merged, in time
+ * order, and no later one is; merged_to = now. The next merge takes entries
+ * after it. A log is entered in the table before its first entry is stamped,
+ * and the merger reads the table after now, so it misses no log either. Entries of one log rise in time (the pool's lock orders them, and
+ * a tie is moved past the last time).
  */
-void stats_serve(cca_device_t *dev)
+void stats_merge(cca_device_t *dev)
 {
     ops_table_t *t = dev->ops;
-    for (int round = 0; round < 4; round++) {
-        if (atomic_exchange_explicit(&t->lock.locked, 1, memory_order_acq_rel) != 2)
-            return;
-        uint32_t n = atomic_load_explicit(&t->request_count, memory_order_acquire);
-        struct stats_request *slot[STATS_REQUEST_SLOTS];
-        for (uint32_t i = 0; i < n; i++) {
-            slot[i] = atomic_load_explicit(&t->requests[i], memory_order_acquire);
-            if (slot[i])
-                __builtin_prefetch(slot[i], 1);
-        }
-        for (uint32_t i = 0; i < n; i++) {
-            struct stats_request *r = slot[i];
-            if (r && atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_PENDING)
-                stats_apply_request(dev, r);
-        }
+    if (atomic_load_explicit(&t->log_count, memory_order_relaxed) == 0)
+        return;
+    uint64_t now = stats_clock();
+    stats_clock_fence();
+    /* (a log entered after this load gets its first entry's time after now) */
+    uint32_t n = atomic_load_explicit(&t->log_count, memory_order_acquire);
+    stats_log_t *lg[STATS_LOG_SLOTS];
+    uint64_t head[STATS_LOG_SLOTS], end[STATS_LOG_SLOTS];
+    uint32_t live = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        stats_log_t *l = atomic_load_explicit(&t->logs[i], memory_order_acquire);
+        if (!l)
+            continue;
+        for (unsigned spins = 0; atomic_load_explicit(&l->stamping, memory_order_acquire); spins++)
+            cca_spin_backoff(spins);
+        uint64_t tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+        uint64_t h = atomic_load_explicit(&l->head, memory_order_relaxed);
+        if (tail == h)
+            continue;
+        /* its entries up to now (they rise in time) */
+        uint64_t e = tail;
+        while (e > h && l->e[(e - 1) % STATS_LOG_ENTRIES].time > now)
+            e--;
+        if (e == h)
+            continue;
+        lg[live] = l;
+        head[live] = h;
+        end[live] = e;
+        live++;
     }
-}
-
-/* sp's request slot, entered in a free place of the device's table the first time it
- * waits (sp's lock held); NULL: the table is full, sp waits for the lock instead. */
-static struct stats_request *stats_request_slot(cca_stream_pool_t *sp)
-{
-    cca_device_t *dev = sp->device;
-    if (sp->request_slot == -1) {
-        sp->request_slot = -2;
-        for (uint32_t i = 0; i < STATS_REQUEST_SLOTS; i++) {
-            struct stats_request *none = NULL;
-            if (!atomic_compare_exchange_strong_explicit(&dev->ops->requests[i], &none,
-                                                         &sp->request, memory_order_acq_rel,
-                                                         memory_order_relaxed))
-                continue;
-            sp->request_slot = (int)i;
-            uint32_t n = atomic_load_explicit(&dev->ops->request_count, memory_order_relaxed);
-            while (n <= i && !atomic_compare_exchange_weak_explicit(&dev->ops->request_count, &n,
-                                                                    i + 1, memory_order_release,
-                                                                    memory_order_relaxed)) {
+    /* a merge of the sorted runs: the earliest head first, ties by slot */
+    uint64_t merged = 0;
+    while (live > 0) {
+        uint32_t best = 0;
+        uint64_t best_time = lg[0]->e[head[0] % STATS_LOG_ENTRIES].time;
+        for (uint32_t i = 1; i < live; i++) {
+            uint64_t ti = lg[i]->e[head[i] % STATS_LOG_ENTRIES].time;
+            if (ti < best_time) {
+                best = i;
+                best_time = ti;
             }
-            break;
+        }
+        stats_log_t *l = lg[best];
+        uint64_t h = head[best];
+        /* this run's entries until another run's head comes first */
+        uint64_t limit = UINT64_MAX;
+        for (uint32_t i = 0; i < live; i++)
+            if (i != best) {
+                uint64_t ti = lg[i]->e[head[i] % STATS_LOG_ENTRIES].time;
+                if (ti < limit)
+                    limit = ti;
+            }
+        do {
+            stats_apply_entry(t, &l->e[h % STATS_LOG_ENTRIES]);
+            h++;
+            merged++;
+        } while (h < end[best] && l->e[h % STATS_LOG_ENTRIES].time <= limit);
+        head[best] = h;
+        if (h == end[best]) {
+            atomic_store_explicit(&l->head, h, memory_order_release);
+            live--;
+            lg[best] = lg[live];
+            head[best] = head[live];
+            end[best] = end[live];
         }
     }
-    return sp->request_slot >= 0 ? &sp->request : NULL;
+    t->merged += merged;
+    t->merged_to = now;
 }
 
-void stats_request_release(cca_stream_pool_t *sp)
+/* sp's log, made and entered in a free slot of the device's table the first time it
+ * logs (sp's lock held; no other lock: a merger may hold the stats lock and wait for an
+ * entry of this thread's); NULL: no memory or no slot, sp uses the stats lock instead. */
+static stats_log_t *stats_log_get(cca_stream_pool_t *sp)
 {
-    if (sp->request_slot < 0)
+    if (sp->log_slot == -2)
+        return NULL;
+    ops_table_t *t = sp->device->ops;
+    sp->log_slot = -2;
+    stats_log_t *l = aligned_alloc(64, sizeof(*l));
+    if (!l)
+        return NULL;
+    memset(l, 0, sizeof(*l));
+    for (uint32_t i = 0; i < STATS_LOG_SLOTS; i++) {
+        stats_log_t *none = NULL;
+        if (!atomic_compare_exchange_strong_explicit(&t->logs[i], &none, l, memory_order_seq_cst,
+                                                     memory_order_relaxed))
+            continue;
+        uint32_t n = atomic_load_explicit(&t->log_count, memory_order_relaxed);
+        while (n <= i && !atomic_compare_exchange_weak_explicit(&t->log_count, &n, i + 1,
+                                                                memory_order_seq_cst,
+                                                                memory_order_relaxed)) {
+        }
+        sp->log_slot = (int)i;
+        sp->log = l;
+        return l;
+    }
+    free(l);
+    return NULL;
+}
+
+void stats_log_release(cca_stream_pool_t *sp)
+{
+    if (!sp->log)
         return;
     cca_device_t *dev = sp->device;
-    stats_lock(dev); /* no holder is reading the table meanwhile */
-    atomic_store_explicit(&dev->ops->requests[sp->request_slot], NULL, memory_order_relaxed);
+    stats_lock_merged(dev); /* its last entries into the table first */
+    atomic_store_explicit(&dev->ops->logs[sp->log_slot], NULL, memory_order_relaxed);
     stats_unlock(dev);
-    sp->request_slot = -1;
+    free(sp->log);
+    sp->log = NULL;
+    sp->log_slot = -1;
 }
 
-void stats_combine(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
-                   const int8_t sign[OPS_COUNT])
+/* Room in l for one more entry: merge when half full, and wait for a merge when full. */
+static void stats_log_room(cca_device_t *dev, stats_log_t *l, uint64_t tail)
+{
+    l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
+    if (tail - l->head_seen < STATS_LOG_ENTRIES / 2)
+        return;
+    if (tail - l->head_seen >= STATS_LOG_ENTRIES) {
+        stats_lock_merged(dev);
+        stats_unlock(dev);
+    } else if (stats_try_lock(dev)) {
+        stats_merge(dev);
+        stats_unlock(dev);
+    }
+    l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
+}
+
+void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
+                      const int8_t sign[OPS_COUNT])
 {
     cca_device_t *dev = sp->device;
-    struct stats_request *r = stats_request_slot(sp);
-    if (!r) { /* no slot left: wait for the lock itself */
-        stats_lock_slow(dev);
+    stats_log_t *l = sp->log;
+    if (!l && atomic_load_explicit(&dev->ops->log_count, memory_order_acquire) == 0 &&
+        stats_try_lock(dev)) {
+        /* no thread has logged yet (none has met another on the stats lock): the update
+         * goes into the table under the lock, as it happens. A log entered since has
+         * its entries' times after the load above, all merged after this update. */
         ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
         stats_unlock(dev);
         return;
     }
+    if (!l)
+        l = stats_log_get(sp);
+    if (!l) { /* no log: the update applied in the table, at the merge's time */
+        stats_lock_merged(dev);
+        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+        stats_unlock(dev);
+        return;
+    }
+    uint64_t tail = atomic_load_explicit(&l->tail, memory_order_relaxed);
+    if (tail - l->head_seen >= STATS_LOG_ENTRIES / 2)
+        stats_log_room(dev, l, tail);
+    atomic_exchange_explicit(&l->stamping, 1, memory_order_seq_cst);
+    uint64_t time = stats_clock();
+    if (time <= l->last_time)
+        time = l->last_time + 1;
+    l->last_time = time;
+    stats_entry_t *e = &l->e[tail % STATS_LOG_ENTRIES];
+    e->time = time;
     for (int i = 0; i < 4; i++) {
-        r->bytes[i] = d[request_bytes[i]];
-        r->counts[i] = (int32_t)d[request_counts[i]]; /* blocks: a few at most */
+        e->bytes[i] = d[entry_bytes[i]];
+        e->counts[i] = (int8_t)d[entry_counts[i]]; /* blocks: a few at most */
     }
-    r->type = type;
-    r->sign = sign;
-    atomic_store_explicit(&r->state, STATS_REQ_PENDING, memory_order_release);
-    _Atomic int *word = &dev->ops->lock.locked;
-    for (unsigned spins = 0;; spins++) {
-        if (atomic_load_explicit(&r->state, memory_order_acquire) == STATS_REQ_DONE)
-            return; /* (DONE stays until the next update overwrites it) */
-        if (spins % 4) { /* mostly its own slot: the lock's line stays with its holder */
-            cca_spin_backoff(spins);
-            continue;
-        }
-        int w = atomic_load_explicit(word, memory_order_relaxed);
-        if (w == 0 && stats_try_lock(dev)) {
-            /* the lock is this thread's: no one else applies the update now, and the
-             * requests this thread serves as it lets go are no longer its own */
-            if (atomic_load_explicit(&r->state, memory_order_relaxed) == STATS_REQ_PENDING) {
-                ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
-                atomic_store_explicit(&r->state, STATS_REQ_DONE, memory_order_relaxed);
-            }
-            stats_unlock(dev);
-            return;
-        }
-        if (w == 1) /* tell the holder an update waits (after publishing it) */
-            atomic_compare_exchange_strong_explicit(word, &w, 2, memory_order_acq_rel,
-                                                    memory_order_relaxed);
-        cca_spin_backoff(spins);
-    }
+    memcpy(e->sign, sign, OPS_COUNT);
+    e->type = type;
+    atomic_store_explicit(&l->tail, tail + 1, memory_order_release);
+    atomic_store_explicit(&l->stamping, 0, memory_order_release);
 }
 
 /* The exact mode's values and counts into out (stats lock held). */
@@ -237,7 +325,7 @@ static void stats_sum_pools(cca_device_t *dev, cca_stream_pool_t *held,
 static void stats_read_exact(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool_t *held)
 {
     cca_stream_pool_t *solo = held ? NULL : stats_solo_lock(dev); /* (held: relaxed mode only) */
-    stats_lock(dev);
+    stats_lock_merged(dev);
     *out = dev->stats; /* its per-operation statistics are the ops table's, below */
     stats_fill_ops(dev, out);
     stats_unlock(dev);
@@ -339,7 +427,7 @@ cca_status_t cca_reset_accumulated_stats(int device)
         cca_spin_unlock(&sp->lock);
     }
     cca_stream_pool_t *solo = stats_solo_lock(dev);
-    stats_lock(dev);
+    stats_lock_merged(dev);
     cca_device_stats_t *s = &dev->stats;
     for (int k = 0; k < OPS_COUNT; k++) /* exact mode's */
         for (int t = 0; t < CCA_STAT_TYPES; t++)
@@ -367,7 +455,7 @@ cca_status_t cca_reset_peak_stats(int device)
     if (!dev->exact_stats)
         stats_read(dev, &now);
     cca_stream_pool_t *solo = dev->exact_stats ? stats_solo_lock(dev) : NULL;
-    stats_lock(dev);
+    stats_lock_merged(dev);
     cca_device_stats_t *s = &dev->stats;
     reset_peak(s->segment, CCA_STAT_TYPES);
     reset_peak(s->reserved_bytes, CCA_STAT_TYPES);

@@ -1,12 +1,13 @@
 /*
- * test_exact_stats.c - exact_peak_stats (the default) under concurrency: the
- * device's statistics written under its stats lock, and, where threads meet
- * on that lock, by its holder on the waiting threads' behalf (each waiting
- * update published in its stream pool's request slot). Threads on their own
- * streams meet at barriers holding a block each, so the exact peaks are
- * known; a deterministic test holds the lock while updates queue behind it;
- * a third lets threads contend for a whole run, private pools included, and
- * checks every count after.
+ * test_exact_stats.c - exact_peak_stats (the default) under concurrency: each
+ * stream pool logs its operations' statistics with their times, and a merge
+ * applies every log's entries in time order. Threads on their own streams meet
+ * at barriers holding a block each, so the exact peaks are known;
+ * deterministic tests hold the stats lock while workers log (none waits until
+ * its log is full), check that the merge follows the order of operations
+ * across logs, and that a freed pool's log slot comes back; a last one lets
+ * threads contend for a whole run, private pools included, and checks every
+ * count after.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -119,56 +120,77 @@ static void *queued_worker(void *arg)
     return p;
 }
 
-/* Pending requests: the request slots of the device's table waiting for the holder. */
-static int pending_requests(cca_device_t *dev)
+/* Entries logged and not yet merged, over the device's logs. */
+static uint64_t unmerged(cca_device_t *dev)
 {
-    int n = 0;
-    for (int i = 0; i < STATS_REQUEST_SLOTS; i++) {
-        struct stats_request *r = atomic_load(&dev->ops->requests[i]);
-        n += r && atomic_load(&r->state) == STATS_REQ_PENDING;
+    uint64_t n = 0;
+    for (int i = 0; i < STATS_LOG_SLOTS; i++) {
+        stats_log_t *l = atomic_load(&dev->ops->logs[i]);
+        if (l)
+            n += atomic_load(&l->tail) - atomic_load(&l->head);
     }
     return n;
 }
 
+/* Each of QUEUED streams' pools exists, with a segment (the allocations that follow are
+ * cache hits, which take no stats lock), and the first pool's solo mode is over. */
+static void warm_streams(cca_device_t *dev)
+{
+    for (uintptr_t i = 0; i < QUEUED; i++) {
+        void *w = NULL;
+        expect_ok(cca_malloc_device(&w, 100, 0, (cca_stream_t)(0x1000 + i * 0x100)));
+        expect_ok(cca_free(w));
+    }
+    expect_true(atomic_load(&dev->stats_solo) == NULL);
+}
+
+/* One allocation made by another thread while this one holds the stats lock: it meets
+ * the lock held, so its pool logs, and from then on every pool does. */
+static void start_logging(cca_device_t *dev)
+{
+    stats_lock(dev);
+    pthread_t t;
+    void *p = NULL;
+    pthread_create(&t, NULL, queued_worker, (void *)0);
+    pthread_join(t, &p);
+    stats_unlock(dev);
+    expect_true(atomic_load(&dev->ops->log_count) >= 1);
+    expect_ok(cca_free(p));
+}
+
 /*
- * While this thread holds the stats lock, each worker's allocation publishes
- * its update and waits; letting go of the lock applies all of them (none
- * applies its own), and the values and peaks are those of the four blocks.
+ * While this thread holds the stats lock, each worker's allocation is logged
+ * in its own pool's log and returns: no worker waits for the lock. Reading the
+ * statistics merges the logs: the values and peaks are those of the four
+ * blocks.
  */
-TEST(holder_applies_the_waiting_updates)
+TEST(updates_logged_while_the_stats_lock_is_held)
 {
     start("");
     cca_device_t *dev = &cca_state->devices[0];
-    void *warm[QUEUED];
-    for (uintptr_t i = 0; i < QUEUED; i++) { /* each stream's pool and segment exist (no solo
-                                                 mode; the allocations below are cache hits) */
-        expect_ok(cca_malloc_device(&warm[i], 100, 0, (cca_stream_t)(0x1000 + i * 0x100)));
-        expect_ok(cca_free(warm[i]));
-    }
-    expect_true(atomic_load(&dev->stats_solo) == NULL);
-    uint64_t before = dev->ops->combined;
+    warm_streams(dev);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s)); /* everything so far merged */
+    uint64_t before = dev->ops->merged;
     stats_lock(dev);
     pthread_t t[QUEUED];
+    void *p[QUEUED];
     for (uintptr_t i = 0; i < QUEUED; i++)
         pthread_create(&t[i], NULL, queued_worker, (void *)i);
-    while (pending_requests(dev) < QUEUED) {
-        /* each worker publishes, then waits for this holder */
-    }
-    expect_eq_i64(atomic_load(&dev->ops->lock.locked), 2);
-    stats_unlock(dev);
-    void *p[QUEUED];
     for (int i = 0; i < QUEUED; i++)
-        pthread_join(t[i], &p[i]);
-    expect_eq_i64((int64_t)(dev->ops->combined - before), QUEUED);
+        pthread_join(t[i], &p[i]); /* all returned with the lock still held */
+    expect_eq_i64((int64_t)unmerged(dev), QUEUED);
+    expect_eq_i64(dev->ops->cur[CCA_STAT_SMALL_POOL][OPS_ALLOCATION], 0);
+    stats_unlock(dev);
     int64_t bytes, requested;
     round_sums(QUEUED, &bytes, &requested);
-    cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64((int64_t)(dev->ops->merged - before), QUEUED);
+    expect_eq_i64((int64_t)unmerged(dev), 0);
     expect_eq_i64(s.allocation[CCA_STAT_ALL].current, QUEUED);
     expect_eq_i64(s.allocation[CCA_STAT_ALL].peak, QUEUED);
     expect_eq_i64(s.allocated_bytes[CCA_STAT_SMALL_POOL].current, bytes);
     expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, requested);
-    expect_eq_i64(pending_requests(dev), 0);
     expect_invariants();
     for (int i = 0; i < QUEUED; i++)
         expect_ok(cca_free(p[i]));
@@ -178,50 +200,161 @@ TEST(holder_applies_the_waiting_updates)
     cca_shutdown();
 }
 
-/* A private pool's stream pool gives its request slot back when it is freed; the slot is
- * taken again by the next pool that waits. */
-TEST(request_slot_given_back)
+/*
+ * The merge applies the logs' entries in the order they were made, not log by
+ * log: a block on one stream live while a block on another is allocated and
+ * freed counts both in the peak; two blocks never live at once do not.
+ */
+TEST(merge_follows_the_order_of_operations)
 {
     start("");
     cca_device_t *dev = &cca_state->devices[0];
-    void *a = NULL, *w1 = NULL, *w2 = NULL;
-    expect_ok(cca_malloc_device(&a, 100, 0, (cca_stream_t)0x1000));
-    /* each stream's segment exists, kept by a live block: the waiting allocations below
-     * are cache hits (a new segment would take the stats lock itself) */
-    expect_ok(cca_malloc_device(&w1, 100, 0, (cca_stream_t)0x1100));
+    warm_streams(dev);
+    start_logging(dev);
+    expect_ok(cca_reset_peak_stats(0));
+    cca_stream_t sa = (cca_stream_t)0x1000, sb = (cca_stream_t)0x1100;
+    void *a = NULL, *b = NULL;
+    /* a, then b while a lives: peak a + b */
+    expect_ok(cca_malloc_device(&a, 3 << 20, 0, sa));
+    expect_ok(cca_malloc_device(&b, 5 << 20, 0, sb));
+    expect_ok(cca_free(b));
+    expect_ok(cca_free(a));
+    expect_true(unmerged(dev) >= 4);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, (3 << 20) + (5 << 20));
+    expect_eq_i64(s.allocation[CCA_STAT_LARGE_POOL].peak, 2);
+    /* one after the other, across the two logs: peak the larger */
+    expect_ok(cca_reset_peak_stats(0));
+    for (int r = 0; r < 3; r++) {
+        expect_ok(cca_malloc_device(&b, 5 << 20, 0, sb));
+        expect_ok(cca_free(b));
+        expect_ok(cca_malloc_device(&a, 3 << 20, 0, sa));
+        expect_ok(cca_free(a));
+    }
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, 5 << 20);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].peak, 1);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_invariants();
+    cca_shutdown();
+}
+
+static atomic_int full_pairs; /* pairs the full-log worker has made */
+
+static void *full_log_worker(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < STATS_LOG_ENTRIES; i++) { /* 2 entries a pair: the log fills */
+        void *p = NULL;
+        expect_ok(cca_malloc_device(&p, 512, 0, (cca_stream_t)0x1100));
+        expect_ok(cca_free(p));
+        atomic_store(&full_pairs, i + 1);
+    }
+    return NULL;
+}
+
+/*
+ * A full log waits for a merge: while this thread holds the stats lock the
+ * worker fills its log and stops, its entries all there; letting go of the
+ * lock lets it merge and go on, and every count comes out exact.
+ */
+TEST(full_log_waits_for_a_merge)
+{
+    start("");
+    cca_device_t *dev = &cca_state->devices[0];
+    warm_streams(dev);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    int64_t allocated = s.allocation[CCA_STAT_ALL].allocated;
+    atomic_store(&full_pairs, 0);
+    stats_lock(dev);
+    pthread_t t;
+    pthread_create(&t, NULL, full_log_worker, NULL);
+    while (unmerged(dev) < STATS_LOG_ENTRIES || atomic_load(&full_pairs) < STATS_LOG_ENTRIES / 2) {
+        /* the worker logs until its log is full, then waits for this lock */
+    }
+    expect_eq_i64((int64_t)unmerged(dev), STATS_LOG_ENTRIES);
+    expect_eq_i64(atomic_load(&full_pairs), STATS_LOG_ENTRIES / 2);
+    stats_unlock(dev);
+    pthread_join(t, NULL);
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated - allocated, STATS_LOG_ENTRIES);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].peak, 1);
+    expect_invariants();
+    cca_shutdown();
+}
+
+/* A private pool's stream pool gives its log's slot back when it is freed, its entries
+ * merged first; the slot is taken again by the next pool that logs. */
+TEST(log_slot_given_back)
+{
+    start("");
+    cca_device_t *dev = &cca_state->devices[0];
+    warm_streams(dev);
+    start_logging(dev);
+    uint32_t used = atomic_load(&dev->ops->log_count);
     cca_mempool_id_t id = {1, 2};
     expect_ok(cca_pool_create(0, id));
     expect_ok(cca_begin_allocate_stream_to_pool(0, id, (cca_stream_t)0x2000));
-    expect_ok(cca_malloc_device(&w2, 100, 0, (cca_stream_t)0x2000));
-    stats_lock(dev);
-    pthread_t t;
-    pthread_create(&t, NULL, queued_worker, (void *)1); /* stream 0x1100: not routed */
-    while (pending_requests(dev) < 1) {
-    }
-    stats_unlock(dev);
     void *b = NULL;
-    pthread_join(t, &b);
-    expect_ok(cca_free(b));
-    /* the routed stream's pool (a private pool's) waits too, in the next slot */
-    uint32_t used = atomic_load(&dev->ops->request_count);
-    stats_lock(dev);
-    pthread_create(&t, NULL, queued_worker, (void *)0x10); /* stream 0x2000 */
-    while (pending_requests(dev) < 1) {
-    }
-    stats_unlock(dev);
-    pthread_join(t, &b);
-    expect_eq_i64(atomic_load(&dev->ops->request_count), used + 1);
-    expect_true(atomic_load(&dev->ops->requests[used]) != NULL);
+    expect_ok(cca_malloc_device(&b, 100, 0, (cca_stream_t)0x2000));
+    expect_eq_i64(atomic_load(&dev->ops->log_count), used + 1);
+    expect_true(atomic_load(&dev->ops->logs[used]) != NULL);
     expect_ok(cca_end_allocate_to_pool(0, id));
     expect_ok(cca_free(b));
-    expect_ok(cca_free(w2));
     expect_ok(cca_release_pool(0, id)); /* the route's use */
     expect_ok(cca_release_pool(0, id)); /* its creation's */
     expect_ok(cca_empty_cache()); /* its segment goes: its stream pool, and the slot, free */
-    expect_true(atomic_load(&dev->ops->requests[used]) == NULL);
-    expect_ok(cca_free(a));
-    expect_ok(cca_free(w1));
+    expect_true(atomic_load(&dev->ops->logs[used]) == NULL);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, QUEUED + 2);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, QUEUED + 2);
+    /* a new private pool's stream pool takes the free slot */
+    cca_mempool_id_t id2 = {1, 3};
+    expect_ok(cca_pool_create(0, id2));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, id2, (cca_stream_t)0x3000));
+    expect_ok(cca_malloc_device(&b, 100, 0, (cca_stream_t)0x3000));
+    expect_true(atomic_load(&dev->ops->logs[used]) != NULL);
+    expect_eq_i64(atomic_load(&dev->ops->log_count), used + 1);
+    expect_ok(cca_end_allocate_to_pool(0, id2));
+    expect_ok(cca_free(b));
+    expect_ok(cca_release_pool(0, id2));
+    expect_ok(cca_release_pool(0, id2));
     expect_invariants();
+    cca_shutdown();
+}
+
+/* More logging pools than the table has slots: the ones past it apply their updates
+ * under the stats lock, after a merge, and every value stays exact. */
+TEST(pools_past_the_log_slots)
+{
+    start("");
+    cca_device_t *dev = &cca_state->devices[0];
+    warm_streams(dev);
+    start_logging(dev);
+    enum { STREAMS = STATS_LOG_SLOTS + 8 };
+    static void *p[STREAMS];
+    for (uintptr_t i = 0; i < STREAMS; i++)
+        expect_ok(cca_malloc_device(&p[i], 1000 + i, 0, (cca_stream_t)(0x100000 + i * 0x100)));
+    expect_eq_i64(atomic_load(&dev->ops->log_count), STATS_LOG_SLOTS);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, STREAMS);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, STREAMS * 1000 + STREAMS * (STREAMS - 1) / 2);
+    for (uintptr_t i = 0; i < STREAMS; i++)
+        expect_ok(cca_free(p[i]));
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, STREAMS * 1000 + STREAMS * (STREAMS - 1) / 2);
+    expect_invariants();
+    expect_ok(cca_empty_cache()); /* the pools go with their segments, and their logs */
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, s.allocation[CCA_STAT_ALL].allocated);
     cca_shutdown();
 }
 
@@ -282,8 +415,7 @@ TEST(counts_exact_under_contention)
     expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].allocated, s.allocated_bytes[CCA_STAT_ALL].freed);
     expect_true(s.allocation[CCA_STAT_ALL].peak >= 2);
     expect_true(s.allocation[CCA_STAT_ALL].peak <= 2 * THREADS);
-    printf("  %llu updates applied by another thread's hand\n",
-           (unsigned long long)cca_state->devices[0].ops->combined);
+    printf("  %llu logged updates merged\n", (unsigned long long)cca_state->devices[0].ops->merged);
     expect_invariants();
     cca_shutdown();
 }
@@ -304,6 +436,9 @@ TEST(only_pool_then_two)
     expect_true(atomic_load(&dev->stats_solo) == NULL);
     expect_true(ptrmap_solo(cca_state->ptrmap) == NULL); /* the map's shards take over */
     expect_ok(cca_malloc_device(&a, 3000, 0, (cca_stream_t)0x1000));
+    /* one thread never meets another on the stats lock: no pool logs, each update goes
+     * into the table under the lock */
+    expect_eq_i64(atomic_load(&dev->ops->log_count), 0);
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
     expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 3);
@@ -384,8 +519,11 @@ int main(void)
     RUN(solo_ends_under_pairs);
     RUN(only_pool_then_two);
     RUN(exact_peaks_across_threads);
-    RUN(holder_applies_the_waiting_updates);
-    RUN(request_slot_given_back);
+    RUN(updates_logged_while_the_stats_lock_is_held);
+    RUN(merge_follows_the_order_of_operations);
+    RUN(full_log_waits_for_a_merge);
+    RUN(log_slot_given_back);
+    RUN(pools_past_the_log_slots);
     RUN(counts_exact_under_contention);
     return harness_done();
 }
