@@ -695,7 +695,8 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
  * is freed; stats.c). */
 void stats_log_release(cca_stream_pool_t *sp);
 
-/* Log the update, with the time it is made, in sp's log (pool lock held; stats.c). */
+/* Log the update, with the time it is made, in sp's log (pool lock held; stats.c); with
+ * no log to be had, apply it under the stats lock. */
 void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
                       const int8_t sign[OPS_COUNT]);
 
@@ -710,12 +711,23 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
                                                             const int8_t sign[OPS_COUNT])
 {
     int mode = op_stats_mode(sp);
-    if (mode == OPS_LOCKED)
-        ops_apply_mode(sp->device->ops, NULL, OPS_LOCKED, type, d, sign);
-    else if (mode == OPS_LOGGED)
-        stats_log_append(sp, type, d, sign);
-    else
+    cca_device_t *dev = sp->device;
+    if (mode == OPS_LOCKED) {
+        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+    } else if (mode == OPS_LOGGED) {
+        if (!sp->log && atomic_load_explicit(&dev->ops->log_count, memory_order_acquire) == 0 &&
+            stats_try_lock(dev)) {
+            /* no thread has logged yet (none has met another on the stats lock): the
+             * update goes into the table under the lock, as it happens. A log entered
+             * since has its entries' times after the load above, merged after this. */
+            ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+            stats_unlock(dev);
+        } else {
+            stats_log_append(sp, type, d, sign);
+        }
+    } else {
         ops_apply_mode(NULL, &sp->stats, OPS_RELAXED, type, d, sign);
+    }
 }
 
 /* Whether sp may keep a held-back free's statistics unapplied (held_stats; pool lock held). */

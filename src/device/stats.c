@@ -136,6 +136,8 @@ void stats_merge(cca_device_t *dev)
             e--;
         if (e == h)
             continue;
+        for (uint64_t k = h; k < e && k < h + 8; k++) /* the lines come from the producer's core */
+            __builtin_prefetch(&l->e[k % STATS_LOG_ENTRIES], 0);
         lg[live] = l;
         head[live] = h;
         end[live] = e;
@@ -164,6 +166,7 @@ void stats_merge(cca_device_t *dev)
                     limit = ti;
             }
         do {
+            __builtin_prefetch(&l->e[(h + 8) % STATS_LOG_ENTRIES], 0);
             stats_apply_entry(t, &l->e[h % STATS_LOG_ENTRIES]);
             h++;
             merged++;
@@ -246,15 +249,6 @@ void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT
 {
     cca_device_t *dev = sp->device;
     stats_log_t *l = sp->log;
-    if (!l && atomic_load_explicit(&dev->ops->log_count, memory_order_acquire) == 0 &&
-        stats_try_lock(dev)) {
-        /* no thread has logged yet (none has met another on the stats lock): the update
-         * goes into the table under the lock, as it happens. A log entered since has
-         * its entries' times after the load above, all merged after this update. */
-        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
-        stats_unlock(dev);
-        return;
-    }
     if (!l)
         l = stats_log_get(sp);
     if (!l) { /* no log: the update applied in the table, at the merge's time */
