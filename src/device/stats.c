@@ -118,7 +118,7 @@ void stats_merge(cca_device_t *dev)
     /* (a log entered after this load gets its first entry's time after now) */
     uint32_t n = atomic_load_explicit(&t->log_count, memory_order_acquire);
     stats_log_t *lg[STATS_LOG_SLOTS];
-    uint64_t head[STATS_LOG_SLOTS], end[STATS_LOG_SLOTS];
+    uint64_t head[STATS_LOG_SLOTS], end[STATS_LOG_SLOTS], ht[STATS_LOG_SLOTS]; /* ht: head's time */
     uint32_t live = 0;
     for (uint32_t i = 0; i < n; i++) {
         stats_log_t *l = atomic_load_explicit(&t->logs[i], memory_order_acquire);
@@ -140,44 +140,44 @@ void stats_merge(cca_device_t *dev)
             __builtin_prefetch(&l->e[k % STATS_LOG_ENTRIES], 0);
         lg[live] = l;
         head[live] = h;
+        ht[live] = l->e[h % STATS_LOG_ENTRIES].time;
         end[live] = e;
         live++;
     }
-    /* a merge of the sorted runs: the earliest head first, ties by slot */
+    /* a merge of the sorted runs: the run with the earliest head goes on until its next
+     * entry comes after the second earliest head (equal times: operations at the same
+     * moment, either order) */
     uint64_t merged = 0;
     while (live > 0) {
         uint32_t best = 0;
-        uint64_t best_time = lg[0]->e[head[0] % STATS_LOG_ENTRIES].time;
-        for (uint32_t i = 1; i < live; i++) {
-            uint64_t ti = lg[i]->e[head[i] % STATS_LOG_ENTRIES].time;
+        uint64_t best_time = UINT64_MAX, limit = UINT64_MAX;
+        for (uint32_t i = 0; i < live; i++) {
+            uint64_t ti = ht[i];
             if (ti < best_time) {
+                limit = best_time;
                 best = i;
                 best_time = ti;
+            } else if (ti < limit) {
+                limit = ti;
             }
         }
         stats_log_t *l = lg[best];
-        uint64_t h = head[best];
-        /* this run's entries until another run's head comes first */
-        uint64_t limit = UINT64_MAX;
-        for (uint32_t i = 0; i < live; i++)
-            if (i != best) {
-                uint64_t ti = lg[i]->e[head[i] % STATS_LOG_ENTRIES].time;
-                if (ti < limit)
-                    limit = ti;
-            }
+        uint64_t h = head[best], stop = end[best], next = best_time;
         do {
             __builtin_prefetch(&l->e[(h + 8) % STATS_LOG_ENTRIES], 0);
             stats_apply_entry(t, &l->e[h % STATS_LOG_ENTRIES]);
             h++;
             merged++;
-        } while (h < end[best] && l->e[h % STATS_LOG_ENTRIES].time <= limit);
+        } while (h < stop && (next = l->e[h % STATS_LOG_ENTRIES].time) <= limit);
         head[best] = h;
-        if (h == end[best]) {
+        ht[best] = next;
+        if (h == stop) {
             atomic_store_explicit(&l->head, h, memory_order_release);
             live--;
             lg[best] = lg[live];
             head[best] = head[live];
             end[best] = end[live];
+            ht[best] = ht[live];
         }
     }
     t->merged += merged;
