@@ -477,17 +477,22 @@ static void check_device(check_ctx_t *c, cca_device_t *dev, const expected_stats
     }
     if (c->failed)
         return;
-    /* Without exact_peak_stats the per-operation statistics live in the stream pools. */
+    /* Without exact_peak_stats the per-operation statistics live in the default stream
+     * pools, and in the device's table for private pools' operations. */
     cca_device_stats_t view = dev->stats;
     if (dev->exact_stats) {
         stats_fill_ops(dev, &view); /* every stream pool lock is held: no writer runs */
     } else {
+        cca_device_stats_t table;
+        memset(&table, 0, sizeof(table));
+        stats_fill_ops(dev, &table);
         cca_stat_t *v[CCA_OP_STAT_ARRAYS], *pv[CCA_OP_STAT_ARRAYS];
         stats_op_arrays(&view, v);
+        stats_op_arrays(&table, pv);
         for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)
             for (int t = 0; t < CCA_STAT_TYPES; t++)
-                v[k][t].current = 0;
-        view.oversize_allocations.current = 0;
+                v[k][t].current = pv[k][t].current;
+        view.oversize_allocations.current = table.oversize_allocations.current;
         for (size_t i = 0; i < dev->pool_table_cap; i++) {
             cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
             if (!sp)

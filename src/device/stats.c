@@ -343,7 +343,11 @@ void stats_read_held(cca_device_t *dev, cca_device_stats_t *out, cca_stream_pool
     memset(&sum, 0, sizeof(sum));
     stats_sum_pools(dev, held, stats_add_ops, &sum);
     cca_stat_t *d[CCA_OP_STAT_ARRAYS], *s[CCA_OP_STAT_ARRAYS];
-    stats_lock(dev);
+    stats_lock_merged(dev);
+    cca_device_stats_t table; /* private pools' operations, kept in the device's table */
+    memset(&table, 0, sizeof(table));
+    stats_fill_ops(dev, &table);
+    stats_add_ops(&sum, &table);
     stats_op_arrays(&dev->stats, d);
     stats_op_arrays(&sum, s);
     for (int k = 0; k < CCA_OP_STAT_ARRAYS; k++)

@@ -95,6 +95,45 @@ TEST(ids)
     expect_true(u.first == 0 && u.second > 0);
 }
 
+/*
+ * exact_peak_stats:False keeps a default pool's statistics in its stream pool, but a
+ * private pool's in the device's table (its stream pools go when it is freed): the
+ * device's statistics count both, and keep the private pool's counts after it is gone.
+ */
+TEST(relaxed_statistics_count_private_pools)
+{
+    setup_settings = "exact_peak_stats:False";
+    setup(0, false);
+    setup_settings = "";
+    expect_ok(cca_pool_create(0, M1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, M1, S2));
+    void *a = xmalloc(3000, S1), *b = xmalloc(1000, S2);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 2);
+    expect_eq_i64(s.allocation[CCA_STAT_SMALL_POOL].allocated, 2);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 4000);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, 4000);
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 3072 + 1024);
+    expect_valid();
+    expect_ok(cca_free(b));
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_empty_cache()); /* the private pool and its stream pool are gone */
+    s = stats(0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 1);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 2);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 1);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 3000);
+    expect_valid();
+    expect_ok(cca_free(a));
+    s = stats(0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, 2);
+    expect_valid();
+    cca_shutdown();
+}
+
 TEST(stream_route_keeps_pool_apart)
 {
     setup(0, false);
@@ -959,6 +998,7 @@ TEST(replay_of_graph_and_mempool_traces)
 int main(void)
 {
     RUN(ids);
+    RUN(relaxed_statistics_count_private_pools);
     RUN(stream_route_keeps_pool_apart);
     RUN(live_block_keeps_freeable_pool);
     RUN(two_graphs_share_a_pool);
