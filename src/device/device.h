@@ -695,6 +695,10 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
  * is freed; stats.c). */
 void stats_log_release(cca_stream_pool_t *sp);
 
+/* Whether pools may log (the clock fine and cheap enough): 0 asks the clock again, 1 yes,
+ * 2 no (tests; stats.c). */
+void stats_clock_set_usable(int usable);
+
 /* Log the update, with the time it is made, in sp's log (pool lock held; stats.c); with
  * no log to be had, apply it under the stats lock. */
 void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],

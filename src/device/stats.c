@@ -184,6 +184,37 @@ void stats_merge(cca_device_t *dev)
     t->merged_to = now;
 }
 
+/*
+ * Whether the clock can stamp entries: fine enough that two operations one
+ * after the other read different times, and cheap (read in user space).
+ * Otherwise no pool logs, and updates go into the table under the stats lock.
+ * Asked once per process.
+ */
+static _Atomic int clock_usable; /* 0: not asked yet, 1: yes, 2: no */
+
+void stats_clock_set_usable(int usable)
+{
+    atomic_store_explicit(&clock_usable, usable, memory_order_relaxed);
+}
+
+static bool stats_clock_usable(void)
+{
+    _Atomic int *usable = &clock_usable;
+    int u = atomic_load_explicit(usable, memory_order_relaxed);
+    if (u)
+        return u == 1;
+    struct timespec res;
+    bool ok = clock_getres(CLOCK_MONOTONIC, &res) == 0 && res.tv_sec == 0 && res.tv_nsec <= 100;
+    if (ok) {
+        uint64_t t0 = stats_clock(), t = t0;
+        for (int i = 0; i < 32; i++)
+            t = stats_clock();
+        ok = t > t0 && t - t0 < 32 * 500; /* moving, under 500 ns a read */
+    }
+    atomic_store_explicit(usable, ok ? 1 : 2, memory_order_relaxed);
+    return ok;
+}
+
 /* sp's log, made and entered in a free slot of the device's table the first time it
  * logs (sp's lock held; no other lock: a merger may hold the stats lock and wait for an
  * entry of this thread's); NULL: no memory or no slot, sp uses the stats lock instead. */
@@ -193,6 +224,8 @@ static stats_log_t *stats_log_get(cca_stream_pool_t *sp)
         return NULL;
     ops_table_t *t = sp->device->ops;
     sp->log_slot = -2;
+    if (!stats_clock_usable())
+        return NULL;
     stats_log_t *l = aligned_alloc(64, sizeof(*l));
     if (!l)
         return NULL;
@@ -232,16 +265,23 @@ void stats_log_release(cca_stream_pool_t *sp)
 static void stats_log_room(cca_device_t *dev, stats_log_t *l, uint64_t tail)
 {
     l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
-    if (tail - l->head_seen < STATS_LOG_ENTRIES / 2)
+    if (tail - l->head_seen < STATS_LOG_ENTRIES) {
+        if (tail - l->head_seen >= STATS_LOG_ENTRIES / 2 && stats_try_lock(dev)) {
+            stats_merge(dev);
+            stats_unlock(dev);
+            l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
+        }
         return;
-    if (tail - l->head_seen >= STATS_LOG_ENTRIES) {
+    }
+    /* full: a merge takes every entry made before it looks, so this thread's own; one
+     * stamped past the clock (a tie moved on) waits for the clock to pass it */
+    for (unsigned spins = 0; tail - l->head_seen >= STATS_LOG_ENTRIES; spins++) {
+        if (spins)
+            cca_spin_backoff(spins);
         stats_lock_merged(dev);
         stats_unlock(dev);
-    } else if (stats_try_lock(dev)) {
-        stats_merge(dev);
-        stats_unlock(dev);
+        l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
     }
-    l->head_seen = atomic_load_explicit(&l->head, memory_order_acquire);
 }
 
 void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
@@ -259,7 +299,7 @@ void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT
     }
     uint64_t tail = atomic_load_explicit(&l->tail, memory_order_relaxed);
     if (tail - l->head_seen >= STATS_LOG_ENTRIES / 2)
-        stats_log_room(dev, l, tail);
+        stats_log_room(dev, l, tail); /* after it: tail - head_seen < STATS_LOG_ENTRIES */
     atomic_exchange_explicit(&l->stamping, 1, memory_order_seq_cst);
     uint64_t time = stats_clock();
     if (time <= l->last_time)

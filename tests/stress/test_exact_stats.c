@@ -358,6 +358,77 @@ TEST(pools_past_the_log_slots)
     cca_shutdown();
 }
 
+static void *pair_worker(void *arg);
+
+/* One allocation's update, added (+1) or taken back (-1), through sp's logged path. */
+static void log_one(cca_stream_pool_t *sp, int sign)
+{
+    int64_t d[OPS_COUNT] = {0};
+    int8_t signs[OPS_COUNT] = {0};
+    d[OPS_ALLOCATION] = sign;
+    d[OPS_REQUESTED_BYTES] = sign * 100;
+    pool_lock(sp);
+    stats_log_append(sp, CCA_STAT_SMALL_POOL, d, signs);
+    cca_spin_unlock(&sp->lock);
+}
+
+/*
+ * With a clock too coarse or too slow to stamp entries, no pool logs: an update
+ * that would be logged goes into the table under the stats lock (with a usable
+ * clock the same call makes a log), and threads that contend for a whole run
+ * keep every count exact.
+ */
+static void *pair_worker(void *arg);
+
+TEST(no_logs_without_a_usable_clock)
+{
+    stats_clock_set_usable(2);
+    start("");
+    cca_device_t *dev = &cca_state->devices[0];
+    warm_streams(dev);
+    void *warm = NULL; /* the control's stream below: a segment, and no log asked for */
+    expect_ok(cca_malloc_device(&warm, 100, 0, (cca_stream_t)0x5000));
+    expect_ok(cca_free(warm));
+    cca_stream_pool_t *sa = pool_stream_get(dev, (cca_stream_t)0x1000);
+    cca_stream_pool_t *sb = pool_stream_get(dev, (cca_stream_t)0x1100);
+    expect_true(sa && sb);
+    log_one(sa, 1);
+    expect_true(sa->log == NULL);
+    expect_eq_i64(atomic_load(&dev->ops->log_count), 0);
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 1);
+    log_one(sa, -1);
+    pthread_t w[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        pthread_create(&w[i], NULL, pair_worker, (void *)i);
+    for (int i = 0; i < 4; i++)
+        pthread_join(w[i], NULL);
+    expect_eq_i64(atomic_load(&dev->ops->log_count), 0);
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, QUEUED + 2 + 4 * (PAIRS + 1));
+    expect_eq_i64(s.allocation[CCA_STAT_ALL].freed, QUEUED + 2 + 4 * (PAIRS + 1));
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 0);
+    /* the control: a usable clock, a pool that has not asked yet, and the stats lock held
+     * (an update that finds it held is logged) */
+    stats_clock_set_usable(1);
+    stats_lock(dev);
+    pthread_t t;
+    void *p = NULL;
+    pthread_create(&t, NULL, queued_worker, (void *)0x40); /* stream 0x5000 */
+    pthread_join(t, &p);
+    stats_unlock(dev);
+    cca_stream_pool_t *sc = pool_stream_get(dev, (cca_stream_t)0x5000);
+    expect_true(sc && sc->log != NULL);
+    expect_true(sb->log == NULL); /* refused once, it does not ask again */
+    expect_eq_i64(atomic_load(&dev->ops->log_count), 1);
+    expect_ok(cca_free(p));
+    expect_invariants();
+    cca_shutdown();
+    stats_clock_set_usable(0);
+}
+
 static void *pair_worker(void *arg)
 {
     uintptr_t id = (uintptr_t)arg;
@@ -524,6 +595,7 @@ int main(void)
     RUN(full_log_waits_for_a_merge);
     RUN(log_slot_given_back);
     RUN(pools_past_the_log_slots);
+    RUN(no_logs_without_a_usable_clock);
     RUN(counts_exact_under_contention);
     return harness_done();
 }
