@@ -516,9 +516,9 @@ typedef struct ops_count {
 /*
  * The device's stats lock and exact mode's values, allocated 64-byte aligned
  * (pool_device_init) apart from the device's fields that every operation
- * reads. The lock's word has a cache line of its own, the holder's own fields
- * another; each type's row of current values is one line and its peaks
- * another.
+ * reads. The lock's word has a cache line of its own, the merger's fields
+ * (the table of stream pools' logs) another; each type's row of current values
+ * is one line and its peaks another.
  */
 typedef struct ops_table {
     _Alignas(64) cca_spinlock_t lock; /* the stats lock */
