@@ -528,6 +528,12 @@ typedef struct ops_table {
     uint64_t merged_to;
     uint64_t merged;            /* entries merged so far */
     _Atomic(stats_log_t *) logs[STATS_LOG_SLOTS];
+    /* the merge's runs (stats lock): each log's entries up to the merge's time */
+    struct stats_run {
+        stats_log_t *log;
+        uint64_t head, end;
+        uint64_t time;          /* the head entry's */
+    } runs[STATS_LOG_SLOTS];
     _Alignas(64) int64_t cur[CCA_STAT_TYPES][OPS_COUNT];
     int64_t peak[CCA_STAT_TYPES][OPS_COUNT];
     ops_count_t n[CCA_STAT_TYPES][OPS_COUNT]; /* allocated / freed */

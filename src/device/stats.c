@@ -105,8 +105,9 @@ static void stats_apply_entry(ops_table_t *t, const stats_entry_t *e)
  * stamping clear, so after now: every entry made up to now is merged, in time
  * order, and no later one is; merged_to = now. The next merge takes entries
  * after it. A log is entered in the table before its first entry is stamped,
- * and the merger reads the table after now, so it misses no log either. Entries of one log rise in time (the pool's lock orders them, and
- * a tie is moved past the last time).
+ * and the merger reads the table after now, so it misses no log either.
+ * Entries of one log rise in time (the pool's lock orders them, and a tie is
+ * moved past the last time).
  */
 void stats_merge(cca_device_t *dev)
 {
@@ -117,8 +118,7 @@ void stats_merge(cca_device_t *dev)
     stats_clock_fence();
     /* (a log entered after this load gets its first entry's time after now) */
     uint32_t n = atomic_load_explicit(&t->log_count, memory_order_acquire);
-    stats_log_t *lg[STATS_LOG_SLOTS];
-    uint64_t head[STATS_LOG_SLOTS], end[STATS_LOG_SLOTS], ht[STATS_LOG_SLOTS]; /* ht: head's time */
+    struct stats_run *run = t->runs;
     uint32_t live = 0;
     for (uint32_t i = 0; i < n; i++) {
         stats_log_t *l = atomic_load_explicit(&t->logs[i], memory_order_acquire);
@@ -138,10 +138,7 @@ void stats_merge(cca_device_t *dev)
             continue;
         for (uint64_t k = h; k < e && k < h + 8; k++) /* the lines come from the producer's core */
             __builtin_prefetch(&l->e[k % STATS_LOG_ENTRIES], 0);
-        lg[live] = l;
-        head[live] = h;
-        ht[live] = l->e[h % STATS_LOG_ENTRIES].time;
-        end[live] = e;
+        run[live] = (struct stats_run){l, h, e, l->e[h % STATS_LOG_ENTRIES].time};
         live++;
     }
     /* a merge of the sorted runs: the run with the earliest head goes on until its next
@@ -152,7 +149,7 @@ void stats_merge(cca_device_t *dev)
         uint32_t best = 0;
         uint64_t best_time = UINT64_MAX, limit = UINT64_MAX;
         for (uint32_t i = 0; i < live; i++) {
-            uint64_t ti = ht[i];
+            uint64_t ti = run[i].time;
             if (ti < best_time) {
                 limit = best_time;
                 best = i;
@@ -161,23 +158,20 @@ void stats_merge(cca_device_t *dev)
                 limit = ti;
             }
         }
-        stats_log_t *l = lg[best];
-        uint64_t h = head[best], stop = end[best], next = best_time;
+        struct stats_run *r = &run[best];
+        stats_log_t *l = r->log;
+        uint64_t h = r->head, stop = r->end, next = best_time;
         do {
             __builtin_prefetch(&l->e[(h + 8) % STATS_LOG_ENTRIES], 0);
             stats_apply_entry(t, &l->e[h % STATS_LOG_ENTRIES]);
             h++;
             merged++;
         } while (h < stop && (next = l->e[h % STATS_LOG_ENTRIES].time) <= limit);
-        head[best] = h;
-        ht[best] = next;
+        r->head = h;
+        r->time = next;
         if (h == stop) {
             atomic_store_explicit(&l->head, h, memory_order_release);
-            live--;
-            lg[best] = lg[live];
-            head[best] = head[live];
-            end[best] = end[live];
-            ht[best] = ht[live];
+            *r = run[--live];
         }
     }
     t->merged += merged;
