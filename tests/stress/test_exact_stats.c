@@ -337,6 +337,7 @@ TEST(pools_past_the_log_slots)
     warm_streams(dev);
     start_logging(dev);
     enum { STREAMS = STATS_LOG_SLOTS + 8 };
+    const int64_t requested = STREAMS * 1000 + STREAMS * (STREAMS - 1) / 2; /* 1000 + i each */
     static void *p[STREAMS];
     for (uintptr_t i = 0; i < STREAMS; i++)
         expect_ok(cca_malloc_device(&p[i], 1000 + i, 0, (cca_stream_t)(0x100000 + i * 0x100)));
@@ -344,13 +345,13 @@ TEST(pools_past_the_log_slots)
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
     expect_eq_i64(s.allocation[CCA_STAT_ALL].current, STREAMS);
-    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, STREAMS * 1000 + STREAMS * (STREAMS - 1) / 2);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, requested);
     for (uintptr_t i = 0; i < STREAMS; i++)
         expect_ok(cca_free(p[i]));
     expect_ok(cca_get_device_stats(0, &s));
     expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
     expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].current, 0);
-    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, STREAMS * 1000 + STREAMS * (STREAMS - 1) / 2);
+    expect_eq_i64(s.requested_bytes[CCA_STAT_ALL].peak, requested);
     expect_invariants();
     expect_ok(cca_empty_cache()); /* the pools go with their segments, and their logs */
     expect_ok(cca_get_device_stats(0, &s));
