@@ -183,7 +183,7 @@ typedef struct cca_stream_pool {
  * signs. One cache line.
  */
 typedef struct stats_entry {
-    _Alignas(64) uint64_t time;             /* CLOCK_MONOTONIC, ns; strictly rising in one log */
+    _Alignas(64) uint64_t time; /* CLOCK_MONOTONIC, ns; strictly rising in one log */
     int64_t bytes[4];
     int8_t counts[4];
     int8_t sign[8];             /* OPS_COUNT */
@@ -523,9 +523,8 @@ typedef struct ops_count {
 typedef struct ops_table {
     _Alignas(64) cca_spinlock_t lock; /* the stats lock */
     /* the merger's (stats lock): the logs of stream pools that have logged, in slots
-     * below log_count; merged_to: every entry up to this time is in the table */
+     * below log_count */
     _Alignas(64) _Atomic uint32_t log_count;
-    uint64_t merged_to;
     uint64_t merged;            /* entries merged so far */
     _Atomic(stats_log_t *) logs[STATS_LOG_SLOTS];
     /* the merge's runs (stats lock): each log's entries up to the merge's time */

@@ -478,7 +478,6 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
 
 /* ---- best fit in a pool holding expandable blocks ---------------------------------- */
 
-
 /*
  * PyTorch's get_free_block, for a best fit b that is an expandable block:
  * with the mode on, prefer the next blocks as long as they could grow less;

@@ -103,11 +103,11 @@ static void stats_apply_entry(ops_table_t *t, const stats_entry_t *e)
  * clock (now), fences, then for each log waits while stamping is set and
  * reads the tail. An entry it does not see was stamped after the merger found
  * stamping clear, so after now: every entry made up to now is merged, in time
- * order, and no later one is; merged_to = now. The next merge takes entries
- * after it. A log is entered in the table before its first entry is stamped,
- * and the merger reads the table after now, so it misses no log either.
- * Entries of one log rise in time (the pool's lock orders them, and a tie is
- * moved past the last time).
+ * order, and no later one is; the next merge takes the entries after now. A
+ * log is entered in the table before its first entry is stamped, and the
+ * merger reads the table after now, so it misses no log either. Entries of one
+ * log rise in time (the pool's lock orders them, and a tie is moved past the
+ * last time).
  */
 void stats_merge(cca_device_t *dev)
 {
@@ -175,7 +175,6 @@ void stats_merge(cca_device_t *dev)
         }
     }
     t->merged += merged;
-    t->merged_to = now;
 }
 
 /*
@@ -193,8 +192,7 @@ void stats_clock_set_usable(int usable)
 
 static bool stats_clock_usable(void)
 {
-    _Atomic int *usable = &clock_usable;
-    int u = atomic_load_explicit(usable, memory_order_relaxed);
+    int u = atomic_load_explicit(&clock_usable, memory_order_relaxed);
     if (u)
         return u == 1;
     struct timespec res;
@@ -205,7 +203,7 @@ static bool stats_clock_usable(void)
             t = stats_clock();
         ok = t > t0 && t - t0 < 32 * 500; /* moving, under 500 ns a read */
     }
-    atomic_store_explicit(usable, ok ? 1 : 2, memory_order_relaxed);
+    atomic_store_explicit(&clock_usable, ok ? 1 : 2, memory_order_relaxed);
     return ok;
 }
 

@@ -297,20 +297,13 @@ static void *inflater_main(void *arg)
         pthread_mutex_lock(&t->mu);
         while (!t->spare && !t->cancel)
             pthread_cond_wait(&t->to_inflater, &t->mu);
-        bool cancel = t->cancel;
-        tblock_t *b = NULL;
-        if (!cancel) { /* a block taken when cancelled would be on no list */
-            b = t->spare;
-            if (b)
-                t->spare = b->next;
+        if (t->cancel) { /* (a block taken now would be on no list) */
+            pthread_mutex_unlock(&t->mu);
+            break;
         }
+        tblock_t *b = t->spare; /* every block was made by inflater_start */
+        t->spare = b->next;
         pthread_mutex_unlock(&t->mu);
-        if (cancel)
-            break;
-        if (!b) { /* (every block was made by inflater_start) */
-            st = cca_raise(CCA_ERR_INTERNAL, "inflating thread without a block");
-            break;
-        }
         b->len = 0;
         while (b->len < TBLOCK && !ended && st == CCA_OK) {
             size_t made = 0;
