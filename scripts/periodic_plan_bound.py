@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Memory a placement planned ahead could reserve for a PyTorch memory trace.
+
+    scripts/periodic_plan_bound.py TRACE.pickle[.gz] [--device N]
+
+Reads a PyTorch memory snapshot (its device_traces) and prints, in MiB:
+
+- the peak of live bytes (the sum of the sizes of the blocks allocated and
+  not yet freed, at its highest);
+- the height of an offline placement of every block of the trace: blocks
+  taken by size, largest first, each put at the lowest offset where no block
+  that is live at the same time lies (greedy by size);
+- for a trace that repeats (a training loop): the period, in allocations,
+  found by comparing the sequence of allocation sizes with itself shifted,
+  and the height of a placement that repeats every period: the blocks live
+  through a whole period where they are, below, and the blocks allocated in
+  one period placed greedily by size with their lifetimes taken modulo the
+  period, so the same placement serves the next period and the next.
+
+A placement that repeats needs no map and no unmap once it is made, and its
+height over the peak of live bytes is what it reserves beyond the physical
+limit. The placement is computed from the whole trace (it knows every block's
+lifetime); an allocator would have to learn it from the periods it has seen.
+Frees are taken at free_completed (free_requested where a trace has none).
+"""
+import argparse
+import gzip
+import pickle
+import sys
+
+
+def load_events(path, device):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        snap = pickle.load(f)
+    traces = snap.get("device_traces") or []
+    if device >= len(traces):
+        sys.exit("%s: no trace for device %d" % (path, device))
+    ev = traces[device]
+    completed = any(e["action"] == "free_completed" for e in ev)
+    free_action = "free_completed" if completed else "free_requested"
+    return [e for e in ev if e["action"] in ("alloc", free_action)]
+
+
+def blocks_of(events):
+    """(size, alloc time, free time) per block; time: index among the events."""
+    live = {}
+    blocks = []
+    sizes = []
+    cur = peak = 0
+    for t, e in enumerate(events):
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], t, len(sizes))
+            sizes.append(e["size"])
+            cur += e["size"]
+            peak = max(peak, cur)
+        elif e["addr"] in live:
+            size, ta, k = live.pop(e["addr"])
+            cur -= size
+            blocks.append((size, ta, t, k))
+    end = len(events)
+    for size, ta, k in live.values():
+        blocks.append((size, ta, end, k))
+    return blocks, sizes, peak
+
+
+def place(items, overlaps):
+    """Greedy by size: items (size, start, length); returns the height."""
+    placed = []
+    height = 0
+    for size, a, n in sorted(items, key=lambda x: (-x[0], x[1])):
+        taken = sorted((off, off + s) for off, s, b, m in placed if overlaps(a, n, b, m))
+        off = 0
+        for lo, hi in taken:
+            if off + size <= lo:
+                break
+            off = max(off, hi)
+        placed.append((off, size, a, n))
+        height = max(height, off + size)
+    return height
+
+
+def find_period(sizes):
+    """The shortest shift at which the last two thirds of the sizes repeat best (>= 90%)."""
+    n = len(sizes)
+    lo = n // 3
+    best = None
+    for p in range(2, n // 2):
+        span = n - p - lo
+        if span < 8:
+            break
+        same = sum(sizes[i] == sizes[i + p] for i in range(lo, n - p))
+        score = same / span
+        if score >= 0.9 and (best is None or score > best[1] + 1e-9):
+            best = (p, score)
+            if score == 1.0:
+                break
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--device", type=int, default=0)
+    args = ap.parse_args()
+    events = load_events(args.trace, args.device)
+    blocks, sizes, peak = blocks_of(events)
+    mib = 1024.0 * 1024.0
+    print("trace                 %s" % args.trace)
+    print("allocations           %d" % len(sizes))
+    print("peak live             %.1f MiB" % (peak / mib))
+    if not peak:
+        return
+    whole = place([(s, a, f - a) for s, a, f, _ in blocks],
+                  lambda a, n, b, m: a < b + m and b < a + n)
+    print("offline placement     %.1f MiB  (%.4f of the peak)" % (whole / mib, whole / peak))
+    found = find_period(sizes)
+    if not found:
+        print("period                none found (no repeating sequence of allocations)")
+        return
+    p, score = found
+    # the window: p allocations (or a multiple of p, where a block outlives p)
+    # from the one, in the periods before the last, at which the fewest bytes are live
+    alloc_time = {}
+    for s, a, f, k in blocks:
+        alloc_time[k] = a
+    for mult in (1, 2, 3, 4):
+        w = mult * p
+        first = len(sizes) - w - p
+        if first < 0:
+            break
+        live_at = []
+        for k in range(first, first + p):
+            t = alloc_time[k]
+            live_at.append((sum(s for s, a, f, _ in blocks if a < t <= f), k))
+        k0 = min(live_at)[1]
+        t0, t1 = alloc_time[k0], alloc_time[k0 + w]
+        span = t1 - t0
+        period = [(s, a - t0, f - a) for s, a, f, k in blocks if k0 <= k < k0 + w]
+        if max(n for _, _, n in period) < span:
+            break
+    else:
+        first = -1
+    if first < 0:
+        print("period                %d allocations (%.0f%% alike); blocks outlive every window "
+              "the trace holds: no repeating placement" % (p, 100 * score))
+        return
+    through = [s for s, a, f, _ in blocks if a < t0 and f >= t1]
+    base = sum(through)
+
+    def overlaps_mod(a, n, b, m):
+        return any(a < b + s + m and b + s < a + n for s in (-span, 0, span))
+
+    height = place(period, overlaps_mod)
+    print("period                %d allocations (%.0f%% alike); placement repeated every %d, "
+          "%d blocks (%.1f MiB) live through it" % (p, 100 * score, w, len(through), base / mib))
+    print("repeating placement   %.1f MiB  (%.4f of the peak)" % ((base + height) / mib,
+                                                                 (base + height) / peak))
+
+
+if __name__ == "__main__":
+    main()
