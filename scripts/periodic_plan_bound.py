@@ -31,8 +31,13 @@ import sys
 
 def load_events(path, device):
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        snap = pickle.load(f)
+    try:
+        with opener(path, "rb") as f:
+            snap = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError) as e:
+        sys.exit("%s: cannot read a snapshot: %s" % (path, e))
+    if not isinstance(snap, dict):
+        sys.exit("%s: not a PyTorch memory snapshot (no dict at its root)" % path)
     traces = snap.get("device_traces") or []
     if device >= len(traces):
         sys.exit("%s: no trace for device %d" % (path, device))
@@ -43,15 +48,18 @@ def load_events(path, device):
 
 
 def blocks_of(events):
-    """(size, alloc time, free time) per block; time: index among the events."""
+    """Blocks as (size, alloc time, free time, allocation ordinal), time the index
+    among the events; the allocations' sizes and times by ordinal; the live peak."""
     live = {}
     blocks = []
     sizes = []
+    times = []
     cur = peak = 0
     for t, e in enumerate(events):
         if e["action"] == "alloc":
             live[e["addr"]] = (e["size"], t, len(sizes))
             sizes.append(e["size"])
+            times.append(t)
             cur += e["size"]
             peak = max(peak, cur)
         elif e["addr"] in live:
@@ -61,7 +69,7 @@ def blocks_of(events):
     end = len(events)
     for size, ta, k in live.values():
         blocks.append((size, ta, end, k))
-    return blocks, sizes, peak
+    return blocks, sizes, times, peak
 
 
 def place(items, overlaps):
@@ -81,7 +89,8 @@ def place(items, overlaps):
 
 
 def find_period(sizes):
-    """The shortest shift at which the last two thirds of the sizes repeat best (>= 90%)."""
+    """(shift, share alike): the shift at which the last two thirds of the sizes repeat
+    best (the shortest of equals), 90% alike or more; None if none is."""
     n = len(sizes)
     lo = n // 3
     best = None
@@ -98,13 +107,32 @@ def find_period(sizes):
     return best
 
 
+def repeating_window(blocks, times, p):
+    """A window of w = p allocations, or 2, 3 or 4 times p where a block outlives a
+    shorter one, starting at the allocation, in the periods before the last, at which
+    the fewest bytes are live: (w, its first and end times, its blocks as (size, start
+    in the window, lifetime)); None if the trace holds no such window."""
+    for mult in (1, 2, 3, 4):
+        w = mult * p
+        first = len(times) - w - p
+        if first < 0:
+            return None
+        k0 = min(range(first, first + p),
+                 key=lambda k: (sum(s for s, a, f, _ in blocks if a < times[k] <= f), k))
+        t0, t1 = times[k0], times[k0 + w]
+        period = [(s, a - t0, f - a) for s, a, f, k in blocks if k0 <= k < k0 + w]
+        if max(n for _, _, n in period) < t1 - t0:
+            return w, t0, t1, period
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args()
     events = load_events(args.trace, args.device)
-    blocks, sizes, peak = blocks_of(events)
+    blocks, sizes, times, peak = blocks_of(events)
     mib = 1024.0 * 1024.0
     print("trace                 %s" % args.trace)
     print("allocations           %d" % len(sizes))
@@ -119,32 +147,13 @@ def main():
         print("period                none found (no repeating sequence of allocations)")
         return
     p, score = found
-    # the window: p allocations (or a multiple of p, where a block outlives p)
-    # from the one, in the periods before the last, at which the fewest bytes are live
-    alloc_time = {}
-    for s, a, f, k in blocks:
-        alloc_time[k] = a
-    for mult in (1, 2, 3, 4):
-        w = mult * p
-        first = len(sizes) - w - p
-        if first < 0:
-            break
-        live_at = []
-        for k in range(first, first + p):
-            t = alloc_time[k]
-            live_at.append((sum(s for s, a, f, _ in blocks if a < t <= f), k))
-        k0 = min(live_at)[1]
-        t0, t1 = alloc_time[k0], alloc_time[k0 + w]
-        span = t1 - t0
-        period = [(s, a - t0, f - a) for s, a, f, k in blocks if k0 <= k < k0 + w]
-        if max(n for _, _, n in period) < span:
-            break
-    else:
-        first = -1
-    if first < 0:
+    window = repeating_window(blocks, times, p)
+    if not window:
         print("period                %d allocations (%.0f%% alike); blocks outlive every window "
               "the trace holds: no repeating placement" % (p, 100 * score))
         return
+    w, t0, t1, period = window
+    span = t1 - t0
     through = [s for s, a, f, _ in blocks if a < t0 and f >= t1]
     base = sum(through)
 

@@ -86,6 +86,17 @@ class PlanBound(unittest.TestCase):
         r = run(snapshot(events))
         self.assertEqual(r["period"], "none found (no repeating sequence of allocations)")
 
+    def test_a_file_that_is_not_a_snapshot_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in (("list.pickle", pickle.dumps([1, 2])), ("junk.pickle", b"junk")):
+                path = os.path.join(d, name)
+                with open(path, "wb") as f:
+                    f.write(data)
+                r = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 1)
+                self.assertIn(path, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
