@@ -14,6 +14,10 @@
  * interpreter is). Python is run as `python3` (gzip.open(TRACE).read(), then
  * pickle.loads); without python3 the ratios are not printed. Goal
  * (DESIGN.md): ratio <= 0.2, peak RSS <= 60 MB.
+ *
+ * cca_replay_file replays on a second thread while it reads the file (the
+ * default, whose figures the ratios use); the same runs are made again with
+ * the replay after the reading (options.sequential), for comparison.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +34,8 @@ typedef struct child_report {
     double seconds;          /* cca_replay_file, load included: the child's first run */
     double warm_seconds;     /* the best of the child's runs after the first */
     double load_seconds;     /* of which reading and decoding */
+    double replay_seconds;   /* the replay's own time (during the reading when overlapped) */
+    bool overlapped;         /* replayed while the file was read */
     /* the process's CPU time (every thread), voluntary context switches and minor page
      * faults during the first run and during the fastest later one */
     double cpu_seconds, warm_cpu_seconds;
@@ -69,7 +75,8 @@ static cca_status_t timed_replay(const char *path, const cca_replay_options_t *o
 }
 
 /* Replays in a child (the first, then `again` more); fills *rep and *rss_kb (the child's peak RSS). */
-static bool replay_in_child(const char *path, int again, child_report_t *rep, long *rss_kb)
+static bool replay_in_child(const char *path, bool sequential, int again, child_report_t *rep,
+                            long *rss_kb)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -84,6 +91,7 @@ static bool replay_in_child(const char *path, int again, child_report_t *rep, lo
         cca_replay_options_t opt;
         memset(&opt, 0, sizeof(opt));
         opt.trace_addresses = true;
+        opt.sequential = sequential;
         cca_replay_result_t r;
         cca_status_t st = timed_replay(path, &opt, &r, &out.seconds, &out.cpu_seconds, &out.waits,
                                        &out.faults);
@@ -105,6 +113,8 @@ static bool replay_in_child(const char *path, int again, child_report_t *rep, lo
         if (st == CCA_OK) {
             out.ok = true;
             out.load_seconds = r.load_seconds;
+            out.replay_seconds = r.seconds;
+            out.overlapped = r.overlapped;
             out.events = r.events;
             out.address_mismatches = r.address_mismatches;
             out.stats_mismatches = r.stats_mismatches;
@@ -153,6 +163,31 @@ static bool python_seconds(const char *path, int runs, double *first, double *be
     return ok;
 }
 
+/* runs children replaying path: *best the fastest first run, *first the first child (with
+ * its warm runs), *rss_max the largest peak RSS of a child that replayed once. */
+static bool replay_runs(const char *path, bool sequential, int runs, child_report_t *best,
+                        child_report_t *first, long *rss_max)
+{
+    memset(best, 0, sizeof(*best));
+    memset(first, 0, sizeof(*first));
+    best->seconds = 1e9;
+    *rss_max = 0;
+    for (int i = 0; i < runs; i++) {
+        child_report_t rep;
+        long rss = 0;
+        if (!replay_in_child(path, sequential, i == 0 || runs == 1 ? runs : 0, &rep, &rss))
+            return false;
+        if (rep.seconds < best->seconds)
+            *best = rep;
+        if (i == 0)
+            *first = rep;
+        /* the peak RSS of one replay: from the children that ran one (unless there is none) */
+        if ((i > 0 || runs == 1) && rss > *rss_max)
+            *rss_max = rss;
+    }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = "tests/data/traces/gpt2_generate_default.pickle.gz";
@@ -173,37 +208,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_replay: cannot read %s (run from the source root)\n", path);
         return 1;
     }
-    child_report_t best;
-    memset(&best, 0, sizeof(best));
-    best.seconds = 1e9;
-    child_report_t first_child;
-    memset(&first_child, 0, sizeof(first_child));
-    long rss_max = 0;
-    for (int i = 0; i < runs; i++) {
-        child_report_t rep;
-        long rss = 0;
-        if (!replay_in_child(path, i == 0 || runs == 1 ? runs : 0, &rep, &rss)) {
-            fprintf(stderr, "bench_replay: the replay failed\n");
-            return 1;
-        }
-        if (rep.seconds < best.seconds)
-            best = rep;
-        if (i == 0)
-            first_child = rep;
-        /* the peak RSS of one replay: from the children that ran one (unless there is none) */
-        if ((i > 0 || runs == 1) && rss > rss_max)
-            rss_max = rss;
+    child_report_t best, first_child, seq_best, seq_first;
+    long rss_max = 0, seq_rss = 0;
+    if (!replay_runs(path, false, runs, &best, &first_child, &rss_max) ||
+        !replay_runs(path, true, runs, &seq_best, &seq_first, &seq_rss)) {
+        fprintf(stderr, "bench_replay: the replay failed\n");
+        return 1;
     }
     double py_first = 0, py_best = 0;
     bool have_py = python_seconds(path, runs, &py_first, &py_best);
     printf("replay benchmark: %s (%llu events), %d runs\n", path, (unsigned long long)best.events, runs);
     printf("  cca replay, load included, cold  %8.1f ms  (best first run of a process: load %.1f ms, "
-           "replay %.1f ms), peak RSS %.1f MB\n",
-           best.seconds * 1e3, best.load_seconds * 1e3, (best.seconds - best.load_seconds) * 1e3,
+           "replay %.1f ms%s), peak RSS %.1f MB\n",
+           best.seconds * 1e3, best.load_seconds * 1e3, best.replay_seconds * 1e3,
+           best.overlapped ? " on a second thread during the load" : " after the load",
            (double)rss_max / 1024.0);
     double warm = first_child.warm_seconds;
     printf("  cca replay, load included, warm  %8.1f ms  (best of %d more runs in one process)\n",
            warm * 1e3, runs);
+    printf("  replay after the load (sequential): cold %.1f ms (load %.1f ms, replay %.1f ms), "
+           "warm %.1f ms, peak RSS %.1f MB\n",
+           seq_best.seconds * 1e3, seq_best.load_seconds * 1e3, seq_best.replay_seconds * 1e3,
+           seq_first.warm_seconds * 1e3, (double)seq_rss / 1024.0);
     printf("  cold run: CPU %.1f ms (every thread), %ld waits, %ld page faults; "
            "warm run: CPU %.1f ms, %ld waits, %ld page faults\n",
            best.cpu_seconds * 1e3, best.waits, best.faults, first_child.warm_cpu_seconds * 1e3,

@@ -745,6 +745,8 @@ typedef struct cca_replay_options {
     const char *svg_path;    /**< if set: draw the end state and the replay's history here (SVG) */
     uint64_t event_lag;      /**< an event cca records on a trace's stream completes this many
                                   trace events later (a GPU running behind); 0: at once */
+    bool sequential;         /**< read the whole file before replaying (no replay on a
+                                  second thread while the file is read) */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -762,7 +764,8 @@ typedef struct cca_replay_result {
     int64_t peak_allocated_bytes;
     int64_t peak_requested_bytes;
     int64_t peak_active_bytes;
-    double seconds;              /**< replay time, without reading the file */
+    double seconds;              /**< replay time, without reading the file (overlapped:
+                                      the replay thread's, its waits for the reader excluded) */
     double load_seconds;         /**< time to read and decode the file */
     double events_per_second;
     cca_stat_entry_t memory_stats[122]; /**< at the end of the replay */
@@ -785,12 +788,18 @@ typedef struct cca_replay_result {
     /* compact_memory over the whole replay (cca_memory_stats_extra) */
     uint64_t compact_moves;       /**< growths that re-mapped free granules */
     uint64_t compact_pending_growths; /**< growths that mapped new memory, granules not yet done */
+    bool overlapped;              /**< replayed while the file was read, on a second thread */
 } cca_replay_result_t;
 
 /**
  * Replay a PyTorch memory snapshot (pickle, optionally gzip) through cca on
  * a simulated device. Shuts down and re-initialises cca (the previous state is
- * lost) and leaves it shut down. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
+ * lost, even when the file turns out unreadable) and leaves it shut down.
+ * Unless options->sequential, the replay runs on a second thread while the
+ * file is read, with the settings the options give (else PyTorch's default)
+ * and no memory fraction or private-pool operation; if the trace's own
+ * configuration, known at the end of the file, differs in a way that matters,
+ * the trace is replayed again once read. Either way the result is the same. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
  * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
  * An out-of-memory failure during the replay is counted, not returned.
  * With snapshot_path or svg_path set, the history is cleared and recorded

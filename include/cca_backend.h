@@ -314,6 +314,7 @@ typedef struct cca_sim_usage {
     uint64_t live_reservations;/**< vmm reservations not freed */
     uint64_t live_handles;     /**< vmm physical handles not released */
     uint64_t live_host;        /**< host allocations and registrations not undone */
+    size_t device_peak_bytes[16]; /**< the most device_bytes each device ever held */
 } cca_sim_usage_t;
 
 cca_status_t cca_sim_usage(cca_backend_t *backend, cca_sim_usage_t *usage);
@@ -343,6 +344,19 @@ cca_status_t cca_sim_set_cap(cca_backend_t *backend, int device, size_t cap);
 
 /** Append addresses to the list malloc/vmm_reserve take from (replay). */
 cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addresses, size_t count);
+
+/**
+ * Where the address list grows from (a replay reading its trace while it
+ * runs): when the list runs out, malloc and vmm_reserve call source, which
+ * writes up to cap more entries to out, sets *got, and may wait for them; it
+ * returns false once no entry will ever come (the address rule applies from
+ * then on). It is called with the backend's lock held and must not call the
+ * backend. NULL removes it. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (not a
+ * simulated backend, or a backed one).
+ */
+typedef bool (*cca_sim_address_source_fn)(void *ctx, uint64_t *out, size_t cap, size_t *got);
+cca_status_t cca_sim_set_address_source(cca_backend_t *backend, cca_sim_address_source_fn source,
+                                        void *ctx);
 
 /**
  * Simulate stream capture: while capturing is true, stream_capture_status

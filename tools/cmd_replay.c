@@ -16,7 +16,8 @@ static void usage(FILE *out)
             "usage: cca replay TRACE [--settings STR] [--cap BYTES] [--total-memory BYTES]\n"
             "                        [--addresses trace|fresh] [--device N] [--no-fraction]\n"
             "                        [--json] [--snapshot OUT.pickle[.gz]] [--svg OUT.svg]\n"
-            "                        [--event-lag N] [--compare 'SETTINGS' ['SETTINGS'...]]\n"
+            "                        [--event-lag N] [--sequential]\n"
+            "                        [--compare 'SETTINGS' ['SETTINGS'...]]\n"
             "Replays TRACE (a PyTorch memory snapshot, .pickle or .pickle.gz) through cca on a\n"
             "simulated device. BYTES accept K/M/G/T suffixes. --addresses trace (the default\n"
             "without --settings) hands out PyTorch's segment addresses and compares every\n"
@@ -24,7 +25,10 @@ static void usage(FILE *out)
             "prints a table. --snapshot writes the allocator's state at the end with the\n"
             "history recorded during the replay (PyTorch's snapshot format); --svg draws them.\n"
             "--event-lag N: an event cca records on a trace's stream completes N trace events\n"
-            "later, as on a GPU running behind the host (default 0: at once).\n");
+            "later, as on a GPU running behind the host (default 0: at once).\n"
+            "The replay runs on a second thread while TRACE is read, and again after the\n"
+            "reading if the trace's settings (at the end of the file) differ from what it\n"
+            "assumed; --sequential reads the whole file first. The result is the same.\n");
 }
 
 static int parse_size(const char *text, size_t *out)
@@ -61,8 +65,9 @@ static void print_human(const char *path, const cca_replay_result_t *r, bool tra
 {
     printf("cca replay: %s\n", path);
     printf("  settings                     '%s'\n", r->settings);
-    printf("  events                       %" PRIu64 " (%.2f M events/s; load %.3f s, replay %.3f s)\n",
-           r->events, r->events_per_second / 1e6, r->load_seconds, r->seconds);
+    printf("  events                       %" PRIu64 " (%.2f M events/s; load %.3f s, replay %.3f s%s)\n",
+           r->events, r->events_per_second / 1e6, r->load_seconds, r->seconds,
+           r->overlapped ? ", during the load" : "");
     printf("  allocations                  %" PRIu64 "\n", r->allocs);
     printf("  segment allocs / frees       %" PRIu64 " / %" PRIu64 "\n", r->segment_allocs, r->segment_frees);
     printf("    in the second half         %" PRIu64 " / %" PRIu64 "\n", r->late_segment_allocs,
@@ -131,8 +136,9 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
            r->peak_reserved_bytes, r->peak_allocated_bytes, r->peak_requested_bytes);
     if (trace_addresses)
         printf(", \"address_mismatches\": %" PRIu64, r->address_mismatches);
-    printf(", \"events_per_second\": %.0f, \"replay_seconds\": %.6f, \"load_seconds\": %.6f",
-           r->events_per_second, r->seconds, r->load_seconds);
+    printf(", \"events_per_second\": %.0f, \"replay_seconds\": %.6f, \"load_seconds\": %.6f"
+           ", \"overlapped\": %s",
+           r->events_per_second, r->seconds, r->load_seconds, r->overlapped ? "true" : "false");
     if (r->has_expected)
         printf(", \"expected\": {\"allocs\": %" PRIu64 ", \"segment_allocs\": %" PRIu64
                ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64
@@ -198,6 +204,8 @@ int cmd_replay(int argc, char **argv)
             json = true;
         } else if (!strcmp(a, "--no-fraction")) {
             opt.ignore_fraction = true;
+        } else if (!strcmp(a, "--sequential")) {
+            opt.sequential = true;
         } else if (!strcmp(a, "--compare")) {
             compare_at = i + 1;
             break;

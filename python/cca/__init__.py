@@ -82,7 +82,7 @@ def _result_dict(r):
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "peak_requested_bytes": r.peak_requested_bytes,
         "peak_active_bytes": r.peak_active_bytes,
-        "replay_seconds": r.seconds, "load_seconds": r.load_seconds,
+        "replay_seconds": r.seconds, "load_seconds": r.load_seconds, "overlapped": r.overlapped,
         "events_per_second": r.events_per_second,
         "memory_stats": stats,
         "memory_summary": ctypes.string_at(r.memory_summary).decode() if r.memory_summary else "",
@@ -102,7 +102,7 @@ def _result_dict(r):
 
 
 def replay(path, settings=None, cap=None, total_memory=None, addresses=None, device=0,
-           fraction=True, snapshot=None, svg=None):
+           fraction=True, snapshot=None, svg=None, sequential=False):
     """Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's
     file, pickle, gzip or not) through cca on a simulated device, as
     `cca replay --json` does, and return the result as a dict: peaks, segment
@@ -114,7 +114,9 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     "trace" (PyTorch's segment addresses, every allocation compared) or
     "fresh" (the simulated device chooses); None: "trace" without settings,
     else "fresh", as the command line; fraction: apply the trace's per-process memory fraction;
-    snapshot / svg: write the end state there.
+    snapshot / svg: write the end state there; sequential: read the whole
+    file before replaying (by default the replay runs on a second thread
+    while the file is read; the result is the same, "overlapped" says which).
 
     The replay runs on cca's own state: it refuses (CcaError
     CCA_ERR_BUSY) in a process where cca is serving allocations (e.g. after
@@ -136,6 +138,7 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     opts.device = int(device)
     opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
     opts.svg_path = os.fsencode(svg) if svg else None
+    opts.sequential = bool(sequential)
     res = _lib.ReplayResult()
     st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
     try:

@@ -90,7 +90,7 @@ class ReplayOptions(ctypes.Structure):
                 ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
                 ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
                 ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p),
-                ("event_lag", ctypes.c_uint64)]
+                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool)]
 
 
 class ReplayResult(ctypes.Structure):
@@ -112,7 +112,8 @@ class ReplayResult(ctypes.Structure):
                 ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160),
                 ("late_segment_allocs", ctypes.c_uint64), ("late_segment_frees", ctypes.c_uint64),
                 ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
-                ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64)]
+                ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64),
+                ("overlapped", ctypes.c_bool)]
 
 
 class Error(ctypes.Structure):

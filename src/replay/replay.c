@@ -22,6 +22,7 @@
 
 #include "device.h"
 #include "replay_events.h"
+#include "state.h"
 
 /* A private-pool operation of the program (cca_meta["pool_events"]). */
 typedef enum pool_op_kind {
@@ -290,11 +291,10 @@ static const char *skip_title(const char *text)
 }
 
 /* Compare the end state with the trace's cca_meta. */
-static void compare_expected(const pv_node_t *root, const replay_event_t *ev, size_t n,
-                             cca_replay_result_t *r)
+static void compare_expected(const pv_node_t *root, const replay_trace_t *trace, cca_replay_result_t *r)
 {
-    for (size_t i = 0; i < n; i++) {
-        switch (ev[i].kind) {
+    for (size_t i = 0; i < trace->count; i++) {
+        switch (replay_ev(trace, i)->kind) {
         case EV_ALLOC: r->expected_allocs++; break;
         case EV_SEGMENT_ALLOC: case EV_SEGMENT_MAP: r->expected_segment_allocs++; break;
         case EV_SEGMENT_FREE: case EV_SEGMENT_UNMAP: r->expected_segment_frees++; break;
@@ -337,38 +337,172 @@ static void compare_expected(const pv_node_t *root, const replay_event_t *ev, si
 /* Private streams holding deferred frees live far from any real stream handle. */
 #define HOLD_STREAM_BASE 0xcca0000000000000ull
 
-static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops, size_t nops,
-                               bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
+/*
+ * The addresses the simulated backend hands out, in the order PyTorch got
+ * them: each segment_alloc's, and the base of each expandable segment's
+ * reservation, which is the first range mapped outside every live
+ * reservation (a reservation spans less than 9/8 of the device plus a
+ * granule and is freed when nothing in it is mapped). Read event by event, so
+ * the list can grow while the trace is read.
+ */
+typedef struct addr_rule {
+    struct {
+        uint64_t base, mapped;
+    } resv[64];
+    size_t nresv;
+    uint64_t span;  /* 9/8 of the device */
+    size_t next;    /* events read so far */
+} addr_rule_t;
+
+/* Read events next .. upto - 1, stopping once cap addresses were found; returns the count. */
+static size_t addr_rule_scan(addr_rule_t *ar, const replay_trace_t *trace, size_t upto, uint64_t *out,
+                             size_t cap)
+{
+    size_t got = 0;
+    for (; ar->next < upto && got < cap; ar->next++) {
+        const replay_event_t *e = replay_ev(trace, ar->next);
+        if (e->kind == EV_SEGMENT_ALLOC) {
+            out[got++] = e->addr;
+            continue;
+        }
+        if (e->kind != EV_SEGMENT_MAP && e->kind != EV_SEGMENT_UNMAP)
+            continue;
+        size_t r = 0;
+        while (r < ar->nresv && !(e->addr >= ar->resv[r].base && e->addr < ar->resv[r].base + ar->span))
+            r++;
+        if (e->kind == EV_SEGMENT_MAP) {
+            if (r == ar->nresv) {
+                if (ar->nresv == sizeof(ar->resv) / sizeof(ar->resv[0]))
+                    continue; /* more live reservations than any trace has: leave it to the rule */
+                ar->resv[ar->nresv].base = e->addr;
+                ar->resv[ar->nresv++].mapped = 0;
+                out[got++] = e->addr;
+            }
+            ar->resv[r].mapped += e->size;
+        } else if (r < ar->nresv) {
+            ar->resv[r].mapped -= e->size < ar->resv[r].mapped ? e->size : ar->resv[r].mapped;
+            if (!ar->resv[r].mapped)
+                ar->resv[r] = ar->resv[--ar->nresv];
+        }
+    }
+    return got;
+}
+
+/*
+ * A replay running while its trace is read (on its own thread): what it has
+ * seen of the feed, the address rule's place in the events, and the time it
+ * spent waiting for the reader.
+ */
+typedef struct replay_stream {
+    replay_feed_t *feed;
+    const replay_trace_t *trace;
+    replay_view_t view;
+    addr_rule_t rule;
+    uint64_t wait_ns;
+} replay_stream_t;
+
+/* Whether an event past i is (or becomes) available; waits for the reader if needed. */
+static bool stream_more(replay_stream_t *s, size_t i)
+{
+    if (s->view.published > i)
+        return true;
+    if (s->view.done)
+        return false;
+    uint64_t t0 = cca_now_ns();
+    bool more = replay_feed_wait(s->feed, i, &s->view);
+    s->wait_ns += cca_now_ns() - t0;
+    return more;
+}
+
+/* The simulated backend's address source (cca_sim_set_address_source) of a streamed replay. */
+static bool stream_addresses(void *ctx, uint64_t *out, size_t cap, size_t *got)
+{
+    replay_stream_t *s = ctx;
+    for (;;) {
+        *got = addr_rule_scan(&s->rule, s->trace, s->view.published, out, cap);
+        if (*got)
+            return true;
+        if (!stream_more(s, s->rule.next))
+            return false;
+    }
+}
+
+/* Backend calls counted from one event on (a streamed replay's second half, found at the end). */
+typedef struct calls_log {
+    struct calls_mark {
+        size_t at;               /* the counts before event `at` */
+        uint64_t allocs, frees;
+    } *marks;
+    size_t count, cap;
+} calls_log_t;
+
+/*
+ * Replay the events of trace (all of them; with stream set, those the reader
+ * publishes, until it ends) with the pool operations ops. Returns CCA_OK, or
+ * the error that stops the replay (CCA_ERR_IO for a streamed trace whose
+ * reading failed: the reader has the error).
+ */
+static cca_status_t run_events(const replay_trace_t *trace, replay_stream_t *stream, const pool_op_t *ops,
+                               size_t nops, bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
                                cca_replay_result_t *r)
 {
-    const replay_event_t *ev = trace->ev;
-    const uint64_t *streams = trace->streams;
-    size_t n = trace->count;
+    size_t avail = stream ? 0 : trace->count;
+    const uint64_t *streams = stream ? NULL : trace->streams; /* streamed: the feed's */
+    size_t half = stream ? SIZE_MAX : trace->count / 2; /* streamed: found from the log at the end */
+    calls_log_t log = {0};
+    const cca_device_t *dev0 = &cca_state->devices[0];
     live_map_t live = {0};
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
     size_t next_op = 0;
     graph_state_t graphs = {0, NULL, 0};
-    for (size_t i = 0; i <= n; i++) {
-        for (; next_op < nops && (ops[next_op].at <= i || i == n); next_op++) {
+    size_t i;
+    for (i = 0;; i++) {
+        bool end = false;
+        if (i == avail) {
+            end = !stream || !stream_more(stream, i);
+            if (!end) {
+                avail = stream->view.published;
+                streams = stream->view.streams;
+            } else if (stream && !stream->view.ok) {
+                st = cca_raise(CCA_ERR_IO, "the trace could not be read");
+                goto out;
+            }
+        }
+        for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
             st = apply_pool_op(&ops[next_op], next_op, &graphs);
             if (st != CCA_OK)
                 goto out;
             r->pool_ops++;
         }
-        if (i == n)
+        if (end)
             break;
-        if (i == n / 2) {
-            cca_device_stats_t half;
-            cca_get_device_stats(0, &half);
-            r->late_segment_allocs = (uint64_t)half.num_device_alloc;
-            r->late_segment_frees = (uint64_t)half.num_device_free;
+        if (i == half) {
+            cca_device_stats_t half_stats;
+            cca_get_device_stats(0, &half_stats);
+            r->late_segment_allocs = (uint64_t)half_stats.num_device_alloc;
+            r->late_segment_frees = (uint64_t)half_stats.num_device_free;
+        }
+        if (stream && (!log.count || log.marks[log.count - 1].allocs != (uint64_t)dev0->stats.num_device_alloc ||
+                       log.marks[log.count - 1].frees != (uint64_t)dev0->stats.num_device_free)) {
+            if (log.count == log.cap) {
+                size_t cap = log.cap ? 2 * log.cap : 256;
+                struct calls_mark *m = realloc(log.marks, cap * sizeof(*m));
+                if (!m) {
+                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                    goto out;
+                }
+                log.marks = m;
+                log.cap = cap;
+            }
+            log.marks[log.count++] = (struct calls_mark){i, (uint64_t)dev0->stats.num_device_alloc,
+                                                         (uint64_t)dev0->stats.num_device_free};
         }
         if (event_lag)
             cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
-        const replay_event_t *e = &ev[i];
-        uint64_t stream = streams[e->stream];
-        if (graphs.pending && e->kind == EV_ALLOC && stream == graphs.pending->stream) {
+        const replay_event_t *e = replay_ev(trace, i);
+        uint64_t stream_handle = streams[e->stream];
+        if (graphs.pending && e->kind == EV_ALLOC && stream_handle == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
             } else {
@@ -382,7 +516,7 @@ static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops
         case EV_ALLOC: {
             void *p = NULL;
             r->allocs++;
-            cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream);
+            cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream_handle);
             if (as != CCA_OK) {
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
@@ -445,7 +579,7 @@ static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops
         }
         case EV_OOM: {
             void *p = NULL;
-            cca_status_t os = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream);
+            cca_status_t os = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream_handle);
             if (os == CCA_OK) {
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
@@ -460,112 +594,94 @@ static cca_status_t run_events(const replay_trace_t *trace, const pool_op_t *ops
             break;
         }
     }
+    if (stream) {
+        /* the counts before event i / 2, as the whole trace's replay takes them */
+        size_t k = 0;
+        while (k + 1 < log.count && log.marks[k + 1].at <= i / 2)
+            k++;
+        if (log.count && log.marks[k].at <= i / 2) {
+            r->late_segment_allocs = log.marks[k].allocs;
+            r->late_segment_frees = log.marks[k].frees;
+        }
+    }
 out:
+    free(log.marks);
     free(live.slots);
     return st;
 }
 
-/*
- * The addresses the simulated backend hands out, in the order PyTorch got
- * them: each segment_alloc's, and the base of each expandable segment's
- * reservation, which is the first range mapped outside every live
- * reservation (a reservation spans less than 9/8 of the device plus a
- * granule and is freed when nothing in it is mapped). Returns the count.
- */
-static size_t trace_backend_addresses(const replay_event_t *ev, size_t n, uint64_t total,
-                                      uint64_t *addrs)
-{
-    typedef struct resv {
-        uint64_t base, mapped;
-    } resv_t;
-    resv_t resv[64];
-    size_t nresv = 0, naddrs = 0;
-    uint64_t span = total + total / 8;
-    for (size_t i = 0; i < n; i++) {
-        const replay_event_t *e = &ev[i];
-        if (e->kind == EV_SEGMENT_ALLOC) {
-            addrs[naddrs++] = e->addr;
-            continue;
-        }
-        if (e->kind != EV_SEGMENT_MAP && e->kind != EV_SEGMENT_UNMAP)
-            continue;
-        size_t r = 0;
-        while (r < nresv && !(e->addr >= resv[r].base && e->addr < resv[r].base + span))
-            r++;
-        if (e->kind == EV_SEGMENT_MAP) {
-            if (r == nresv) {
-                if (nresv == sizeof(resv) / sizeof(resv[0]))
-                    continue; /* more live reservations than any trace has: leave it to the rule */
-                resv[nresv++] = (resv_t){e->addr, 0};
-                addrs[naddrs++] = e->addr;
-            }
-            resv[r].mapped += e->size;
-        } else if (r < nresv) {
-            resv[r].mapped -= e->size < resv[r].mapped ? e->size : resv[r].mapped;
-            if (!resv[r].mapped)
-                resv[r] = resv[--nresv];
-        }
-    }
-    return naddrs;
-}
+/* The device the trace ran on, and the settings string it ran with (options first). */
+typedef struct replay_config {
+    char settings[1024];
+    uint64_t total;       /* bytes */
+    double fraction;      /* the per-process memory fraction (0: none) */
+} replay_config_t;
 
-/* Build the simulated backend and bring cca up with the replay's settings. */
-static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev, size_t n,
-                                const cca_replay_options_t *opt, cca_replay_result_t *r,
-                                cca_backend_t **sim_out)
+#define DEFAULT_TOTAL (80ull << 30)
+
+static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt, replay_config_t *cfg)
 {
     const pv_node_t *meta = pv_dict_get(root, "cca_meta");
-    uint64_t total = 0;
-    double fraction = 0.0;
+    cfg->total = 0;
+    cfg->fraction = 0.0;
     if (meta) {
         const pv_node_t *t = pv_dict_get(meta, "total_memory");
         if (t)
-            pv_get_u64(t, &total);
+            pv_get_u64(t, &cfg->total);
         const pv_node_t *f = pv_dict_get(meta, "fraction");
         if (f)
-            pv_get_double(f, &fraction);
+            pv_get_double(f, &cfg->fraction);
     }
     if (opt->total_memory)
-        total = opt->total_memory;
-    if (!total)
-        total = 80ull << 30;
+        cfg->total = opt->total_memory;
+    if (!cfg->total)
+        cfg->total = DEFAULT_TOTAL;
+    if (opt->ignore_fraction)
+        cfg->fraction = 0.0;
     if (opt->settings)
-        snprintf(r->settings, sizeof(r->settings), "%s", opt->settings);
+        snprintf(cfg->settings, sizeof(cfg->settings), "%s", opt->settings);
     else
-        trace_settings(root, r->settings, sizeof(r->settings));
+        trace_settings(root, cfg->settings, sizeof(cfg->settings));
+}
 
-    cca_sim_config_t cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.devices = 1;
-    cfg.total_memory = total;
-    cfg.memory_cap = opt->cap;
-    cfg.manual_events = true;
-    uint64_t *addrs = NULL;
-    size_t naddrs = 0;
-    if (opt->trace_addresses) {
-        addrs = malloc((n ? n : 1) * sizeof(*addrs));
-        if (!addrs)
-            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the address list");
-        naddrs = trace_backend_addresses(ev, n, total, addrs);
-        cfg.addresses = addrs;
-        cfg.address_count = naddrs;
-    }
+/*
+ * Build the simulated backend and bring cca up with the configuration cfg.
+ * Addresses (trace_addresses): addrs[0 .. naddrs - 1], or with stream set,
+ * those of its events as they are read.
+ */
+static cca_status_t replay_init(const replay_config_t *cfg, const cca_replay_options_t *opt,
+                                const uint64_t *addrs, size_t naddrs, replay_stream_t *stream,
+                                cca_replay_result_t *r, cca_backend_t **sim_out)
+{
+    snprintf(r->settings, sizeof(r->settings), "%s", cfg->settings);
+    cca_sim_config_t sc;
+    memset(&sc, 0, sizeof(sc));
+    sc.devices = 1;
+    sc.total_memory = cfg->total;
+    sc.memory_cap = opt->cap;
+    sc.manual_events = true;
+    sc.addresses = addrs;
+    sc.address_count = naddrs;
     cca_backend_t *sim = NULL;
-    cca_status_t st = cca_sim_create(&cfg, &sim);
-    free(addrs);
+    cca_status_t st = cca_sim_create(&sc, &sim);
     if (st != CCA_OK)
         return st;
+    if (stream && opt->trace_addresses)
+        st = cca_sim_set_address_source(sim, stream_addresses, stream);
     /* events on the trace's streams (compact_memory's readiness) complete event_lag
      * trace events after their record; the private streams of deferred frees stay manual */
-    st = cca_sim_time_events(sim, opt->event_lag);
-    if (st != CCA_OK)
+    if (st == CCA_OK)
+        st = cca_sim_time_events(sim, opt->event_lag);
+    if (st != CCA_OK) {
+        sim->destroy(sim->ctx);
         return st;
+    }
     cca_shutdown();
-    st = cca_init_with_backend(sim, r->settings);
+    st = cca_init_with_backend(sim, cfg->settings);
     if (st != CCA_OK)
         return st;
-    if (fraction > 0.0 && !opt->ignore_fraction) {
-        st = cca_set_memory_fraction(fraction, 0);
+    if (cfg->fraction > 0.0) {
+        st = cca_set_memory_fraction(cfg->fraction, 0);
         if (st != CCA_OK) {
             cca_shutdown();
             return st;
@@ -573,6 +689,75 @@ static cca_status_t replay_init(const pv_node_t *root, const replay_event_t *ev,
     }
     *sim_out = sim;
     return CCA_OK;
+}
+
+/*
+ * A replay run while the file is read, on a thread of its own, with the
+ * configuration guessed before cca_meta (written after the events) is known:
+ * the options' settings, else PyTorch's default (""), no memory fraction, no
+ * private-pool operations, and the options' device size, else GUESS_TOTAL.
+ * It stands if the guess was right, or if the device size did not matter
+ * (spec_holds); otherwise the whole trace is replayed again.
+ */
+#define GUESS_TOTAL (512ull << 30) /* the largest device of the simulator's smallest window */
+
+typedef struct spec {
+    replay_stream_t stream;
+    cca_replay_options_t opt;
+    replay_config_t cfg;
+    cca_replay_result_t r;
+    cca_backend_t *sim;
+    cca_status_t st;
+    bool up;          /* cca runs on sim */
+    bool finished;    /* every event replayed */
+    bool expandable;  /* the settings make expandable segments (the device size matters) */
+    double seconds;   /* replaying, waits for the reader excluded */
+} spec_t;
+
+static void *spec_main(void *arg)
+{
+    spec_t *s = arg;
+    s->st = replay_init(&s->cfg, &s->opt, NULL, 0, &s->stream, &s->r, &s->sim);
+    if (s->st != CCA_OK)
+        return NULL;
+    s->up = true;
+    s->expandable = cca_state->settings.expandable_segments;
+    if (s->expandable && !s->opt.total_memory)
+        return NULL; /* the device size shapes every reservation: it cannot be guessed */
+    uint64_t t0 = cca_now_ns();
+    s->st = run_events(s->stream.trace, &s->stream, NULL, 0, s->opt.trace_addresses, s->opt.event_lag,
+                       s->sim, &s->r);
+    uint64_t busy = cca_now_ns() - t0 - s->stream.wait_ns;
+    s->seconds = (double)busy / 1e9;
+    s->finished = s->st == CCA_OK;
+    return NULL;
+}
+
+/* Whether the replay run while reading is the one the trace asks for (cca still up on it). */
+static bool spec_holds(const spec_t *s, const replay_config_t *want, size_t nops,
+                       const replay_trace_t *trace)
+{
+    if (!s->finished || nops || strcmp(s->cfg.settings, want->settings) || want->fraction > 0.0)
+        return false;
+    if (want->total == s->cfg.total)
+        return true;
+    /* another device size: the replay is the same if nothing in it depended on the size.
+     * Sizes enter through expandable reservations, out-of-memory errors (and their
+     * messages) and the simulator's address windows (one size for devices up to
+     * GUESS_TOTAL); capacity checks passed alike if the simulator never held more than
+     * the trace's device could. */
+    if (s->expandable || want->total > GUESS_TOTAL || s->r.unexpected_ooms)
+        return false;
+    for (size_t i = 0; i < trace->count; i++)
+        if (replay_ev(trace, i)->kind == EV_OOM)
+            return false;
+    cca_device_stats_t stats;
+    cca_sim_usage_t usage;
+    if (cca_get_device_stats(0, &stats) != CCA_OK || stats.num_ooms || stats.num_alloc_retries ||
+        cca_sim_usage(s->sim, &usage) != CCA_OK)
+        return false;
+    uint64_t limit = s->opt.cap && s->opt.cap < want->total ? s->opt.cap : want->total;
+    return usage.device_peak_bytes[0] <= limit;
 }
 
 cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
@@ -587,41 +772,93 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     memset(result, 0, sizeof(*result));
     cca_replay_result_t *r = result;
 
+    /* the pictures and snapshots show the replay's own history: replayed once the file is read */
+    bool history = opt.snapshot_path || opt.svg_path;
     uint64_t t0 = cca_now_ns();
     pv_doc_t *doc = NULL;
     replay_trace_t trace;
-    cca_status_t st = replay_load(path, opt.device, &doc, &trace);
-    if (st != CCA_OK)
-        return st;
-    const replay_event_t *ev = trace.ev;
-    size_t n = trace.count;
-    const pv_node_t *root = pv_doc_root(doc);
+    memset(&trace, 0, sizeof(trace));
+    replay_feed_t feed;
+    spec_t *spec = NULL;
+    pthread_t spec_thread;
+    if (!opt.sequential && !history && replay_feed_init(&feed)) {
+        spec = calloc(1, sizeof(*spec));
+        if (spec) {
+            spec->stream.feed = &feed;
+            spec->stream.trace = &trace;
+            spec->opt = opt;
+            snprintf(spec->cfg.settings, sizeof(spec->cfg.settings), "%s", opt.settings ? opt.settings : "");
+            spec->cfg.total = opt.total_memory ? opt.total_memory : GUESS_TOTAL;
+            spec->stream.rule.span = spec->cfg.total + spec->cfg.total / 8;
+            /* the chunk table first: the thread reads it */
+            trace.chunks = calloc(REPLAY_MAX_CHUNKS, sizeof(*trace.chunks));
+        }
+        if (!spec || !trace.chunks || pthread_create(&spec_thread, NULL, spec_main, spec)) {
+            free(spec);
+            spec = NULL;
+            replay_feed_destroy(&feed); /* replayed after the reading, as without a thread */
+        }
+    }
+    cca_status_t st = replay_load(path, opt.device, spec ? &feed : NULL, &doc, &trace);
+    if (spec)
+        pthread_join(spec_thread, NULL);
     pool_op_t *ops = NULL;
     size_t nops = 0;
-    st = decode_pool_ops(root, &ops, &nops);
-    if (st != CCA_OK)
+    if (st == CCA_OK)
+        st = decode_pool_ops(pv_doc_root(doc), &ops, &nops);
+    if (st != CCA_OK) {
+        if (spec && spec->up)
+            cca_shutdown();
         goto out_events;
-    r->events = n;
-    r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
-
-    /* the pictures and snapshots show the replay's own history */
-    bool history = opt.snapshot_path || opt.svg_path;
-    if (history) {
-        cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
-        st = cca_record_history(true, NULL, NULL, 2 * n + 64, CCA_RECORD_CONTEXT_NEVER);
-        if (st != CCA_OK)
-            goto out_events;
     }
-    cca_backend_t *sim = NULL;
-    st = replay_init(root, ev, n, &opt, r, &sim);
-    if (st != CCA_OK)
-        goto out_history;
-    uint64_t t1 = cca_now_ns();
-    st = run_events(&trace, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
-    r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+    r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
+    const pv_node_t *root = pv_doc_root(doc);
+    size_t n = trace.count;
+    replay_config_t cfg;
+    trace_config(root, &opt, &cfg);
+
+    if (spec && spec_holds(spec, &cfg, nops, &trace)) {
+        double load_seconds = r->load_seconds;
+        *r = spec->r;
+        r->load_seconds = load_seconds;
+        r->overlapped = true;
+        r->seconds = spec->seconds;
+        snprintf(r->settings, sizeof(r->settings), "%s", cfg.settings);
+    } else {
+        if (spec && spec->up)
+            cca_shutdown();
+        if (history) {
+            cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+            st = cca_record_history(true, NULL, NULL, 2 * n + 64, CCA_RECORD_CONTEXT_NEVER);
+            if (st != CCA_OK)
+                goto out_events;
+        }
+        uint64_t *addrs = NULL;
+        size_t naddrs = 0;
+        if (opt.trace_addresses) {
+            addrs = malloc((n ? n : 1) * sizeof(*addrs));
+            if (!addrs) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the address list");
+                goto out_history;
+            }
+            addr_rule_t rule;
+            memset(&rule, 0, sizeof(rule));
+            rule.span = cfg.total + cfg.total / 8;
+            naddrs = addr_rule_scan(&rule, &trace, n, addrs, n);
+        }
+        cca_backend_t *sim = NULL;
+        st = replay_init(&cfg, &opt, addrs, naddrs, NULL, r, &sim);
+        free(addrs);
+        if (st != CCA_OK)
+            goto out_history;
+        uint64_t t1 = cca_now_ns();
+        st = run_events(&trace, NULL, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
+        r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+        if (st != CCA_OK)
+            goto out_shutdown;
+    }
+    r->events = n;
     r->events_per_second = r->seconds > 0 ? (double)n / r->seconds : 0.0;
-    if (st != CCA_OK)
-        goto out_shutdown;
 
     cca_device_stats_t stats;
     cca_get_device_stats(0, &stats);
@@ -649,7 +886,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->peak_active_bytes = stats.active_bytes[CCA_STAT_ALL].peak;
     cca_memory_stats(0, r->memory_stats, CCA_MEMORY_STATS_COUNT);
     cca_memory_summary(0, false, &r->memory_summary);
-    compare_expected(root, ev, n, r);
+    compare_expected(root, &trace, r);
     if (opt.snapshot_path)
         st = cca_dump_snapshot(opt.snapshot_path);
     if (st == CCA_OK && opt.svg_path)
@@ -661,6 +898,10 @@ out_history:
     if (history)
         cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 out_events:
+    if (spec) {
+        replay_feed_destroy(&feed);
+        free(spec);
+    }
     free(ops);
     replay_trace_free(&trace);
     pv_doc_free(doc);

@@ -3,9 +3,16 @@
  * compact event list of one device's trace, and the other top-level fields as
  * a tree. replay_load.c reads it in one streaming pass (pickle_stream.h),
  * never holding the file, the decompressed pickle or a tree of the events.
+ *
+ * The events live in chunks that never move, so a replay may run on another
+ * thread while the file is still being read: the reader publishes the events
+ * it has finished through a replay_feed_t, and the replay waits there when it
+ * catches up (replay.c).
  */
 #ifndef CCA_REPLAY_EVENTS_H
 #define CCA_REPLAY_EVENTS_H
+
+#include <pthread.h>
 
 #include "pickle.h"
 
@@ -29,25 +36,78 @@ typedef struct replay_event {
     bool deferred;     /* free_requested whose free_completed comes later */
 } replay_event_t;      /* 24 bytes: a big trace's events are most of the replay's memory */
 
+#define REPLAY_CHUNK_SHIFT 16                         /* events per chunk: 65,536 (1.5 MB) */
+#define REPLAY_CHUNK_EVENTS ((size_t)1 << REPLAY_CHUNK_SHIFT)
+#define REPLAY_MAX_CHUNKS ((size_t)1 << 16)           /* at most 2^32 events */
+
 /* One device's trace. */
 typedef struct replay_trace {
-    replay_event_t *ev;      /* a zero-filled array of core/util.c, ev_bytes long */
+    replay_event_t **chunks; /* REPLAY_MAX_CHUNKS slots; chunk k holds events k * 2^16 ... */
     size_t count;            /* events */
-    size_t ev_bytes;
+    size_t chunk_bytes;      /* bytes of each chunk (core/util.c's zero-filled arrays) */
     uint64_t *streams;       /* the distinct stream handles, in order of first use */
     size_t nstreams;
 } replay_trace_t;
 
+/* Event i (< count) of a trace. */
+static inline const replay_event_t *replay_ev(const replay_trace_t *t, size_t i)
+{
+    return &t->chunks[i >> REPLAY_CHUNK_SHIFT][i & (REPLAY_CHUNK_EVENTS - 1)];
+}
+
 /*
- * Read the snapshot at path: *trace is device_traces[device], and *fields a
- * dict of every other top-level field (root NULL-free: pv_doc_root is a
- * dict). Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot: no
- * top-level dict or no device_traces list; an event without its action, addr
- * or size; malformed data), CCA_ERR_INVALID_ARGUMENT (no trace for that
- * device), CCA_ERR_OUT_OF_MEMORY. On failure nothing is returned to free;
- * on success free the trace with replay_trace_free.
+ * The events of a trace being read, as far as they are final, for a replay on
+ * another thread. The reader (replay_load) publishes in batches; the replay
+ * reads events below `published` and stream handles below `nstreams` through
+ * the `streams` pointer published with them (an array the reader never frees
+ * or changes below nstreams while the feed lives).
  */
-cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_trace_t *trace);
+typedef struct replay_feed {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const replay_trace_t *trace; /* the chunks (the table never moves) */
+    size_t published;            /* events whose every field is final */
+    const uint64_t *streams;
+    size_t nstreams;
+    bool done;                   /* the reading ended: published is the trace's count if ok */
+    bool ok;                     /* it ended without error */
+    bool waiting;                /* the replay waits on cond */
+    uint64_t **retired;          /* stream arrays replaced while the feed lives, freed at the end */
+    size_t nretired;
+} replay_feed_t;
+
+/* What the replay has seen of a feed (one thread). */
+typedef struct replay_view {
+    size_t published;
+    const uint64_t *streams;
+    bool done, ok;
+} replay_view_t;
+
+/* Set up a feed (lock, condition); false if they cannot be made. */
+bool replay_feed_init(replay_feed_t *feed);
+/* Free the feed's retired arrays and its lock; no thread may use it any more. */
+void replay_feed_destroy(replay_feed_t *feed);
+/*
+ * Wait until the feed has an event past `have` or has ended, then copy its
+ * state into *view. Returns false once the feed ended with `have` events
+ * published (all there are), or in error.
+ */
+bool replay_feed_wait(replay_feed_t *feed, size_t have, replay_view_t *view);
+
+/*
+ * Read the snapshot at path into *trace (zeroed by the caller, and freed by
+ * it with replay_trace_free whatever the outcome, after the feed's last
+ * reader): device_traces[device], and *fields a dict of every other top-level
+ * field (root NULL-free: pv_doc_root is a dict; set only on success). With
+ * feed set, events are published there as they become final, and the feed is
+ * ended, ok or not, before the return. Returns CCA_OK, CCA_ERR_IO,
+ * CCA_ERR_FORMAT (not a snapshot: no top-level dict or no device_traces
+ * list; an event without its action, addr or size; malformed data; more than
+ * 2^32 events), CCA_ERR_INVALID_ARGUMENT (no trace for that device),
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t replay_load(const char *path, int device, replay_feed_t *feed, pv_doc_t **fields,
+                         replay_trace_t *trace);
 void replay_trace_free(replay_trace_t *trace);
 
 #endif /* CCA_REPLAY_EVENTS_H */

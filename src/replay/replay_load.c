@@ -6,6 +6,10 @@
  * tree, since the replay needs cca_meta, which PyTorch's files write after
  * the events, before it can start.
  *
+ * With a feed, the events are published in batches as they become final
+ * (an event's `deferred` is known once the next one is read), so a replay on
+ * another thread can run behind the reading.
+ *
  * Invariant: the events are in trace order, one per event dict of the chosen
  * device, and a free_requested is `deferred` unless its free_completed for the
  * same address follows at once.
@@ -35,9 +39,10 @@ typedef struct loader {
     size_t device;           /* the trace kept */
     bool saw_traces;         /* device_traces began (as a list) */
     size_t devices;          /* inner lists seen */
-    replay_trace_t t;        /* t.ev: a zero-filled array (cca_zarray_grow) of cap events */
-    size_t cap;
+    replay_trace_t *t;       /* the caller's; chunks allocated zero-filled as needed */
     size_t seen;             /* events of the kept device read */
+    replay_feed_t *feed;     /* NULL: nobody reads the events before the end */
+    size_t next_publish;     /* publish when this many events are final */
     /* stream handle -> index in t.streams: the last one met, and an open-addressing
      * table of indices + 1 (0: empty) */
     uint64_t last_stream;
@@ -82,20 +87,50 @@ static size_t stream_hash(uint64_t k)
     return (size_t)k;
 }
 
-/* The index of stream handle s in l->t.streams (added when new); false when out of memory. */
+/* Free an old streams array, or keep it until the feed ends if a reader may hold it. */
+static bool retire_streams(loader_t *l, uint64_t *old)
+{
+    if (!old || !l->feed) {
+        free(old);
+        return true;
+    }
+    uint64_t **list = realloc(l->feed->retired, (l->feed->nretired + 1) * sizeof(*list));
+    if (!list)
+        return false;
+    l->feed->retired = list;
+    list[l->feed->nretired++] = old;
+    return true;
+}
+
+/* Publish the first `final` events (and the streams) to the feed's reader. */
+static void publish(loader_t *l, size_t final, bool done, bool ok)
+{
+    replay_feed_t *f = l->feed;
+    pthread_mutex_lock(&f->lock);
+    f->published = final;
+    f->streams = l->t->streams;
+    f->nstreams = l->t->nstreams;
+    f->done = done;
+    f->ok = ok;
+    if (f->waiting)
+        pthread_cond_signal(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* The index of stream handle s in l->t->streams (added when new); false when out of memory. */
 static bool stream_index(loader_t *l, uint64_t s, uint32_t *out)
 {
-    if (l->t.nstreams && s == l->last_stream) {
+    if (l->t->nstreams && s == l->last_stream) {
         *out = l->last_index;
         return true;
     }
-    if ((l->t.nstreams + 1) * 2 > l->slots_cap) {
+    if ((l->t->nstreams + 1) * 2 > l->slots_cap) {
         size_t cap = l->slots_cap ? l->slots_cap * 2 : 64;
         uint32_t *slots = calloc(cap, sizeof(*slots));
         if (!slots)
             return false;
-        for (size_t i = 0; i < l->t.nstreams; i++) {
-            size_t j = stream_hash(l->t.streams[i]) & (cap - 1);
+        for (size_t i = 0; i < l->t->nstreams; i++) {
+            size_t j = stream_hash(l->t->streams[i]) & (cap - 1);
             while (slots[j])
                 j = (j + 1) & (cap - 1);
             slots[j] = (uint32_t)i + 1;
@@ -106,21 +141,27 @@ static bool stream_index(loader_t *l, uint64_t s, uint32_t *out)
     }
     size_t j = stream_hash(s) & (l->slots_cap - 1);
     for (; l->stream_slots[j]; j = (j + 1) & (l->slots_cap - 1))
-        if (l->t.streams[l->stream_slots[j] - 1] == s)
+        if (l->t->streams[l->stream_slots[j] - 1] == s)
             break;
     if (!l->stream_slots[j]) {
-        if (l->t.nstreams >= UINT32_MAX - 1)
+        if (l->t->nstreams >= UINT32_MAX - 1)
             return false;
-        if (l->t.nstreams == l->streams_cap) {
+        if (l->t->nstreams == l->streams_cap) {
             size_t cap = l->streams_cap ? l->streams_cap * 2 : 8;
-            uint64_t *streams = realloc(l->t.streams, cap * sizeof(*streams));
+            uint64_t *streams = malloc(cap * sizeof(*streams));
             if (!streams)
                 return false;
-            l->t.streams = streams;
+            if (l->t->nstreams)
+                memcpy(streams, l->t->streams, l->t->nstreams * sizeof(*streams));
+            if (!retire_streams(l, l->t->streams)) {
+                free(streams);
+                return false;
+            }
+            l->t->streams = streams;
             l->streams_cap = cap;
         }
-        l->t.streams[l->t.nstreams] = s;
-        l->stream_slots[j] = (uint32_t)++l->t.nstreams;
+        l->t->streams[l->t->nstreams] = s;
+        l->stream_slots[j] = (uint32_t)++l->t->nstreams;
     }
     l->last_stream = s;
     l->last_index = l->stream_slots[j] - 1;
@@ -128,20 +169,36 @@ static bool stream_index(loader_t *l, uint64_t s, uint32_t *out)
     return true;
 }
 
+/* Whether free_requested event e is deferred, given the event after it (NULL: none). */
+static bool deferred_before(const replay_event_t *e, const replay_event_t *next)
+{
+    return !(next && next->kind == EV_FREE_COMPLETED && next->addr == e->addr);
+}
+
+#define PUBLISH_BATCH 4096 /* events per publication: few enough lock rounds, a short wait */
+
 static cca_status_t on_record(void *ctx, const pk_record_t *rec)
 {
     loader_t *l = ctx;
     if (rec->group != l->device)
         return CCA_OK;
     size_t i = l->seen++;
-    replay_trace_t *t = &l->t;
-    if (t->count == l->cap) {
-        /* grown in place: the events are never copied, and arrive zeroed */
-        if (!cca_zarray_grow((void **)&t->ev, &t->ev_bytes, (t->count + 1) * sizeof(*t->ev)))
+    replay_trace_t *t = l->t;
+    size_t k = t->count >> REPLAY_CHUNK_SHIFT;
+    if (!(t->count & (REPLAY_CHUNK_EVENTS - 1))) {
+        if (k == REPLAY_MAX_CHUNKS)
+            return cca_raise(CCA_ERR_FORMAT, "the trace has more than %zu events",
+                             REPLAY_MAX_CHUNKS << REPLAY_CHUNK_SHIFT);
+        /* a fresh chunk arrives zeroed (fresh pages, untouched until written) */
+        size_t bytes = 0;
+        void *chunk = NULL;
+        if (cca_zarray_grow(&chunk, &bytes, REPLAY_CHUNK_EVENTS * sizeof(replay_event_t)))
+            t->chunks[k] = chunk;
+        t->chunk_bytes = bytes;
+        if (!t->chunks[k])
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", t->count + 1);
-        l->cap = t->ev_bytes / sizeof(*t->ev);
     }
-    replay_event_t *e = &t->ev[t->count];
+    replay_event_t *e = &t->chunks[k][t->count & (REPLAY_CHUNK_EVENTS - 1)];
     const pk_value_t *action = rec->by_tag[TAG_ACTION];
     if (!action)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu has no action", i);
@@ -159,62 +216,110 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i, action->data);
     if (!stream_index(l, stream, &e->stream))
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace's streams");
+    if (t->count) {
+        /* the event before is final now: a free_requested is deferred unless this
+         * event completes it */
+        replay_event_t *prev = (replay_event_t *)replay_ev(t, t->count - 1);
+        if (prev->kind == EV_FREE_REQUESTED)
+            prev->deferred = deferred_before(prev, e);
+    }
     t->count++;
+    if (l->feed && t->count - 1 >= l->next_publish) {
+        publish(l, t->count - 1, false, false);
+        l->next_publish = t->count - 1 + PUBLISH_BATCH;
+    }
     return CCA_OK;
 }
 
-cca_status_t replay_load(const char *path, int device, pv_doc_t **fields, replay_trace_t *trace)
+cca_status_t replay_load(const char *path, int device, replay_feed_t *feed, pv_doc_t **fields,
+                         replay_trace_t *trace)
 {
     loader_t l;
     memset(&l, 0, sizeof(l));
     l.device = device < 0 ? SIZE_MAX : (size_t)device;
+    l.t = trace;
+    l.feed = feed;
+    l.next_publish = PUBLISH_BATCH;
     pk_handler_t h = {
         .ctx = &l, .symbols = tag_names, .symbol_count = TAG_COUNT,
         .field_mode = field_mode, .record = on_record, .group = on_group,
     };
     pv_doc_t *doc = NULL;
-    cca_status_t st = pickle_stream_file(path, &h, &doc);
-    if (st != CCA_OK)
-        goto out_events;
-    if (pv_kind(pv_doc_root(doc)) != PV_DICT) {
+    cca_status_t st = CCA_OK;
+    if (!trace->chunks && !(trace->chunks = calloc(REPLAY_MAX_CHUNKS, sizeof(*trace->chunks))))
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
+    if (st == CCA_OK)
+        st = pickle_stream_file(path, &h, &doc);
+    if (st == CCA_OK && pv_kind(pv_doc_root(doc)) != PV_DICT)
         st = cca_raise(CCA_ERR_FORMAT, "%s is not a PyTorch memory snapshot (no top-level dict)", path);
-        goto out_doc;
-    }
-    if (!l.saw_traces) {
+    if (st == CCA_OK && !l.saw_traces)
         st = cca_raise(CCA_ERR_FORMAT, "not a PyTorch memory snapshot: no device_traces list");
-        goto out_doc;
-    }
-    if (device < 0 || (size_t)device >= l.devices) {
+    if (st == CCA_OK && (device < 0 || (size_t)device >= l.devices))
         st = cca_raise(CCA_ERR_INVALID_ARGUMENT, "the snapshot has no trace for device %d (%zu devices)",
                        device, l.devices);
-        goto out_doc;
+    if (st == CCA_OK && trace->count) {
+        replay_event_t *last = (replay_event_t *)replay_ev(trace, trace->count - 1);
+        if (last->kind == EV_FREE_REQUESTED)
+            last->deferred = deferred_before(last, NULL);
     }
-    /* a free_requested is deferred unless its free_completed follows at once */
-    replay_event_t *ev = l.t.ev;
-    size_t n = l.t.count;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].kind == EV_FREE_REQUESTED)
-            ev[i].deferred = !(i + 1 < n && ev[i + 1].kind == EV_FREE_COMPLETED && ev[i + 1].addr == ev[i].addr);
-    if ((!l.t.ev && !cca_zarray_grow((void **)&l.t.ev, &l.t.ev_bytes, sizeof(*l.t.ev))) ||
-        (!l.t.streams && !(l.t.streams = calloc(1, sizeof(*l.t.streams))))) {
+    if (st == CCA_OK && !trace->streams && !(trace->streams = calloc(1, sizeof(*trace->streams))))
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
-        goto out_doc;
+    free(l.stream_slots);
+    if (feed)
+        publish(&l, st == CCA_OK ? trace->count : feed->published, true, st == CCA_OK);
+    if (st != CCA_OK) {
+        pv_doc_free(doc);
+        return st;
     }
-    free(l.stream_slots);
     *fields = doc;
-    *trace = l.t;
     return CCA_OK;
-out_doc:
-    pv_doc_free(doc);
-out_events:
-    free(l.stream_slots);
-    replay_trace_free(&l.t);
-    return st;
 }
 
 void replay_trace_free(replay_trace_t *trace)
 {
-    cca_zarray_free(trace->ev, trace->ev_bytes);
+    if (trace->chunks) {
+        for (size_t k = 0; k < REPLAY_MAX_CHUNKS && trace->chunks[k]; k++)
+            cca_zarray_free(trace->chunks[k], trace->chunk_bytes);
+        free(trace->chunks);
+    }
     free(trace->streams);
     memset(trace, 0, sizeof(*trace));
+}
+
+bool replay_feed_init(replay_feed_t *feed)
+{
+    memset(feed, 0, sizeof(*feed));
+    if (pthread_mutex_init(&feed->lock, NULL))
+        return false;
+    if (pthread_cond_init(&feed->cond, NULL)) {
+        pthread_mutex_destroy(&feed->lock);
+        return false;
+    }
+    return true;
+}
+
+void replay_feed_destroy(replay_feed_t *feed)
+{
+    for (size_t i = 0; i < feed->nretired; i++)
+        free(feed->retired[i]);
+    free(feed->retired);
+    pthread_cond_destroy(&feed->cond);
+    pthread_mutex_destroy(&feed->lock);
+    memset(feed, 0, sizeof(*feed));
+}
+
+bool replay_feed_wait(replay_feed_t *feed, size_t have, replay_view_t *view)
+{
+    pthread_mutex_lock(&feed->lock);
+    while (feed->published <= have && !feed->done) {
+        feed->waiting = true;
+        pthread_cond_wait(&feed->cond, &feed->lock);
+    }
+    feed->waiting = false;
+    view->published = feed->published;
+    view->streams = feed->streams;
+    view->done = feed->done;
+    view->ok = feed->ok;
+    pthread_mutex_unlock(&feed->lock);
+    return view->ok || !view->done ? view->published > have : false;
 }

@@ -78,6 +78,16 @@ class Replay(unittest.TestCase):
                 self.assertEqual(r["address_mismatches"], out["address_mismatches"])
             self.assertEqual(r["memory_stats"], out["memory_stats"])
 
+    def test_sequential_gives_the_same_result(self):
+        a = cca.replay(TWO_STREAM)
+        b = cca.replay(TWO_STREAM, sequential=True)
+        self.assertTrue(a["overlapped"])
+        self.assertFalse(b["overlapped"])
+        for d in (a, b):
+            for key in ("replay_seconds", "load_seconds", "events_per_second", "overlapped"):
+                del d[key]
+        self.assertEqual(a, b)
+
     def test_settings_change_the_outcome(self):
         fresh = cca.replay(GPT2_SPLIT, settings="", addresses="fresh")
         split = cca.replay(GPT2_SPLIT, settings="max_split_size_mb:64", addresses="fresh")
@@ -218,8 +228,8 @@ class Layout(unittest.TestCase):
         mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
-                   "cca_replay_options_t": (_lib.ReplayOptions, "event_lag"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "compact_pending_growths")}
+                   "cca_replay_options_t": (_lib.ReplayOptions, "sequential"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "overlapped")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()

@@ -67,5 +67,19 @@ else fail event_lag "$(head -c 300 "$tmp/lag.json")"; fi
 rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--event-lag -1" "$tmp/err"; then ok bad_event_lag; else fail bad_event_lag "rc $rc"; fi
 
+# replayed while read (the trace ran with PyTorch's defaults), or after with --sequential
+if "$cca" replay "$trace" --json >"$tmp/ovl.json" 2>&1 &&
+    "$cca" replay "$trace" --json --sequential >"$tmp/seq.json" 2>&1 &&
+    python3 - "$tmp/ovl.json" "$tmp/seq.json" <<'EOP'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["overlapped"] is True and b["overlapped"] is False, (a["overlapped"], b["overlapped"])
+for d in (a, b):
+    for k in ("events_per_second", "replay_seconds", "load_seconds", "overlapped"):
+        del d[k]
+assert a == b
+EOP
+then ok sequential; else fail sequential "$(head -c 300 "$tmp/ovl.json")"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -303,6 +303,59 @@ TEST(address_list_rejected_in_backed_mode)
     b->destroy(b->ctx);
 }
 
+/* An address source: hands out the entries of a fixed list two at a time, then says it ended. */
+typedef struct source_state {
+    const uint64_t *list;
+    size_t count, next, calls;
+} source_state_t;
+
+static bool source_two(void *ctx, uint64_t *out, size_t cap, size_t *got)
+{
+    source_state_t *s = ctx;
+    s->calls++;
+    *got = 0;
+    while (*got < 2 && *got < cap && s->next < s->count)
+        out[(*got)++] = s->list[s->next++];
+    return s->next < s->count || *got;
+}
+
+TEST(address_source_grows_the_list)
+{
+    static const uint64_t list[] = {0x10000000ull, 0x20000000ull, 0x30000000ull};
+    source_state_t src = {list, 3, 0, 0};
+    cca_backend_t *b = make(NULL);
+    expect_ok(cca_sim_set_address_source(b, source_two, &src));
+    /* asked only when the list runs out: the first call brings two entries */
+    expect_eq_u64((uintptr_t)xmalloc(b, 0, 4 * MiB), list[0]);
+    expect_eq_u64(src.calls, 1);
+    expect_eq_u64((uintptr_t)xmalloc(b, 0, 100), list[1]);
+    expect_eq_u64(src.calls, 1);
+    void *r = NULL;
+    expect_ok(b->vmm_reserve(b->ctx, 0, 64 * MiB, &r));
+    expect_eq_u64((uintptr_t)r, list[2]);
+    /* ended (nothing more, false): the rule from then on, the source never asked again */
+    void *p = xmalloc(b, 0, 100);
+    expect_true((uintptr_t)p >= 0x7f0000000000ull);
+    size_t calls = src.calls;
+    xmalloc(b, 0, 100);
+    expect_eq_u64(src.calls, calls);
+    /* the peak of device bytes: 4 MiB + 100 + 100 + 100 (the reservation is not memory) */
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(b, &u));
+    expect_eq_u64(u.device_peak_bytes[0], 4 * MiB + 300);
+    expect_ok(b->free(b->ctx, 0, p));
+    expect_ok(cca_sim_usage(b, &u));
+    expect_eq_u64(u.device_peak_bytes[0], 4 * MiB + 300);
+    expect_eq_u64(u.device_bytes[0], 4 * MiB + 200);
+    b->destroy(b->ctx);
+    /* a backed device has no address list: refused; not a simulated backend: refused */
+    cca_sim_config_t cfg = {.backed = true};
+    b = make(&cfg);
+    expect_status(cca_sim_set_address_source(b, source_two, &src), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_sim_set_address_source(b, NULL, NULL));
+    b->destroy(b->ctx);
+}
+
 TEST(free_unknown_pointer)
 {
     cca_sim_config_t cfg = {.devices = 2};
@@ -1305,6 +1358,7 @@ TEST(not_a_sim_backend)
     expect_status(cca_sim_usage(&fake, &u), CCA_ERR_INVALID_ARGUMENT);
     expect_status(cca_sim_set_cap(&fake, 0, 0), CCA_ERR_INVALID_ARGUMENT);
     expect_status(cca_sim_complete_stream(&fake, 0, NULL, true), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_sim_set_address_source(&fake, NULL, NULL), CCA_ERR_INVALID_ARGUMENT);
     expect_eq_u64(cca_sim_call_count(&fake, CCA_OP_MALLOC), 0);
     expect_eq_u64(cca_sim_pending_events(&fake), 0);
 }
@@ -1323,6 +1377,7 @@ int main(void)
     RUN(address_list_entry_across_windows);
     RUN(address_list_overlap_fails);
     RUN(address_list_rejected_in_backed_mode);
+    RUN(address_source_grows_the_list);
     RUN(free_unknown_pointer);
     RUN(memory_cap_boundary);
     RUN(caps_are_per_device);

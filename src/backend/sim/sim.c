@@ -219,6 +219,17 @@ cca_status_t sim_place_range(sim_ctx_t *c, cca_backend_op_t op, int device, uint
 {
     sim_device_t *dev = &c->devices[device];
     uint64_t start, len;
+    while (c->addr_next == c->addr_count && c->addr_source) {
+        /* the list grows while a replay's trace is read: wait for its next entries */
+        uint64_t more[64];
+        size_t got = 0;
+        bool open = c->addr_source(c->addr_source_ctx, more, 64, &got);
+        cca_status_t st = sim_append_addresses(c, more, got);
+        if (st != CCA_OK)
+            return st;
+        if (!open)
+            c->addr_source = NULL;
+    }
     if (c->addr_next < c->addr_count) {
         start = c->addr_list[c->addr_next];
         len = size;

@@ -82,6 +82,8 @@ cca_status_t cca_sim_usage(cca_backend_t *backend, cca_sim_usage_t *usage)
     memset(usage, 0, sizeof(*usage));
     for (int d = 0; d < c->device_count; d++)
         usage->device_bytes[d] = c->devices[d].used;
+    for (int d = 0; d < c->device_count; d++)
+        usage->device_peak_bytes[d] = c->devices[d].used_peak;
     usage->live_allocations = c->allocs.count;
     usage->live_events = c->events.count;
     usage->live_reservations = c->live_reservations;
@@ -186,6 +188,23 @@ cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addr
         return not_sim(__func__);
     pthread_mutex_lock(&c->lock);
     cca_status_t st = sim_append_addresses(c, addresses, count);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+cca_status_t cca_sim_set_address_source(cca_backend_t *backend, cca_sim_address_source_fn source,
+                                       void *ctx)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    pthread_mutex_lock(&c->lock);
+    cca_status_t st = CCA_OK;
+    if (source && c->backed)
+        st = cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_set_address_source: an address list "
+                       "cannot be used in backed mode (device pointers are host pointers there)");
+    else
+        c->addr_source = source, c->addr_source_ctx = ctx;
     pthread_mutex_unlock(&c->lock);
     return st;
 }

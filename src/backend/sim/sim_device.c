@@ -126,7 +126,7 @@ static cca_status_t sim_malloc(void *ctx, int device, size_t size, void **ptr)
     st = sim_alloc_locked(c, CCA_OP_MALLOC, device, size, &rec);
     if (st != CCA_OK)
         goto out_unlock;
-    c->devices[device].used += size;
+    sim_use(&c->devices[device], size);
     *ptr = (void *)(uintptr_t)rec->addr;
 out_unlock:
     pthread_mutex_unlock(&c->lock);

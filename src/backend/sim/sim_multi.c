@@ -294,7 +294,7 @@ static cca_status_t sim_malloc_async(void *ctx, int device, size_t size, cca_str
     rec->async = true;
     rec->capture_id = capture_id;
     p->reserved += grow;
-    c->devices[device].used += grow;
+    sim_use(&c->devices[device], grow);
     p->used += size;
     if (p->reserved > p->reserved_high)
         p->reserved_high = p->reserved;

@@ -198,7 +198,7 @@ static cca_status_t sim_vmm_create(void *ctx, int device, size_t size, cca_phys_
     p->device = device;
     p->size = size;
     simmap_put(&c->phys, p->id, p);
-    c->devices[device].used += size;
+    sim_use(&c->devices[device], size);
     c->live_handles++;
     *handle = p->id;
 out_unlock:

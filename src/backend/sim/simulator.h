@@ -99,7 +99,8 @@ typedef struct sim_fault {
 typedef struct sim_device {
     size_t total;             /* bytes */
     size_t cap;               /* bytes; malloc fails beyond min(cap, total) */
-    size_t used;              /* bytes held by malloc and vmm_create */
+    size_t used;              /* bytes held by malloc and vmm_create (sim_use) */
+    size_t used_peak;         /* the most `used` ever was */
     uint64_t window_start;    /* address-only: this device's address window */
     uint64_t window_end;
     sim_range_t *free_ranges; /* free parts of the window */
@@ -107,6 +108,14 @@ typedef struct sim_device {
     sim_pool_t pool;          /* the stream-ordered pool */
     bool peer_enabled[SIM_MAX_DEVICES]; /* enable_peer_access(this, p) was called */
 } sim_device_t;
+
+/* Count size more bytes as held on dev (lock held). */
+static inline void sim_use(sim_device_t *dev, size_t size)
+{
+    dev->used += size;
+    if (dev->used > dev->used_peak)
+        dev->used_peak = dev->used;
+}
 
 typedef struct sim_graph sim_graph_t; /* sim_capture.c */
 
@@ -140,6 +149,9 @@ typedef struct sim_ctx {
     size_t spare_count;
     uint64_t *addr_list;    /* address list (replay) */
     size_t addr_count, addr_cap, addr_next;
+    /* where the list grows from once it runs out (cca_sim_set_address_source), or NULL */
+    cca_sim_address_source_fn addr_source;
+    void *addr_source_ctx;
     uint64_t next_serial;   /* allocation serials and physical handles */
     uint32_t prio_state;    /* xorshift state for treap priorities */
     uint64_t ipc_id;        /* identity of this backend in IPC handles */
