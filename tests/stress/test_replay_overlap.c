@@ -17,58 +17,9 @@
 #include "cca.h"
 #include "harness.h"
 #include "pickle.h"
+#include "replay_compare.h"
 
 static const char *trace_dir = "tests/data/traces";
-
-/* Every field of two results but the times and how the replay ran. */
-static void expect_same_result(const char *what, const cca_replay_result_t *a, const cca_replay_result_t *b)
-{
-#define SAME_U(f)                                                                                \
-    do {                                                                                         \
-        if ((uint64_t)a->f != (uint64_t)b->f)                                                    \
-            printf("  %s: %s differs: %llu / %llu\n", what, #f, (unsigned long long)a->f,        \
-                   (unsigned long long)b->f);                                                    \
-        expect_eq_u64((uint64_t)a->f, (uint64_t)b->f);                                           \
-    } while (0)
-    SAME_U(events);
-    SAME_U(allocs);
-    SAME_U(frees);
-    SAME_U(segment_allocs);
-    SAME_U(segment_frees);
-    SAME_U(ooms);
-    SAME_U(pool_ops);
-    SAME_U(address_mismatches);
-    SAME_U(unexpected_ooms);
-    SAME_U(peak_reserved_bytes);
-    SAME_U(peak_allocated_bytes);
-    SAME_U(peak_requested_bytes);
-    SAME_U(peak_active_bytes);
-    SAME_U(has_expected);
-    SAME_U(expected_allocs);
-    SAME_U(expected_segment_allocs);
-    SAME_U(expected_segment_frees);
-    SAME_U(expected_ooms);
-    SAME_U(expected_peak_reserved_bytes);
-    SAME_U(stats_mismatches);
-    SAME_U(summary_matches);
-    SAME_U(late_segment_allocs);
-    SAME_U(late_segment_frees);
-    SAME_U(cached_free_bytes);
-    SAME_U(largest_free_bytes);
-    SAME_U(compact_moves);
-    SAME_U(compact_pending_growths);
-#undef SAME_U
-    expect_eq_str(a->settings, b->settings);
-    expect_eq_str(a->first_stats_mismatch, b->first_stats_mismatch);
-    expect_eq_str(a->first_address_mismatch, b->first_address_mismatch);
-    for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
-        expect_eq_str(a->memory_stats[i].key, b->memory_stats[i].key);
-        expect_eq_i64(a->memory_stats[i].value, b->memory_stats[i].value);
-    }
-    expect_true(a->memory_summary && b->memory_summary);
-    if (a->memory_summary && b->memory_summary)
-        expect_eq_str(a->memory_summary, b->memory_summary);
-}
 
 /* Replay path both ways; returns whether the second thread's replay stood (-1: failed). */
 static uint64_t last_unexpected_ooms; /* of the last replay_both */
@@ -91,7 +42,9 @@ static int replay_both(const char *path, const cca_replay_options_t *base)
         cca_replay_result_free(&seq);
         return -1;
     }
-    expect_same_result(path, &seq, &ovl);
+    const char *diff = replay_result_diff(&seq, &ovl);
+    if (diff)
+        HARNESS_FAIL("%s: the results differ in %s", path, diff);
     last_unexpected_ooms = seq.unexpected_ooms;
     int overlapped = ovl.overlapped;
     cca_replay_result_free(&seq);
@@ -288,8 +241,29 @@ TEST(read_error_fails_alike)
     expect_eq_str(msg[0], msg[1]);
 }
 
+/* The comparison itself notices a difference in a count, a statistic and the summary. */
+TEST(comparison_notices_differences)
+{
+    cca_replay_options_t opt = {0};
+    cca_replay_result_t a, b;
+    expect_ok(cca_replay_file("tests/data/traces/two_stream_pipeline_default.pickle.gz", &opt, &a));
+    expect_ok(cca_replay_file("tests/data/traces/two_stream_pipeline_default.pickle.gz", &opt, &b));
+    expect_true(replay_result_diff(&a, &b) == NULL);
+    b.late_segment_frees++;
+    expect_eq_str(replay_result_diff(&a, &b), "late_segment_frees");
+    b.late_segment_frees--;
+    b.memory_stats[7].value++;
+    expect_eq_str(replay_result_diff(&a, &b), "memory_stats (values)");
+    b.memory_stats[7].value--;
+    b.memory_summary[10] ^= 1;
+    expect_eq_str(replay_result_diff(&a, &b), "memory_summary");
+    cca_replay_result_free(&a);
+    cca_replay_result_free(&b);
+}
+
 int main(void)
 {
+    RUN(comparison_notices_differences);
     RUN(bundled_traces_same_either_way);
     RUN(guess_checked_at_the_end);
     RUN(read_error_fails_alike);

@@ -1,0 +1,75 @@
+/*
+ * fuzz_replay.c - fuzz target for `cca_replay_file` both ways: the input is
+ * written to a file and replayed once after reading it (`sequential`) and
+ * once on a second thread while reading it (the default). Both must return the
+ * same status with the same message, and on success the same result field by
+ * field (replay_compare.h); cca must be shut down after each. The first byte
+ * picks options (PyTorch's addresses or fresh ones, a small memory cap, given
+ * settings, a device size), the rest is the file.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cca.h"
+#include "replay_compare.h"
+
+static void replay(const char *path, const cca_replay_options_t *opt, cca_status_t *st, char *msg,
+                   size_t msg_size, cca_replay_result_t *r)
+{
+    *st = cca_replay_file(path, opt, r);
+    snprintf(msg, msg_size, "%s", *st == CCA_OK ? "" : cca_last_error()->message);
+    if (cca_is_initialized())
+        abort(); /* a replay leaves cca shut down, whatever happened */
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    uint8_t pick = data[0];
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/cca_fuzz_replay_%ld", (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return 0;
+    size_t n = fwrite(data + 1, 1, size - 1, f);
+    fclose(f);
+    if (n != size - 1) {
+        unlink(path);
+        return 0;
+    }
+    static const char *const settings[] = {NULL, "", "max_split_size_mb:20", "expandable_segments:True"};
+    cca_replay_options_t opt;
+    memset(&opt, 0, sizeof(opt));
+    opt.trace_addresses = !(pick & 1);
+    opt.settings = settings[(pick >> 1) & 3];
+    opt.cap = pick & 8 ? (size_t)64 << 20 : 0;
+    opt.total_memory = pick & 16 ? (size_t)1 << 30 : 0;
+    opt.ignore_fraction = pick & 32;
+    static char msg[2][2048];
+    cca_status_t st[2];
+    cca_replay_result_t r[2];
+    opt.sequential = true;
+    replay(path, &opt, &st[0], msg[0], sizeof(msg[0]), &r[0]);
+    opt.sequential = false;
+    replay(path, &opt, &st[1], msg[1], sizeof(msg[1]), &r[1]);
+    unlink(path);
+    if (st[0] != st[1] || strcmp(msg[0], msg[1])) {
+        fprintf(stderr, "fuzz_replay: sequential %d \"%s\", overlapped %d \"%s\"\n", st[0], msg[0], st[1],
+                msg[1]);
+        abort();
+    }
+    if (st[0] == CCA_OK) {
+        const char *diff = replay_result_diff(&r[0], &r[1]);
+        if (diff) {
+            fprintf(stderr, "fuzz_replay: the results differ in %s\n", diff);
+            abort();
+        }
+        cca_replay_result_free(&r[0]);
+        cca_replay_result_free(&r[1]);
+    }
+    return 0;
+}

@@ -1,0 +1,67 @@
+/*
+ * replay_compare.h - whether two replay results are the same but for how
+ * they ran (the times, `overlapped`): the overlapped replay's test and the
+ * replay fuzz target compare `sequential` with the default this way.
+ */
+#ifndef CCA_TEST_REPLAY_COMPARE_H
+#define CCA_TEST_REPLAY_COMPARE_H
+
+#include <string.h>
+
+#include "cca.h"
+
+/* The name of the first field where a and b differ, or NULL if none does. */
+static inline const char *replay_result_diff(const cca_replay_result_t *a, const cca_replay_result_t *b)
+{
+#define SAME(f)                                                                                  \
+    do {                                                                                         \
+        if (a->f != b->f)                                                                        \
+            return #f;                                                                           \
+    } while (0)
+    SAME(events);
+    SAME(allocs);
+    SAME(frees);
+    SAME(segment_allocs);
+    SAME(segment_frees);
+    SAME(ooms);
+    SAME(pool_ops);
+    SAME(address_mismatches);
+    SAME(unexpected_ooms);
+    SAME(peak_reserved_bytes);
+    SAME(peak_allocated_bytes);
+    SAME(peak_requested_bytes);
+    SAME(peak_active_bytes);
+    SAME(has_expected);
+    SAME(expected_allocs);
+    SAME(expected_segment_allocs);
+    SAME(expected_segment_frees);
+    SAME(expected_ooms);
+    SAME(expected_peak_reserved_bytes);
+    SAME(stats_mismatches);
+    SAME(summary_matches);
+    SAME(late_segment_allocs);
+    SAME(late_segment_frees);
+    SAME(cached_free_bytes);
+    SAME(largest_free_bytes);
+    SAME(compact_moves);
+    SAME(compact_pending_growths);
+#undef SAME
+    if (strcmp(a->settings, b->settings))
+        return "settings";
+    if (strcmp(a->first_stats_mismatch, b->first_stats_mismatch))
+        return "first_stats_mismatch";
+    if (strcmp(a->first_address_mismatch, b->first_address_mismatch))
+        return "first_address_mismatch";
+    for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
+        const char *ka = a->memory_stats[i].key, *kb = b->memory_stats[i].key;
+        if ((ka && kb) ? strcmp(ka, kb) != 0 : ka != kb)
+            return "memory_stats (keys)";
+        if (a->memory_stats[i].value != b->memory_stats[i].value)
+            return "memory_stats (values)";
+    }
+    if (!a->memory_summary || !b->memory_summary)
+        return a->memory_summary == b->memory_summary ? NULL : "memory_summary";
+    return strcmp(a->memory_summary, b->memory_summary) ? "memory_summary" : NULL;
+}
+
+#endif /* CCA_TEST_REPLAY_COMPARE_H */
