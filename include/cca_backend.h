@@ -350,7 +350,7 @@ cca_status_t cca_sim_push_addresses(cca_backend_t *backend, const uint64_t *addr
  * runs): when the list runs out, malloc and vmm_reserve call source, which
  * writes up to cap more entries to out, sets *got, and may wait for them; it
  * returns false once no entry will ever come (the address rule applies from
- * then on). It is called with the backend's lock held and must not call the
+ * then on; a call that gives no entry counts as that too). It is called with the backend's lock held and must not call the
  * backend. NULL removes it. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (not a
  * simulated backend, or a backed one).
  */

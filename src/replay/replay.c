@@ -2,8 +2,9 @@
  * replay.c - replay a PyTorch memory snapshot's allocation history through
  * cca on a simulated device, and compare every decision with PyTorch's.
  *
- * The trace is first decoded into a compact event array (so replay speed is
- * the allocator's, not the pickle reader's). alloc -> cca_malloc on the
+ * The trace is decoded into compact events (replay_load.c), replayed on a
+ * second thread as they are read (or after the reading: see spec_holds for
+ * when the replay made while reading stands). alloc -> cca_malloc on the
  * event's stream; free_requested -> cca_free, and when the block's
  * free_completed comes later, the block is held by an event on a private
  * stream until then; free_completed -> that stream's work completes and the
@@ -389,12 +390,13 @@ static size_t addr_rule_scan(addr_rule_t *ar, const replay_trace_t *trace, size_
 }
 
 /*
- * A replay running while its trace is read (on its own thread): what it has
- * seen of the feed, the address rule's place in the events, and the time it
- * spent waiting for the reader.
+ * The events a replay runs: what it has seen of them, the address rule's place
+ * in them, and the time it spent waiting for the reader. A trace read whole
+ * has no feed and a view of every event; a replay running while its trace is
+ * read (on its own thread) follows the reader's feed.
  */
 typedef struct replay_stream {
-    replay_feed_t *feed;
+    replay_feed_t *feed;        /* NULL: the trace is read whole */
     const replay_trace_t *trace;
     replay_view_t view;
     addr_rule_t rule;
@@ -414,7 +416,7 @@ static bool stream_more(replay_stream_t *s, size_t i)
     return more;
 }
 
-/* The simulated backend's address source (cca_sim_set_address_source) of a streamed replay. */
+/* The simulated backend's address source (cca_sim_set_address_source): the trace's addresses. */
 static bool stream_addresses(void *ctx, uint64_t *out, size_t cap, size_t *got)
 {
     replay_stream_t *s = ctx;
@@ -427,28 +429,57 @@ static bool stream_addresses(void *ctx, uint64_t *out, size_t cap, size_t *got)
     }
 }
 
-/* Backend calls counted from one event on (a streamed replay's second half, found at the end). */
+/*
+ * The backend call counts each time they changed, so that the second half's
+ * can be told once the number of events is known (a trace read while it is
+ * replayed ends only at the end).
+ */
 typedef struct calls_log {
     struct calls_mark {
-        size_t at;               /* the counts before event `at` */
+        size_t at;               /* the counts before event `at` (after its pool operations) */
         uint64_t allocs, frees;
     } *marks;
     size_t count, cap;
 } calls_log_t;
 
+/* Note dev's counts before event at if they changed; false when out of memory. */
+static bool calls_log_mark(calls_log_t *log, size_t at, const cca_device_t *dev)
+{
+    uint64_t allocs = (uint64_t)dev->stats.num_device_alloc, frees = (uint64_t)dev->stats.num_device_free;
+    if (log->count && log->marks[log->count - 1].allocs == allocs && log->marks[log->count - 1].frees == frees)
+        return true;
+    if (log->count == log->cap) {
+        size_t cap = log->cap ? 2 * log->cap : 256;
+        struct calls_mark *m = realloc(log->marks, cap * sizeof(*m));
+        if (!m)
+            return false;
+        log->marks = m;
+        log->cap = cap;
+    }
+    log->marks[log->count++] = (struct calls_mark){at, allocs, frees};
+    return true;
+}
+
+/* The counts before event at (the last change at or before it). */
+static const struct calls_mark *calls_log_at(const calls_log_t *log, size_t at)
+{
+    size_t k = 0;
+    while (k + 1 < log->count && log->marks[k + 1].at <= at)
+        k++;
+    return log->count && log->marks[k].at <= at ? &log->marks[k] : NULL;
+}
+
 /*
- * Replay the events of trace (all of them; with stream set, those the reader
- * publishes, until it ends) with the pool operations ops. Returns CCA_OK, or
- * the error that stops the replay (CCA_ERR_IO for a streamed trace whose
- * reading failed: the reader has the error).
+ * Replay the events of stream (those its reader publishes, until it ends)
+ * with the pool operations ops. Returns CCA_OK, or the error that stops the
+ * replay (CCA_ERR_IO for a trace whose reading failed: the reader has the
+ * error).
  */
-static cca_status_t run_events(const replay_trace_t *trace, replay_stream_t *stream, const pool_op_t *ops,
-                               size_t nops, bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
+static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, size_t nops,
+                               bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
                                cca_replay_result_t *r)
 {
-    size_t avail = stream ? 0 : trace->count;
-    const uint64_t *streams = stream ? NULL : trace->streams; /* streamed: the feed's */
-    size_t half = stream ? SIZE_MAX : trace->count / 2; /* streamed: found from the log at the end */
+    const replay_trace_t *trace = stream->trace;
     calls_log_t log = {0};
     const cca_device_t *dev0 = &cca_state->devices[0];
     live_map_t live = {0};
@@ -458,16 +489,10 @@ static cca_status_t run_events(const replay_trace_t *trace, replay_stream_t *str
     graph_state_t graphs = {0, NULL, 0};
     size_t i;
     for (i = 0;; i++) {
-        bool end = false;
-        if (i == avail) {
-            end = !stream || !stream_more(stream, i);
-            if (!end) {
-                avail = stream->view.published;
-                streams = stream->view.streams;
-            } else if (stream && !stream->view.ok) {
-                st = cca_raise(CCA_ERR_IO, "the trace could not be read");
-                goto out;
-            }
+        bool end = !stream_more(stream, i);
+        if (end && !stream->view.ok) {
+            st = cca_raise(CCA_ERR_IO, "the trace could not be read");
+            goto out;
         }
         for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
             st = apply_pool_op(&ops[next_op], next_op, &graphs);
@@ -477,31 +502,14 @@ static cca_status_t run_events(const replay_trace_t *trace, replay_stream_t *str
         }
         if (end)
             break;
-        if (i == half) {
-            cca_device_stats_t half_stats;
-            cca_get_device_stats(0, &half_stats);
-            r->late_segment_allocs = (uint64_t)half_stats.num_device_alloc;
-            r->late_segment_frees = (uint64_t)half_stats.num_device_free;
-        }
-        if (stream && (!log.count || log.marks[log.count - 1].allocs != (uint64_t)dev0->stats.num_device_alloc ||
-                       log.marks[log.count - 1].frees != (uint64_t)dev0->stats.num_device_free)) {
-            if (log.count == log.cap) {
-                size_t cap = log.cap ? 2 * log.cap : 256;
-                struct calls_mark *m = realloc(log.marks, cap * sizeof(*m));
-                if (!m) {
-                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
-                    goto out;
-                }
-                log.marks = m;
-                log.cap = cap;
-            }
-            log.marks[log.count++] = (struct calls_mark){i, (uint64_t)dev0->stats.num_device_alloc,
-                                                         (uint64_t)dev0->stats.num_device_free};
+        if (!calls_log_mark(&log, i, dev0)) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+            goto out;
         }
         if (event_lag)
             cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
         const replay_event_t *e = replay_ev(trace, i);
-        uint64_t stream_handle = streams[e->stream];
+        uint64_t stream_handle = stream->view.streams[e->stream];
         if (graphs.pending && e->kind == EV_ALLOC && stream_handle == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
@@ -594,15 +602,10 @@ static cca_status_t run_events(const replay_trace_t *trace, replay_stream_t *str
             break;
         }
     }
-    if (stream) {
-        /* the counts before event i / 2, as the whole trace's replay takes them */
-        size_t k = 0;
-        while (k + 1 < log.count && log.marks[k + 1].at <= i / 2)
-            k++;
-        if (log.count && log.marks[k].at <= i / 2) {
-            r->late_segment_allocs = log.marks[k].allocs;
-            r->late_segment_frees = log.marks[k].frees;
-        }
+    const struct calls_mark *half = calls_log_at(&log, i / 2); /* i: the number of events */
+    if (half) {
+        r->late_segment_allocs = half->allocs;
+        r->late_segment_frees = half->frees;
     }
 out:
     free(log.marks);
@@ -645,13 +648,12 @@ static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt,
 }
 
 /*
- * Build the simulated backend and bring cca up with the configuration cfg.
- * Addresses (trace_addresses): addrs[0 .. naddrs - 1], or with stream set,
- * those of its events as they are read.
+ * Build the simulated backend and bring cca up with the configuration cfg;
+ * with trace_addresses, the backend hands out the addresses of stream's
+ * events, in order, as they are read.
  */
 static cca_status_t replay_init(const replay_config_t *cfg, const cca_replay_options_t *opt,
-                                const uint64_t *addrs, size_t naddrs, replay_stream_t *stream,
-                                cca_replay_result_t *r, cca_backend_t **sim_out)
+                                replay_stream_t *stream, cca_replay_result_t *r, cca_backend_t **sim_out)
 {
     snprintf(r->settings, sizeof(r->settings), "%s", cfg->settings);
     cca_sim_config_t sc;
@@ -660,13 +662,12 @@ static cca_status_t replay_init(const replay_config_t *cfg, const cca_replay_opt
     sc.total_memory = cfg->total;
     sc.memory_cap = opt->cap;
     sc.manual_events = true;
-    sc.addresses = addrs;
-    sc.address_count = naddrs;
     cca_backend_t *sim = NULL;
     cca_status_t st = cca_sim_create(&sc, &sim);
     if (st != CCA_OK)
         return st;
-    if (stream && opt->trace_addresses)
+    stream->rule.span = cfg->total + cfg->total / 8;
+    if (opt->trace_addresses)
         st = cca_sim_set_address_source(sim, stream_addresses, stream);
     /* events on the trace's streams (compact_memory's readiness) complete event_lag
      * trace events after their record; the private streams of deferred frees stay manual */
@@ -717,7 +718,7 @@ typedef struct spec {
 static void *spec_main(void *arg)
 {
     spec_t *s = arg;
-    s->st = replay_init(&s->cfg, &s->opt, NULL, 0, &s->stream, &s->r, &s->sim);
+    s->st = replay_init(&s->cfg, &s->opt, &s->stream, &s->r, &s->sim);
     if (s->st != CCA_OK)
         return NULL;
     s->up = true;
@@ -725,8 +726,7 @@ static void *spec_main(void *arg)
     if (s->expandable && !s->opt.total_memory)
         return NULL; /* the device size shapes every reservation: it cannot be guessed */
     uint64_t t0 = cca_now_ns();
-    s->st = run_events(s->stream.trace, &s->stream, NULL, 0, s->opt.trace_addresses, s->opt.event_lag,
-                       s->sim, &s->r);
+    s->st = run_events(&s->stream, NULL, 0, s->opt.trace_addresses, s->opt.event_lag, s->sim, &s->r);
     uint64_t busy = cca_now_ns() - t0 - s->stream.wait_ns;
     s->seconds = (double)busy / 1e9;
     s->finished = s->st == CCA_OK;
@@ -789,7 +789,6 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
             spec->opt = opt;
             snprintf(spec->cfg.settings, sizeof(spec->cfg.settings), "%s", opt.settings ? opt.settings : "");
             spec->cfg.total = opt.total_memory ? opt.total_memory : GUESS_TOTAL;
-            spec->stream.rule.span = spec->cfg.total + spec->cfg.total / 8;
             /* the chunk table first: the thread reads it */
             trace.chunks = calloc(REPLAY_MAX_CHUNKS, sizeof(*trace.chunks));
         }
@@ -823,7 +822,6 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         r->load_seconds = load_seconds;
         r->overlapped = true;
         r->seconds = spec->seconds;
-        snprintf(r->settings, sizeof(r->settings), "%s", cfg.settings);
     } else {
         if (spec && spec->up)
             cca_shutdown();
@@ -833,26 +831,17 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
             if (st != CCA_OK)
                 goto out_events;
         }
-        uint64_t *addrs = NULL;
-        size_t naddrs = 0;
-        if (opt.trace_addresses) {
-            addrs = malloc((n ? n : 1) * sizeof(*addrs));
-            if (!addrs) {
-                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the address list");
-                goto out_history;
-            }
-            addr_rule_t rule;
-            memset(&rule, 0, sizeof(rule));
-            rule.span = cfg.total + cfg.total / 8;
-            naddrs = addr_rule_scan(&rule, &trace, n, addrs, n);
-        }
+        /* the whole trace, read: no feed, every event in view */
+        replay_stream_t whole;
+        memset(&whole, 0, sizeof(whole));
+        whole.trace = &trace;
+        whole.view = (replay_view_t){n, trace.streams, true, true};
         cca_backend_t *sim = NULL;
-        st = replay_init(&cfg, &opt, addrs, naddrs, NULL, r, &sim);
-        free(addrs);
+        st = replay_init(&cfg, &opt, &whole, r, &sim);
         if (st != CCA_OK)
             goto out_history;
         uint64_t t1 = cca_now_ns();
-        st = run_events(&trace, NULL, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
+        st = run_events(&whole, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
         r->seconds = (double)(cca_now_ns() - t1) / 1e9;
         if (st != CCA_OK)
             goto out_shutdown;

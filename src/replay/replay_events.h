@@ -44,7 +44,7 @@ typedef struct replay_event {
 typedef struct replay_trace {
     replay_event_t **chunks; /* REPLAY_MAX_CHUNKS slots; chunk k holds events k * 2^16 ... */
     size_t count;            /* events */
-    size_t chunk_bytes;      /* bytes of each chunk (core/util.c's zero-filled arrays) */
+    size_t chunk_bytes;      /* bytes of each chunk (core/util.c's zero-filled arrays, all one size) */
     uint64_t *streams;       /* the distinct stream handles, in order of first use */
     size_t nstreams;
 } replay_trace_t;
@@ -58,17 +58,16 @@ static inline const replay_event_t *replay_ev(const replay_trace_t *t, size_t i)
 /*
  * The events of a trace being read, as far as they are final, for a replay on
  * another thread. The reader (replay_load) publishes in batches; the replay
- * reads events below `published` and stream handles below `nstreams` through
- * the `streams` pointer published with them (an array the reader never frees
- * or changes below nstreams while the feed lives).
+ * reads events below `published` (in the trace's chunks, which never move),
+ * and their stream handles through the `streams` pointer published with them
+ * (an array the reader never frees, nor changes where those events point,
+ * while the feed lives).
  */
 typedef struct replay_feed {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    const replay_trace_t *trace; /* the chunks (the table never moves) */
     size_t published;            /* events whose every field is final */
     const uint64_t *streams;
-    size_t nstreams;
     bool done;                   /* the reading ended: published is the trace's count if ok */
     bool ok;                     /* it ended without error */
     bool waiting;                /* the replay waits on cond */

@@ -109,7 +109,6 @@ static void publish(loader_t *l, size_t final, bool done, bool ok)
     pthread_mutex_lock(&f->lock);
     f->published = final;
     f->streams = l->t->streams;
-    f->nstreams = l->t->nstreams;
     f->done = done;
     f->ok = ok;
     if (f->waiting)
@@ -190,13 +189,12 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
             return cca_raise(CCA_ERR_FORMAT, "the trace has more than %zu events",
                              REPLAY_MAX_CHUNKS << REPLAY_CHUNK_SHIFT);
         /* a fresh chunk arrives zeroed (fresh pages, untouched until written) */
-        size_t bytes = 0;
         void *chunk = NULL;
-        if (cca_zarray_grow(&chunk, &bytes, REPLAY_CHUNK_EVENTS * sizeof(replay_event_t)))
-            t->chunks[k] = chunk;
-        t->chunk_bytes = bytes;
-        if (!t->chunks[k])
+        size_t bytes = 0; /* a new array: every chunk gets the same size */
+        if (!cca_zarray_grow(&chunk, &bytes, REPLAY_CHUNK_EVENTS * sizeof(replay_event_t)))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu trace events", t->count + 1);
+        t->chunks[k] = chunk;
+        t->chunk_bytes = bytes;
     }
     replay_event_t *e = &t->chunks[k][t->count & (REPLAY_CHUNK_EVENTS - 1)];
     const pk_value_t *action = rec->by_tag[TAG_ACTION];
@@ -214,6 +212,8 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         stream = 0;
     if (!ok && e->kind != EV_OTHER)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i, action->data);
+    if ((e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP) && !e->addr)
+        return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) is at address 0", i, action->data);
     if (!stream_index(l, stream, &e->stream))
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace's streams");
     if (t->count) {

@@ -206,6 +206,35 @@ TEST(guess_checked_at_the_end)
     expect_true(last_unexpected_ooms > 0);
 }
 
+/* A segment at address 0 is refused as malformed, alike in both modes. */
+TEST(segment_at_address_zero_refused)
+{
+    pv_doc_t *doc = pv_doc_new();
+    pv_node_t *root = pv_new_dict(doc), *traces = pv_new_list(doc), *events = pv_new_list(doc);
+    expect_ok(pv_dict_set(doc, root, "segments", pv_new_list(doc)));
+    expect_ok(pv_dict_set(doc, root, "device_traces", traces));
+    expect_ok(pv_list_append(doc, traces, events));
+    add_event(doc, events, "segment_alloc", 0, 2 << 20, 0x5500);
+    add_event(doc, events, "alloc", 0, 512, 0x5500);
+    char path[] = "/tmp/cca_overlap_zero_XXXXXX";
+    int fd = mkstemp(path);
+    expect_true(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    expect_ok(pickle_write_file(root, path));
+    pv_doc_free(doc);
+    for (int mode = 0; mode < 2; mode++) {
+        cca_replay_options_t opt = {0};
+        opt.trace_addresses = true;
+        opt.sequential = mode == 0;
+        cca_replay_result_t r;
+        expect_status(cca_replay_file(path, &opt, &r), CCA_ERR_FORMAT);
+        expect_contains(cca_last_error()->message, "segment_alloc) is at address 0");
+        expect_false(cca_is_initialized());
+    }
+    unlink(path);
+}
+
 /* A file cut short fails alike, after the thread has replayed what was read. */
 TEST(read_error_fails_alike)
 {
@@ -266,6 +295,7 @@ int main(void)
     RUN(comparison_notices_differences);
     RUN(bundled_traces_same_either_way);
     RUN(guess_checked_at_the_end);
+    RUN(segment_at_address_zero_refused);
     RUN(read_error_fails_alike);
     return harness_done();
 }

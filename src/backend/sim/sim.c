@@ -227,7 +227,7 @@ cca_status_t sim_place_range(sim_ctx_t *c, cca_backend_op_t op, int device, uint
         cca_status_t st = sim_append_addresses(c, more, got);
         if (st != CCA_OK)
             return st;
-        if (!open)
+        if (!open || !got) /* ended (a source that gives nothing has ended too) */
             c->addr_source = NULL;
     }
     if (c->addr_next < c->addr_count) {
