@@ -524,6 +524,37 @@ static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream
     return st;
 }
 
+/*
+ * The rest of an allocation from sp past its held-back block: best fit in
+ * the pool (held blocks merged first), else the slow path; sp's lock held on
+ * entry, released; unpins a private pool's sp, releases the trace context.
+ * Out of line: the cached pair's path stays short.
+ */
+static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, cca_stream_pool_t *sp,
+                                                            cca_pool_t *pool, size_t rsize, size_t size,
+                                                            bool context, void **ptr)
+{
+    cca_status_t st;
+    if (sp->small.held || sp->large.held)
+        pool_flush(sp);
+    cca_block_t *block = get_free_block(dev, pool, rsize, true);
+    if (block) {
+        st = alloc_found_block(dev, pool, &block, rsize, size, -1);
+        cca_spin_unlock(&sp->lock);
+    } else {
+        cca_spin_unlock(&sp->lock);
+        st = malloc_slow(dev, sp, pool, rsize, size, &block);
+    }
+    if (sp->private_pool)
+        pools_unpin(sp);
+    if (context)
+        trace_context_release();
+    if (st == CCA_OK)
+        *ptr = (void *)block->addr;
+    cca_assert_expensive(device_is_valid());
+    return st;
+}
+
 /* cca_malloc_device once the allocator is up and device is valid. */
 static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, int device,
                                      cca_stream_t stream)
@@ -563,33 +594,20 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
     cca_spin_lock(&sp->lock);
-    cca_block_t *block = NULL;
-    if (sp->small.held || sp->large.held) {
-        block = pool->held ? held_fit(pool, rsize) : NULL;
-        if (block) {
-            st = alloc_held_block(dev, pool, block, size);
-            cca_spin_unlock(&sp->lock);
-            goto done;
-        }
-        pool_flush(sp);
-    }
-    block = get_free_block(dev, pool, rsize, true);
-    if (block) {
-        st = alloc_found_block(dev, pool, &block, rsize, size, -1);
+    cca_block_t *block = pool->held ? held_fit(pool, rsize) : NULL;
+    if (block) { /* the cached pair's */
+        st = alloc_held_block(dev, pool, block, size);
         cca_spin_unlock(&sp->lock);
-    } else {
-        cca_spin_unlock(&sp->lock);
-        st = malloc_slow(dev, sp, pool, rsize, size, &block);
+        if (sp->private_pool)
+            pools_unpin(sp);
+        if (context)
+            trace_context_release();
+        if (st == CCA_OK)
+            *ptr = (void *)block->addr;
+        cca_assert_expensive(device_is_valid());
+        return st;
     }
-done:
-    if (sp->private_pool)
-        pools_unpin(sp);
-    if (context)
-        trace_context_release();
-    if (st == CCA_OK)
-        *ptr = (void *)block->addr;
-    cca_assert_expensive(device_is_valid());
-    return st;
+    return malloc_locked(dev, sp, pool, rsize, size, context, ptr);
 }
 
 cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream)
@@ -630,6 +648,23 @@ cca_status_t cca_free(void *ptr)
     return st;
 }
 
+/*
+ * In solo mode, the block at addr if it is the one a pool of sp handed out
+ * last and may be held back as it is returned (the cached pair's): found
+ * without the pointer map, which has it (allocated, so the only block there
+ * at addr). NULL otherwise (sp's lock held, its held blocks flushed).
+ */
+static inline cca_block_t *pair_block(cca_stream_pool_t *sp, uintptr_t addr)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        cca_pool_t *pool = kind ? &sp->large : &sp->small;
+        cca_block_t *b = pool->last_alloc;
+        if (b && b->addr == addr && b->allocated && !b->stream_use_count && pool_may_hold(pool, b))
+            return b;
+    }
+    return NULL;
+}
+
 /* cca_free, for callers that may hold the device lock. */
 cca_status_t alloc_free(void *ptr)
 {
@@ -660,6 +695,19 @@ cca_status_t alloc_free(void *ptr)
         cca_stream_pool_t *only = pool_of_lock(solo);
         if (only->small.held || only->large.held)
             pool_flush(only); /* first: the decision below is then pool_free_block's */
+        block = pair_block(only, (uintptr_t)ptr);
+        if (block) { /* the cached pair's free: held back, left in the map, as below */
+            cca_device_t *dev = only->device;
+            block->pool->held_in_map = true;
+            block->allocated = false;
+            trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size,
+                         only->stream);
+            pool_hold_block(dev, block, true);
+            cca_spin_unlock(solo);
+            if (context)
+                trace_context_release();
+            return CCA_OK;
+        }
         link = ptrmap_find_link_solo(S->ptrmap, (uintptr_t)ptr);
         block = link ? *link : NULL;
     } else {

@@ -19,6 +19,7 @@
 
 #include "internal.h"
 #include "settings.h"
+#include "trace.h"
 
 /* PyTorch's constants. */
 #define CCA_MIN_BLOCK_SIZE ((size_t)512)            /* all sizes are multiples of this */
@@ -948,6 +949,44 @@ static inline void pool_lock(cca_stream_pool_t *sp)
 }
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
+/* The statistics of a held-back return applied now (pool_hold_block; pool.c). */
+void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free);
+
+/* What every return of a block starts with: the trace, the garbage collector's age, the
+ * tick compact_memory's readiness goes by (stream pool lock held). True for a block of an
+ * expandable segment. */
+static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *dev, cca_block_t *block)
+{
+    cca_pool_t *pool = block->pool;
+    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
+                 pool->owner->stream);
+    block->gc_count_base = atomic_load_explicit(
+        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    bool expandable = pool->expandable_segments && block->segment->es;
+    if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
+        block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
+    return expandable;
+}
+
+/* Hold a block returned to its pool back from merging, pool_may_hold said yes (stream pool
+ * lock held, its held blocks flushed): the cached pair's return. */
+static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *dev, cca_block_t *block,
+                                                                  bool program_free)
+{
+    cca_pool_t *pool = block->pool;
+    cca_stream_pool_t *sp = pool->owner;
+    pool_free_begin(dev, block);
+    pool->held = block;
+    /* (an expandable block's statistics are applied now: they leave inactive_split alone,
+     * which ops_apply_again does not know) */
+    if (program_free && ops_may_defer(sp) && !block->segment->es) {
+        /* its statistics too: pool_flush applies them (held_free_deltas), or
+         * the block's next allocation folds them into its own (alloc.c) */
+        pool->held_stats = true;
+        return;
+    }
+    pool_hold_stats(sp, block, program_free); /* the merge's with the upper neighbour, put off */
+}
 /* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
 cca_status_t pool_invalid_pointer(const char *what, const void *ptr);
 /* Set a device's state up (cca_state->settings readable) and down. */

@@ -309,40 +309,29 @@ void pool_flush(cca_stream_pool_t *sp)
 }
 
 
+void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free)
+{
+    int64_t d[OPS_COUNT];
+    held_free_deltas(block, d);
+    if (!program_free) /* returned by its last event: the program's free was counted then */
+        d[OPS_ALLOCATION] = d[OPS_ALLOCATED_BYTES] = d[OPS_OVERSIZE] = 0;
+    ops_apply(sp, pool_stat_type(block->pool->is_small), d, free_sign);
+}
+
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
 {
     cca_pool_t *pool = block->pool;
     cca_stream_pool_t *sp = pool->owner;
     if (sp->small.held || sp->large.held)
         pool_flush(sp);
-    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
-                 pool->owner->stream);
+    if (pool_may_hold(pool, block)) {
+        pool_hold_block(dev, block, program_free);
+        return;
+    }
     size_t original_size = block->size;
     size_t requested = block->requested_size;
     int type = pool_stat_type(pool->is_small);
-    block->gc_count_base = atomic_load_explicit(
-        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
-    bool expandable = pool->expandable_segments && block->segment->es;
-    if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
-        block->free_tick = ++sp->free_tick; /* compact_memory's readiness (expandable.c) */
-    if (pool_may_hold(pool, block)) {
-        pool->held = block;
-        /* (an expandable block's statistics are applied now: they leave inactive_split alone,
-         * which ops_apply_again does not know) */
-        if (program_free && ops_may_defer(sp) && !block->segment->es) {
-            /* its statistics too: pool_flush applies them (held_free_deltas), or
-             * the block's next allocation folds them into its own (alloc.c) */
-            pool->held_stats = true;
-            return;
-        }
-        /* the statistics of the merge with the upper neighbour, the merge put off */
-        int64_t d[OPS_COUNT];
-        held_free_deltas(block, d);
-        if (!program_free) /* returned by its last event: the program's free was counted then */
-            d[OPS_ALLOCATION] = d[OPS_ALLOCATED_BYTES] = d[OPS_OVERSIZE] = 0;
-        ops_apply(sp, type, d, free_sign);
-        return;
-    }
+    bool expandable = pool_free_begin(dev, block);
     int64_t net_blocks = 0, net_bytes = 0;
     cca_block_t *candidates[2] = {block->prev, block->next};
     for (int i = 0; i < 2; i++) {

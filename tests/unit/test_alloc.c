@@ -353,6 +353,84 @@ TEST(held_statistics_equal_merged)
     }
 }
 
+/*
+ * One stream's script of allocations, cached pairs, record_stream uses and
+ * bad frees, in solo mode (one stream pool guards the pointer map: the
+ * cached pair's free finds its block as the pool's last one, without the
+ * map) or with the map's shards (every free through the map): every address
+ * and every error must be the same, and the statistics at the end.
+ */
+enum { SOLO_STEPS = 3000 };
+
+static void run_solo_script(const char *settings, bool solo, uintptr_t *addrs, cca_device_stats_t *out)
+{
+    setup(settings, 0, false);
+    enum { SLOTS = 10 };
+    char *slot[SLOTS] = {0};
+    static const size_t sizes[] = {512, 513, 1024, 4 * KiB, 3 * MiB, 3 * MiB - 100, 12 * MiB, 600};
+    void *first = xmalloc(512, NULL); /* the stream pool */
+    expect_true(ptrmap_solo(cca_state->ptrmap) != NULL);
+    if (!solo)
+        ptrmap_pool_made(cca_state->ptrmap, NULL); /* as a second pool would: the shards' mode */
+    expect_true((ptrmap_solo(cca_state->ptrmap) != NULL) == solo);
+    uint64_t x = 777;
+    for (int i = 0; i < SOLO_STEPS; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((x >> 33) % SLOTS);
+        size_t size = sizes[(x >> 20) % (sizeof(sizes) / sizeof(sizes[0]))];
+        if (slot[k]) {
+            if ((x >> 40) % 7 == 0)
+                expect_status(cca_free(slot[k] + 256), CCA_ERR_INVALID_POINTER); /* inside */
+            if ((x >> 40) % 7 == 1)
+                expect_ok(cca_record_stream(slot[k], S1)); /* freed through its event */
+            expect_ok(cca_free(slot[k]));
+            if ((x >> 40) % 5 == 0)
+                expect_status(cca_free(slot[k]), CCA_ERR_INVALID_POINTER); /* twice */
+            slot[k] = NULL;
+            if (k % 2 == 0) /* the same slot again at once: the cached pair */
+                slot[k] = xmalloc(size, NULL);
+        } else {
+            slot[k] = xmalloc(size, NULL);
+        }
+        addrs[i] = (uintptr_t)slot[k];
+        if ((x >> 50) % 97 == 0)
+            (void)stats(0); /* a read merges the held block */
+    }
+    expect_true((ptrmap_solo(cca_state->ptrmap) != NULL) == solo);
+    for (int k = 0; k < SLOTS; k++)
+        if (slot[k] && k % 3)
+            expect_ok(cca_free(slot[k]));
+    expect_ok(cca_free(first));
+    *out = stats(0);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
+TEST(solo_pair_free_equals_the_map_path)
+{
+    const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20", "expandable_segments:True"};
+    static uintptr_t a[SOLO_STEPS], b[SOLO_STEPS];
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        cca_device_stats_t solo, shards;
+        run_solo_script(modes[m], true, a, &solo);
+        run_solo_script(modes[m], false, b, &shards);
+        size_t differing = 0;
+        for (int i = 0; i < SOLO_STEPS; i++)
+            differing += a[i] != b[i];
+        expect_eq_u64(differing, 0);
+        /* peaks too, but in the relaxed mode, whose peaks are sampled */
+        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
+        const cca_stat_t *p = solo.allocation, *q = shards.allocation;
+        for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++) /* allocation ... requested_bytes */
+            differing += p[i].current != q[i].current || p[i].allocated != q[i].allocated ||
+                         p[i].freed != q[i].freed || (peaks && p[i].peak != q[i].peak);
+        differing += solo.num_device_alloc != shards.num_device_alloc;
+        expect_eq_u64(differing, 0);
+        expect_ne_u64((uint64_t)solo.allocation[CCA_STAT_ALL].allocated, 0);
+        expect_eq_i64(solo.allocation[CCA_STAT_ALL].current, shards.allocation[CCA_STAT_ALL].current);
+    }
+}
+
 /* A held-back free whose merge raises inactive_split_bytes to its peak, taken again at once. */
 TEST(held_free_peak_in_between)
 {
@@ -1017,6 +1095,7 @@ int main(void)
     RUN(split_reuse_and_merge);
     RUN(held_free_is_the_merge);
     RUN(held_statistics_equal_merged);
+    RUN(solo_pair_free_equals_the_map_path);
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
