@@ -31,6 +31,29 @@ def cli():
     return path if os.path.exists(path) else None
 
 
+class Exports(unittest.TestCase):
+    def test_only_the_public_api_is_exported(self):
+        """libcca.so exports the names of cca.h and cca_backend.h and nothing else."""
+        import re
+        import shutil
+        lib = os.environ.get("CCA_LIBRARY")
+        if not lib or not shutil.which("nm"):
+            self.skipTest("needs CCA_LIBRARY and nm")
+        out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True,
+                             capture_output=True, text=True).stdout
+        exported = {line.split()[-1] for line in out.splitlines() if line.split()}
+        root = os.path.join(os.path.dirname(__file__), "..", "..", "include")
+        public = set()
+        for header in ("cca.h", "cca_backend.h"):
+            with open(os.path.join(root, header)) as f:
+                public |= set(re.findall(r"\b(cca_[A-Za-z0-9_]+)\s*\(", f.read()))
+        ours = {name for name in exported if name.startswith("cca_")}
+        self.assertIn("cca_malloc", ours)
+        self.assertEqual(sorted(ours - public), [])
+        foreign = {name for name in exported if not name.startswith("cca_")}
+        self.assertEqual(sorted(foreign), [])
+
+
 class Settings(unittest.TestCase):
     def test_defaults_and_argument(self):
         s = cca.settings("max_split_size_mb:64,roundup_power2_divisions:4")
