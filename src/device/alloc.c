@@ -336,9 +336,25 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
         /* its free's statistics and these in one update (the same size, the same oversize:
          * a change of max_split_size merges it first) */
         pool->held_stats = false;
-        ops_apply_again(pool->owner, pool_stat_type(pool->is_small), (int64_t)block->size,
-                        (int64_t)up->size, split, block->oversize, (int64_t)old_req,
-                        (int64_t)orig_size);
+        cca_stream_pool_t *sp = pool->owner;
+        if (sp->again_pool == pool && old_req == orig_size && pool->again_req == orig_size &&
+            pool->again_size == block->size && pool->again_up == up->size &&
+            pool->again_split == split) {
+            /* the last update again: values and peaks as they are, the counts later */
+            pool->again_n++;
+        } else {
+            ops_apply_again(sp, pool_stat_type(pool->is_small), (int64_t)block->size,
+                            (int64_t)up->size, split, block->oversize, (int64_t)old_req,
+                            (int64_t)orig_size);
+            if (pool->again_n) /* another block's or another size's repeats, counted first */
+                pool_flush_agains(pool);
+            sp->again_pool = old_req == orig_size ? pool : NULL;
+            pool->again_size = block->size;
+            pool->again_up = up->size;
+            pool->again_req = orig_size;
+            pool->again_split = split;
+            pool->again_oversize = block->oversize;
+        }
         trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     } else {
         alloc_account(dev, pool, block, up, split, orig_size);

@@ -144,6 +144,18 @@ typedef struct cca_pool {
     /* true: the held block stayed in the pointer map (solo mode: the map's lock is this
      * pool's), not allocated, so no lookup finds it; pool_flush takes it out */
     bool held_in_map;
+    /* allocations again of a held block not yet counted (pool_flush counts them): each the
+     * same update as the last full one (ops_apply_again): a block of again_size bytes, an
+     * upper neighbour of again_up, split or not, requested again_req bytes before and after
+     * (oversize follows from the size: a settings change flushes), with no other statistics
+     * update of the stream pool since (again_pool), so values and peaks stay and only the
+     * counts move */
+    uint64_t again_n;
+    size_t again_size;
+    size_t again_up;
+    size_t again_req;
+    bool again_split;
+    bool again_oversize;
     /* held_fit's last yes: for this held block, size and bins version (nothing else moves it) */
     const struct cca_block *fit_block;
     size_t fit_size;
@@ -161,6 +173,9 @@ typedef struct cca_stream_pool {
     cca_block_t *spare_blocks;  /* recycled block structs (linked by bin_next) */
     size_t spare_count;
     cca_device_stats_t stats;   /* per-operation statistics when !exact_stats (pool lock) */
+    /* the pool whose last ops_apply_again was this stream pool's last statistics update (its
+     * repeats may be counted later: again_n); NULL after any other (ops_apply) */
+    cca_pool_t *again_pool;
     /* compact_memory: which free blocks the stream's work is done with (pool lock) */
     uint64_t free_tick;         /* blocks returned to the pool so far */
     uint64_t ready_tick;        /* blocks returned at or before this tick: their work is done */
@@ -607,13 +622,21 @@ enum { OPS_RELAXED, OPS_LOCKED, OPS_LOGGED };
 /* The only pool's lock, for readers of the ops table (then the stats lock); NULL if none. */
 void pool_flush(struct cca_stream_pool *sp);
 
+/* Whether pool_flush has anything to do: a held block, repeats not yet counted, or a last
+ * update a repeat could still follow (a reader may reset peaks: repeats then count in full). */
+static inline bool pool_pending(const struct cca_stream_pool *sp)
+{
+    return sp->small.held || sp->large.held || sp->small.again_n || sp->large.again_n ||
+           sp->again_pool;
+}
+
 static inline struct cca_stream_pool *stats_solo_lock(cca_device_t *dev)
 {
     struct cca_stream_pool *solo = atomic_load_explicit(&dev->stats_solo, memory_order_acquire);
     if (solo) {
         cca_spin_lock(&solo->lock); /* it lives until shutdown, cleared or not */
-        if (solo->small.held || solo->large.held)
-            pool_flush(solo); /* its held-back free's statistics applied */
+        if (pool_pending(solo))
+            pool_flush(solo); /* its held-back free's statistics applied, its repeats counted */
     }
     return solo;
 }
@@ -722,6 +745,7 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
 {
     int mode = op_stats_mode(sp);
     cca_device_t *dev = sp->device;
+    sp->again_pool = NULL;
     if (mode == OPS_LOCKED) {
         ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
     } else if (mode == OPS_LOGGED) {
@@ -876,6 +900,13 @@ static inline __attribute__((always_inline)) void ops_apply_again(cca_stream_poo
     }
 }
 
+/* Count pool's repeats of its last full ops_apply_again (pool lock held). */
+void pool_flush_agains(cca_pool_t *pool);
+/* The counts of n repeats of one ops_apply_again (old_req == new_req == req) whose values
+ * and peaks were those of the first (pool_flush; pool lock held). */
+void ops_again_counts(cca_stream_pool_t *sp, int type, uint64_t n, int64_t size, int64_t up,
+                      bool split, bool oversize, int64_t req);
+
 /* ---- pool.c: blocks, stream pools, device set-up ------------------------------ */
 
 /* A block struct from the pool's spares or the heap, every field set (pool lock held). */
@@ -944,7 +975,7 @@ static inline bool pool_may_hold(const cca_pool_t *pool, const cca_block_t *bloc
 static inline void pool_lock(cca_stream_pool_t *sp)
 {
     cca_spin_lock(&sp->lock);
-    if (sp->small.held || sp->large.held)
+    if (pool_pending(sp))
         pool_flush(sp);
 }
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */

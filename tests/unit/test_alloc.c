@@ -431,6 +431,73 @@ TEST(solo_pair_free_equals_the_map_path)
     }
 }
 
+/*
+ * Runs of cached pairs whose statistics updates repeat the last one exactly
+ * are counted later (pool->again_n): the same script with a statistics read
+ * after every step (each read counts them and makes the next pair's update a
+ * full one) must end with every statistic equal; peaks reset and counts
+ * reset between runs, pairs of another size, of the other pool, and of a
+ * block whose request changes break the runs.
+ */
+static void run_repeats_script(const char *settings, bool read_each, cca_device_stats_t *at, cca_device_stats_t *out)
+{
+    setup(settings, 0, false);
+    char *below = xmalloc(4 * KiB, NULL);
+    char *big_below = xmalloc(3 * MiB, NULL);
+    static const struct { size_t size; int times; } runs[] = {
+        {4 * KiB, 50}, {4 * KiB - 100, 3}, {8 * KiB, 20}, {3 * MiB, 30}, {4 * KiB, 40},
+        {3 * MiB - 512, 5}, {512, 25}, {4 * KiB, 10},
+    };
+    for (int r = 0; r < 3; r++) {
+        for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+            for (int t = 0; t < runs[i].times; t++) {
+                void *p = xmalloc(runs[i].size, NULL);
+                if (t == runs[i].times / 2 && i % 3 == 0)
+                    expect_ok(cca_reset_peak_stats(0)); /* the run's next update in full again */
+                if (t == runs[i].times - 1)
+                    *at++ = stats(0); /* the run's repeats counted (a read in both scripts) */
+                expect_ok(cca_free(p));
+                if (read_each)
+                    (void)stats(0);
+            }
+        }
+        if (r == 1)
+            expect_ok(cca_reset_accumulated_stats(0));
+    }
+    expect_ok(cca_free(below));
+    expect_ok(cca_free(big_below));
+    *out = stats(0);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+}
+
+TEST(held_repeats_counted_later)
+{
+    const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20"};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        enum { AT = 3 * 8 + 1 };
+        static cca_device_stats_t each_at[AT], none_at[AT];
+        run_repeats_script(modes[m], true, each_at, &each_at[AT - 1]);
+        run_repeats_script(modes[m], false, none_at, &none_at[AT - 1]);
+        cca_device_stats_t none = none_at[AT - 1];
+        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
+        size_t differing = 0;
+        for (int k = 0; k < AT; k++) { /* after every run, and at the end */
+            const cca_stat_t *a = each_at[k].allocation, *b = none_at[k].allocation;
+            for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++)
+                differing += a[i].current != b[i].current || a[i].allocated != b[i].allocated ||
+                             a[i].freed != b[i].freed || (peaks && a[i].peak != b[i].peak);
+            differing += each_at[k].oversize_allocations.allocated !=
+                         none_at[k].oversize_allocations.allocated;
+        }
+        expect_eq_u64(differing, 0);
+        /* the last round's pairs (counts reset after the second round), the two blocks' frees */
+        expect_eq_i64(none.allocation[CCA_STAT_ALL].allocated, 183);
+        expect_eq_i64(none.allocation[CCA_STAT_ALL].freed, 185);
+        expect_eq_i64(none.allocation[CCA_STAT_ALL].current, 0);
+    }
+}
+
 /* A held-back free whose merge raises inactive_split_bytes to its peak, taken again at once. */
 TEST(held_free_peak_in_between)
 {
@@ -1096,6 +1163,7 @@ int main(void)
     RUN(held_free_is_the_merge);
     RUN(held_statistics_equal_merged);
     RUN(solo_pair_free_equals_the_map_path);
+    RUN(held_repeats_counted_later);
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
