@@ -353,7 +353,6 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
             pool->again_up = up->size;
             pool->again_req = orig_size;
             pool->again_split = split;
-            pool->again_oversize = block->oversize;
         }
         trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
     } else {
@@ -540,6 +539,22 @@ static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream
     return st;
 }
 
+/* The end of an allocation from sp, its lock released: a private pool's sp unpinned, the
+ * trace context released, the block handed out. */
+static inline __attribute__((always_inline)) cca_status_t malloc_done(cca_stream_pool_t *sp, bool context,
+                                                                      cca_status_t st,
+                                                                      const cca_block_t *block, void **ptr)
+{
+    if (sp->private_pool)
+        pools_unpin(sp);
+    if (context)
+        trace_context_release();
+    if (st == CCA_OK)
+        *ptr = (void *)block->addr;
+    cca_assert_expensive(device_is_valid());
+    return st;
+}
+
 /*
  * The rest of an allocation from sp past its held-back block: best fit in
  * the pool (held blocks merged first), else the slow path; sp's lock held on
@@ -561,14 +576,7 @@ static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, c
         cca_spin_unlock(&sp->lock);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
-    if (sp->private_pool)
-        pools_unpin(sp);
-    if (context)
-        trace_context_release();
-    if (st == CCA_OK)
-        *ptr = (void *)block->addr;
-    cca_assert_expensive(device_is_valid());
-    return st;
+    return malloc_done(sp, context, st, block, ptr);
 }
 
 /* cca_malloc_device once the allocator is up and device is valid. */
@@ -614,14 +622,7 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     if (block) { /* the cached pair's */
         st = alloc_held_block(dev, pool, block, size);
         cca_spin_unlock(&sp->lock);
-        if (sp->private_pool)
-            pools_unpin(sp);
-        if (context)
-            trace_context_release();
-        if (st == CCA_OK)
-            *ptr = (void *)block->addr;
-        cca_assert_expensive(device_is_valid());
-        return st;
+        return malloc_done(sp, context, st, block, ptr);
     }
     return malloc_locked(dev, sp, pool, rsize, size, context, ptr);
 }

@@ -147,7 +147,7 @@ typedef struct cca_pool {
     /* allocations again of a held block not yet counted (pool_flush counts them): each the
      * same update as the last full one (ops_apply_again): a block of again_size bytes, an
      * upper neighbour of again_up, split or not, requested again_req bytes before and after
-     * (oversize follows from the size: a settings change flushes), with no other statistics
+     * (never oversize: held_fit holds none), with no other statistics
      * update of the stream pool since (again_pool), so values and peaks stay and only the
      * counts move */
     uint64_t again_n;
@@ -155,7 +155,6 @@ typedef struct cca_pool {
     size_t again_up;
     size_t again_req;
     bool again_split;
-    bool again_oversize;
     /* held_fit's last yes: for this held block, size and bins version (nothing else moves it) */
     const struct cca_block *fit_block;
     size_t fit_size;
@@ -905,7 +904,7 @@ void pool_flush_agains(cca_pool_t *pool);
 /* The counts of n repeats of one ops_apply_again (old_req == new_req == req) whose values
  * and peaks were those of the first (pool_flush; pool lock held). */
 void ops_again_counts(cca_stream_pool_t *sp, int type, uint64_t n, int64_t size, int64_t up,
-                      bool split, bool oversize, int64_t req);
+                      bool split, int64_t req);
 
 /* ---- pool.c: blocks, stream pools, device set-up ------------------------------ */
 

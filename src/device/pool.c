@@ -286,53 +286,31 @@ static void held_free_deltas(const cca_block_t *h, int64_t d[OPS_COUNT])
 }
 
 void ops_again_counts(cca_stream_pool_t *sp, int type, uint64_t n, int64_t size, int64_t up,
-                      bool split, bool oversize, int64_t req)
+                      bool split, int64_t req)
 {
     cca_device_t *dev = sp->device;
-    int64_t k = (int64_t)n;
-    if (!dev->exact_stats) {
-        cca_device_stats_t *own = &sp->stats;
-        for (int row = 0; row < 2; row++) {
-            int ty = row ? type : CCA_STAT_ALL;
-            cca_stat_t *count[] = {&own->allocation[ty], &own->active[ty]};
-            cca_stat_t *bytes[] = {&own->allocated_bytes[ty], &own->active_bytes[ty]};
-            for (int i = 0; i < 2; i++) {
-                count[i]->allocated += k;
-                count[i]->freed += k;
-                bytes[i]->allocated += k * size;
-                bytes[i]->freed += k * size;
-            }
-            own->requested_bytes[ty].allocated += k * req;
-            own->requested_bytes[ty].freed += k * req;
-            if (!split) {
-                own->inactive_split[ty].allocated += k;
-                own->inactive_split[ty].freed += k;
-            }
-            own->inactive_split_bytes[ty].allocated += k * (split ? size : up);
-            own->inactive_split_bytes[ty].freed += k * (split ? size : up);
-        }
-        if (oversize) {
-            own->oversize_allocations.allocated += k;
-            own->oversize_allocations.freed += k;
-        }
-        return;
-    }
-    ops_count_t *c = dev->ops->n[type];
-    int64_t add[OPS_COUNT] = {0};
+    int64_t k = (int64_t)n, add[OPS_COUNT];
     add[OPS_ALLOCATION] = add[OPS_ACTIVE] = k;
     add[OPS_ALLOCATED_BYTES] = add[OPS_ACTIVE_BYTES] = k * size;
     add[OPS_REQUESTED_BYTES] = k * req;
     add[OPS_INACTIVE_SPLIT] = split ? 0 : k;
     add[OPS_INACTIVE_SPLIT_BYTES] = k * (split ? size : up);
     for (int i = 0; i < OPS_COUNT; i++) {
-        if (i == OPS_OVERSIZE)
+        if (i == OPS_OVERSIZE) /* a held block never is (held_fit: below max_split_size) */
             continue;
-        c[i].allocated += add[i];
-        c[i].freed += add[i];
-    }
-    if (oversize) {
-        dev->ops->n[CCA_STAT_ALL][OPS_OVERSIZE].allocated += k;
-        dev->ops->n[CCA_STAT_ALL][OPS_OVERSIZE].freed += k;
+        /* each moved up and down by add[i]: the relaxed mode's in the pool's own ALL and type
+         * entries, the exact mode's in the table's type entry */
+        if (!dev->exact_stats) {
+            cca_stat_t *all = &ops_array(&sp->stats, i)[CCA_STAT_ALL];
+            cca_stat_t *own = &ops_array(&sp->stats, i)[type];
+            all->allocated += add[i];
+            all->freed += add[i];
+            own->allocated += add[i];
+            own->freed += add[i];
+        } else {
+            dev->ops->n[type][i].allocated += add[i];
+            dev->ops->n[type][i].freed += add[i];
+        }
     }
 }
 
@@ -340,7 +318,7 @@ void pool_flush_agains(cca_pool_t *pool)
 {
     ops_again_counts(pool->owner, pool_stat_type(pool->is_small), pool->again_n,
                      (int64_t)pool->again_size, (int64_t)pool->again_up, pool->again_split,
-                     pool->again_oversize, (int64_t)pool->again_req);
+                     (int64_t)pool->again_req);
     pool->again_n = 0;
 }
 

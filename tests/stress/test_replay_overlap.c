@@ -102,6 +102,20 @@ static void add_event(pv_doc_t *doc, pv_node_t *events, const char *action, uint
     expect_ok(pv_list_append(doc, events, e));
 }
 
+/* Write doc's root to a new file from template path (its XXXXXX replaced) and free doc;
+ * false if no file could be made. */
+static bool write_temp(pv_doc_t *doc, pv_node_t *root, char *path)
+{
+    int fd = mkstemp(path);
+    expect_true(fd >= 0);
+    if (fd >= 0) {
+        close(fd);
+        expect_ok(pickle_write_file(root, path));
+    }
+    pv_doc_free(doc);
+    return fd >= 0;
+}
+
 /*
  * Write a trace of 3,000 allocations of 1 to 10 MiB on two streams, eight live
  * at a time (over 9,000 events: several batches of the reader), every fifth
@@ -146,13 +160,7 @@ static const char *write_fake(const fake_t *f)
     expect_ok(pv_dict_set(doc, meta, "fraction", pv_new_float(doc, f->fraction)));
     expect_ok(pv_dict_set(doc, root, "cca_meta", meta));
     snprintf(path, sizeof(path), "/tmp/cca_overlap_XXXXXX");
-    int fd = mkstemp(path);
-    expect_true(fd >= 0);
-    if (fd >= 0)
-        close(fd);
-    expect_ok(pickle_write_file(root, path));
-    pv_doc_free(doc);
-    return fd >= 0 ? path : NULL;
+    return write_temp(doc, root, path) ? path : NULL;
 }
 
 /* Replay a made-up trace both ways with options opt; returns whether the thread's replay stood. */
@@ -217,12 +225,8 @@ TEST(segment_at_address_zero_refused)
     add_event(doc, events, "segment_alloc", 0, 2 << 20, 0x5500);
     add_event(doc, events, "alloc", 0, 512, 0x5500);
     char path[] = "/tmp/cca_overlap_zero_XXXXXX";
-    int fd = mkstemp(path);
-    expect_true(fd >= 0);
-    if (fd >= 0)
-        close(fd);
-    expect_ok(pickle_write_file(root, path));
-    pv_doc_free(doc);
+    if (!write_temp(doc, root, path))
+        return;
     for (int mode = 0; mode < 2; mode++) {
         cca_replay_options_t opt = {0};
         opt.trace_addresses = true;

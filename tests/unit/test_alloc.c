@@ -446,7 +446,7 @@ static void run_repeats_script(const char *settings, bool read_each, cca_device_
     char *big_below = xmalloc(3 * MiB, NULL);
     static const struct { size_t size; int times; } runs[] = {
         {4 * KiB, 50}, {4 * KiB - 100, 3}, {8 * KiB, 20}, {3 * MiB, 30}, {4 * KiB, 40},
-        {3 * MiB - 512, 5}, {512, 25}, {4 * KiB, 10},
+        {3 * MiB - 512, 5}, {512, 25}, {4 * KiB, 10}, {24 * MiB, 6}, /* oversize under a split cap: never held */
     };
     for (int r = 0; r < 3; r++) {
         for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
@@ -475,7 +475,7 @@ TEST(held_repeats_counted_later)
 {
     const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20"};
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
-        enum { AT = 3 * 8 + 1 };
+        enum { AT = 3 * 9 + 1 };
         static cca_device_stats_t each_at[AT], none_at[AT];
         run_repeats_script(modes[m], true, each_at, &each_at[AT - 1]);
         run_repeats_script(modes[m], false, none_at, &none_at[AT - 1]);
@@ -492,8 +492,10 @@ TEST(held_repeats_counted_later)
         }
         expect_eq_u64(differing, 0);
         /* the last round's pairs (counts reset after the second round), the two blocks' frees */
-        expect_eq_i64(none.allocation[CCA_STAT_ALL].allocated, 183);
-        expect_eq_i64(none.allocation[CCA_STAT_ALL].freed, 185);
+        expect_eq_i64(none.allocation[CCA_STAT_ALL].allocated, 189);
+        expect_eq_i64(none.allocation[CCA_STAT_ALL].freed, 191);
+        if (m == 2) /* max_split_size_mb:20: the 24 MiB pairs are oversize */
+            expect_eq_i64(none.oversize_allocations.allocated, 6);
         expect_eq_i64(none.allocation[CCA_STAT_ALL].current, 0);
     }
 }
