@@ -7,7 +7,10 @@ cca with compact_memory:True (its moves of free granules and waits for a
 stream's event counted over the whole run).
 Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
-and torch.empty(1 MiB) + free from Python, broken down: torch.empty(0) + free
+each model's peak reserved bytes and their ratio to its peak requested bytes
+(the cache emptied and the peaks reset before each model; the whole run's
+peak reserved is the largest model's), and torch.empty(1 MiB) + free from
+Python, broken down: torch.empty(0) + free
 (PyTorch's own cost: the allocator is asked for nothing), the allocate + free
 pair through PyTorch's CUDAAllocator interface timed in C++ (the allocator's
 share), their difference (PyTorch's share of the 1 MiB pair) and, for cca,
@@ -95,6 +98,7 @@ def worker(mode):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
 
+    fresh_peaks(torch)
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(64, 3, 224, 224, device="cuda")
@@ -107,7 +111,9 @@ def worker(mode):
     out["resnet50_train_ms"] = timed_steps(torch, resnet_step, 5, 30) * 1e3
     if mode == "cca-compact":  # the loop's own moves: after warm-up, a steady loop makes none
         steady_moves(torch, resnet_step, 10, "resnet50", out)
+    model_peaks(torch, "resnet50_train", out)
     del model, opt, x, y
+    fresh_peaks(torch)
 
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
     gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
@@ -120,7 +126,9 @@ def worker(mode):
     out["gpt2_train_ms"] = timed_steps(torch, gpt_step, 3, 15) * 1e3
     if mode == "cca-compact":
         steady_moves(torch, gpt_step, 5, "gpt2_train", out)
+    model_peaks(torch, "gpt2_train", out)
     del gopt
+    fresh_peaks(torch)
     gpt.eval()
     prompt = ids[:1, :32]
 
@@ -131,11 +139,27 @@ def worker(mode):
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     gen()
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
-    out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    model_peaks(torch, "gpt2_generate", out)
+    out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
     out["backend"] = cca.torch.installed() or "pytorch"
     if mode == "cca-compact":
         out.update(compact_counts())
     return out
+
+
+def fresh_peaks(torch):
+    """Before a model: the cache emptied and the peaks reset, so that its figures are its own."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def model_peaks(torch, name, out):
+    """A model's peak reserved bytes and peak requested bytes (since fresh_peaks), and their ratio."""
+    stats = torch.cuda.memory_stats()
+    out[name + "_peak_reserved_bytes"] = stats["reserved_bytes.all.peak"]
+    out[name + "_reserved_over_requested"] = (stats["reserved_bytes.all.peak"]
+                                              / max(1, stats["requested_bytes.all.peak"]))
 
 
 def steady_moves(torch, step, steps, name, out):
@@ -200,7 +224,9 @@ def main():
                                                           results[mode][-1].items() if k != "backend")))
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
             "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
-            "peak_reserved_bytes")
+            "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
+            "gpt2_train_peak_reserved_bytes", "gpt2_train_reserved_over_requested",
+            "gpt2_generate_peak_reserved_bytes", "gpt2_generate_reserved_over_requested")
     keys = tuple(k for k in keys if k in results["cca"][0])
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
     for m in MODES:
@@ -212,10 +238,12 @@ def main():
     units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
              "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
+    for k in keys:
+        units.setdefault(k, "MiB" if k.endswith("_bytes") else "ratio")
     def cell(v):
         return "-" if math.isnan(v) else "%.3f" % v
     for k in keys:
-        div = (1 << 20) if k == "peak_reserved_bytes" else 1
+        div = (1 << 20) if k.endswith("_bytes") else 1
         vals = [med[m][k] / div for m in MODES]
         print("| %s | %s | %s | %s | %s | %s | %s |" % (k, units[k], cell(vals[0]), cell(vals[1]), cell(vals[2]),
                                                          cell(vals[3]), cell(vals[2] / vals[0])))

@@ -687,7 +687,7 @@ cca_status_t alloc_free(void *ptr)
 {
     if (!ptr)
         return CCA_OK;
-    if (!cca_is_initialized())
+    if (!state_is_up())
         return cca_raise(CCA_ERR_INVALID_POINTER, "cca_free: pointer %p: cca is not initialised", ptr);
     if (async_enabled())
         return async_free(ptr);

@@ -403,9 +403,24 @@ void ptrmap_destroy(struct cca_ptrmap *m);
 void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
 /* A stream pool is freed (its lock): solo mode ends if it was its pool's. */
 void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
+/* What the hot path reads of the map (its first member). */
+struct cca_ptrmap_head {
+    _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
+};
 /* In solo mode, the only stream pool's lock, taken (then no shard lock is needed while it
  * is held); else NULL, nothing taken. */
-cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m);
+static inline cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
+{
+    struct cca_ptrmap_head *h = (struct cca_ptrmap_head *)(void *)m;
+    cca_spinlock_t *solo = atomic_load_explicit(&h->solo, memory_order_acquire);
+    if (!solo)
+        return NULL;
+    cca_spin_lock(solo);
+    if (atomic_load_explicit(&h->solo, memory_order_relaxed) == solo)
+        return solo;
+    cca_spin_unlock(solo); /* solo mode ended meanwhile */
+    return NULL;
+}
 /* The solo mode's lock, not taken (for a caller holding every stream pool lock), or NULL. */
 cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
 /* Insert a block keyed by its address. Returns false on allocation failure. held: a

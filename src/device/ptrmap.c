@@ -31,7 +31,7 @@ typedef struct ptrmap_shard {
 } ptrmap_shard_t;
 
 struct cca_ptrmap {
-    _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
+    struct cca_ptrmap_head head;    /* solo: the only stream pool's lock; NULL: the shards' */
     pthread_mutex_t pools_lock;     /* orders ptrmap_pool_made */
     bool pool_made;                 /* a stream pool was made */
     void (*solo_end)(cca_spinlock_t *solo); /* run as solo mode ends, its lock held */
@@ -61,7 +61,7 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinloc
     for (int i = 0; i < PTRMAP_SHARDS; i++)
         cca_spin_init(&m->shards[i].lock);
     pthread_mutex_init(&m->pools_lock, NULL);
-    atomic_init(&m->solo, NULL);
+    atomic_init(&m->head.solo, NULL);
     m->solo_end = solo_end;
     *out = m;
     return CCA_OK;
@@ -83,14 +83,14 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
     pthread_mutex_lock(&m->pools_lock);
     if (!m->pool_made) {
         m->pool_made = true;
-        atomic_store_explicit(&m->solo, pool_lock, memory_order_release); /* NULL: none */
+        atomic_store_explicit(&m->head.solo, pool_lock, memory_order_release); /* NULL: none */
     } else {
-        cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_relaxed);
+        cca_spinlock_t *solo = atomic_load_explicit(&m->head.solo, memory_order_relaxed);
         if (solo) {
             cca_spin_lock(solo); /* its operation in flight ends first */
             if (m->solo_end)
                 m->solo_end(solo); /* its pool's held block out of the map */
-            atomic_store_explicit(&m->solo, NULL, memory_order_release);
+            atomic_store_explicit(&m->head.solo, NULL, memory_order_release);
             cca_spin_unlock(solo);
         }
     }
@@ -100,33 +100,21 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
 void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
 {
     pthread_mutex_lock(&m->pools_lock);
-    if (atomic_load_explicit(&m->solo, memory_order_relaxed) == pool_lock)
-        atomic_store_explicit(&m->solo, NULL, memory_order_release); /* its blocks are gone */
+    if (atomic_load_explicit(&m->head.solo, memory_order_relaxed) == pool_lock)
+        atomic_store_explicit(&m->head.solo, NULL, memory_order_release); /* its blocks are gone */
     pthread_mutex_unlock(&m->pools_lock);
-}
-
-cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
-{
-    cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_acquire);
-    if (!solo)
-        return NULL;
-    cca_spin_lock(solo);
-    if (atomic_load_explicit(&m->solo, memory_order_relaxed) == solo)
-        return solo;
-    cca_spin_unlock(solo); /* solo mode ended meanwhile */
-    return NULL;
 }
 
 cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m)
 {
-    return atomic_load_explicit(&m->solo, memory_order_acquire);
+    return atomic_load_explicit(&m->head.solo, memory_order_acquire);
 }
 
 /* Lock the map for one operation: the only pool's lock in solo mode (returned), else
  * NULL, the caller then taking a shard's. held: a lock the caller holds already. */
 static inline cca_spinlock_t *map_lock(struct cca_ptrmap *m, const cca_spinlock_t *held)
 {
-    cca_spinlock_t *solo = atomic_load_explicit(&m->solo, memory_order_acquire);
+    cca_spinlock_t *solo = atomic_load_explicit(&m->head.solo, memory_order_acquire);
     if (!solo)
         return NULL;
     if (solo == held)
