@@ -19,6 +19,13 @@
  * Beside the pairs, the same pairs through glibc's malloc + free in the same
  * run ("RESULT glibc pair_latency ..."), and cca's pair over glibc's:
  *   # cpu pair ratio size=512 cca/glibc=3.12
+ * Where a 512 B pair's time goes: the pair with the device named
+ * (cca_malloc_device: no question for the current device), and on CUDA the
+ * cost of one such question, as cca asks it (cuCtxGetCurrent) and as
+ * cudaGetDevice answers it:
+ *   RESULT cca pair_latency_named_device size=512 ns_per_pair=30.1
+ *   RESULT cuda cuCtxGetCurrent ns=8.7
+ *   RESULT cuda cudaGetDevice ns=44.6
  *
  * Usage: bench_gpu [--backend cuda|sim] [--quick] [--devices N] [--name LABEL]
  *   --backend sim  runs on cca's simulated device (CPU-only figures); the
@@ -123,6 +130,59 @@ static double pair_latency(size_t size, cca_stream_t s, long n)
         free_or_die(alloc_or_die(size, s));
     return (now_ns() - t0) / (double)n;
 }
+
+/* pair_latency with the device named (cca_malloc_device on device 0). */
+static double pair_latency_named_device(size_t size, cca_stream_t s, long n)
+{
+    void *p = NULL;
+    cca_status_t st = CCA_OK;
+    for (int i = 0; i < 1000 && st == CCA_OK; i++)
+        if ((st = cca_malloc_device(&p, size, 0, s)) == CCA_OK)
+            st = cca_free(p);
+    double t0 = now_ns();
+    for (long i = 0; i < n && st == CCA_OK; i++)
+        if ((st = cca_malloc_device(&p, size, 0, s)) == CCA_OK)
+            st = cca_free(p);
+    if (st != CCA_OK)
+        die("cca_malloc_device / cca_free", st);
+    return (now_ns() - t0) / (double)n;
+}
+
+#ifdef BENCH_HAVE_CUDA
+/* ns per question for the calling thread's device: cudaGetDevice, and the driver's
+ * cuCtxGetCurrent (through the runtime's entry point: nothing links libcuda). */
+static void device_query_costs(long n)
+{
+    int d = 0;
+    long acc = 0;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        cudaGetDevice(&d);
+        acc += d;
+    }
+    printf("RESULT cuda cudaGetDevice ns=%.1f\n", (now_ns() - t0) / (double)n);
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuCtxGetCurrent", &fn, cudaEnableDefault, &found);
+#endif
+    if (err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn) {
+        int (*get_current)(void **) = NULL;
+        memcpy(&get_current, &fn, sizeof(fn));
+        void *ctx = NULL;
+        t0 = now_ns();
+        for (long i = 0; i < n; i++) {
+            get_current(&ctx);
+            acc += ctx != NULL;
+        }
+        printf("RESULT cuda cuCtxGetCurrent ns=%.1f\n", (now_ns() - t0) / (double)n);
+    }
+    if (acc < 0)
+        printf("#\n"); /* (keeps the loops) */
+}
+#endif
 
 /* ns per glibc malloc + free of size, measured as pair_latency measures cca. */
 static double glibc_pair_latency(size_t size, long n)
@@ -263,6 +323,13 @@ int main(int argc, char **argv)
         printf("# cpu pair ratio size=%zu cca/glibc=%.2f\n", sizes[i], ns / glibc_ns);
         fflush(stdout);
     }
+    printf("RESULT %s pair_latency_named_device size=512 ns_per_pair=%.1f\n", allocator_name,
+           pair_latency_named_device(512, s, 1000000 / scale_div));
+#ifdef BENCH_HAVE_CUDA
+    if (use_cuda)
+        device_query_costs(1000000 / scale_div);
+#endif
+    fflush(stdout);
     double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42);
     printf("RESULT %s random_1thread ns_per_op=%.1f\n", allocator_name, ns);
     fflush(stdout);

@@ -325,6 +325,7 @@ $1 == "RESULT" {
     name = $2; what = $3; value = $NF; sub(/^[^=]*=/, "", value)
     if (what == "pair_latency") { split($4, kv, "="); what = "pair_" kv[2] }
     if (what == "pinned_pair") { split($4, kv, "="); what = "pinned_" kv[2] }
+    if (name == "cuda") { name = "cca"; what = "query_" what } # (the device question: cca column)
     v[key(name, what)] = value
 }
 function cell(name, what) { return (key(name, what) in v) ? v[key(name, what)] : "-" }
@@ -344,6 +345,9 @@ END {
     printf "|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------", "----------",
         "------------", "-------------", "------------", "------------", "------------", "-------------", "------------", "-------------"
     row("pair latency 512 B", "pair_512", "ns/pair")
+    row("pair 512 B, device named", "pair_latency_named_device", "ns/pair")
+    row("cuCtxGetCurrent (cca asks)", "query_cuCtxGetCurrent", "ns")
+    row("cudaGetDevice", "query_cudaGetDevice", "ns")
     row("pair latency 1 MiB", "pair_1048576", "ns/pair")
     row("pair latency 64 MiB", "pair_67108864", "ns/pair")
     row("random, 1 thread", "random_1thread", "ns/op")
