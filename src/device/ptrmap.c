@@ -38,6 +38,9 @@ struct cca_ptrmap {
     ptrmap_shard_t shards[PTRMAP_SHARDS];
 };
 
+/* ptrmap_solo_lock (device.h) reads the head through a pointer to the map */
+_Static_assert(offsetof(struct cca_ptrmap, head) == 0, "the map's head comes first");
+
 static inline size_t shard_of(uintptr_t addr)
 {
     uint64_t x = (uint64_t)addr >> 21;
