@@ -4,6 +4,9 @@
  * cudaMallocAsync's and cudaMalloc's from the same run:
  *   pair_latency    alloc + free of one size on one stream (cache hits);
  *   random_1thread  512 slots, log-uniform sizes in [512 B, 8 MiB], seed 42;
+ *   random_generator_only  the same steps' draws and slot bookkeeping with no
+ *                   allocator call: the part of every allocator's random
+ *                   figure that is the benchmark's own;
  *   threads=T       T threads on T non-blocking streams, 64 slots each,
  *                   sizes up to 4 MiB, seeds 1000 + t; total M ops/s, the
  *                   first pass (the streams' first segments from the backend
@@ -214,6 +217,35 @@ static double random_workload(cca_stream_t s, int slots, long steps, size_t max_
     return dt / (double)steps;
 }
 
+/* random_workload's own part: the same draws and slot bookkeeping with no allocator
+ * call (a slot filled with its size), ns per step: what any allocator's figure includes. */
+static double random_generator_only(int slots, long steps, size_t max_size, unsigned seed)
+{
+    mt64_t rng;
+    mt64_seed(&rng, seed);
+    uintptr_t *live = calloc((size_t)slots, sizeof(*live));
+    if (!live) {
+        fprintf(stderr, "bench_gpu: out of host memory\n");
+        exit(1);
+    }
+    double t0 = now_ns();
+    for (long i = 0; i < steps; i++) {
+        int k = mt64_pick(&rng, (uint64_t)slots);
+        if (live[k])
+            live[k] = 0;
+        else
+            live[k] = mt64_log_size(&rng, max_size);
+    }
+    double dt = now_ns() - t0;
+    uintptr_t sum = 0;
+    for (int k = 0; k < slots; k++)
+        sum += live[k];
+    volatile uintptr_t keep = sum; /* the sizes are used */
+    (void)keep;
+    free(live);
+    return dt / (double)steps;
+}
+
 static pthread_barrier_t pass_barrier; /* workers + main, between the two passes */
 
 typedef struct worker {
@@ -317,6 +349,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42);
     printf("RESULT %s random_1thread ns_per_op=%.1f\n", allocator_name, ns);
+    printf("RESULT %s random_generator_only ns_per_op=%.1f\n", allocator_name,
+           random_generator_only(512, 1000000 / scale_div, 8u << 20, 42));
     fflush(stdout);
     stream_destroy(s);
 

@@ -351,6 +351,7 @@ END {
     row("pair latency 1 MiB", "pair_1048576", "ns/pair")
     row("pair latency 64 MiB", "pair_67108864", "ns/pair")
     row("random, 1 thread", "random_1thread", "ns/op")
+    row("random: the draws alone", "random_generator_only", "ns/op")
     row("1 thread, 1 stream", "threads=1", "M ops/s")
     row("2 threads, 2 streams", "threads=2", "M ops/s")
     row("4 threads, 4 streams", "threads=4", "M ops/s")
