@@ -322,10 +322,8 @@ typedef struct cca_device {
     size_t aliased_bytes;       /* bytes of their old mappings */
     uint64_t compact_aliased_bytes; /* bytes mapped again that way (part of compact_moved_bytes) */
     size_t compact_high;        /* the most reserved bytes after any expandable growth, plus
-                                   the bytes aliased since (expandable.c: alias_limit); both
-                                   this and the next since the last cca_empty_cache */
+                                   the bytes aliased since (expandable.c: alias_limit) */
     size_t compact_requested;   /* the most requested bytes seen at a growth that could alias */
-    int64_t compact_peak_base;  /* the requested bytes' peak when the phase began */
 
     /* memory fraction */
     bool set_fraction;
@@ -1173,9 +1171,6 @@ cca_status_t expandable_release_orphans(cca_device_t *dev);
 /* compact_memory: unmap the old mappings of aliased blocks whose stream's work is done (wait:
  * after synchronising the stream); held: the stream pool locked by the caller, or NULL. */
 cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait);
-/* compact_memory: the alias limit starts again from what is reserved (empty_cache; device
- * lock held). */
-void expandable_new_phase(cca_device_t *dev);
 /* compact_memory: destroy the streams' readiness events (empty_cache; device lock held). */
 cca_status_t expandable_destroy_ready_events(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */

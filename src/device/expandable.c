@@ -954,8 +954,7 @@ cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *hel
  * The reserved bytes below which a growth takes new memory rather than alias
  * its stream's pending granules: the most the device has reserved after a
  * growth plus every byte aliased so far (dev->compact_high), or
- * COMPACT_ALIAS_SLACK above the most bytes requested at once, if higher;
- * both counted since the last cca_empty_cache (expandable_new_phase). An
+ * COMPACT_ALIAS_SLACK above the most bytes requested at once, if higher. An
  * alias saves memory only while the program's reserve is at its peak, and a
  * loop that needs it at every step would pay its maps at every step (on an
  * H100, ResNet-50 training: 2 GB aliased per 10 steps, 3-5% a step): so each
@@ -969,31 +968,11 @@ static size_t alias_limit(cca_device_t *dev, cca_stream_pool_t *held)
     cca_device_stats_t now;
     stats_read_held(dev, &now, held);
     const cca_stat_t *req = &now.requested_bytes[CCA_STAT_ALL];
-    /* the peak counts once it has moved since the phase began (a new high, or a
-     * cca_reset_peak_stats within the phase); before, it may be an older phase's */
-    int64_t high = req->current;
-    if (req->peak != dev->compact_peak_base && req->peak > high)
-        high = req->peak;
-    if (high > 0 && (size_t)high > dev->compact_requested)
-        dev->compact_requested = (size_t)high; /* kept across cca_reset_peak_stats */
+    size_t peak = (size_t)(req->peak > req->current ? req->peak : req->current);
+    if (peak > dev->compact_requested)
+        dev->compact_requested = peak; /* kept across cca_reset_peak_stats */
     size_t limit = dev->compact_requested + dev->compact_requested / 10000 * COMPACT_ALIAS_SLACK;
     return limit > dev->compact_high ? limit : dev->compact_high;
-}
-
-/*
- * cca_empty_cache has released the cache: the alias limit starts again from
- * what is reserved now. A program that moves on to a smaller phase (inference
- * after training) then aliases past its own high-water mark, not the old
- * phase's; a loop that empties the cache at every step maps its growths
- * again at every step whether they alias or not. Device lock held.
- */
-void expandable_new_phase(cca_device_t *dev)
-{
-    cca_device_stats_t now;
-    stats_read(dev, &now);
-    dev->compact_peak_base = now.requested_bytes[CCA_STAT_ALL].peak;
-    dev->compact_high = dev->total_allocated_memory;
-    dev->compact_requested = 0;
 }
 
 /*

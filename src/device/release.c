@@ -448,7 +448,6 @@ cca_status_t cca_empty_cache(void)
         cca_device_t *dev = &cca_state->devices[d];
         pthread_mutex_lock(&dev->lock);
         st = release_cached_blocks_locked(dev, NULL);
-        expandable_new_phase(dev);
         if (st == CCA_OK)
             st = events_destroy_pooled(dev);
         if (st == CCA_OK)
