@@ -80,6 +80,11 @@ int main(int argc, char **argv)
         clock_gettime(CLOCK_MONOTONIC, &r1);
         double ns = (double)(r1.tv_sec - r0.tv_sec) * 1e9 + (double)(r1.tv_nsec - r0.tv_nsec);
         printf("random workload: %.1f ns per step\n", n > 0 ? ns / (double)n : 0.0);
+        cca_device_stats_t ds;
+        if (cca_get_device_stats(0, &ds) == CCA_OK)
+            printf("backend allocations %lld, frees %lld, peak reserved %.1f MiB\n",
+                   (long long)ds.num_device_alloc, (long long)ds.num_device_free,
+                   (double)ds.reserved_bytes[CCA_STAT_ALL].peak / 1048576.0);
         cca_shutdown();
         return 0;
     }

@@ -98,7 +98,7 @@ def worker(mode):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
 
-    fresh_peaks(torch)
+    start = fresh_peaks(torch)
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(64, 3, 224, 224, device="cuda")
@@ -111,9 +111,9 @@ def worker(mode):
     out["resnet50_train_ms"] = timed_steps(torch, resnet_step, 5, 30) * 1e3
     if mode == "cca-compact":  # the loop's own moves: after warm-up, a steady loop makes none
         steady_moves(torch, resnet_step, 10, "resnet50", out)
-    model_peaks(torch, "resnet50_train", out)
+    model_peaks(torch, "resnet50_train", out, start)
     del model, opt, x, y
-    fresh_peaks(torch)
+    start = fresh_peaks(torch)
 
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
     gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
@@ -126,9 +126,9 @@ def worker(mode):
     out["gpt2_train_ms"] = timed_steps(torch, gpt_step, 3, 15) * 1e3
     if mode == "cca-compact":
         steady_moves(torch, gpt_step, 5, "gpt2_train", out)
-    model_peaks(torch, "gpt2_train", out)
+    model_peaks(torch, "gpt2_train", out, start)
     del gopt
-    fresh_peaks(torch)
+    start = fresh_peaks(torch)
     gpt.eval()
     prompt = ids[:1, :32]
 
@@ -139,7 +139,7 @@ def worker(mode):
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     gen()
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
-    model_peaks(torch, "gpt2_generate", out)
+    model_peaks(torch, "gpt2_generate", out, start)
     out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
     out["backend"] = cca.torch.installed() or "pytorch"
     if mode == "cca-compact":
@@ -148,18 +148,39 @@ def worker(mode):
 
 
 def fresh_peaks(torch):
-    """Before a model: the cache emptied and the peaks reset, so that its figures are its own."""
+    """Before a model: the cache emptied and the peaks reset, so that its figures are its own.
+    Returns what the model starts from: the bytes still reserved and allocated (the previous
+    model's live tensors, in the granules or segments they keep mapped), and under cca's
+    compact mode its move counts so far."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    stats = torch.cuda.memory_stats()
+    start = {"reserved": stats["reserved_bytes.all.current"], "allocated": stats["allocated_bytes.all.current"]}
+    if "CCA_LIBRARY" in os.environ and cca_compact():
+        start["counts"] = compact_counts()
+    return start
 
 
-def model_peaks(torch, name, out):
-    """A model's peak reserved bytes and peak requested bytes (since fresh_peaks), and their ratio."""
+def cca_compact():
+    """Whether cca runs this process with compact_memory:True."""
+    return "compact_memory:True" in os.environ.get("CCA_ALLOC_CONF", "")
+
+
+def model_peaks(torch, name, out, start):
+    """A model's peak reserved bytes and peak requested bytes (since fresh_peaks), and their ratio;
+    the reserved bytes it started from that no tensor used (start: fresh_peaks' return), and under
+    compact mode the moves it made and the bytes it aliased."""
     stats = torch.cuda.memory_stats()
     out[name + "_peak_reserved_bytes"] = stats["reserved_bytes.all.peak"]
     out[name + "_reserved_over_requested"] = (stats["reserved_bytes.all.peak"]
                                               / max(1, stats["requested_bytes.all.peak"]))
+    out[name + "_start_unused_bytes"] = start["reserved"] - start["allocated"]
+    if "counts" in start:
+        now = compact_counts()
+        out[name + "_moves"] = now["compact_moves"] - start["counts"]["compact_moves"]
+        out[name + "_aliased_mib"] = (now["compact_aliased_bytes"]
+                                      - start["counts"]["compact_aliased_bytes"]) / 2**20
 
 
 def steady_moves(torch, step, steps, name, out):
@@ -226,7 +247,8 @@ def main():
             "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
             "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
             "gpt2_train_peak_reserved_bytes", "gpt2_train_reserved_over_requested",
-            "gpt2_generate_peak_reserved_bytes", "gpt2_generate_reserved_over_requested")
+            "gpt2_generate_peak_reserved_bytes", "gpt2_generate_reserved_over_requested",
+            "gpt2_generate_start_unused_bytes")
     keys = tuple(k for k in keys if k in results["cca"][0])
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
     for m in MODES:
@@ -257,6 +279,11 @@ def main():
           "GPT-2 training %s moves in 5 steps (%.0f MiB aliased)"
           % (last.get("resnet50_steady_moves", "?"), last.get("resnet50_steady_aliased_mib", 0),
              last.get("gpt2_train_steady_moves", "?"), last.get("gpt2_train_steady_aliased_mib", 0)))
+    print("cca compact, last round, each model from its start: "
+          + ", ".join("%s %s moves (%.0f MiB aliased), started with %.0f MiB reserved unused"
+                      % (m, last.get(m + "_moves", "?"), last.get(m + "_aliased_mib", 0),
+                         last.get(m + "_start_unused_bytes", 0) / 2**20)
+                      for m in ("resnet50_train", "gpt2_train", "gpt2_generate")))
 
 
 if __name__ == "__main__":
