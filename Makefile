@@ -23,6 +23,7 @@ bench: build
 	@./build/bench/bench_gpu --backend sim
 	@./build/bench/bench_host
 	@./build/bench/bench_replay
+	@./build/bench/bench_stats_merge
 
 fuzz:
 	@sh scripts/fuzz.sh

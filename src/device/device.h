@@ -194,14 +194,16 @@ typedef struct cca_stream_pool {
  * One operation's statistics, logged by its stream pool with the time it was
  * made (stats_log_append): d[] of OPS_ALLOCATED_BYTES, ACTIVE_BYTES,
  * REQUESTED_BYTES, INACTIVE_SPLIT_BYTES in bytes, of OPS_ALLOCATION, ACTIVE,
- * INACTIVE_SPLIT, OVERSIZE in counts (a block or two each), the caller's
- * signs. One cache line.
+ * INACTIVE_SPLIT, OVERSIZE in counts (a block or two each), and which way
+ * the caller's signs say each goes: bit i of up (i < 4: bytes[i], else
+ * counts[i - 4]) if the update raises that statistic (its peak to check, its
+ * allocated count) rather than lowers it (its freed count). One cache line.
  */
 typedef struct stats_entry {
     _Alignas(64) uint64_t time; /* CLOCK_MONOTONIC, ns; strictly rising in one log */
     int64_t bytes[4];
     int8_t counts[4];
-    int8_t sign[8];             /* OPS_COUNT */
+    uint8_t up;
     int32_t type;
 } stats_entry_t;
 
@@ -733,6 +735,13 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
             ops_add(t, own, mode, k, type, d[k], sign[k]);
     }
 }
+
+/* A log entry's update from an operation's d and sign, as ops_apply takes them (stats.c). */
+void stats_entry_fill(stats_entry_t *e, int type, const int64_t d[OPS_COUNT],
+                      const int8_t sign[OPS_COUNT]);
+/* A log entry into the table: the values ops_apply_mode's locked mode gives the same
+ * update (stats lock held; stats.c). */
+void stats_entry_apply(ops_table_t *t, const stats_entry_t *e);
 
 /* Take sp's log out of its device's table, its entries merged, and free it (before sp
  * is freed; stats.c). */

@@ -85,15 +85,73 @@ static const int entry_bytes[4] = {OPS_ALLOCATED_BYTES, OPS_ACTIVE_BYTES, OPS_RE
                                    OPS_INACTIVE_SPLIT_BYTES};
 static const int entry_counts[4] = {OPS_ALLOCATION, OPS_ACTIVE, OPS_INACTIVE_SPLIT, OPS_OVERSIZE};
 
-/* One entry into the table (stats lock held). */
-static void stats_apply_entry(ops_table_t *t, const stats_entry_t *e)
+void stats_entry_fill(stats_entry_t *e, int type, const int64_t d[OPS_COUNT],
+                      const int8_t sign[OPS_COUNT])
 {
-    int64_t d[OPS_COUNT];
+    unsigned up = 0;
     for (int i = 0; i < 4; i++) {
-        d[entry_bytes[i]] = e->bytes[i];
-        d[entry_counts[i]] = e->counts[i];
+        int kb = entry_bytes[i], kc = entry_counts[i];
+        e->bytes[i] = d[kb];
+        e->counts[i] = (int8_t)d[kc]; /* blocks: a few at most */
+        /* as ops_add: a known sign says which way, else the amount's */
+        up |= (unsigned)(sign[kb] > 0 || (!sign[kb] && d[kb] > 0)) << i |
+              (unsigned)(sign[kc] > 0 || (!sign[kc] && d[kc] > 0)) << (i + 4);
     }
-    ops_apply_mode(t, NULL, OPS_LOCKED, e->type, d, e->sign);
+    e->up = (uint8_t)up;
+    e->type = type;
+}
+
+/*
+ * One entry into the table (stats lock held): every statistic moved by the
+ * entry's amount for it, in straight-line code with no branch on the entry
+ * (whether an operation allocates or frees is as random as the workload). The
+ * same values as ops_apply_mode(t, NULL, OPS_LOCKED, type, d, sign) with the
+ * producer's d and sign (sign[k], where known, d[k]'s sign: ops_apply): that
+ * one skips a statistic whose amount and sign are 0 and this one moves it by
+ * 0, and a peak is never below its value (raised with it, reset to it), so
+ * peaks taken as maxima at every statistic change nothing where the update
+ * lowers or keeps the value. OPS_OVERSIZE has the ALL
+ * entry only; the others their kind's entry and the ALL entry's peak of the two
+ * kinds' sum.
+ */
+static inline __attribute__((always_inline)) void entry_apply(ops_table_t *t,
+                                                              const stats_entry_t *e)
+{
+    int type = e->type;
+    unsigned up = e->up;
+    int64_t amount[OPS_COUNT];
+    uint64_t raise[OPS_COUNT]; /* all ones if the update raises the statistic */
+    for (int i = 0; i < 4; i++) {
+        amount[entry_bytes[i]] = e->bytes[i];
+        amount[entry_counts[i]] = e->counts[i];
+        raise[entry_bytes[i]] = 0 - (uint64_t)(up >> i & 1);
+        raise[entry_counts[i]] = 0 - (uint64_t)(up >> (i + 4) & 1);
+    }
+    int64_t *cur = t->cur[type], *peak = t->peak[type];
+    ops_count_t *n = t->n[type];
+    for (int k = 0; k < OPS_OVERSIZE; k++) {
+        int64_t a = amount[k], c = cur[k] + a;
+        uint64_t r = raise[k];
+        cur[k] = c;
+        peak[k] = c > peak[k] ? c : peak[k];
+        n[k].allocated += (int64_t)((uint64_t)a & r);
+        n[k].freed -= (int64_t)((uint64_t)a & ~r);
+        int64_t all = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
+        int64_t *pa = &t->peak[CCA_STAT_ALL][k];
+        *pa = all > *pa ? all : *pa;
+    }
+    int64_t a = amount[OPS_OVERSIZE], c = t->cur[CCA_STAT_ALL][OPS_OVERSIZE] + a;
+    uint64_t r = raise[OPS_OVERSIZE];
+    t->cur[CCA_STAT_ALL][OPS_OVERSIZE] = c;
+    int64_t *po = &t->peak[CCA_STAT_ALL][OPS_OVERSIZE];
+    *po = c > *po ? c : *po;
+    t->n[CCA_STAT_ALL][OPS_OVERSIZE].allocated += (int64_t)((uint64_t)a & r);
+    t->n[CCA_STAT_ALL][OPS_OVERSIZE].freed -= (int64_t)((uint64_t)a & ~r);
+}
+
+void stats_entry_apply(ops_table_t *t, const stats_entry_t *e)
+{
+    entry_apply(t, e);
 }
 
 /*
@@ -163,7 +221,7 @@ void stats_merge(cca_device_t *dev)
         uint64_t h = r->head, stop = r->end, next = best_time;
         do {
             __builtin_prefetch(&l->e[(h + 8) % STATS_LOG_ENTRIES], 0);
-            stats_apply_entry(t, &l->e[h % STATS_LOG_ENTRIES]);
+            entry_apply(t, &l->e[h % STATS_LOG_ENTRIES]);
             h++;
             merged++;
         } while (h < stop && (next = l->e[h % STATS_LOG_ENTRIES].time) <= limit);
@@ -299,12 +357,7 @@ void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT
     l->last_time = time;
     stats_entry_t *e = &l->e[tail % STATS_LOG_ENTRIES];
     e->time = time;
-    for (int i = 0; i < 4; i++) {
-        e->bytes[i] = d[entry_bytes[i]];
-        e->counts[i] = (int8_t)d[entry_counts[i]]; /* blocks: a few at most */
-    }
-    memcpy(e->sign, sign, OPS_COUNT);
-    e->type = type;
+    stats_entry_fill(e, type, d, sign);
     atomic_store_explicit(&l->tail, tail + 1, memory_order_release);
     atomic_store_explicit(&l->stamping, 0, memory_order_release);
 }

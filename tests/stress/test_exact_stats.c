@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cca.h"
 #include "check.h"
@@ -586,8 +587,74 @@ TEST(solo_ends_under_pairs)
     cca_shutdown();
 }
 
+/* The same table, whatever the route: a log entry's update applied by the merge and the
+ * same update applied by the locked mode as it happens. */
+static bool tables_equal(const ops_table_t *a, const ops_table_t *b)
+{
+    return !memcmp(a->cur, b->cur, sizeof(a->cur)) && !memcmp(a->peak, b->peak, sizeof(a->peak)) &&
+           !memcmp(a->n, b->n, sizeof(a->n));
+}
+
+/* A random amount of the sign given (0: either), counts small, bytes large. */
+static int64_t random_amount(uint64_t *rng, int k, int sign)
+{
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    bool count = k == OPS_ALLOCATION || k == OPS_ACTIVE || k == OPS_INACTIVE_SPLIT || k == OPS_OVERSIZE;
+    int64_t mag = count ? (int64_t)((*rng >> 40) % 3) : (int64_t)((*rng >> 24) % (1ull << 31));
+    if (sign > 0)
+        return mag;
+    if (sign < 0)
+        return -mag;
+    return (*rng >> 63) ? mag : -mag;
+}
+
+/*
+ * The merge's entries apply as the locked mode's updates do: 200,000 random
+ * updates in both pools' kinds, with the callers' signs (an allocation's, a
+ * free's, a return's, none) and amounts of those signs, some 0, the peaks
+ * reset now and then as cca_reset_peak_stats does; both tables equal after
+ * each update (every value, peak and count).
+ */
+TEST(log_entries_apply_as_the_locked_mode)
+{
+    static const int8_t signs[4][OPS_COUNT] = {
+        {1, 1, 1, 1, 1, 0, 0, 0}, {-1, -1, 0, 0, 0, 0, 0, 0}, {0, 0, -1, -1, -1, 0, 0, 0}, {0}};
+    ops_table_t *a = aligned_alloc(64, sizeof(*a)), *b = aligned_alloc(64, sizeof(*b));
+    expect_true(a && b);
+    memset(a, 0, sizeof(*a));
+    memset(b, 0, sizeof(*b));
+    uint64_t rng = 7;
+    bool same = true;
+    for (int i = 0; i < 200000 && same; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int type = (rng >> 50) & 1 ? CCA_STAT_LARGE_POOL : CCA_STAT_SMALL_POOL;
+        const int8_t *sign = signs[(rng >> 40) % 4];
+        int64_t d[OPS_COUNT];
+        for (int k = 0; k < OPS_COUNT; k++)
+            d[k] = (rng >> (k + 8)) % 5 == 0 ? 0 : random_amount(&rng, k, sign[k]);
+        ops_apply_mode(a, NULL, OPS_LOCKED, type, d, sign);
+        stats_entry_t e;
+        stats_entry_fill(&e, type, d, sign);
+        stats_entry_apply(b, &e);
+        if (i % 1000 == 999) { /* the peaks reset: ALL's values summed, every peak its value */
+            for (ops_table_t *t = a; t; t = t == a ? b : NULL) {
+                for (int k = 0; k < OPS_OVERSIZE; k++)
+                    t->cur[CCA_STAT_ALL][k] = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
+                for (int k = 0; k < OPS_COUNT; k++)
+                    for (int ty = 0; ty < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); ty++)
+                        t->peak[ty][k] = t->cur[ty][k];
+            }
+        }
+        same = tables_equal(a, b);
+    }
+    expect_true(same);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
+    RUN(log_entries_apply_as_the_locked_mode);
     RUN(solo_ends_under_pairs);
     RUN(only_pool_then_two);
     RUN(exact_peaks_across_threads);
