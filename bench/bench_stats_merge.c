@@ -4,7 +4,7 @@
  * (stats_merge), which bounds the default mode's throughput once several
  * threads allocate at once (bench_gpu's threads=N rows).
  *
- *   bench_stats_merge [STREAMS] [ROUNDS]     default 16 streams, 2000 rounds
+ *   bench_stats_merge [STREAMS] [ROUNDS]     default 16 streams (2 to 64), 2000 rounds
  *
  * On the simulated backend: one thread holds the stats lock, so that every
  * operation is logged in its stream pool's log and none is merged; it makes
@@ -64,8 +64,8 @@ int main(int argc, char **argv)
 {
     int streams = argc > 1 ? atoi(argv[1]) : 16;
     long rounds = argc > 2 ? atol(argv[2]) : 2000;
-    if (streams < 1 || streams > MAX_STREAMS || rounds < 1) {
-        fprintf(stderr, "usage: bench_stats_merge [STREAMS 1-%d] [ROUNDS]\n", MAX_STREAMS);
+    if (streams < 2 || streams > MAX_STREAMS || rounds < 1) { /* one pool alone does not log */
+        fprintf(stderr, "usage: bench_stats_merge [STREAMS 2-%d] [ROUNDS]\n", MAX_STREAMS);
         return 2;
     }
     cca_sim_config_t cfg = {0};
