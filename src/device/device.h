@@ -709,6 +709,16 @@ static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_de
     }
 }
 
+/*
+ * d[k] added to statistic k of type's entry and of the ALL entry (the relaxed
+ * mode: own's; the locked mode: the table's). sign[k]: d[k]'s sign where the
+ * caller knows it, else 0 (ops_apply); a known sign updates even for 0, and
+ * says which way the update goes, else the amount's sign does. The callers'
+ * constant signs fold most of the branches away here, and the rest measured
+ * cheaper than the merge's straight line (stats.c, stats_entry_apply) on a
+ * random workload on one thread (75 against 79 ns a step); the merge, whose
+ * entries come with no constant sign, takes the straight line.
+ */
 static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
                                                                  cca_device_stats_t *own,
                                                                  int mode, int type,

@@ -608,21 +608,50 @@ static int64_t random_amount(uint64_t *rng, int k, int sign)
     return (*rng >> 63) ? mag : -mag;
 }
 
+/* The reference: the locked mode's update as it was first written, one statistic at a
+ * time, skipping those with no amount and no sign, branching on the direction. */
+static void reference_apply(ops_table_t *t, int type, const int64_t d[OPS_COUNT],
+                            const int8_t sign[OPS_COUNT])
+{
+    for (int k = 0; k < OPS_COUNT; k++) {
+        if (!sign[k] && !d[k])
+            continue;
+        bool up = sign[k] > 0 || (sign[k] == 0 && d[k] > 0);
+        int own = k == OPS_OVERSIZE ? CCA_STAT_ALL : type;
+        t->cur[own][k] += d[k];
+        if (up) {
+            if (t->cur[own][k] > t->peak[own][k])
+                t->peak[own][k] = t->cur[own][k];
+            t->n[own][k].allocated += d[k];
+        } else {
+            t->n[own][k].freed -= d[k];
+        }
+        if (up && k != OPS_OVERSIZE) {
+            int64_t all = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
+            if (all > t->peak[CCA_STAT_ALL][k])
+                t->peak[CCA_STAT_ALL][k] = all;
+        }
+    }
+}
+
 /*
- * The merge's entries apply as the locked mode's updates do: 200,000 random
- * updates in both pools' kinds, with the callers' signs (an allocation's, a
- * free's, a return's, none) and amounts of those signs, some 0, the peaks
- * reset now and then as cca_reset_peak_stats does; both tables equal after
- * each update (every value, peak and count).
+ * The locked mode's branch-free update (ops_apply_mode) and the merge's
+ * application of a log entry (stats_entry_fill, stats_entry_apply) against the
+ * reference: 200,000 random updates in both kinds with the callers' signs (an
+ * allocation's, a free's, a return's, none) and amounts of those signs, some
+ * 0, the peaks reset every 1,000 as cca_reset_peak_stats does; every value,
+ * peak and count of the three tables equal after each update.
  */
 TEST(log_entries_apply_as_the_locked_mode)
 {
     static const int8_t signs[4][OPS_COUNT] = {
         {1, 1, 1, 1, 1, 0, 0, 0}, {-1, -1, 0, 0, 0, 0, 0, 0}, {0, 0, -1, -1, -1, 0, 0, 0}, {0}};
-    ops_table_t *a = aligned_alloc(64, sizeof(*a)), *b = aligned_alloc(64, sizeof(*b));
-    expect_true(a && b);
-    memset(a, 0, sizeof(*a));
-    memset(b, 0, sizeof(*b));
+    ops_table_t *t[3];
+    for (int j = 0; j < 3; j++) {
+        t[j] = aligned_alloc(64, sizeof(ops_table_t));
+        expect_true(t[j] != NULL);
+        memset(t[j], 0, sizeof(ops_table_t));
+    }
     uint64_t rng = 7;
     bool same = true;
     for (int i = 0; i < 200000 && same; i++) {
@@ -632,24 +661,26 @@ TEST(log_entries_apply_as_the_locked_mode)
         int64_t d[OPS_COUNT];
         for (int k = 0; k < OPS_COUNT; k++)
             d[k] = (rng >> (k + 8)) % 5 == 0 ? 0 : random_amount(&rng, k, sign[k]);
-        ops_apply_mode(a, NULL, OPS_LOCKED, type, d, sign);
+        reference_apply(t[0], type, d, sign);
+        ops_apply_mode(t[1], NULL, OPS_LOCKED, type, d, sign);
         stats_entry_t e;
         stats_entry_fill(&e, type, d, sign);
-        stats_entry_apply(b, &e);
+        stats_entry_apply(t[2], &e);
         if (i % 1000 == 999) { /* the peaks reset: ALL's values summed, every peak its value */
-            for (ops_table_t *t = a; t; t = t == a ? b : NULL) {
+            for (int j = 0; j < 3; j++) {
                 for (int k = 0; k < OPS_OVERSIZE; k++)
-                    t->cur[CCA_STAT_ALL][k] = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
+                    t[j]->cur[CCA_STAT_ALL][k] =
+                        t[j]->cur[CCA_STAT_SMALL_POOL][k] + t[j]->cur[CCA_STAT_LARGE_POOL][k];
                 for (int k = 0; k < OPS_COUNT; k++)
                     for (int ty = 0; ty < (k == OPS_OVERSIZE ? 1 : CCA_STAT_TYPES); ty++)
-                        t->peak[ty][k] = t->cur[ty][k];
+                        t[j]->peak[ty][k] = t[j]->cur[ty][k];
             }
         }
-        same = tables_equal(a, b);
+        same = tables_equal(t[0], t[1]) && tables_equal(t[0], t[2]);
     }
     expect_true(same);
-    free(a);
-    free(b);
+    for (int j = 0; j < 3; j++)
+        free(t[j]);
 }
 
 int main(void)
