@@ -74,15 +74,17 @@ int main(int argc, char **argv)
     check(cca_sim_create(&cfg, &sim), "cca_sim_create");
     check(cca_init_with_backend(sim, ""), "cca_init_with_backend");
     cca_device_t *dev = &cca_state->devices[0];
-    /* every stream's pool made, with cached segments that hold twice what its slots can
-     * (a growth would take the stats lock this thread holds while operations are logged) */
+    /* every stream's pool made, with cached segments that hold four times what its slots
+     * can (a growth would take the stats lock this thread holds while operations are logged:
+     * 64 small segments, of which 16 live blocks leave 48 whole, and 7 large ones, of which
+     * one holds 2 blocks at most and a free run of 5 MiB) */
     for (int i = 0; i < streams; i++) {
-        void *p[2 * SLOTS][2];
-        for (int j = 0; j < 2 * SLOTS; j++) {
+        void *p[4 * SLOTS][2];
+        for (int j = 0; j < 4 * SLOTS; j++) {
             check(cca_malloc_device(&p[j][0], 1u << 20, 0, stream_of(i)), "cca_malloc_device");
             check(cca_malloc_device(&p[j][1], 2u << 20, 0, stream_of(i)), "cca_malloc_device");
         }
-        for (int j = 0; j < 2 * SLOTS; j++) {
+        for (int j = 0; j < 4 * SLOTS; j++) {
             check(cca_free(p[j][0]), "cca_free");
             check(cca_free(p[j][1]), "cca_free");
         }

@@ -110,9 +110,8 @@ void stats_entry_fill(stats_entry_t *e, int type, const int64_t d[OPS_COUNT],
  * one skips a statistic whose amount and sign are 0 and this one moves it by
  * 0, and a peak is never below its value (raised with it, reset to it), so
  * peaks taken as maxima at every statistic change nothing where the update
- * lowers or keeps the value. OPS_OVERSIZE has the ALL
- * entry only; the others their kind's entry and the ALL entry's peak of the two
- * kinds' sum.
+ * lowers or keeps the value. OPS_OVERSIZE has the ALL entry only; the others
+ * their kind's entry and the ALL entry's peak of the two kinds' sum.
  */
 static inline __attribute__((always_inline)) void entry_apply(ops_table_t *t,
                                                               const stats_entry_t *e)
@@ -149,7 +148,7 @@ static inline __attribute__((always_inline)) void entry_apply(ops_table_t *t,
     t->n[CCA_STAT_ALL][OPS_OVERSIZE].freed -= (int64_t)((uint64_t)a & ~r);
 }
 
-void stats_entry_apply(ops_table_t *t, const stats_entry_t *e)
+void stats_entry_apply(ops_table_t *t, const stats_entry_t *e) /* the tests' way in */
 {
     entry_apply(t, e);
 }
