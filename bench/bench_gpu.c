@@ -188,9 +188,14 @@ static double glibc_pair_latency(size_t size, long n)
     return (now_ns() - t0) / (double)n;
 }
 
-/* The anchor's random workload; ns per step. Live blocks are freed after timing. */
+/*
+ * The anchor's random workload; ns per step. Live blocks are freed after timing.
+ * draws_only: the same draws and slot bookkeeping with no allocator call (a slot
+ * holds its size instead), the part of any allocator's figure that is the
+ * benchmark's own.
+ */
 static double random_workload(cca_stream_t s, int slots, long steps, size_t max_size,
-                              unsigned seed)
+                              unsigned seed, bool draws_only)
 {
     mt64_t rng;
     mt64_seed(&rng, seed);
@@ -203,45 +208,18 @@ static double random_workload(cca_stream_t s, int slots, long steps, size_t max_
     for (long i = 0; i < steps; i++) {
         int k = mt64_pick(&rng, (uint64_t)slots);
         if (live[k]) {
-            free_or_die(live[k]);
+            if (!draws_only)
+                free_or_die(live[k]);
             live[k] = NULL;
         } else {
-            live[k] = alloc_or_die(mt64_log_size(&rng, max_size), s, -1);
+            size_t size = mt64_log_size(&rng, max_size); /* >= 512: a slot never NULL */
+            live[k] = draws_only ? (void *)(uintptr_t)size : alloc_or_die(size, s, -1);
         }
     }
     double dt = now_ns() - t0;
     for (int k = 0; k < slots; k++)
-        if (live[k])
+        if (live[k] && !draws_only)
             free_or_die(live[k]);
-    free(live);
-    return dt / (double)steps;
-}
-
-/* random_workload's own part: the same draws and slot bookkeeping with no allocator
- * call (a slot filled with its size), ns per step: what any allocator's figure includes. */
-static double random_generator_only(int slots, long steps, size_t max_size, unsigned seed)
-{
-    mt64_t rng;
-    mt64_seed(&rng, seed);
-    uintptr_t *live = calloc((size_t)slots, sizeof(*live));
-    if (!live) {
-        fprintf(stderr, "bench_gpu: out of host memory\n");
-        exit(1);
-    }
-    double t0 = now_ns();
-    for (long i = 0; i < steps; i++) {
-        int k = mt64_pick(&rng, (uint64_t)slots);
-        if (live[k])
-            live[k] = 0;
-        else
-            live[k] = mt64_log_size(&rng, max_size);
-    }
-    double dt = now_ns() - t0;
-    uintptr_t sum = 0;
-    for (int k = 0; k < slots; k++)
-        sum += live[k];
-    volatile uintptr_t keep = sum; /* the sizes are used */
-    (void)keep;
     free(live);
     return dt / (double)steps;
 }
@@ -264,10 +242,10 @@ static void *worker_main(void *arg)
     cca_status_t st = cca_set_device(w->device);
     if (st != CCA_OK)
         die("cca_set_device", st);
-    w->ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed);
+    w->ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed, false);
     pthread_barrier_wait(&pass_barrier); /* first pass over everywhere */
     pthread_barrier_wait(&pass_barrier); /* main has read the clock */
-    w->warm_ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed);
+    w->warm_ns_per_op = random_workload(w->stream, 64, w->steps, 4u << 20, w->seed, false);
     return NULL;
 }
 
@@ -347,10 +325,10 @@ int main(int argc, char **argv)
         device_query_costs(1000000 / scale_div);
 #endif
     fflush(stdout);
-    double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42);
+    double ns = random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42, false);
     printf("RESULT %s random_1thread ns_per_op=%.1f\n", allocator_name, ns);
     printf("RESULT %s random_generator_only ns_per_op=%.1f\n", allocator_name,
-           random_generator_only(512, 1000000 / scale_div, 8u << 20, 42));
+           random_workload(s, 512, 1000000 / scale_div, 8u << 20, 42, true));
     fflush(stdout);
     stream_destroy(s);
 

@@ -98,7 +98,7 @@ def worker(mode):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
 
-    start = fresh_peaks(torch)
+    start = fresh_peaks(torch, mode)
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(64, 3, 224, 224, device="cuda")
@@ -113,7 +113,7 @@ def worker(mode):
         steady_moves(torch, resnet_step, 10, "resnet50", out)
     model_peaks(torch, "resnet50_train", out, start)
     del model, opt, x, y
-    start = fresh_peaks(torch)
+    start = fresh_peaks(torch, mode)
 
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
     gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
@@ -128,7 +128,7 @@ def worker(mode):
         steady_moves(torch, gpt_step, 5, "gpt2_train", out)
     model_peaks(torch, "gpt2_train", out, start)
     del gopt
-    start = fresh_peaks(torch)
+    start = fresh_peaks(torch, mode)
     gpt.eval()
     prompt = ids[:1, :32]
 
@@ -147,7 +147,7 @@ def worker(mode):
     return out
 
 
-def fresh_peaks(torch):
+def fresh_peaks(torch, mode):
     """Before a model: the cache emptied and the peaks reset, so that its figures are its own.
     Returns what the model starts from: the bytes still reserved and allocated (the previous
     model's live tensors, in the granules or segments they keep mapped), and under cca's
@@ -157,14 +157,9 @@ def fresh_peaks(torch):
     torch.cuda.reset_peak_memory_stats()
     stats = torch.cuda.memory_stats()
     start = {"reserved": stats["reserved_bytes.all.current"], "allocated": stats["allocated_bytes.all.current"]}
-    if "CCA_LIBRARY" in os.environ and cca_compact():
+    if mode == "cca-compact":
         start["counts"] = compact_counts()
     return start
-
-
-def cca_compact():
-    """Whether cca runs this process with compact_memory:True."""
-    return "compact_memory:True" in os.environ.get("CCA_ALLOC_CONF", "")
 
 
 def model_peaks(torch, name, out, start):
