@@ -69,13 +69,47 @@ void cca_assert_fail(const char *expr, const char *file, int line, const char *f
 
 #include <stdatomic.h>
 
+/*
+ * A lock may be biased to one thread (cca_spin_bias): that thread then takes
+ * and releases it with plain stores, no atomic read-modify-write and no
+ * fence. Its busy flag is read by any other thread, which takes the lock
+ * word, revokes the bias for good (revoked, then membarrier(2): every
+ * thread of the process passes a full barrier, which orders the owner's
+ * store of busy before its load of revoked, the other half of Dekker's
+ * handshake) and waits for busy to drop. From then on every thread, the
+ * owner too, takes the lock word. Without membarrier no lock is biased.
+ */
 typedef struct cca_spinlock {
-    atomic_int locked;
+    atomic_int locked;           /* the lock word: every thread but a bias owner's */
+    atomic_int busy;             /* the bias owner is inside (only it writes it) */
+    atomic_int revoked;          /* the bias is gone for good */
+    _Atomic(const void *) owner; /* the thread biased to (cca_thread_token), or NULL */
 } cca_spinlock_t;
 
-#define CCA_SPINLOCK_INIT {0}
+#define CCA_SPINLOCK_INIT {0, 0, 0, NULL}
+
+/*
+ * Thread-local variables read on every allocation. The build asks for TLS
+ * descriptors where the compiler has them (-mtls-dialect=gnu2): in a shared
+ * library, the address then comes from a call that keeps every register
+ * (no spills around it) and returns at once for a library loaded at start-up;
+ * in a program linked with libcca.a, from one %fs-relative load.
+ */
+#define CCA_THREAD_HOT _Thread_local
+
+/* An address of the calling thread's own, for nothing but telling threads apart. */
+extern CCA_THREAD_HOT char cca_thread_token;
 
 void cca_spin_lock_slow(cca_spinlock_t *l);
+/* A thread not the owner holds the lock word of a biased lock: revoke the bias (once), wait
+ * for the owner to leave. */
+void cca_spin_bias_take(cca_spinlock_t *l);
+/* Bias l to the calling thread, if the system allows (the lock is not yet shared). */
+void cca_spin_bias(cca_spinlock_t *l);
+/* Whether locks are biased at all (membarrier(2) registered); false for good once disabled. */
+bool cca_spin_bias_available(void);
+/* No new bias (the tests' switch, and what a failed registration leaves). */
+void cca_spin_bias_disable(void);
 
 /* One step of waiting for another thread: spin briefly, then yield the CPU (spinlock.c). */
 void cca_spin_backoff(unsigned spins);
@@ -83,24 +117,56 @@ void cca_spin_backoff(unsigned spins);
 static inline void cca_spin_init(cca_spinlock_t *l)
 {
     atomic_init(&l->locked, 0);
+    atomic_init(&l->busy, 0);
+    atomic_init(&l->revoked, 0);
+    atomic_init(&l->owner, NULL);
 }
 
-static inline void cca_spin_lock(cca_spinlock_t *l)
+/* The owner of a biased lock enters without the lock word, unless the bias is revoked. */
+static inline __attribute__((always_inline)) bool cca_spin_bias_enter(cca_spinlock_t *l)
 {
-    if (!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+    if (atomic_load_explicit(&l->revoked, memory_order_relaxed))
+        return false;
+    atomic_store_explicit(&l->busy, 1, memory_order_relaxed);
+    /* no fence here: a revoker's membarrier stands for it (see above) */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (!atomic_load_explicit(&l->revoked, memory_order_acquire))
+        return true;
+    atomic_store_explicit(&l->busy, 0, memory_order_release);
+    return false;
+}
+
+static inline __attribute__((always_inline)) void cca_spin_lock(cca_spinlock_t *l)
+{
+    const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    if (owner && owner == &cca_thread_token && cca_spin_bias_enter(l))
         return;
-    cca_spin_lock_slow(l);
+    if (atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+        cca_spin_lock_slow(l);
+    if (owner)
+        cca_spin_bias_take(l);
 }
 
-static inline bool cca_spin_trylock(cca_spinlock_t *l)
+static inline __attribute__((always_inline)) bool cca_spin_trylock(cca_spinlock_t *l)
 {
-    return !atomic_load_explicit(&l->locked, memory_order_relaxed) &&
-           !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire);
+    const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    if (owner && owner == &cca_thread_token && cca_spin_bias_enter(l))
+        return true;
+    if (atomic_load_explicit(&l->locked, memory_order_relaxed) ||
+        atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+        return false;
+    if (owner)
+        cca_spin_bias_take(l);
+    return true;
 }
 
-static inline void cca_spin_unlock(cca_spinlock_t *l)
+static inline __attribute__((always_inline)) void cca_spin_unlock(cca_spinlock_t *l)
 {
-    atomic_store_explicit(&l->locked, 0, memory_order_release);
+    const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    if (owner && owner == &cca_thread_token && atomic_load_explicit(&l->busy, memory_order_relaxed))
+        atomic_store_explicit(&l->busy, 0, memory_order_release);
+    else
+        atomic_store_explicit(&l->locked, 0, memory_order_release);
 }
 
 /* ---- util.c ------------------------------------------------------------------- */

@@ -209,6 +209,7 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
     static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
     ops_apply(pool->owner, type, d, sign);
     pool->last_alloc = block;
+    atomic_store_explicit(&pool->owner->last_addr, block->addr, memory_order_relaxed);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
 }
 
@@ -332,7 +333,9 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     up->gc_count_base = atomic_load_explicit(
         pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
     bool split = block->prev || up->next;
+    pool->again_block = NULL;
     if (pool->held_stats) {
+        pool->again_block = block; /* the record below is this block's (pool_again_ready) */
         /* its free's statistics and these in one update (the same size, the same oversize:
          * a change of max_split_size merges it first) */
         pool->held_stats = false;
@@ -579,6 +582,55 @@ static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, c
     return malloc_done(sp, context, st, block, ptr);
 }
 
+/*
+ * The express pair's allocation, tried first: a request of size bytes on the
+ * thread's last stream pool (pool_cache) whose held block is ready for the
+ * again update (pool->express: set where the free held it, cleared by any
+ * other use of the pool), taken as alloc_held_block's again branch takes it,
+ * with malloc_on's conditions for that branch checked at once. False:
+ * nothing done, malloc_on decides.
+ */
+static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, cca_device_t *dev,
+                                                                 void **ptr, size_t size,
+                                                                 cca_stream_t stream)
+{
+    if (pool_cache.device != dev || pool_cache.stream != stream ||
+        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return false;
+    cca_stream_pool_t *sp = pool_cache.pool;
+    cca_pool_t *pool = size <= CCA_SMALL_SIZE ? &sp->small : &sp->large; /* (rounding keeps the side) */
+    if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr || async_enabled() ||
+        S->no_caching ||
+        (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
+         atomic_load_explicit(&dev->deferred_count, memory_order_relaxed)) ||
+        atomic_load_explicit(&dev->pending_event_count, memory_order_acquire) ||
+        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_STATE)
+        return false;
+    cca_spin_lock(&sp->lock);
+    cca_block_t *h = pool->held;
+    if (!h || atomic_load_explicit(&pool->express, memory_order_relaxed) != h || h->requested_size != size ||
+        sp->again_pool != pool) {
+        cca_spin_unlock(&sp->lock);
+        return false;
+    }
+    const cca_settings_t *s = &S->settings;
+    _Atomic int64_t *gc_calls = pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large;
+    if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
+        atomic_fetch_add_explicit(gc_calls, 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
+    pool->held = NULL;
+    pool->held_in_map = false;
+    pool->held_stats = false;
+    pool->again_n++;
+    h->allocated = true;
+    h->next->gc_count_base = atomic_load_explicit(gc_calls, memory_order_relaxed);
+    trace_record(dev->index, CCA_TRACE_ALLOC, h->addr, size, stream);
+    cca_spin_unlock(&sp->lock);
+    *ptr = (void *)h->addr;
+    cca_assert_expensive(device_is_valid());
+    return true;
+}
+
 /* cca_malloc_device once the allocator is up and device is valid. */
 static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, int device,
                                      cca_stream_t stream)
@@ -638,6 +690,8 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     if (device < 0 || device >= S->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
                          device, S->device_count);
+    if (malloc_express(S, &S->devices[device], ptr, size, stream))
+        return CCA_OK;
     return malloc_on(S, ptr, size, device, stream);
 }
 
@@ -655,14 +709,9 @@ cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
     if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
                          device, S->device_count);
+    if (malloc_express(S, &S->devices[device], ptr, size, stream))
+        return CCA_OK;
     return malloc_on(S, ptr, size, device, stream);
-}
-
-cca_status_t cca_free(void *ptr)
-{
-    cca_status_t st = alloc_free(ptr);
-    cca_assert_expensive(device_is_valid());
-    return st;
 }
 
 /*
@@ -680,6 +729,51 @@ static inline cca_block_t *pair_block(cca_stream_pool_t *sp, uintptr_t addr)
             return b;
     }
     return NULL;
+}
+
+/*
+ * The express pair's free, tried first: the block the thread's last stream
+ * pool handed out last, returned while that pool is the process's only one
+ * (the pointer map's solo mode: its lock guards the map) and holds no block
+ * back, is held back as alloc_free's solo path holds it. False: nothing done
+ * (sp's lock not taken where a hint says no).
+ */
+static inline __attribute__((always_inline)) bool free_express(void *ptr)
+{
+    if (!state_is_up() ||
+        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return false;
+    cca_stream_pool_t *sp = pool_cache.pool;
+    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
+    if (!sp || atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
+        atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr || async_enabled() ||
+        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
+        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
+        return false;
+    cca_spin_lock(&sp->lock);
+    cca_block_t *b = NULL;
+    if (atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
+        sp->large.held || !(b = pair_block(sp, (uintptr_t)ptr))) {
+        cca_spin_unlock(&sp->lock);
+        return false;
+    }
+    cca_device_t *dev = sp->device;
+    b->pool->held_in_map = true;
+    b->allocated = false;
+    trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, sp->stream);
+    pool_hold_block(dev, b, true);
+    cca_spin_unlock(&sp->lock);
+    cca_assert_expensive(device_is_valid());
+    return true;
+}
+
+cca_status_t cca_free(void *ptr)
+{
+    if (free_express(ptr))
+        return CCA_OK;
+    cca_status_t st = alloc_free(ptr);
+    cca_assert_expensive(device_is_valid());
+    return st;
 }
 
 /* cca_free, for callers that may hold the device lock. */

@@ -151,6 +151,7 @@ typedef struct cca_pool {
      * update of the stream pool since (again_pool), so values and peaks stay and only the
      * counts move */
     uint64_t again_n;
+    const struct cca_block *again_block; /* the held block the record was last used for */
     size_t again_size;
     size_t again_up;
     size_t again_req;
@@ -159,11 +160,18 @@ typedef struct cca_pool {
     const struct cca_block *fit_block;
     size_t fit_size;
     uint64_t fit_version;
+    /* the held block, when its next allocation of the size it had is the again update above
+     * as it stands (its free's statistics held, in the pointer map, held_fit's yes cached):
+     * the express pair's (cca_malloc) check; written at every hold */
+    _Atomic(const struct cca_block *) express; /* read without the lock as a hint */
     cca_bins_t bins;
 } cca_pool_t;
 
 typedef struct cca_stream_pool {
     cca_spinlock_t lock;        /* guards both pools' bins, their blocks, the spares */
+    /* the address of the block a pool of it handed out last: the express free's hint,
+     * read without the lock (checked under it) */
+    _Atomic uintptr_t last_addr;
     cca_stream_t stream;
     struct cca_device *device;
     struct cca_private_pool *private_pool; /* the private pool it belongs to; NULL: default */
@@ -953,7 +961,7 @@ typedef struct pool_cache {
     cca_stream_t stream;
     cca_stream_pool_t *pool;
 } pool_cache_t;
-extern _Thread_local pool_cache_t pool_cache;
+extern CCA_THREAD_HOT pool_cache_t pool_cache;
 extern _Atomic uint64_t state_generation; /* advanced by each device set-up and shutdown */
 cca_stream_pool_t *pool_stream_get_slow(cca_device_t *dev, cca_stream_t stream);
 
@@ -1032,6 +1040,21 @@ static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *
     return expandable;
 }
 
+/*
+ * Whether the held block h's next allocation of the size it had would be the
+ * again update of alloc.c's held path as the pool stands (stream pool lock
+ * held): held_fit's yes cached for it with the bins unchanged since, the
+ * pool's again record last used for h (its size, request, upper neighbour
+ * and split: none of them moves while the bins stay, and the record stays
+ * the stream pool's last update while again_pool says so, which the
+ * allocation checks). Nothing changes the answer while h stays held: any
+ * other use of the pool flushes h first.
+ */
+static inline bool pool_again_ready(const cca_pool_t *pool, const cca_block_t *h)
+{
+    return pool->again_block == h && pool->fit_block == h && pool->fit_version == pool->bins.version;
+}
+
 /* Hold a block returned to its pool back from merging, pool_may_hold said yes (stream pool
  * lock held, its held blocks flushed): the cached pair's return. */
 static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *dev, cca_block_t *block,
@@ -1047,8 +1070,11 @@ static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *
         /* its statistics too: pool_flush applies them (held_free_deltas), or
          * the block's next allocation folds them into its own (alloc.c) */
         pool->held_stats = true;
+        atomic_store_explicit(&pool->express, pool->held_in_map && pool_again_ready(pool, block) ? block : NULL,
+                              memory_order_relaxed);
         return;
     }
+    atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
     pool_hold_stats(sp, block, program_free); /* the merge's with the upper neighbour, put off */
 }
 /* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */

@@ -81,7 +81,7 @@ void pool_block_delete(cca_block_t *b)
 /* ---- stream pools --------------------------------------------------------- */
 
 _Atomic uint64_t state_generation;
-_Thread_local pool_cache_t pool_cache;
+CCA_THREAD_HOT pool_cache_t pool_cache;
 
 static inline size_t stream_hash(cca_stream_t stream)
 {
@@ -168,6 +168,7 @@ static cca_stream_pool_t *pool_create_locked(cca_device_t *dev, cca_stream_t str
     cca_stream_pool_t *sp = pool_stream_pool_new(dev, stream);
     if (!sp)
         return NULL;
+    cca_spin_bias(&sp->lock); /* the creating thread's, until another one takes it */
     dev->stats_solo_done = true;
     ptrmap_pool_made(cca_state->ptrmap, &sp->lock); /* the first guards the map, a second ends it */
     if (first && dev->exact_stats) /* before it is published: its operations see it */

@@ -20,8 +20,9 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
                        cca_stream_t stream);
 
 /* Record one event if history recording is on. */
-static inline void trace_record(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                                cca_stream_t stream)
+static inline __attribute__((always_inline)) void trace_record(int device, cca_trace_action_t action,
+                                                               uintptr_t addr, size_t size,
+                                                               cca_stream_t stream)
 {
     if (atomic_load_explicit(&cca_trace_active, memory_order_relaxed))
         trace_record_slow(device, action, addr, size, stream);

@@ -500,6 +500,94 @@ TEST(held_repeats_counted_later)
     }
 }
 
+/*
+ * The express pair (cca_malloc / cca_free tried first on the thread's last
+ * stream pool): the same script with the history recording every call's
+ * context (which keeps every call off the express paths) must hand out the
+ * same addresses and end with the same statistics. The script mixes runs of
+ * pairs of several sizes in both pools, a second stream (the pointer map
+ * leaves solo mode: no express free), record_stream, peak resets and a
+ * double free of a held block.
+ */
+static const char *express_context(void *arg)
+{
+    (void)arg;
+    return "ctx";
+}
+
+static void run_express_script(const char *settings, bool context, uintptr_t *addrs, cca_device_stats_t *out)
+{
+    setup(settings, 0, false);
+    if (context)
+        expect_ok(cca_record_history(true, express_context, NULL, 64, CCA_RECORD_CONTEXT_ALL));
+    size_t n = 0;
+    char *below = xmalloc(4 * KiB, NULL);
+    addrs[n++] = (uintptr_t)below;
+    static const struct { size_t size; int times; cca_stream_t stream; } runs[] = {
+        {4 * KiB, 30, NULL}, {4 * KiB - 100, 3, NULL}, {3 * MiB, 20, NULL}, {512, 25, NULL},
+        {8 * KiB, 10, S1}, {4 * KiB, 10, NULL}, {3 * MiB, 5, S1}, {512, 10, NULL},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        for (int t = 0; t < runs[i].times; t++) {
+            void *p = xmalloc(runs[i].size, runs[i].stream);
+            addrs[n++] = (uintptr_t)p;
+            if (t == 7 && i == 0) { /* the express state is set up (the first stream pool) */
+                cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], NULL);
+                expect_true(sp && sp->small.held == NULL && sp->small.last_alloc &&
+                            sp->small.last_alloc->addr == (uintptr_t)p);
+            }
+            if (t == runs[i].times / 2 && i % 3 == 1)
+                expect_ok(cca_reset_peak_stats(0));
+            if (t == 5 && i == 5)
+                expect_ok(cca_record_stream(p, S2));
+            expect_ok(cca_free(p));
+            if (t == 8 && i == 0) {
+                cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], NULL);
+                /* held and ready for the express allocation (which a recorded context keeps
+                 * cca_malloc off), but for a block of an expandable segment, whose statistics
+                 * are applied at its free */
+                bool expandable = strstr(settings, "expandable") != NULL;
+                expect_true(sp->small.held != NULL);
+                expect_true(atomic_load(&sp->small.express) == (expandable ? NULL : sp->small.held));
+                cca_clear_error();
+                expect_status(cca_free(p), CCA_ERR_INVALID_POINTER); /* a double free: refused */
+            }
+        }
+    }
+    expect_ok(cca_free(below));
+    *out = stats(0);
+    char why[256];
+    expect_ok(alloc_check_invariants(why, sizeof(why)));
+    if (context)
+        expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+}
+
+TEST(express_pair_equals_the_locked_path)
+{
+    const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20", "expandable_segments:True",
+                           "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9"};
+    enum { STEPS = 1 + 30 + 3 + 20 + 25 + 10 + 10 + 5 + 10 };
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        static uintptr_t a[STEPS], b[STEPS];
+        cca_device_stats_t fast, locked;
+        run_express_script(modes[m], false, a, &fast);
+        run_express_script(modes[m], true, b, &locked);
+        size_t differing = 0;
+        for (int i = 0; i < STEPS; i++)
+            differing += a[i] != b[i];
+        expect_eq_u64(differing, 0);
+        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
+        const cca_stat_t *p = fast.allocation, *q = locked.allocation;
+        for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++)
+            differing += p[i].current != q[i].current || p[i].allocated != q[i].allocated ||
+                         p[i].freed != q[i].freed || (peaks && p[i].peak != q[i].peak);
+        differing += fast.num_device_alloc != locked.num_device_alloc;
+        expect_eq_u64(differing, 0);
+        expect_eq_i64(fast.allocation[CCA_STAT_ALL].allocated, STEPS);
+        expect_eq_i64(fast.allocation[CCA_STAT_ALL].current, 0);
+    }
+}
+
 /* A held-back free whose merge raises inactive_split_bytes to its peak, taken again at once. */
 TEST(held_free_peak_in_between)
 {
@@ -1166,6 +1254,7 @@ int main(void)
     RUN(held_statistics_equal_merged);
     RUN(solo_pair_free_equals_the_map_path);
     RUN(held_repeats_counted_later);
+    RUN(express_pair_equals_the_locked_path);
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);

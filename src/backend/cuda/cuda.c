@@ -195,7 +195,7 @@ static cca_status_t cuda_device_props(void *ctx, int device, cca_device_props_t 
  * different device at the same handle, made current on this thread without
  * cudaSetDevice, would be taken for the old one.
  */
-static _Thread_local struct {
+static CCA_THREAD_HOT struct {
     CUcontext ctx;
     int device;
 } current_device_cache;

@@ -41,7 +41,7 @@ static cca_status_t sim_device_props(void *ctx, int device, cca_device_props_t *
  * set_device (the only way to change it here) updates both, and a thread
  * meeting another instance reads the thread-local key again.
  */
-static _Thread_local struct {
+static CCA_THREAD_HOT struct {
     uint64_t instance;
     int device;
 } current_device_cache;
