@@ -98,7 +98,11 @@ static void process_barrier(void)
             return;
         if (errno == EINTR || errno == EAGAIN)
             continue;
-        /* registered, so this cannot be; the global barrier needs no registration */
+        /* not registered (a child of fork(), if its kernel did not carry the registration
+         * over): register again, else the global barrier, which needs no registration */
+        if (membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0 &&
+            membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+            return;
         if (membarrier_call(MEMBARRIER_CMD_GLOBAL) == 0)
             return;
         sched_yield();

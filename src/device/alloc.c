@@ -740,7 +740,7 @@ static inline cca_block_t *pair_block(cca_stream_pool_t *sp, uintptr_t addr)
  */
 static inline __attribute__((always_inline)) bool free_express(void *ptr)
 {
-    if (!state_is_up() ||
+    if (!ptr || !state_is_up() ||
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
         return false;
     cca_stream_pool_t *sp = pool_cache.pool;
