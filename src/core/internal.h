@@ -101,8 +101,8 @@ typedef struct cca_spinlock {
 extern CCA_THREAD_HOT char cca_thread_token;
 
 void cca_spin_lock_slow(cca_spinlock_t *l);
-/* A thread not the owner holds the lock word of a biased lock: revoke the bias (once), wait
- * for the owner to leave. */
+/* A thread not the owner holds the lock word of a biased lock not yet revoked: revoke the
+ * bias, wait for the owner to leave. */
 void cca_spin_bias_take(cca_spinlock_t *l);
 /* Bias l to the calling thread, if the system allows (the lock is not yet shared). */
 void cca_spin_bias(cca_spinlock_t *l);
@@ -143,7 +143,8 @@ static inline __attribute__((always_inline)) void cca_spin_lock(cca_spinlock_t *
         return;
     if (atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
         cca_spin_lock_slow(l);
-    if (owner)
+    /* once revoked, the revoker waited for the owner under this lock word: nobody is inside */
+    if (owner && !atomic_load_explicit(&l->revoked, memory_order_relaxed))
         cca_spin_bias_take(l);
 }
 
@@ -155,7 +156,8 @@ static inline __attribute__((always_inline)) bool cca_spin_trylock(cca_spinlock_
     if (atomic_load_explicit(&l->locked, memory_order_relaxed) ||
         atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
         return false;
-    if (owner)
+    /* once revoked, the revoker waited for the owner under this lock word: nobody is inside */
+    if (owner && !atomic_load_explicit(&l->revoked, memory_order_relaxed))
         cca_spin_bias_take(l);
     return true;
 }

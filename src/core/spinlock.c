@@ -112,10 +112,8 @@ static void process_barrier(void)
 
 void cca_spin_bias_take(cca_spinlock_t *l)
 {
-    if (!atomic_load_explicit(&l->revoked, memory_order_relaxed)) {
-        atomic_store_explicit(&l->revoked, 1, memory_order_seq_cst);
-        process_barrier();
-    }
+    atomic_store_explicit(&l->revoked, 1, memory_order_seq_cst);
+    process_barrier();
     /* the owner, inside since before the revocation, leaves */
     for (unsigned spins = 0; atomic_load_explicit(&l->busy, memory_order_acquire); spins++)
         cca_spin_backoff(spins);

@@ -123,7 +123,9 @@ static void *pool_worker(void *arg)
     return NULL;
 }
 
-TEST(stream_pool_lock_biased_to_its_maker_stays_exact_across_threads)
+/* cca up on a fresh simulated device, then n cached pairs of 512 B on STREAM made by this
+ * thread (its pool's lock biased to it where the system allows). */
+static void setup_with_pairs(int n)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
@@ -132,12 +134,17 @@ TEST(stream_pool_lock_biased_to_its_maker_stays_exact_across_threads)
     cca_shutdown();
     expect_ok(cca_sim_create(&cfg, &sim));
     expect_ok(cca_init_with_backend(sim, ""));
-    /* this thread makes the pool and runs cached pairs on it (the express path) */
     void *p;
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < n; i++) {
         expect_ok(cca_malloc_device(&p, 512, 0, STREAM));
         expect_ok(cca_free(p));
     }
+}
+
+TEST(stream_pool_lock_biased_to_its_maker_stays_exact_across_threads)
+{
+    /* this thread makes the pool and runs cached pairs on it (the express path) */
+    setup_with_pairs(1000);
     cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], STREAM);
     expect_true(sp != NULL);
     if (cca_spin_bias_available())
@@ -178,17 +185,7 @@ TEST(without_bias_the_pool_lock_is_plain)
     cca_spin_init(&lock);
     cca_spin_bias(&lock);
     expect_true(atomic_load(&lock.owner) == NULL);
-    cca_sim_config_t cfg = {0};
-    cfg.devices = 1;
-    cca_backend_t *sim;
-    cca_shutdown();
-    expect_ok(cca_sim_create(&cfg, &sim));
-    expect_ok(cca_init_with_backend(sim, ""));
-    void *p;
-    for (int i = 0; i < 100; i++) {
-        expect_ok(cca_malloc_device(&p, 512, 0, STREAM));
-        expect_ok(cca_free(p));
-    }
+    setup_with_pairs(100);
     cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], STREAM);
     expect_true(sp && atomic_load(&sp->lock.owner) == NULL);
     cca_device_stats_t s;

@@ -406,6 +406,18 @@ static void run_solo_script(const char *settings, bool solo, uintptr_t *addrs, c
     expect_ok(alloc_check_invariants(why, sizeof(why)));
 }
 
+/* Statistics of two runs that differ (allocation ... requested_bytes, all pools: currents,
+ * counts, and peaks unless sampled), plus the backend allocations. */
+static size_t stats_differing(const cca_device_stats_t *x, const cca_device_stats_t *y, bool peaks)
+{
+    const cca_stat_t *p = x->allocation, *q = y->allocation;
+    size_t differing = 0;
+    for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++)
+        differing += p[i].current != q[i].current || p[i].allocated != q[i].allocated ||
+                     p[i].freed != q[i].freed || (peaks && p[i].peak != q[i].peak);
+    return differing + (x->num_device_alloc != y->num_device_alloc);
+}
+
 TEST(solo_pair_free_equals_the_map_path)
 {
     const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20", "expandable_segments:True"};
@@ -420,11 +432,7 @@ TEST(solo_pair_free_equals_the_map_path)
         expect_eq_u64(differing, 0);
         /* peaks too, but in the relaxed mode, whose peaks are sampled */
         bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
-        const cca_stat_t *p = solo.allocation, *q = shards.allocation;
-        for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++) /* allocation ... requested_bytes */
-            differing += p[i].current != q[i].current || p[i].allocated != q[i].allocated ||
-                         p[i].freed != q[i].freed || (peaks && p[i].peak != q[i].peak);
-        differing += solo.num_device_alloc != shards.num_device_alloc;
+        differing += stats_differing(&solo, &shards, peaks);
         expect_eq_u64(differing, 0);
         expect_ne_u64((uint64_t)solo.allocation[CCA_STAT_ALL].allocated, 0);
         expect_eq_i64(solo.allocation[CCA_STAT_ALL].current, shards.allocation[CCA_STAT_ALL].current);
@@ -577,11 +585,7 @@ TEST(express_pair_equals_the_locked_path)
             differing += a[i] != b[i];
         expect_eq_u64(differing, 0);
         bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
-        const cca_stat_t *p = fast.allocation, *q = locked.allocation;
-        for (size_t i = 0; i < 9 * CCA_STAT_TYPES; i++)
-            differing += p[i].current != q[i].current || p[i].allocated != q[i].allocated ||
-                         p[i].freed != q[i].freed || (peaks && p[i].peak != q[i].peak);
-        differing += fast.num_device_alloc != locked.num_device_alloc;
+        differing += stats_differing(&fast, &locked, peaks);
         expect_eq_u64(differing, 0);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].allocated, STEPS);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].current, 0);
