@@ -10,6 +10,7 @@
 #define CCA_ANCHOR_RNG_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define MT64_N 312
@@ -29,17 +30,30 @@ static inline void mt64_seed(mt64_t *mt, uint64_t seed)
     mt->index = MT64_N;
 }
 
-static inline uint64_t mt64_next(mt64_t *mt)
+/* The twist of all MT64_N words, in libstdc++'s three loops (no index wraps). */
+static inline uint64_t mt64_mix(uint64_t a, uint64_t b, uint64_t c)
 {
     const uint64_t upper = 0xFFFFFFFF80000000ULL, lower = 0x7FFFFFFFULL;
-    const uint64_t matrix = 0xB5026F5AA96619E9ULL;
-    if (mt->index >= MT64_N) {
-        for (int i = 0; i < MT64_N; i++) {
-            uint64_t y = (mt->state[i] & upper) | (mt->state[(i + 1) % MT64_N] & lower);
-            mt->state[i] = mt->state[(i + MT64_M) % MT64_N] ^ (y >> 1) ^ ((y & 1) ? matrix : 0);
-        }
-        mt->index = 0;
-    }
+    const uint64_t y = (a & upper) | (b & lower);
+    return c ^ (y >> 1) ^ ((y & 1) ? 0xB5026F5AA96619E9ULL : 0);
+}
+
+static inline void mt64_twist(mt64_t *mt)
+{
+    uint64_t *x = mt->state;
+    int i = 0;
+    for (; i < MT64_N - MT64_M; i++)
+        x[i] = mt64_mix(x[i], x[i + 1], x[i + MT64_M]);
+    for (; i < MT64_N - 1; i++)
+        x[i] = mt64_mix(x[i], x[i + 1], x[i + MT64_M - MT64_N]);
+    x[MT64_N - 1] = mt64_mix(x[MT64_N - 1], x[0], x[MT64_M - 1]);
+    mt->index = 0;
+}
+
+static inline uint64_t mt64_next(mt64_t *mt)
+{
+    if (mt->index >= MT64_N)
+        mt64_twist(mt);
     uint64_t x = mt->state[mt->index++];
     x ^= (x >> 29) & 0x5555555555555555ULL;
     x ^= (x << 17) & 0x71D67FFFEDA60000ULL;
@@ -72,10 +86,24 @@ static inline double mt64_real(mt64_t *mt, double a, double b)
     return canonical * (b - a) + a;
 }
 
-/* A size of the anchor's random workload: log-uniform in [512, max_size]. */
-static inline size_t mt64_log_size(mt64_t *mt, size_t max_size)
+/*
+ * The anchor's log-uniform size distribution over [512, max_size]: its bounds
+ * computed once, as the anchor's std::uniform_real_distribution holds them.
+ */
+typedef struct mt64_log_sizes {
+    double lo, hi;
+} mt64_log_sizes_t;
+
+static inline mt64_log_sizes_t mt64_log_sizes(size_t max_size)
 {
-    return (size_t)exp(mt64_real(mt, log(512.0), log((double)max_size)));
+    mt64_log_sizes_t d = {log(512.0), log((double)max_size)};
+    return d;
+}
+
+/* A size of the anchor's random workload: log-uniform in [512, max_size]. */
+static inline size_t mt64_log_size(mt64_t *mt, const mt64_log_sizes_t *d)
+{
+    return (size_t)exp(mt64_real(mt, d->lo, d->hi));
 }
 
 #endif /* CCA_ANCHOR_RNG_H */

@@ -199,6 +199,7 @@ static double random_workload(cca_stream_t s, int slots, long steps, size_t max_
 {
     mt64_t rng;
     mt64_seed(&rng, seed);
+    const mt64_log_sizes_t sizes = mt64_log_sizes(max_size);
     void **live = calloc((size_t)slots, sizeof(*live));
     if (!live) {
         fprintf(stderr, "bench_gpu: out of host memory\n");
@@ -212,7 +213,7 @@ static double random_workload(cca_stream_t s, int slots, long steps, size_t max_
                 free_or_die(live[k]);
             live[k] = NULL;
         } else {
-            size_t size = mt64_log_size(&rng, max_size); /* >= 512: a slot never NULL */
+            size_t size = mt64_log_size(&rng, &sizes); /* >= 512: a slot never NULL */
             live[k] = draws_only ? (void *)(uintptr_t)size : alloc_or_die(size, s, -1);
         }
     }

@@ -42,6 +42,7 @@ static void random_steps(cca_stream_t s, long n)
     static void *live[SLOTS];
     mt64_t rng;
     mt64_seed(&rng, 42);
+    const mt64_log_sizes_t sizes = mt64_log_sizes((size_t)8 << 20);
     for (long i = 0; i < n; i++) {
         int k = mt64_pick(&rng, SLOTS);
         cca_status_t st;
@@ -49,7 +50,7 @@ static void random_steps(cca_stream_t s, long n)
             st = cca_free(live[k]);
             live[k] = NULL;
         } else {
-            st = cca_malloc(&live[k], mt64_log_size(&rng, (size_t)8 << 20), s);
+            st = cca_malloc(&live[k], mt64_log_size(&rng, &sizes), s);
         }
         if (st != CCA_OK) {
             fprintf(stderr, "bench_pairs: %s: %s\n", cca_status_str(st), cca_last_error()->message);
