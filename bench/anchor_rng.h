@@ -35,7 +35,7 @@ static inline uint64_t mt64_mix(uint64_t a, uint64_t b, uint64_t c)
 {
     const uint64_t upper = 0xFFFFFFFF80000000ULL, lower = 0x7FFFFFFFULL;
     const uint64_t y = (a & upper) | (b & lower);
-    return c ^ (y >> 1) ^ ((y & 1) ? 0xB5026F5AA96619E9ULL : 0);
+    return c ^ (y >> 1) ^ ((0 - (y & 1)) & 0xB5026F5AA96619E9ULL); /* no branch to mispredict */
 }
 
 static inline void mt64_twist(mt64_t *mt)
