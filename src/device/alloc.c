@@ -345,7 +345,9 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
             pool->again_split == split) {
             /* the last update again: values and peaks as they are, the counts later */
             pool->again_n++;
+            sp->rehold = block;
         } else {
+            sp->rehold = NULL;
             ops_apply_again(sp, pool_stat_type(pool->is_small), (int64_t)block->size,
                             (int64_t)up->size, split, block->oversize, (int64_t)old_req,
                             (int64_t)orig_size);
@@ -622,6 +624,7 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
     pool->held_in_map = false;
     pool->held_stats = false;
     pool->again_n++;
+    sp->rehold = h;
     h->allocated = true;
     h->next->gc_count_base = atomic_load_explicit(gc_calls, memory_order_relaxed);
     trace_record(dev->index, CCA_TRACE_ALLOC, h->addr, size, stream);
@@ -744,20 +747,39 @@ static inline __attribute__((always_inline)) bool free_express(void *ptr)
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
         return false;
     cca_stream_pool_t *sp = pool_cache.pool;
-    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
-    if (!sp || atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
+    if (!sp || atomic_load_explicit(&ptrmap_solo_now, memory_order_acquire) != &sp->lock ||
         atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr || async_enabled() ||
         atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
         atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
         return false;
     cca_spin_lock(&sp->lock);
-    cca_block_t *b = NULL;
-    if (atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
-        sp->large.held || !(b = pair_block(sp, (uintptr_t)ptr))) {
+    cca_block_t *b = sp->rehold;
+    if (atomic_load_explicit(&ptrmap_solo_now, memory_order_relaxed) != &sp->lock || sp->small.held ||
+        sp->large.held) {
         cca_spin_unlock(&sp->lock);
         return false;
     }
     cca_device_t *dev = sp->device;
+    if (sp->again_pool && b && b->addr == (uintptr_t)ptr && !b->stream_use_count) {
+        /* the block of the last repeat, with no other statistics update since (again_pool),
+         * nothing held: the pool's blocks and settings are as at the free before it, which
+         * held it back (pool_may_hold, ops_may_defer said yes): held back again the same way */
+        cca_pool_t *pool = b->pool;
+        pool->held_in_map = true;
+        b->allocated = false;
+        trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, sp->stream);
+        pool_free_begin(dev, b);
+        pool->held = b;
+        pool->held_stats = true;
+        atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
+        cca_spin_unlock(&sp->lock);
+        cca_assert_expensive(device_is_valid());
+        return true;
+    }
+    if (!(b = pair_block(sp, (uintptr_t)ptr))) {
+        cca_spin_unlock(&sp->lock);
+        return false;
+    }
     b->pool->held_in_map = true;
     b->allocated = false;
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, sp->stream);

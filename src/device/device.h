@@ -183,6 +183,10 @@ typedef struct cca_stream_pool {
     /* the pool whose last ops_apply_again was this stream pool's last statistics update (its
      * repeats may be counted later: again_n); NULL after any other (ops_apply) */
     cca_pool_t *again_pool;
+    /* the block of the last repeat counted in again_n (cleared by a full update): while
+     * again_pool is set, nothing has touched the pool's statistics or neighbours since,
+     * and its free may be held back as the one before it was (free_express) */
+    cca_block_t *rehold;
     /* compact_memory: which free blocks the stream's work is done with (pool lock) */
     uint64_t free_tick;         /* blocks returned to the pool so far */
     uint64_t ready_tick;        /* blocks returned at or before this tick: their work is done */
@@ -417,6 +421,9 @@ void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
 struct cca_ptrmap_head {
     _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
 };
+/* The live map's solo lock, written with it (its end under that lock): read by the
+ * express free without going through the state and the map. */
+extern _Atomic(cca_spinlock_t *) ptrmap_solo_now;
 /* In solo mode, the only stream pool's lock, taken (then no shard lock is needed while it
  * is held); else NULL, nothing taken. */
 static inline cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)

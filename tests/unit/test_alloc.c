@@ -514,8 +514,10 @@ TEST(held_repeats_counted_later)
  * context (which keeps every call off the express paths) must hand out the
  * same addresses and end with the same statistics. The script mixes runs of
  * pairs of several sizes in both pools, a second stream (the pointer map
- * leaves solo mode: no express free), record_stream, peak resets and a
- * double free of a held block.
+ * leaves solo mode: no express free), record_stream (its events complete at
+ * the end), peak resets and a double free of a held block; and, between a
+ * repeated pair's allocation and free, record_stream, a statistics read,
+ * another block of the pool freed before or after, empty_cache, a second free.
  */
 static const char *express_context(void *arg)
 {
@@ -525,14 +527,17 @@ static const char *express_context(void *arg)
 
 static void run_express_script(const char *settings, bool context, uintptr_t *addrs, cca_device_stats_t *out)
 {
-    setup(settings, 0, false);
+    setup(settings, 0, true); /* events complete when the script says (below) */
     if (context)
         expect_ok(cca_record_history(true, express_context, NULL, 64, CCA_RECORD_CONTEXT_ALL));
     size_t n = 0;
+    /* repeats of a held block's update: not with its statistics applied at the free
+     * (expandable), nor for blocks that max_split_size keeps from being held */
+    bool repeats = !strstr(settings, "expandable") && !strstr(settings, "max_split");
     char *below = xmalloc(4 * KiB, NULL);
     addrs[n++] = (uintptr_t)below;
     static const struct { size_t size; int times; cca_stream_t stream; } runs[] = {
-        {4 * KiB, 30, NULL}, {4 * KiB - 100, 3, NULL}, {3 * MiB, 20, NULL}, {512, 25, NULL},
+        {4 * KiB, 40, NULL}, {4 * KiB - 100, 3, NULL}, {3 * MiB, 40, NULL}, {512, 25, NULL},
         {8 * KiB, 10, S1}, {4 * KiB, 10, NULL}, {3 * MiB, 5, S1}, {512, 10, NULL},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
@@ -548,7 +553,38 @@ static void run_express_script(const char *settings, bool context, uintptr_t *ad
                 expect_ok(cca_reset_peak_stats(0));
             if (t == 5 && i == 5)
                 expect_ok(cca_record_stream(p, S2));
-            expect_ok(cca_free(p));
+            /* between a repeated pair's allocation and its free (solo mode, both pools),
+             * whatever the free's shortcut for the block of the last repeat must see */
+            bool solo_run = i == 0 || i == 2;
+            bool between = solo_run && t >= 12 && t % 4 == 0;
+            if (between && repeats) { /* p is the block of the pair's last repeat */
+                cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], NULL);
+                expect_true(sp->again_pool != NULL && sp->rehold != NULL &&
+                            sp->rehold->addr == (uintptr_t)p);
+            }
+            if (between && t == 12)
+                expect_ok(cca_record_stream(p, S2)); /* its free waits for an event */
+            if (between && t == 20) {
+                cca_device_stats_t read; /* a reader flushes the pool's repeats */
+                expect_ok(cca_get_device_stats(0, &read));
+            }
+            if (between && (t == 24 || t == 28)) { /* another block, freed before or after */
+                void *q = xmalloc(i == 0 ? 1 * KiB : 5 * MiB, NULL);
+                addrs[n++] = (uintptr_t)q;
+                if (t == 28) {
+                    expect_ok(cca_free(p));
+                    p = NULL;
+                }
+                expect_ok(cca_free(q));
+            }
+            if (between && t == 32)
+                expect_ok(cca_empty_cache());
+            if (p)
+                expect_ok(cca_free(p));
+            if (between && t == 16) { /* the free of the last repeat's block, twice */
+                cca_clear_error();
+                expect_status(cca_free(p), CCA_ERR_INVALID_POINTER);
+            }
             if (t == 8 && i == 0) {
                 cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], NULL);
                 /* held and ready for the express allocation (which a recorded context keeps
@@ -563,6 +599,8 @@ static void run_express_script(const char *settings, bool context, uintptr_t *ad
         }
     }
     expect_ok(cca_free(below));
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, true));
+    expect_ok(cca_empty_cache()); /* the blocks whose events are over return */
     *out = stats(0);
     char why[256];
     expect_ok(alloc_check_invariants(why, sizeof(why)));
@@ -574,7 +612,7 @@ TEST(express_pair_equals_the_locked_path)
 {
     const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20", "expandable_segments:True",
                            "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9"};
-    enum { STEPS = 1 + 30 + 3 + 20 + 25 + 10 + 10 + 5 + 10 };
+    enum { STEPS = 1 + 40 + 3 + 40 + 25 + 10 + 10 + 5 + 10 + 4 };
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
         static uintptr_t a[STEPS], b[STEPS];
         cca_device_stats_t fast, locked;
