@@ -183,9 +183,11 @@ typedef struct cca_stream_pool {
     /* the pool whose last ops_apply_again was this stream pool's last statistics update (its
      * repeats may be counted later: again_n); NULL after any other (ops_apply) */
     cca_pool_t *again_pool;
-    /* the block of the last repeat counted in again_n (cleared by a full update): while
-     * again_pool is set, nothing has touched the pool's statistics or neighbours since,
-     * and its free may be held back as the one before it was (free_express) */
+    /* the block of the last repeat counted in again_n, or NULL (a full update clears it):
+     * only read while again_pool is set, that is with no other statistics update of this
+     * stream pool since, so no block of it merged, split or freed (each updates them) and
+     * the block still allocated unless held; its free, with no block held, is held back
+     * as the free before its repeat was (free_express) */
     cca_block_t *rehold;
     /* compact_memory: which free blocks the stream's work is done with (pool lock) */
     uint64_t free_tick;         /* blocks returned to the pool so far */
