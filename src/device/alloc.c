@@ -735,11 +735,33 @@ static inline cca_block_t *pair_block(cca_stream_pool_t *sp, uintptr_t addr)
 }
 
 /*
+ * The program's return of b, a block of the only stream pool (solo mode),
+ * held back and left in the pointer map, where no lookup finds it (its lock
+ * held, its held blocks flushed): as pool_hold_block decides, or, again, as
+ * the free before its repeat was, with nothing to ask (free_express).
+ */
+static inline __attribute__((always_inline)) void hold_returned(cca_device_t *dev, cca_block_t *b, bool again)
+{
+    cca_pool_t *pool = b->pool;
+    pool->held_in_map = true;
+    b->allocated = false;
+    trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, pool->owner->stream);
+    if (again)
+        pool_hold(dev, b, true, true);
+    else
+        pool_hold_block(dev, b, true);
+}
+
+/*
  * The express pair's free, tried first: the block the thread's last stream
  * pool handed out last, returned while that pool is the process's only one
  * (the pointer map's solo mode: its lock guards the map) and holds no block
- * back, is held back as alloc_free's solo path holds it. False: nothing done
- * (sp's lock not taken where a hint says no).
+ * back, is held back as alloc_free's solo path holds it. The block of the
+ * pool's last repeat (sp->rehold), with no other statistics update since
+ * (again_pool), is held back as the free before its repeat was: the pool's
+ * blocks and settings, which pool_may_hold and pool_hold_block asked then,
+ * are as they were. False: nothing done (sp's lock not taken where a hint
+ * says no).
  */
 static inline __attribute__((always_inline)) bool free_express(void *ptr)
 {
@@ -747,43 +769,21 @@ static inline __attribute__((always_inline)) bool free_express(void *ptr)
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
         return false;
     cca_stream_pool_t *sp = pool_cache.pool;
-    if (!sp || atomic_load_explicit(&ptrmap_solo_now, memory_order_acquire) != &sp->lock ||
+    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
+    if (!sp || atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
         atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr || async_enabled() ||
         atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
         atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
         return false;
     cca_spin_lock(&sp->lock);
     cca_block_t *b = sp->rehold;
-    if (atomic_load_explicit(&ptrmap_solo_now, memory_order_relaxed) != &sp->lock || sp->small.held ||
-        sp->large.held) {
+    bool again = sp->again_pool && b && b->addr == (uintptr_t)ptr && !b->stream_use_count;
+    if (atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
+        sp->large.held || (!again && !(b = pair_block(sp, (uintptr_t)ptr)))) {
         cca_spin_unlock(&sp->lock);
         return false;
     }
-    cca_device_t *dev = sp->device;
-    if (sp->again_pool && b && b->addr == (uintptr_t)ptr && !b->stream_use_count) {
-        /* the block of the last repeat, with no other statistics update since (again_pool),
-         * nothing held: the pool's blocks and settings are as at the free before it, which
-         * held it back (pool_may_hold, ops_may_defer said yes): held back again the same way */
-        cca_pool_t *pool = b->pool;
-        pool->held_in_map = true;
-        b->allocated = false;
-        trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, sp->stream);
-        pool_free_begin(dev, b);
-        pool->held = b;
-        pool->held_stats = true;
-        atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
-        cca_spin_unlock(&sp->lock);
-        cca_assert_expensive(device_is_valid());
-        return true;
-    }
-    if (!(b = pair_block(sp, (uintptr_t)ptr))) {
-        cca_spin_unlock(&sp->lock);
-        return false;
-    }
-    b->pool->held_in_map = true;
-    b->allocated = false;
-    trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, sp->stream);
-    pool_hold_block(dev, b, true);
+    hold_returned(sp->device, b, again);
     cca_spin_unlock(&sp->lock);
     cca_assert_expensive(device_is_valid());
     return true;
@@ -830,12 +830,7 @@ cca_status_t alloc_free(void *ptr)
             pool_flush(only); /* first: the decision below is then pool_free_block's */
         block = pair_block(only, (uintptr_t)ptr);
         if (block) { /* the cached pair's free: held back, left in the map, as below */
-            cca_device_t *dev = only->device;
-            block->pool->held_in_map = true;
-            block->allocated = false;
-            trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size,
-                         only->stream);
-            pool_hold_block(dev, block, true);
+            hold_returned(only->device, block, false);
             cca_spin_unlock(solo);
             if (context)
                 trace_context_release();

@@ -423,9 +423,6 @@ void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock);
 struct cca_ptrmap_head {
     _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
 };
-/* The live map's solo lock, written with it (its end under that lock): read by the
- * express free without going through the state and the map. */
-extern _Atomic(cca_spinlock_t *) ptrmap_solo_now;
 /* In solo mode, the only stream pool's lock, taken (then no shard lock is needed while it
  * is held); else NULL, nothing taken. */
 static inline cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
@@ -1064,18 +1061,15 @@ static inline bool pool_again_ready(const cca_pool_t *pool, const cca_block_t *h
     return pool->again_block == h && pool->fit_block == h && pool->fit_version == pool->bins.version;
 }
 
-/* Hold a block returned to its pool back from merging, pool_may_hold said yes (stream pool
- * lock held, its held blocks flushed): the cached pair's return. */
-static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *dev, cca_block_t *block,
-                                                                  bool program_free)
+/* Hold a block returned to its pool back from merging (stream pool lock held, its held
+ * blocks flushed), its free's statistics put off if defer (pool_hold_block says when). */
+static inline __attribute__((always_inline)) void pool_hold(cca_device_t *dev, cca_block_t *block,
+                                                            bool program_free, bool defer)
 {
     cca_pool_t *pool = block->pool;
-    cca_stream_pool_t *sp = pool->owner;
     pool_free_begin(dev, block);
     pool->held = block;
-    /* (an expandable block's statistics are applied now: they leave inactive_split alone,
-     * which ops_apply_again does not know) */
-    if (program_free && ops_may_defer(sp) && !block->segment->es) {
+    if (defer) {
         /* its statistics too: pool_flush applies them (held_free_deltas), or
          * the block's next allocation folds them into its own (alloc.c) */
         pool->held_stats = true;
@@ -1084,7 +1078,18 @@ static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *
         return;
     }
     atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
-    pool_hold_stats(sp, block, program_free); /* the merge's with the upper neighbour, put off */
+    pool_hold_stats(pool->owner, block, program_free); /* the merge's with the upper neighbour, put off */
+}
+
+/* Hold a block returned to its pool back from merging, pool_may_hold said yes (stream pool
+ * lock held, its held blocks flushed): the cached pair's return. An expandable block's
+ * statistics are applied now: they leave inactive_split alone, which ops_apply_again does
+ * not know. */
+static inline __attribute__((always_inline)) void pool_hold_block(cca_device_t *dev, cca_block_t *block,
+                                                                  bool program_free)
+{
+    pool_hold(dev, block, program_free,
+              program_free && ops_may_defer(block->pool->owner) && !block->segment->es);
 }
 /* Raise CCA_ERR_INVALID_POINTER for ptr, saying whether it lies inside a block. */
 cca_status_t pool_invalid_pointer(const char *what, const void *ptr);

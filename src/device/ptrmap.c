@@ -38,8 +38,6 @@ struct cca_ptrmap {
     ptrmap_shard_t shards[PTRMAP_SHARDS];
 };
 
-_Atomic(cca_spinlock_t *) ptrmap_solo_now;
-
 /* ptrmap_solo_lock (device.h) reads the head through a pointer to the map */
 _Static_assert(offsetof(struct cca_ptrmap, head) == 0, "the map's head comes first");
 
@@ -67,7 +65,6 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinloc
         cca_spin_init(&m->shards[i].lock);
     pthread_mutex_init(&m->pools_lock, NULL);
     atomic_init(&m->head.solo, NULL);
-    atomic_store_explicit(&ptrmap_solo_now, NULL, memory_order_release);
     m->solo_end = solo_end;
     *out = m;
     return CCA_OK;
@@ -77,7 +74,6 @@ void ptrmap_destroy(struct cca_ptrmap *m)
 {
     if (!m)
         return;
-    atomic_store_explicit(&ptrmap_solo_now, NULL, memory_order_release);
     for (int i = 0; i < PTRMAP_SHARDS; i++) {
         free(m->shards[i].buckets);
     }
@@ -91,7 +87,6 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
     if (!m->pool_made) {
         m->pool_made = true;
         atomic_store_explicit(&m->head.solo, pool_lock, memory_order_release); /* NULL: none */
-        atomic_store_explicit(&ptrmap_solo_now, pool_lock, memory_order_release);
     } else {
         cca_spinlock_t *solo = atomic_load_explicit(&m->head.solo, memory_order_relaxed);
         if (solo) {
@@ -99,7 +94,6 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
             if (m->solo_end)
                 m->solo_end(solo); /* its pool's held block out of the map */
             atomic_store_explicit(&m->head.solo, NULL, memory_order_release);
-            atomic_store_explicit(&ptrmap_solo_now, NULL, memory_order_release);
             cca_spin_unlock(solo);
         }
     }
@@ -109,10 +103,8 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
 void ptrmap_pool_gone(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
 {
     pthread_mutex_lock(&m->pools_lock);
-    if (atomic_load_explicit(&m->head.solo, memory_order_relaxed) == pool_lock) {
+    if (atomic_load_explicit(&m->head.solo, memory_order_relaxed) == pool_lock)
         atomic_store_explicit(&m->head.solo, NULL, memory_order_release); /* its blocks are gone */
-        atomic_store_explicit(&ptrmap_solo_now, NULL, memory_order_release);
-    }
     pthread_mutex_unlock(&m->pools_lock);
 }
 

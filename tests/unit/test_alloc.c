@@ -418,6 +418,17 @@ static size_t stats_differing(const cca_device_stats_t *x, const cca_device_stat
     return differing + (x->num_device_alloc != y->num_device_alloc);
 }
 
+/* Addresses (n of each run) and statistics of two runs of one script under settings that
+ * differ; peaks compared unless the relaxed mode sampled them. */
+static size_t runs_differing(const uintptr_t *a, const uintptr_t *b, size_t n, const cca_device_stats_t *x,
+                             const cca_device_stats_t *y, const char *settings)
+{
+    size_t differing = 0;
+    for (size_t i = 0; i < n; i++)
+        differing += a[i] != b[i];
+    return differing + stats_differing(x, y, strcmp(settings, "exact_peak_stats:False") != 0);
+}
+
 TEST(solo_pair_free_equals_the_map_path)
 {
     const char *modes[] = {"", "exact_peak_stats:False", "max_split_size_mb:20", "expandable_segments:True"};
@@ -426,14 +437,7 @@ TEST(solo_pair_free_equals_the_map_path)
         cca_device_stats_t solo, shards;
         run_solo_script(modes[m], true, a, &solo);
         run_solo_script(modes[m], false, b, &shards);
-        size_t differing = 0;
-        for (int i = 0; i < SOLO_STEPS; i++)
-            differing += a[i] != b[i];
-        expect_eq_u64(differing, 0);
-        /* peaks too, but in the relaxed mode, whose peaks are sampled */
-        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
-        differing += stats_differing(&solo, &shards, peaks);
-        expect_eq_u64(differing, 0);
+        expect_eq_u64(runs_differing(a, b, SOLO_STEPS, &solo, &shards, modes[m]), 0);
         expect_ne_u64((uint64_t)solo.allocation[CCA_STAT_ALL].allocated, 0);
         expect_eq_i64(solo.allocation[CCA_STAT_ALL].current, shards.allocation[CCA_STAT_ALL].current);
     }
@@ -618,13 +622,7 @@ TEST(express_pair_equals_the_locked_path)
         cca_device_stats_t fast, locked;
         run_express_script(modes[m], false, a, &fast);
         run_express_script(modes[m], true, b, &locked);
-        size_t differing = 0;
-        for (int i = 0; i < STEPS; i++)
-            differing += a[i] != b[i];
-        expect_eq_u64(differing, 0);
-        bool peaks = strcmp(modes[m], "exact_peak_stats:False") != 0;
-        differing += stats_differing(&fast, &locked, peaks);
-        expect_eq_u64(differing, 0);
+        expect_eq_u64(runs_differing(a, b, STEPS, &fast, &locked, modes[m]), 0);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].allocated, STEPS);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].current, 0);
     }
