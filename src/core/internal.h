@@ -136,6 +136,30 @@ static inline __attribute__((always_inline)) bool cca_spin_bias_enter(cca_spinlo
     return false;
 }
 
+/* Enter l at once and without a call, for paths that fall back to another when it fails:
+ * as the owner of its bias (CCA_SPIN_BIASED), or through the lock word of a lock biased to
+ * nobody, or whose bias is revoked, that nobody holds (CCA_SPIN_WORD). 0: nothing taken (a
+ * lock biased to another thread is left to cca_spin_lock, which revokes the bias). Leave
+ * with cca_spin_leave and the way it was entered. */
+enum { CCA_SPIN_BIASED = 1, CCA_SPIN_WORD = 2 };
+static inline __attribute__((always_inline)) int cca_spin_tryenter(cca_spinlock_t *l)
+{
+    const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    if (owner && owner == &cca_thread_token && cca_spin_bias_enter(l))
+        return CCA_SPIN_BIASED;
+    if (owner && !atomic_load_explicit(&l->revoked, memory_order_acquire))
+        return 0;
+    return !atomic_load_explicit(&l->locked, memory_order_relaxed) &&
+                   !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire)
+               ? CCA_SPIN_WORD
+               : 0;
+}
+
+static inline __attribute__((always_inline)) void cca_spin_leave(cca_spinlock_t *l, int entered)
+{
+    atomic_store_explicit(entered == CCA_SPIN_BIASED ? &l->busy : &l->locked, 0, memory_order_release);
+}
+
 static inline __attribute__((always_inline)) void cca_spin_lock(cca_spinlock_t *l)
 {
     const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);

@@ -608,11 +608,13 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
         atomic_load_explicit(&dev->pending_event_count, memory_order_acquire) ||
         atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_STATE)
         return false;
-    cca_spin_lock(&sp->lock);
+    int entered = cca_spin_tryenter(&sp->lock);
+    if (!entered)
+        return false;
     cca_block_t *h = pool->held;
     if (!h || atomic_load_explicit(&pool->express, memory_order_relaxed) != h || h->requested_size != size ||
-        sp->again_pool != pool) {
-        cca_spin_unlock(&sp->lock);
+        sp->again_pool != pool || atomic_load_explicit(&cca_trace_active, memory_order_relaxed)) {
+        cca_spin_leave(&sp->lock, entered);
         return false;
     }
     const cca_settings_t *s = &S->settings;
@@ -627,8 +629,7 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
     sp->rehold = h;
     h->allocated = true;
     h->next->gc_count_base = atomic_load_explicit(gc_calls, memory_order_relaxed);
-    trace_record(dev->index, CCA_TRACE_ALLOC, h->addr, size, stream);
-    cca_spin_unlock(&sp->lock);
+    cca_spin_leave(&sp->lock, entered);
     *ptr = (void *)h->addr;
     cca_assert_expensive(device_is_valid());
     return true;
@@ -698,6 +699,18 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     return malloc_on(S, ptr, size, device, stream);
 }
 
+/* cca_malloc past its express path, on the backend's current device: out of line, so that
+ * the express path saves only the registers the device question needs. */
+static __attribute__((noinline)) cca_status_t malloc_general(void **ptr, size_t size, int device,
+                                                             cca_stream_t stream)
+{
+    cca_state_t *S = cca_state;
+    if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
+                         device, S->device_count);
+    return malloc_on(S, ptr, size, device, stream);
+}
+
 cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
 {
     int device = 0;
@@ -709,12 +722,10 @@ cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
     st = be->get_device(be->ctx, &device);
     if (st != CCA_OK)
         return st;
-    if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
-                         device, S->device_count);
-    if (malloc_express(S, &S->devices[device], ptr, size, stream))
+    if (device >= 0 && device < S->device_count &&
+        malloc_express(S, &S->devices[device], ptr, size, stream))
         return CCA_OK;
-    return malloc_on(S, ptr, size, device, stream);
+    return malloc_general(ptr, size, device, stream);
 }
 
 /*
@@ -789,13 +800,68 @@ static inline __attribute__((always_inline)) bool free_express(void *ptr)
     return true;
 }
 
-cca_status_t cca_free(void *ptr)
+/*
+ * The repeat's free, tried before anything else: the block of the pool's last
+ * repeat (sp->rehold), with no other statistics update of the pool since
+ * (again_pool) and no history being recorded, held back as free_express holds
+ * it (hold_returned's again) with the same checks, its pool's lock entered at
+ * once (cca_spin_tryenter). It calls nothing, so cca_free's cached pair saves
+ * no register: false, nothing done, for anything else.
+ */
+static inline __attribute__((always_inline)) bool free_repeat(void *ptr)
+{
+    int entered;
+    if (!ptr || !state_is_up() ||
+        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return false;
+    cca_stream_pool_t *sp = pool_cache.pool;
+    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
+    if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
+        atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock || async_enabled() ||
+        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
+        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL ||
+        !(entered = cca_spin_tryenter(&sp->lock)))
+        return false;
+    cca_block_t *b = sp->rehold;
+    if (!sp->again_pool || !b || b->addr != (uintptr_t)ptr || b->stream_use_count ||
+        atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
+        sp->large.held || atomic_load_explicit(&cca_trace_active, memory_order_relaxed)) {
+        cca_spin_leave(&sp->lock, entered);
+        return false;
+    }
+    /* hold_returned(dev, b, true) with no history to record: pool_hold's deferred branch */
+    cca_device_t *dev = sp->device;
+    cca_pool_t *pool = b->pool;
+    pool->held_in_map = true;
+    b->allocated = false;
+    b->gc_count_base = atomic_load_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large,
+                                            memory_order_relaxed);
+    if (pool->expandable_segments && b->segment->es)
+        b->free_tick = ++sp->free_tick;
+    pool->held = b;
+    pool->held_stats = true;
+    atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
+    cca_spin_leave(&sp->lock, entered);
+    return true;
+}
+
+/* cca_free past free_repeat: out of line, so that the repeat's path saves no register. */
+static __attribute__((noinline)) cca_status_t free_general(void *ptr)
 {
     if (free_express(ptr))
         return CCA_OK;
     cca_status_t st = alloc_free(ptr);
     cca_assert_expensive(device_is_valid());
     return st;
+}
+
+cca_status_t cca_free(void *ptr)
+{
+    if (free_repeat(ptr)) {
+        cca_assert_expensive(device_is_valid());
+        return CCA_OK;
+    }
+    return free_general(ptr);
 }
 
 /* cca_free, for callers that may hold the device lock. */

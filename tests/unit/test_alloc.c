@@ -4,6 +4,7 @@
  * oversize blocks, record_stream events, the OOM sequence, GC, memory
  * fraction, statistics, the summary, empty_cache and misuse.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -625,6 +626,90 @@ TEST(express_pair_equals_the_locked_path)
         expect_eq_u64(runs_differing(a, b, STEPS, &fast, &locked, modes[m]), 0);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].allocated, STEPS);
         expect_eq_i64(fast.allocation[CCA_STAT_ALL].current, 0);
+    }
+}
+
+/*
+ * The repeat's paths (free_repeat, malloc_express) leave the work to the
+ * others while history is recorded: every pair made while the pool is set up
+ * for a repeat is in the history, allocation and both free entries.
+ */
+TEST(express_pair_keeps_the_history)
+{
+    const char *modes[] = {"", "exact_peak_stats:False"};
+    for (int m = 0; m < 2; m++) {
+        setup(modes[m], 0, false);
+        for (int i = 0; i < 10; i++) /* the pool set up for repeats */
+            expect_ok(cca_free(xmalloc(4 * KiB, NULL)));
+        cca_stream_pool_t *sp = pool_stream_get(&cca_state->devices[0], NULL);
+        expect_true(sp && sp->again_pool == &sp->small && sp->small.held != NULL &&
+                    atomic_load(&sp->small.express) == sp->small.held);
+        expect_ok(cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER));
+        uintptr_t first = 0;
+        for (int i = 0; i < 20; i++) {
+            void *p = xmalloc(4 * KiB, NULL);
+            if (i == 0)
+                first = (uintptr_t)p;
+            expect_eq_u64((uintptr_t)p, first); /* the held block, every time */
+            expect_ok(cca_free(p));
+        }
+        cca_trace_entry_t *e = NULL;
+        size_t n = 0, counts[3] = {0};
+        expect_ok(cca_history_get(&e, &n));
+        for (size_t i = 0; i < n; i++)
+            if (e[i].action <= CCA_TRACE_FREE_COMPLETED && e[i].addr == first && e[i].size == 4 * KiB)
+                counts[e[i].action]++;
+        cca_history_free(e);
+        expect_eq_u64(counts[CCA_TRACE_ALLOC], 20);
+        expect_eq_u64(counts[CCA_TRACE_FREE_REQUESTED], 20);
+        expect_eq_u64(counts[CCA_TRACE_FREE_COMPLETED], 20);
+        expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+        expect_eq_i64(stats(0).allocation[CCA_STAT_ALL].allocated, 30);
+    }
+}
+
+/* Pairs from a thread other than the one the stream pool's lock is biased to. */
+static void *pairs_elsewhere(void *arg)
+{
+    uintptr_t *addrs = arg;
+    for (int i = 0; i < 40; i++) {
+        void *p = xmalloc(i < 20 ? 4 * KiB : 3 * MiB, NULL);
+        addrs[i] = (uintptr_t)p;
+        expect_ok(cca_free(p));
+    }
+    return NULL;
+}
+
+/*
+ * The express paths enter the pool's lock without waiting: as the thread its
+ * bias belongs to, or by the lock word once another thread has revoked it.
+ * Pairs of a second thread on the first thread's stream, then of the first
+ * again, each repeat the same block, and the statistics count every pair.
+ */
+TEST(express_pair_from_another_thread)
+{
+    const char *modes[] = {"", "exact_peak_stats:False"};
+    for (int m = 0; m < 2; m++) {
+        setup(modes[m], 0, false);
+        void *mine = xmalloc(4 * KiB, NULL); /* this thread makes the stream pool */
+        expect_ok(cca_free(mine));
+        static uintptr_t addrs[40];
+        pthread_t t;
+        expect_true(pthread_create(&t, NULL, pairs_elsewhere, addrs) == 0);
+        pthread_join(t, NULL);
+        for (int i = 1; i < 40; i++)
+            expect_eq_u64(addrs[i], addrs[i < 20 ? 0 : 20]);
+        for (int i = 0; i < 10; i++) {
+            void *p = xmalloc(4 * KiB, NULL);
+            expect_eq_u64((uintptr_t)p, addrs[0]);
+            expect_ok(cca_free(p));
+        }
+        cca_device_stats_t s = stats(0);
+        expect_eq_i64(s.allocation[CCA_STAT_ALL].allocated, 51);
+        expect_eq_i64(s.allocation[CCA_STAT_ALL].current, 0);
+        expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+        char why[256];
+        expect_ok(alloc_check_invariants(why, sizeof(why)));
     }
 }
 
@@ -1295,6 +1380,8 @@ int main(void)
     RUN(solo_pair_free_equals_the_map_path);
     RUN(held_repeats_counted_later);
     RUN(express_pair_equals_the_locked_path);
+    RUN(express_pair_keeps_the_history);
+    RUN(express_pair_from_another_thread);
     RUN(held_free_peak_in_between);
     RUN(held_fit_sees_a_new_hole);
     RUN(held_block_in_the_map);
