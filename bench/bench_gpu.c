@@ -22,6 +22,11 @@
  * Beside the pairs, the same pairs through glibc's malloc + free in the same
  * run ("RESULT glibc pair_latency ..."), and cca's pair over glibc's:
  *   # cpu pair ratio size=512 cca/glibc=3.12
+ * and, for 512 B, each side's best of 7 rounds taken in turn (one round moves
+ * with the host; the best of several much less):
+ *   RESULT cca pair_latency_best size=512 rounds=7 ns_per_pair=11.9
+ *   RESULT glibc pair_latency_best size=512 rounds=7 ns_per_pair=6.4
+ *   # cpu pair ratio, best of 7 rounds each, size=512 cca/glibc=1.86
  * Where a 512 B pair's time goes: the pair with the device named
  * (cca_malloc_device: no question for the current device), and on CUDA the
  * cost of one such question, as cca asks it (cuCtxGetCurrent) and as
@@ -319,6 +324,22 @@ int main(int argc, char **argv)
         printf("# cpu pair ratio size=%zu cca/glibc=%.2f\n", sizes[i], ns / glibc_ns);
         fflush(stdout);
     }
+    /* the ratio again, each side's best of PAIR_ROUNDS rounds taken in turn: one round of
+     * either moves with the host (other processes, frequency), the best of several less */
+    enum { PAIR_ROUNDS = 7 };
+    double best = 0.0, glibc_best = 0.0;
+    for (int r = 0; r < PAIR_ROUNDS; r++) {
+        double ns = pair_latency(512, s, -1, 1000000 / scale_div);
+        double glibc_ns = glibc_pair_latency(512, 1000000 / scale_div);
+        best = r == 0 || ns < best ? ns : best;
+        glibc_best = r == 0 || glibc_ns < glibc_best ? glibc_ns : glibc_best;
+    }
+    printf("RESULT %s pair_latency_best size=512 rounds=%d ns_per_pair=%.1f\n", allocator_name,
+           PAIR_ROUNDS, best);
+    printf("RESULT glibc pair_latency_best size=512 rounds=%d ns_per_pair=%.1f\n", PAIR_ROUNDS,
+           glibc_best);
+    printf("# cpu pair ratio, best of %d rounds each, size=512 cca/glibc=%.2f\n", PAIR_ROUNDS,
+           best / glibc_best);
     printf("RESULT %s pair_latency_named_device size=512 ns_per_pair=%.1f\n", allocator_name,
            pair_latency(512, s, 0, 1000000 / scale_div));
 #ifdef BENCH_HAVE_CUDA

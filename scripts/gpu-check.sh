@@ -370,6 +370,11 @@ echo
 echo "cca vs. the anchors (ns: lower is better, M ops/s: higher is better;"
 echo "cca/PyTorch = cca's figure over PyTorch native's):"
 cat "$logs/table.md"
+if [ -f "$logs/bench-cca-sim.log" ]; then
+    echo
+    echo "CPU: the simulated device's cached pair against glibc's (bench-cca-sim.log):"
+    grep -E '^(# cpu pair ratio|RESULT (cca-sim|glibc) pair_latency(_best)? size=512 )' "$logs/bench-cca-sim.log"
+fi
 if [ -f "$logs/bench-replay.log" ]; then
     echo
     cat "$logs/bench-replay.log"

@@ -806,28 +806,31 @@ static inline __attribute__((always_inline)) bool free_express(void *ptr)
  * (again_pool) and no history being recorded, held back as free_express holds
  * it (hold_returned's again) with the same checks, its pool's lock entered at
  * once (cca_spin_tryenter). It calls nothing, so cca_free's cached pair saves
- * no register: false, nothing done, for anything else.
+ * no register. Else nothing is done: FREE_NO_HINT where free_express's hints
+ * say no too, FREE_HINTED where they say yes.
  */
-static inline __attribute__((always_inline)) bool free_repeat(void *ptr)
+enum { FREE_REPEATED = 1, FREE_NO_HINT = 0, FREE_HINTED = -1 };
+static inline __attribute__((always_inline)) int free_repeat(void *ptr)
 {
-    int entered;
     if (!ptr || !state_is_up() ||
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
-        return false;
+        return FREE_NO_HINT;
     cca_stream_pool_t *sp = pool_cache.pool;
     struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
     if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
         atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock || async_enabled() ||
         atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
-        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL ||
-        !(entered = cca_spin_tryenter(&sp->lock)))
-        return false;
+        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
+        return FREE_NO_HINT; /* free_express's hints say no as well */
+    int entered = cca_spin_tryenter(&sp->lock);
+    if (!entered)
+        return FREE_HINTED;
     cca_block_t *b = sp->rehold;
     if (!sp->again_pool || !b || b->addr != (uintptr_t)ptr || b->stream_use_count ||
         atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
         sp->large.held || atomic_load_explicit(&cca_trace_active, memory_order_relaxed)) {
         cca_spin_leave(&sp->lock, entered);
-        return false;
+        return FREE_HINTED;
     }
     /* hold_returned(dev, b, true) with no history to record: pool_hold's deferred branch */
     cca_device_t *dev = sp->device;
@@ -842,13 +845,14 @@ static inline __attribute__((always_inline)) bool free_repeat(void *ptr)
     pool->held_stats = true;
     atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
     cca_spin_leave(&sp->lock, entered);
-    return true;
+    return FREE_REPEATED;
 }
 
-/* cca_free past free_repeat: out of line, so that the repeat's path saves no register. */
-static __attribute__((noinline)) cca_status_t free_general(void *ptr)
+/* cca_free past free_repeat (hinted: free_express's hints said yes there): out of line, so
+ * that the repeat's path saves no register. */
+static __attribute__((noinline)) cca_status_t free_general(void *ptr, bool hinted)
 {
-    if (free_express(ptr))
+    if (hinted && free_express(ptr))
         return CCA_OK;
     cca_status_t st = alloc_free(ptr);
     cca_assert_expensive(device_is_valid());
@@ -857,11 +861,12 @@ static __attribute__((noinline)) cca_status_t free_general(void *ptr)
 
 cca_status_t cca_free(void *ptr)
 {
-    if (free_repeat(ptr)) {
+    int repeat = free_repeat(ptr);
+    if (repeat == FREE_REPEATED) {
         cca_assert_expensive(device_is_valid());
         return CCA_OK;
     }
-    return free_general(ptr);
+    return free_general(ptr, repeat == FREE_HINTED);
 }
 
 /* cca_free, for callers that may hold the device lock. */
