@@ -97,8 +97,15 @@ typedef struct cca_spinlock {
  */
 #define CCA_THREAD_HOT _Thread_local
 
+/*
+ * Internal variables read on the hot paths: hidden, so that the compiler
+ * addresses them directly (one load, no GOT entry) in the shared library too.
+ * The version script keeps them out of libcca.so's exports either way.
+ */
+#define CCA_HIDDEN __attribute__((visibility("hidden")))
+
 /* An address of the calling thread's own, for nothing but telling threads apart. */
-extern CCA_THREAD_HOT char cca_thread_token;
+extern CCA_HIDDEN CCA_THREAD_HOT char cca_thread_token;
 
 void cca_spin_lock_slow(cca_spinlock_t *l);
 /* A thread not the owner holds the lock word of a biased lock not yet revoked: revoke the

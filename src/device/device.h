@@ -406,7 +406,7 @@ typedef struct cca_state {
     size_t oom_observer_count;
 } cca_state_t;
 
-extern cca_state_t *cca_state;
+extern CCA_HIDDEN cca_state_t *cca_state;
 
 /* ---- ptrmap.c -------------------------------------------------------------- */
 
@@ -967,8 +967,8 @@ typedef struct pool_cache {
     cca_stream_t stream;
     cca_stream_pool_t *pool;
 } pool_cache_t;
-extern CCA_THREAD_HOT pool_cache_t pool_cache;
-extern _Atomic uint64_t state_generation; /* advanced by each device set-up and shutdown */
+extern CCA_HIDDEN CCA_THREAD_HOT pool_cache_t pool_cache;
+extern CCA_HIDDEN _Atomic uint64_t state_generation; /* advanced by each device set-up and shutdown */
 cca_stream_pool_t *pool_stream_get_slow(cca_device_t *dev, cca_stream_t stream);
 
 /* The pool of (device, stream), created on first use. NULL: out of host memory or streams. */

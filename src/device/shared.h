@@ -12,7 +12,7 @@
 #include "shmcount.h"
 
 /* Blocks in the table: cca_free looks further only when it is not 0. */
-extern _Atomic size_t shared_block_count;
+extern CCA_HIDDEN _Atomic size_t shared_block_count;
 
 /*
  * One more reference to the block at ptr (a live block of device): *ref gets

@@ -13,7 +13,7 @@
 /* ---- state.c -------------------------------------------------------------------- */
 
 /* True while the allocator is up (cca_is_initialized, inline for the hot paths). */
-extern atomic_bool state_up;
+extern CCA_HIDDEN atomic_bool state_up;
 static inline bool state_is_up(void)
 {
     return atomic_load_explicit(&state_up, memory_order_acquire);

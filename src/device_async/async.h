@@ -10,7 +10,7 @@
 #include "internal.h"
 
 /* Non-NULL while cca runs with backend:cudaMallocAsync (async.c's state). */
-extern struct async_state *async_active;
+extern CCA_HIDDEN struct async_state *async_active;
 
 /* True while cca runs with backend:cudaMallocAsync. */
 static inline bool async_enabled(void)

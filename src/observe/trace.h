@@ -12,9 +12,9 @@
 #include "internal.h"
 
 /* True while the history is recorded or a tracker is attached. */
-extern atomic_bool cca_trace_active;
+extern CCA_HIDDEN atomic_bool cca_trace_active;
 /* The cca_record_context_t level while the history is recorded, else NEVER. */
-extern atomic_int cca_trace_context_level;
+extern CCA_HIDDEN atomic_int cca_trace_context_level;
 
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
                        cca_stream_t stream);
