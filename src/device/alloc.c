@@ -155,8 +155,7 @@ static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t s
 {
     const cca_settings_t *s = &cca_state->settings;
     if (count && dev->set_fraction && s->garbage_collection_threshold > 0.0 && !pool->owner->private_pool)
-        atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(pool->gc_calls, 1, memory_order_relaxed);
     cca_block_t *b = bins_best_fit(&pool->bins, size);
     if (!b)
         return NULL;
@@ -263,8 +262,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
     }
     if (remaining) {
-        remaining->gc_count_base = atomic_load_explicit(
-            pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+        remaining->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
         bins_insert(&pool->bins, remaining);
     }
     alloc_account(dev, pool, block, remaining, already_split, orig_size);
@@ -319,8 +317,7 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
 {
     const cca_settings_t *s = &cca_state->settings;
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
-        atomic_fetch_add_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, 1,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(pool->gc_calls, 1, memory_order_relaxed);
     if (pool->held_in_map) /* solo mode left it there */
         pool->held_in_map = false;
     else if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
@@ -330,8 +327,7 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
     block->requested_size = orig_size;
     pool->held = NULL;
     cca_block_t *up = block->next;
-    up->gc_count_base = atomic_load_explicit(
-        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    up->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
     bool split = block->prev || up->next;
     pool->again_block = NULL;
     if (pool->held_stats) {
@@ -618,7 +614,7 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
         return false;
     }
     const cca_settings_t *s = &S->settings;
-    _Atomic int64_t *gc_calls = pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large;
+    _Atomic int64_t *gc_calls = pool->gc_calls;
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(gc_calls, 1, memory_order_relaxed);
     atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
@@ -833,12 +829,10 @@ static inline __attribute__((always_inline)) int free_repeat(void *ptr)
         return FREE_HINTED;
     }
     /* hold_returned(dev, b, true) with no history to record: pool_hold's deferred branch */
-    cca_device_t *dev = sp->device;
     cca_pool_t *pool = b->pool;
     pool->held_in_map = true;
     b->allocated = false;
-    b->gc_count_base = atomic_load_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large,
-                                            memory_order_relaxed);
+    b->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
     if (pool->expandable_segments && b->segment->es)
         b->free_tick = ++sp->free_tick;
     pool->held = b;

@@ -127,6 +127,7 @@ struct cca_device;
 typedef struct cca_pool {
     struct cca_stream_pool *owner;
     bool is_small;
+    _Atomic int64_t *gc_calls;    /* the device's count of garbage collector calls of this kind */
     uint32_t expandable_segments; /* live expandable segments of this pool */
     struct cca_block *unmapped;   /* their unmapped blocks, by address */
     /* A freed block whose merge with its free upper neighbour is put off
@@ -1038,8 +1039,7 @@ static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *
     cca_pool_t *pool = block->pool;
     trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
                  pool->owner->stream);
-    block->gc_count_base = atomic_load_explicit(
-        pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large, memory_order_relaxed);
+    block->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
     bool expandable = pool->expandable_segments && block->segment->es;
     if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
         block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */

@@ -423,10 +423,9 @@ static void splice(cca_block_t *b, cca_block_t *before, cca_block_t *after)
         after->prev = b;
 }
 
-static int64_t pool_gc_calls(cca_device_t *dev, const cca_pool_t *pool)
+static int64_t pool_gc_calls(const cca_pool_t *pool)
 {
-    return atomic_load_explicit(pool->is_small ? &dev->gc_calls_small : &dev->gc_calls_large,
-                                memory_order_relaxed);
+    return atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
 }
 
 /*
@@ -464,7 +463,7 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
     }
     pool_try_merge_blocks(to_map, to_map->prev, &pool->bins);
     pool_try_merge_blocks(to_map, to_map->next, &pool->bins);
-    to_map->gc_count_base = pool_gc_calls(dev, pool);
+    to_map->gc_count_base = pool_gc_calls(pool);
     bins_insert(&pool->bins, to_map);
     dev->total_allocated_memory += mapped;
     stats_lock(dev);
@@ -628,7 +627,7 @@ static void take_out(cca_device_t *dev, cca_block_t *block, size_t begin, size_t
     bins_remove(&pool->bins, block);
     size_t before_size = uaddr - block->addr;
     size_t after_size = block->size - before_size - usize;
-    int64_t calls = pool_gc_calls(dev, pool);
+    int64_t calls = pool_gc_calls(pool);
     if (before_size) {
         before->addr = block->addr;
         before->size = before_size;

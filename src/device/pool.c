@@ -122,8 +122,10 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     sp->device = dev;
     sp->small.owner = sp;
     sp->small.is_small = true;
+    sp->small.gc_calls = &dev->gc_calls_small;
     sp->large.owner = sp;
     sp->large.is_small = false;
+    sp->large.gc_calls = &dev->gc_calls_large;
     sp->log_slot = -1;
     return sp;
 }
