@@ -588,13 +588,14 @@ static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, c
  * with malloc_on's conditions for that branch checked at once. False:
  * nothing done, malloc_on decides.
  */
-static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, cca_device_t *dev,
-                                                                 void **ptr, size_t size,
-                                                                 cca_stream_t stream)
+static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, int device, void **ptr,
+                                                                 size_t size, cca_stream_t stream)
 {
-    if (pool_cache.device != dev || pool_cache.stream != stream ||
+    /* (a device index the cache holds is valid while the state's generation is its own) */
+    if (pool_cache.device_index != device || pool_cache.stream != stream ||
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
         return false;
+    cca_device_t *dev = pool_cache.device;
     cca_stream_pool_t *sp = pool_cache.pool;
     cca_pool_t *pool = size <= CCA_SMALL_SIZE ? &sp->small : &sp->large; /* (rounding keeps the side) */
     if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr || async_enabled() ||
@@ -690,7 +691,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     if (device < 0 || device >= S->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
                          device, S->device_count);
-    if (malloc_express(S, &S->devices[device], ptr, size, stream))
+    if (malloc_express(S, device, ptr, size, stream))
         return CCA_OK;
     return malloc_on(S, ptr, size, device, stream);
 }
@@ -718,8 +719,7 @@ cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
     st = be->get_device(be->ctx, &device);
     if (st != CCA_OK)
         return st;
-    if (device >= 0 && device < S->device_count &&
-        malloc_express(S, &S->devices[device], ptr, size, stream))
+    if (malloc_express(S, device, ptr, size, stream)) /* (malloc_general checks the device) */
         return CCA_OK;
     return malloc_general(ptr, size, device, stream);
 }

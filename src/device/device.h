@@ -964,6 +964,7 @@ void pool_block_delete(cca_block_t *b);
 /* The calling thread's last stream pool, valid while the state generation is unchanged. */
 typedef struct pool_cache {
     uint64_t generation;
+    int device_index;     /* device's index: a valid one while generation is current */
     cca_device_t *device;
     cca_stream_t stream;
     cca_stream_pool_t *pool;

@@ -199,6 +199,7 @@ cca_stream_pool_t *pool_stream_get_slow(cca_device_t *dev, cca_stream_t stream)
             return NULL;
     }
     pool_cache.generation = gen;
+    pool_cache.device_index = dev->index;
     pool_cache.device = dev;
     pool_cache.stream = stream;
     pool_cache.pool = sp;

@@ -46,6 +46,17 @@ static CCA_THREAD_HOT struct {
     int device;
 } current_device_cache;
 
+/* sim_get_device past the cache: the thread-local key read again (out of line, so that a
+ * hit saves no register). Returns CCA_OK. */
+static __attribute__((noinline)) cca_status_t sim_get_device_slow(sim_ctx_t *c, int *device)
+{
+    intptr_t v = (intptr_t)pthread_getspecific(c->current);
+    *device = v > 0 ? (int)(v - 1) : 0;
+    current_device_cache.instance = c->instance;
+    current_device_cache.device = *device;
+    return CCA_OK;
+}
+
 /* Current device of the calling thread for this backend (0 until set). Returns CCA_OK. */
 static cca_status_t sim_get_device(void *ctx, int *device)
 {
@@ -54,11 +65,7 @@ static cca_status_t sim_get_device(void *ctx, int *device)
         *device = current_device_cache.device;
         return CCA_OK;
     }
-    intptr_t v = (intptr_t)pthread_getspecific(c->current);
-    *device = v > 0 ? (int)(v - 1) : 0;
-    current_device_cache.instance = c->instance;
-    current_device_cache.device = *device;
-    return CCA_OK;
+    return sim_get_device_slow(c, device);
 }
 
 /* Set the calling thread's current device. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT,
