@@ -760,28 +760,43 @@ static inline __attribute__((always_inline)) void hold_returned(cca_device_t *de
 }
 
 /*
- * The express pair's free, tried first: the block the thread's last stream
- * pool handed out last, returned while that pool is the process's only one
- * (the pointer map's solo mode: its lock guards the map) and holds no block
+ * The express paths' hints for a free of ptr, read before any lock: ptr is
+ * the address the thread's last stream pool handed out last, that pool is
+ * the process's only one (the pointer map's solo mode: its lock guards the
+ * map), and nothing the express paths leave to the others is on (the
+ * asynchronous backend, blocks shared with other processes, history that
+ * takes a context at frees). The pool, or NULL where a hint says no; *mapp
+ * the pointer map where it says yes.
+ */
+static inline __attribute__((always_inline)) cca_stream_pool_t *free_hints(void *ptr,
+                                                                          struct cca_ptrmap_head **mapp)
+{
+    if (!ptr || !state_is_up() ||
+        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return NULL;
+    cca_stream_pool_t *sp = pool_cache.pool;
+    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
+    if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
+        atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock || async_enabled() ||
+        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
+        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
+        return NULL;
+    *mapp = map;
+    return sp;
+}
+
+/*
+ * The express pair's free, once free_hints said yes for ptr and sp: the
+ * block the pool handed out last, returned while the pool holds no block
  * back, is held back as alloc_free's solo path holds it. The block of the
  * pool's last repeat (sp->rehold), with no other statistics update since
  * (again_pool), is held back as the free before its repeat was: the pool's
  * blocks and settings, which pool_may_hold and pool_hold_block asked then,
- * are as they were. False: nothing done (sp's lock not taken where a hint
- * says no).
+ * are as they were. False: nothing done.
  */
-static inline __attribute__((always_inline)) bool free_express(void *ptr)
+static inline __attribute__((always_inline)) bool free_express(void *ptr, cca_stream_pool_t *sp)
 {
-    if (!ptr || !state_is_up() ||
-        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
-        return false;
-    cca_stream_pool_t *sp = pool_cache.pool;
     struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
-    if (!sp || atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
-        atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr || async_enabled() ||
-        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
-        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
-        return false;
     cca_spin_lock(&sp->lock);
     cca_block_t *b = sp->rehold;
     bool again = sp->again_pool && b && b->addr == (uintptr_t)ptr && !b->stream_use_count;
@@ -802,31 +817,30 @@ static inline __attribute__((always_inline)) bool free_express(void *ptr)
  * (again_pool) and no history being recorded, held back as free_express holds
  * it (hold_returned's again) with the same checks, its pool's lock entered at
  * once (cca_spin_tryenter). It calls nothing, so cca_free's cached pair saves
- * no register. Else nothing is done: FREE_NO_HINT where free_express's hints
- * say no too, FREE_HINTED where they say yes.
+ * no register. Else nothing is done: .pool is the pool free_hints gave (NULL
+ * where a hint said no).
  */
-enum { FREE_REPEATED = 1, FREE_NO_HINT = 0, FREE_HINTED = -1 };
-static inline __attribute__((always_inline)) int free_repeat(void *ptr)
+typedef struct free_repeat_result {
+    bool done;
+    cca_stream_pool_t *pool;
+} free_repeat_result_t;
+
+static inline __attribute__((always_inline)) free_repeat_result_t free_repeat(void *ptr)
 {
-    if (!ptr || !state_is_up() ||
-        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
-        return FREE_NO_HINT;
-    cca_stream_pool_t *sp = pool_cache.pool;
-    struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
-    if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
-        atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock || async_enabled() ||
-        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
-        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
-        return FREE_NO_HINT; /* free_express's hints say no as well */
+    struct cca_ptrmap_head *map = NULL;
+    cca_stream_pool_t *sp = free_hints(ptr, &map);
+    free_repeat_result_t no = {false, sp};
+    if (!sp)
+        return no;
     int entered = cca_spin_tryenter(&sp->lock);
     if (!entered)
-        return FREE_HINTED;
+        return no;
     cca_block_t *b = sp->rehold;
     if (!sp->again_pool || !b || b->addr != (uintptr_t)ptr || b->stream_use_count ||
         atomic_load_explicit(&map->solo, memory_order_relaxed) != &sp->lock || sp->small.held ||
         sp->large.held || atomic_load_explicit(&cca_trace_active, memory_order_relaxed)) {
         cca_spin_leave(&sp->lock, entered);
-        return FREE_HINTED;
+        return no;
     }
     /* hold_returned(dev, b, true) with no history to record: pool_hold's deferred branch */
     cca_pool_t *pool = b->pool;
@@ -839,14 +853,14 @@ static inline __attribute__((always_inline)) int free_repeat(void *ptr)
     pool->held_stats = true;
     atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
     cca_spin_leave(&sp->lock, entered);
-    return FREE_REPEATED;
+    return (free_repeat_result_t){true, sp};
 }
 
-/* cca_free past free_repeat (hinted: free_express's hints said yes there): out of line, so
- * that the repeat's path saves no register. */
-static __attribute__((noinline)) cca_status_t free_general(void *ptr, bool hinted)
+/* cca_free past free_repeat (sp: the pool free_hints gave, or NULL): out of line, so that
+ * the repeat's path saves no register. */
+static __attribute__((noinline)) cca_status_t free_general(void *ptr, cca_stream_pool_t *sp)
 {
-    if (hinted && free_express(ptr))
+    if (sp && free_express(ptr, sp))
         return CCA_OK;
     cca_status_t st = alloc_free(ptr);
     cca_assert_expensive(device_is_valid());
@@ -855,12 +869,12 @@ static __attribute__((noinline)) cca_status_t free_general(void *ptr, bool hinte
 
 cca_status_t cca_free(void *ptr)
 {
-    int repeat = free_repeat(ptr);
-    if (repeat == FREE_REPEATED) {
+    free_repeat_result_t repeat = free_repeat(ptr);
+    if (repeat.done) {
         cca_assert_expensive(device_is_valid());
         return CCA_OK;
     }
-    return free_general(ptr, repeat == FREE_HINTED);
+    return free_general(ptr, repeat.pool);
 }
 
 /* cca_free, for callers that may hold the device lock. */
