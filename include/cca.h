@@ -782,6 +782,11 @@ typedef struct cca_replay_result {
     /* the second half of the trace's events: a steady loop makes no backend call there */
     uint64_t late_segment_allocs; /**< backend allocations (maps) in the second half */
     uint64_t late_segment_frees;  /**< backend frees (unmaps) in the second half */
+    /* the last step of a trace that repeats: its last period of allocations (the shift at
+     * which the last two thirds of the allocation sizes repeat best, 90% alike or more) */
+    uint64_t step_allocations;    /**< allocations a step (the period); 0: no period found */
+    uint64_t last_step_segment_allocs; /**< backend allocations (maps) in the last step */
+    uint64_t last_step_segment_frees;  /**< backend frees (unmaps) in the last step */
     /* fragmentation at the end of the replay (cca_cache_fragmentation) */
     uint64_t cached_free_bytes;   /**< free memory the cache holds */
     uint64_t largest_free_bytes;  /**< the largest piece it could serve without a backend call */

@@ -41,6 +41,9 @@ static inline const char *replay_result_diff(const cca_replay_result_t *a, const
     SAME(summary_matches);
     SAME(late_segment_allocs);
     SAME(late_segment_frees);
+    SAME(step_allocations);
+    SAME(last_step_segment_allocs);
+    SAME(last_step_segment_frees);
     SAME(cached_free_bytes);
     SAME(largest_free_bytes);
     SAME(compact_moves);

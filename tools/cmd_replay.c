@@ -72,6 +72,12 @@ static void print_human(const char *path, const cca_replay_result_t *r, bool tra
     printf("  segment allocs / frees       %" PRIu64 " / %" PRIu64 "\n", r->segment_allocs, r->segment_frees);
     printf("    in the second half         %" PRIu64 " / %" PRIu64 "\n", r->late_segment_allocs,
            r->late_segment_frees);
+    if (r->step_allocations)
+        printf("    in the last step           %" PRIu64 " / %" PRIu64 "  (a step: %" PRIu64
+               " allocations, the trace's period)\n",
+               r->last_step_segment_allocs, r->last_step_segment_frees, r->step_allocations);
+    else
+        printf("    in the last step           -  (the allocations do not repeat)\n");
     printf("  out-of-memory errors         %" PRIu64 "\n", r->ooms);
     if (r->pool_ops)
         printf("  private-pool operations      %" PRIu64 "\n", r->pool_ops);
@@ -129,6 +135,9 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
     printf(", \"late_segment_allocs\": %" PRIu64 ", \"late_segment_frees\": %" PRIu64
            ", \"cached_free_bytes\": %" PRIu64 ", \"largest_free_bytes\": %" PRIu64,
            r->late_segment_allocs, r->late_segment_frees, r->cached_free_bytes, r->largest_free_bytes);
+    printf(", \"step_allocations\": %" PRIu64 ", \"last_step_segment_allocs\": %" PRIu64
+           ", \"last_step_segment_frees\": %" PRIu64,
+           r->step_allocations, r->last_step_segment_allocs, r->last_step_segment_frees);
     printf(", \"compact_moves\": %" PRIu64 ", \"compact_pending_growths\": %" PRIu64, r->compact_moves,
            r->compact_pending_growths);
     printf(", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
@@ -157,8 +166,8 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
 
 static int compare(const char *path, const cca_replay_options_t *base, char **settings, int count)
 {
-    printf("%-48s %14s %14s %9s %9s %10s %5s %11s %11s\n", "settings", "peak reserved", "peak alloc",
-           "segments", "res/req", "frag@peak", "OOMs", "2nd half", "moves");
+    printf("%-48s %14s %14s %9s %9s %10s %5s %11s %10s %11s\n", "settings", "peak reserved", "peak alloc",
+           "segments", "res/req", "frag@peak", "OOMs", "2nd half", "last step", "moves");
     int rc = 0;
     for (int i = 0; i < count; i++) {
         cca_replay_options_t opt = *base;
@@ -176,12 +185,16 @@ static int compare(const char *path, const cca_replay_options_t *base, char **se
         double frag = r.peak_reserved_bytes ? 1.0 - (double)r.peak_allocated_bytes / (double)r.peak_reserved_bytes : 0;
         char late[32];
         snprintf(late, sizeof(late), "%" PRIu64 "/%" PRIu64, r.late_segment_allocs, r.late_segment_frees);
+        char step[32] = "-";
+        if (r.step_allocations)
+            snprintf(step, sizeof(step), "%" PRIu64 "/%" PRIu64, r.last_step_segment_allocs,
+                     r.last_step_segment_frees);
         char moves[32];
         snprintf(moves, sizeof(moves), "%" PRIu64 "/%" PRIu64, r.compact_moves, r.compact_pending_growths);
-        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 " %11s %11s\n",
+        printf("%-48s %11.1f MiB %11.1f MiB %9" PRIu64 " %9.3f %9.1f%% %5" PRIu64 " %11s %10s %11s\n",
                settings[i][0] ? settings[i] : "(default)", (double)r.peak_reserved_bytes / 1048576.0,
                (double)r.peak_allocated_bytes / 1048576.0, r.segment_allocs, ratio, frag * 100.0, r.ooms,
-               late, moves);
+               late, step, moves);
         cca_replay_result_free(&r);
     }
     return rc;

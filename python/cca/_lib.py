@@ -111,6 +111,8 @@ class ReplayResult(ctypes.Structure):
                 ("stats_mismatches", ctypes.c_uint64), ("first_stats_mismatch", ctypes.c_char * 160),
                 ("summary_matches", ctypes.c_bool), ("first_address_mismatch", ctypes.c_char * 160),
                 ("late_segment_allocs", ctypes.c_uint64), ("late_segment_frees", ctypes.c_uint64),
+                ("step_allocations", ctypes.c_uint64), ("last_step_segment_allocs", ctypes.c_uint64),
+                ("last_step_segment_frees", ctypes.c_uint64),
                 ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
                 ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64),
                 ("overlapped", ctypes.c_bool)]

@@ -470,6 +470,96 @@ static const struct calls_mark *calls_log_at(const calls_log_t *log, size_t at)
 }
 
 /*
+ * The period of a trace's allocation sizes (n of them), as
+ * scripts/periodic_plan_bound.py finds it: the shift p >= 2 at which the last
+ * two thirds of the sizes repeat best, 90% alike or more, the shortest of
+ * equals. Only shifts that map six or more of the last eight allocations
+ * onto allocations of their sizes are tried (a period maps nearly all of them
+ * so, a chance shift seldom); a shift is given up once a tenth of its span
+ * differs, or a quarter of the span's first PERIOD_PROBE sizes (a shift that
+ * is no period differs nearly everywhere), and the search once it has made
+ * PERIOD_WORK comparisons, so that a trace of any length pays little for it.
+ * 0: none found, or no memory.
+ */
+#define PERIOD_PROBE 512
+#define PERIOD_WORK ((uint64_t)1 << 24)
+static size_t find_period(const uint64_t *sizes, size_t n)
+{
+    if (n < 16)
+        return 0;
+    size_t lo = n / 3, half = n / 2;
+    uint8_t *mapped = calloc(half, 1); /* at p: how many of the last 8 shift p maps onto their size */
+    if (!mapped)
+        return 0;
+    for (size_t t = n - 1; t + 8 >= n; t--)
+        for (size_t p = 2; p < half && p <= t; p++)
+            mapped[p] += sizes[t - p] == sizes[t];
+    size_t best = 0;
+    uint64_t best_same = 0, best_span = 1, work = 0;
+    for (size_t p = 2; p < half && work < PERIOD_WORK; p++) {
+        if (mapped[p] < 6)
+            continue;
+        size_t span = n - p - lo;
+        if (span < 8)
+            break;
+        size_t allowed = span - (span * 9 + 9) / 10; /* differences below 90% alike */
+        size_t probe = span < PERIOD_PROBE ? span : PERIOD_PROBE;
+        size_t differ = 0, i;
+        for (i = lo; i < lo + probe; i++)
+            differ += sizes[i] != sizes[i + p];
+        if (differ * 4 > probe || differ > allowed) {
+            work += probe;
+            continue;
+        }
+        for (; i < n - p && differ <= allowed; i++)
+            differ += sizes[i] != sizes[i + p];
+        work += i - lo;
+        if (differ > allowed)
+            continue;
+        uint64_t same = span - differ;
+        if (!best || same * best_span > best_same * span) { /* a better share alike */
+            best = p;
+            best_same = same;
+            best_span = span;
+            if (!differ)
+                break;
+        }
+    }
+    free(mapped);
+    return best;
+}
+
+/*
+ * The last step of a trace that repeats (nevents events, nallocs of them
+ * allocations): the first event of its last period of allocations
+ * (find_period), and the period; *period 0 and the return value nevents
+ * where none is found.
+ */
+static size_t last_step_start(const replay_trace_t *trace, size_t nevents, size_t nallocs, size_t *period)
+{
+    *period = 0;
+    uint64_t *sizes = malloc((nallocs ? nallocs : 1) * sizeof(*sizes));
+    if (!sizes)
+        return nevents;
+    size_t n = 0;
+    for (size_t i = 0; i < nevents && n < nallocs; i++) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->kind == EV_ALLOC)
+            sizes[n++] = e->size;
+    }
+    size_t p = find_period(sizes, n);
+    free(sizes);
+    if (!p)
+        return nevents;
+    *period = p;
+    size_t k = 0, i = 0; /* the event of allocation n - p */
+    for (; i < nevents; i++)
+        if (replay_ev(trace, i)->kind == EV_ALLOC && k++ == n - p)
+            break;
+    return i;
+}
+
+/*
  * Replay the events of stream (those its reader publishes, until it ends)
  * with the pool operations ops. Returns CCA_OK, or the error that stops the
  * replay (CCA_ERR_IO for a trace whose reading failed: the reader has the
@@ -606,6 +696,13 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     if (half) {
         r->late_segment_allocs = half->allocs;
         r->late_segment_frees = half->frees;
+    }
+    size_t period = 0;
+    const struct calls_mark *step = calls_log_at(&log, last_step_start(trace, i, r->allocs, &period));
+    r->step_allocations = period;
+    if (step && period) {
+        r->last_step_segment_allocs = step->allocs;
+        r->last_step_segment_frees = step->frees;
     }
 out:
     free(log.marks);
@@ -855,6 +952,10 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->segment_frees = (uint64_t)stats.num_device_free;
     r->late_segment_allocs = r->segment_allocs - r->late_segment_allocs;
     r->late_segment_frees = r->segment_frees - r->late_segment_frees;
+    if (r->step_allocations) {
+        r->last_step_segment_allocs = r->segment_allocs - r->last_step_segment_allocs;
+        r->last_step_segment_frees = r->segment_frees - r->last_step_segment_frees;
+    }
     size_t cached_free = 0, largest_free = 0;
     cca_cache_info(0, &cached_free, &largest_free);
     r->cached_free_bytes = cached_free;

@@ -95,6 +95,7 @@ class Replay(unittest.TestCase):
             r = cca.replay(GPT2_SPLIT, settings=settings)
             for key in ("allocs", "segment_allocs", "segment_frees", "ooms", "peak_reserved_bytes",
                         "peak_allocated_bytes", "late_segment_allocs", "late_segment_frees",
+                        "step_allocations", "last_step_segment_allocs", "last_step_segment_frees",
                         "cached_free_bytes", "largest_free_bytes"):
                 self.assertEqual(r[key], out[key], (settings, key))
             if "address_mismatches" in out:
