@@ -114,7 +114,9 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     cca_stream_pool_t *solo = atomic_load_explicit(&dev->stats_solo, memory_order_relaxed);
     if (solo) {
         pool_lock(solo); /* its operation in flight ends first; its held-back statistics applied */
-        atomic_store_explicit(&dev->stats_solo, NULL, memory_order_relaxed);
+        /* release: a reader that then finds no solo pool (stats_solo_lock, acquire) and so
+         * takes only the stats lock sees every statistic the solo pool wrote under its own */
+        atomic_store_explicit(&dev->stats_solo, NULL, memory_order_release);
         cca_spin_unlock(&solo->lock);
     }
     cca_spin_init(&sp->lock);
