@@ -842,16 +842,12 @@ static inline __attribute__((always_inline)) free_repeat_result_t free_repeat(vo
         cca_spin_leave(&sp->lock, entered);
         return no;
     }
-    /* hold_returned(dev, b, true) with no history to record: pool_hold's deferred branch */
+    /* hold_returned(dev, b, true) with no history to record */
     cca_pool_t *pool = b->pool;
-    pool->held_in_map = true;
     b->allocated = false;
-    b->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
-    if (pool->expandable_segments && b->segment->es)
-        b->free_tick = ++sp->free_tick;
-    pool->held = b;
-    pool->held_stats = true;
-    atomic_store_explicit(&pool->express, pool_again_ready(pool, b) ? b : NULL, memory_order_relaxed);
+    pool_free_mark(b);
+    pool->held_in_map = true;
+    pool_hold_deferred(pool, b);
     cca_spin_leave(&sp->lock, entered);
     return (free_repeat_result_t){true, sp};
 }

@@ -1032,19 +1032,24 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* The statistics of a held-back return applied now (pool_hold_block; pool.c). */
 void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free);
 
-/* What every return of a block starts with: the trace, the garbage collector's age, the
- * tick compact_memory's readiness goes by (stream pool lock held). True for a block of an
- * expandable segment. */
-static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *dev, cca_block_t *block)
+/* What every return of a block starts with: the trace (pool_free_begin), the garbage
+ * collector's age, the tick compact_memory's readiness goes by (pool_free_mark; stream pool
+ * lock held). True for a block of an expandable segment. */
+static inline __attribute__((always_inline)) bool pool_free_mark(cca_block_t *block)
 {
     cca_pool_t *pool = block->pool;
-    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
-                 pool->owner->stream);
     block->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
     bool expandable = pool->expandable_segments && block->segment->es;
     if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
         block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
     return expandable;
+}
+
+static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *dev, cca_block_t *block)
+{
+    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
+                 block->pool->owner->stream);
+    return pool_free_mark(block);
 }
 
 /*
@@ -1062,6 +1067,18 @@ static inline bool pool_again_ready(const cca_pool_t *pool, const cca_block_t *h
     return pool->again_block == h && pool->fit_block == h && pool->fit_version == pool->bins.version;
 }
 
+/* Hold block back from merging with its free's statistics put off: pool_flush applies them
+ * (held_free_deltas), or the block's next allocation folds them into its own (alloc.c);
+ * ready for the express allocation where it stays in the map and repeats the pool's last
+ * update (stream pool lock held, pool_free_mark done). */
+static inline __attribute__((always_inline)) void pool_hold_deferred(cca_pool_t *pool, cca_block_t *block)
+{
+    pool->held = block;
+    pool->held_stats = true;
+    atomic_store_explicit(&pool->express, pool->held_in_map && pool_again_ready(pool, block) ? block : NULL,
+                          memory_order_relaxed);
+}
+
 /* Hold a block returned to its pool back from merging (stream pool lock held, its held
  * blocks flushed), its free's statistics put off if defer (pool_hold_block says when). */
 static inline __attribute__((always_inline)) void pool_hold(cca_device_t *dev, cca_block_t *block,
@@ -1069,15 +1086,11 @@ static inline __attribute__((always_inline)) void pool_hold(cca_device_t *dev, c
 {
     cca_pool_t *pool = block->pool;
     pool_free_begin(dev, block);
-    pool->held = block;
     if (defer) {
-        /* its statistics too: pool_flush applies them (held_free_deltas), or
-         * the block's next allocation folds them into its own (alloc.c) */
-        pool->held_stats = true;
-        atomic_store_explicit(&pool->express, pool->held_in_map && pool_again_ready(pool, block) ? block : NULL,
-                              memory_order_relaxed);
+        pool_hold_deferred(pool, block);
         return;
     }
+    pool->held = block;
     atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
     pool_hold_stats(pool->owner, block, program_free); /* the merge's with the upper neighbour, put off */
 }
