@@ -22,6 +22,7 @@
 #include "async.h"
 #include "check.h"
 #include "device.h"
+#include "ptrmap.h"
 #include "shared.h"
 #include "state.h"
 #include "trace.h"
@@ -151,7 +152,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
 /* ---- allocation ---------------------------------------------------------- */
 
 /* PyTorch's get_free_block: best fit in the pool with the oversize rules (pool lock held). */
-static cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool, size_t size, bool count)
+static inline __attribute__((always_inline)) cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool,
+                                                                        size_t size, bool count)
 {
     const cca_settings_t *s = &cca_state->settings;
     if (count && dev->set_fraction && s->garbage_collection_threshold > 0.0 && !pool->owner->private_pool)
@@ -217,8 +219,9 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
  * split says so (-1: if worth it), update statistics, enter it in the pointer
  * map (pool lock held).
  */
-static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp,
-                                      size_t size, size_t orig_size, int split)
+static inline __attribute__((always_inline)) cca_status_t
+alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp, size_t size,
+                         size_t orig_size, int split)
 {
     cca_block_t *block = *blockp;
     const cca_settings_t *s = &cca_state->settings;
@@ -244,7 +247,7 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     }
     block->allocated = true;
     block->requested_size = orig_size;
-    if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) {
+    if (!ptrmap_insert_fast(cca_state->ptrmap, block, &pool->owner->lock)) {
         /* undo: rejoin the split and return the block to its bin */
         block->allocated = false;
         if (remaining) {
@@ -268,6 +271,14 @@ static cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool, cca_b
     alloc_account(dev, pool, block, remaining, already_split, orig_size);
     *blockp = block;
     return CCA_OK;
+}
+
+/* alloc_found_block_inline for the other paths than the allocation's best fit (out of line). */
+static __attribute__((noinline)) cca_status_t alloc_found_block(cca_device_t *dev, cca_pool_t *pool,
+                                                                cca_block_t **blockp, size_t size,
+                                                                size_t orig_size, int split)
+{
+    return alloc_found_block_inline(dev, pool, blockp, size, orig_size, split);
 }
 
 /*
@@ -320,7 +331,7 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
         atomic_fetch_add_explicit(pool->gc_calls, 1, memory_order_relaxed);
     if (pool->held_in_map) /* solo mode left it there */
         pool->held_in_map = false;
-    else if (!ptrmap_insert_held(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
+    else if (!ptrmap_insert_fast(cca_state->ptrmap, block, &pool->owner->lock)) /* still held */
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the pointer map");
     block->allocated = true;
     size_t old_req = block->requested_size;
@@ -571,7 +582,7 @@ static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, c
         pool_flush(sp);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
-        st = alloc_found_block(dev, pool, &block, rsize, size, -1);
+        st = alloc_found_block_inline(dev, pool, &block, rsize, size, -1);
         cca_spin_unlock(&sp->lock);
     } else {
         cca_spin_unlock(&sp->lock);

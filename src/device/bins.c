@@ -1,89 +1,9 @@
 /*
- * bins.c - segregated free bins with occupancy bitmaps.
- *
- * A free block lives in the bin of its size class (32 classes per power of
- * two, exact classes below 16 KiB); each bin is a list sorted by (size,
- * address). Classes are ordered like sizes, so the best fit for a request is
- * the first block >= size in the request's own class, or else the head of the
- * next non-empty class found through the bitmaps: the same block an ordered
- * set keyed by (size, address) returns from lower_bound.
+ * bins.c - segregated free bins with occupancy bitmaps: walks in (size,
+ * address) order. The hot operations (insert, remove, best fit) are inline,
+ * in bins.h, with the bins' layout described there.
  */
 #include "device.h"
-
-static inline unsigned bin_of(size_t size)
-{
-    size_t v = size >> 9; /* units of 512 bytes */
-    if (v < (1u << CCA_BIN_SUB_BITS))
-        return (unsigned)v;
-    unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)v);
-    unsigned sub = (unsigned)(v >> (e - CCA_BIN_SUB_BITS)) & ((1u << CCA_BIN_SUB_BITS) - 1);
-    return ((e - CCA_BIN_SUB_BITS + 1) << CCA_BIN_SUB_BITS) + sub;
-}
-
-static inline bool block_less(const cca_block_t *a, const cca_block_t *b)
-{
-    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-}
-
-void bins_insert(cca_bins_t *bins, cca_block_t *block)
-{
-    unsigned bin = bin_of(block->size);
-    cca_block_t **link = &bins->heads[bin];
-    cca_block_t *prev = NULL;
-    while (*link && block_less(*link, block)) {
-        prev = *link;
-        link = &(*link)->bin_next;
-    }
-    block->bin_next = *link;
-    block->bin_prev = prev;
-    if (*link)
-        (*link)->bin_prev = block;
-    *link = block;
-    block->bin = (uint16_t)bin;
-    block->in_bin = true;
-    bins->words[bin >> 6] |= 1ull << (bin & 63);
-    bins->summary |= 1ull << (bin >> 6);
-    bins->count++;
-    bins->version++;
-}
-
-void bins_remove(cca_bins_t *bins, cca_block_t *block)
-{
-    unsigned bin = block->bin;
-    if (block->bin_prev)
-        block->bin_prev->bin_next = block->bin_next;
-    else
-        bins->heads[bin] = block->bin_next;
-    if (block->bin_next)
-        block->bin_next->bin_prev = block->bin_prev;
-    block->bin_next = block->bin_prev = NULL;
-    block->in_bin = false;
-    if (!bins->heads[bin]) {
-        bins->words[bin >> 6] &= ~(1ull << (bin & 63));
-        if (!bins->words[bin >> 6])
-            bins->summary &= ~(1ull << (bin >> 6));
-    }
-    bins->count--;
-    bins->version++;
-}
-
-/* First non-empty bin with index >= from, or -1. */
-static int first_bin_from(const cca_bins_t *bins, unsigned from)
-{
-    if (from >= CCA_BIN_COUNT)
-        return -1;
-    unsigned w = from >> 6;
-    uint64_t word = bins->words[w] & (~0ull << (from & 63));
-    if (word)
-        return (int)((w << 6) + (unsigned)__builtin_ctzll(word));
-    if (w + 1 >= CCA_BIN_WORDS)
-        return -1;
-    uint64_t rest = bins->summary & (~0ull << (w + 1));
-    if (!rest)
-        return -1;
-    w = (unsigned)__builtin_ctzll(rest);
-    return (int)((w << 6) + (unsigned)__builtin_ctzll(bins->words[w]));
-}
 
 /* Last non-empty bin with index <= from, or -1. */
 static int last_bin_upto(const cca_bins_t *bins, int from)
@@ -103,16 +23,6 @@ static int last_bin_upto(const cca_bins_t *bins, int from)
     return (int)((w << 6) + 63u - (unsigned)__builtin_clzll(bins->words[w]));
 }
 
-cca_block_t *bins_best_fit(const cca_bins_t *bins, size_t size)
-{
-    unsigned bin = bin_of(size);
-    for (cca_block_t *b = bins->heads[bin]; b; b = b->bin_next)
-        if (b->size >= size)
-            return b;
-    int next = first_bin_from(bins, bin + 1);
-    return next < 0 ? NULL : bins->heads[next];
-}
-
 cca_block_t *bins_largest(const cca_bins_t *bins)
 {
     int last = last_bin_upto(bins, CCA_BIN_COUNT - 1);
@@ -128,7 +38,7 @@ cca_block_t *bins_next(const cca_bins_t *bins, const cca_block_t *b)
 {
     if (b->bin_next)
         return b->bin_next;
-    int next = first_bin_from(bins, (unsigned)b->bin + 1);
+    int next = bins_first_from(bins, (unsigned)b->bin + 1);
     return next < 0 ? NULL : bins->heads[next];
 }
 
@@ -147,10 +57,10 @@ cca_block_t *bins_prev(const cca_bins_t *bins, const cca_block_t *b)
 
 void bins_for_each(const cca_bins_t *bins, void (*fn)(cca_block_t *, void *), void *arg)
 {
-    int bin = first_bin_from(bins, 0);
+    int bin = bins_first_from(bins, 0);
     while (bin >= 0) {
         for (cca_block_t *b = bins->heads[bin]; b; b = b->bin_next)
             fn(b, arg);
-        bin = first_bin_from(bins, (unsigned)bin + 1);
+        bin = bins_first_from(bins, (unsigned)bin + 1);
     }
 }

@@ -121,6 +121,8 @@ typedef struct cca_bins {
     uint64_t version;              /* moves at every insert and remove */
 } cca_bins_t;
 
+#include "bins.h" /* insert, remove, best fit: inline */
+
 struct cca_device;
 
 /* The pool of one (device, stream) and kind. */
@@ -444,10 +446,7 @@ cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
  * stream pool lock the caller holds (or NULL); _held calls take no lock it stands for. */
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block);
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
-/* Solo mode, its lock held (ptrmap_solo_lock): the link holding the live block at addr
- * (NULL: none), valid until the map next changes; ptrmap_unlink_solo takes it out. */
-cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr);
-void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link);
+/* Solo mode's lookup and unlink without a call, and an insert inline: ptrmap.h. */
 /* Take block itself out of the map (a held block kept there; held: as for _held). */
 void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
 /* Find a live block by its exact address (a pooled block not allocated, held back in solo
@@ -464,10 +463,7 @@ size_t ptrmap_count(struct cca_ptrmap *m, const cca_spinlock_t *held);
 
 /* ---- bins.c ---------------------------------------------------------------- */
 
-void bins_insert(cca_bins_t *bins, cca_block_t *block);
-void bins_remove(cca_bins_t *bins, cca_block_t *block);
-/* Smallest free block with size >= size (ties: lowest address), or NULL. */
-cca_block_t *bins_best_fit(const cca_bins_t *bins, size_t size);
+/* (insert, remove and best fit: bins.h) */
 /* Largest free block, or NULL. */
 cca_block_t *bins_largest(const cca_bins_t *bins);
 /* Visit every free block in (size, addr) order; fn may not modify the bins. */

@@ -14,47 +14,9 @@
  * back from merging in solo mode (pool->held_in_map: not allocated, found by
  * no lookup).
  */
-#include <pthread.h>
 #include <stdlib.h>
 
-#include "device.h"
-
-#define PTRMAP_SHARDS 4096 /* many: threads on different streams rarely meet on one */
-#define PTRMAP_SHARD_BITS 12
-
-typedef struct ptrmap_shard {
-    cca_spinlock_t lock;
-    cca_block_t **buckets; /* chained through map_next */
-    size_t cap;            /* power of two */
-    size_t count;
-    char pad[64];
-} ptrmap_shard_t;
-
-struct cca_ptrmap {
-    struct cca_ptrmap_head head;    /* solo: the only stream pool's lock; NULL: the shards' */
-    pthread_mutex_t pools_lock;     /* orders ptrmap_pool_made */
-    bool pool_made;                 /* a stream pool was made */
-    void (*solo_end)(cca_spinlock_t *solo); /* run as solo mode ends, its lock held */
-    ptrmap_shard_t shards[PTRMAP_SHARDS];
-};
-
-/* ptrmap_solo_lock (device.h) reads the head through a pointer to the map */
-_Static_assert(offsetof(struct cca_ptrmap, head) == 0, "the map's head comes first");
-
-static inline size_t shard_of(uintptr_t addr)
-{
-    uint64_t x = (uint64_t)addr >> 21;
-    x *= 0x9e3779b97f4a7c15ull;
-    return (size_t)(x >> (64 - PTRMAP_SHARD_BITS));
-}
-
-static inline uint64_t hash_addr(uintptr_t addr)
-{
-    uint64_t x = (uint64_t)addr >> 9;
-    x ^= x >> 29;
-    x *= 0x9e3779b97f4a7c15ull;
-    return x ^ (x >> 32);
-}
+#include "ptrmap.h"
 
 cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinlock_t *solo))
 {
@@ -158,7 +120,7 @@ static bool shard_grow(ptrmap_shard_t *s)
         cca_block_t *b = s->buckets[i];
         while (b) {
             cca_block_t *next = b->map_next;
-            size_t j = (size_t)(hash_addr(b->addr) >> 6) & (cap - 1);
+            size_t j = ptrmap_bucket(b->addr, cap);
             b->map_next = buckets[j];
             buckets[j] = b;
             b = next;
@@ -174,7 +136,7 @@ static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
 {
     if (s->count >= s->cap && !shard_grow(s) && s->cap == 0)
         return false;
-    size_t j = (size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1);
+    size_t j = ptrmap_bucket(block->addr, s->cap);
     block->map_next = s->buckets[j];
     s->buckets[j] = block;
     s->count++;
@@ -183,7 +145,7 @@ static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
 
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
+    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(block->addr)];
     cca_spinlock_t *solo = shard_lock(m, s, held);
     bool ok = shard_insert(s, block);
     shard_unlock(s, solo, held);
@@ -195,41 +157,21 @@ bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
     return ptrmap_insert_held(m, block, NULL);
 }
 
-/* The link holding the live block at addr in s (a held, not allocated block is not
- * live), or NULL (its lock, or the solo lock, held). */
-static inline __attribute__((always_inline)) cca_block_t **shard_link(ptrmap_shard_t *s, uintptr_t addr)
-{
-    if (!s->cap)
-        return NULL;
-    cca_block_t **link = &s->buckets[(size_t)(hash_addr(addr) >> 6) & (s->cap - 1)];
-    while (*link && ((*link)->addr != addr || ((*link)->pool && !(*link)->allocated)))
-        link = &(*link)->map_next;
-    return *link ? link : NULL;
-}
-
-static inline void shard_unlink(ptrmap_shard_t *s, cca_block_t **link)
-{
-    cca_block_t *block = *link;
-    *link = block->map_next;
-    block->map_next = NULL;
-    s->count--;
-}
-
 static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
 {
-    cca_block_t **link = shard_link(s, addr);
+    cca_block_t **link = ptrmap_shard_link(s, addr);
     if (!link)
         return NULL;
     cca_block_t *found = *link;
     if (remove)
-        shard_unlink(s, link);
+        ptrmap_shard_unlink(s, link);
     return found;
 }
 
 cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
                               const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[shard_of(addr)];
+    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(addr)];
     cca_spinlock_t *solo = shard_lock(m, s, held);
     cca_block_t *found = shard_find(s, addr, remove);
     shard_unlock(s, solo, held);
@@ -238,26 +180,16 @@ cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
 
 void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[shard_of(block->addr)];
+    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(block->addr)];
     cca_spinlock_t *solo = shard_lock(m, s, held);
     if (s->cap) {
-        cca_block_t **link = &s->buckets[(size_t)(hash_addr(block->addr) >> 6) & (s->cap - 1)];
+        cca_block_t **link = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
         while (*link && *link != block)
             link = &(*link)->map_next;
         if (*link)
-            shard_unlink(s, link);
+            ptrmap_shard_unlink(s, link);
     }
     shard_unlock(s, solo, held);
-}
-
-cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr)
-{
-    return shard_link(&m->shards[shard_of(addr)], addr);
-}
-
-void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link)
-{
-    shard_unlink(&m->shards[shard_of((*link)->addr)], link);
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
