@@ -132,20 +132,23 @@ typedef struct rec_view {
 
 #define FAST_FIELDS 32 /* a record with more fields takes the general path */
 
+#define KEY_GET_MAX 5 /* the longest key the key template holds (LONG_BINGET) */
+
 /*
  * The keys of the records read whole lately, by position: key i of a record
- * whose bytes there are op[i] (a BINGET or LONG_BINGET, not memoized again)
- * is key[i], without a look in the memo. An entry holds while the memo entry
- * its get reads keeps its value: the fast path only fills unset memo entries,
- * and a store onto a set one (memo_store) empties the template.
+ * whose bytes there are op[i] (a BINGET or LONG_BINGET) is key[i], without a
+ * look in the memo. An entry holds while the memo entry its get reads keeps
+ * its value: the fast path only fills unset memo entries, and a store onto a
+ * set one (memo_store) empties the template. (A key memoized again fails the
+ * value read after it, and the record takes the general path.)
  */
 typedef struct key_template {
-    uint64_t op[FAST_FIELDS];   /* the get's bytes, little-endian, the rest zero */
-    uint64_t mask[FAST_FIELDS]; /* its len bytes */
+    uint64_t op[FAST_FIELDS];   /* the get's bytes, little-endian, the rest zero; ~0: none */
+    uint64_t mask[FAST_FIELDS]; /* its len bytes; 0 from count on, so that nothing matches */
     uint8_t len[FAST_FIELDS];   /* 2 (BINGET) or 5 (LONG_BINGET) */
     slot_t key[FAST_FIELDS];    /* the symbol it reads */
     size_t count;               /* entries 0 .. count - 1 are held */
-    uint64_t gen;               /* changes whenever an entry does (0: none yet) */
+    uint64_t gen;               /* changes whenever an entry does */
     /* what deliver() does with a record of exactly these keys (as of plan_gen): the
      * tagged fields, a repeated key's last one, and the set of their tags */
     uint8_t plan_pos[FAST_FIELDS];  /* the field */
@@ -411,6 +414,17 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
     return CCA_OK;
 }
 
+/* Empty the key template: no entry matches any bytes. */
+static void keys_reset(key_template_t *t)
+{
+    for (size_t i = 0; i < FAST_FIELDS; i++) {
+        t->op[i] = ~(uint64_t)0;
+        t->mask[i] = 0;
+    }
+    t->count = 0;
+    t->gen++;
+}
+
 /* ---- the stack ---------------------------------------------------------------------- */
 
 static __attribute__((noinline)) bool stack_grow(sreader_t *r)
@@ -628,7 +642,7 @@ static cca_status_t new_tree_container(sreader_t *r, pv_kind_t kind, slot_t *out
     return out->v.node ? CCA_OK : sr_oom();
 }
 
-static cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
+static inline cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
 {
     if (r->rec_base == SIZE_MAX) {
         r->rec_base = p;
@@ -1129,8 +1143,7 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
     } else if (!r->memo[idx]) {
         r->memo_count++;
     } else {
-        r->keys.count = 0; /* a key's get may now read another value */
-        r->keys.gen++;
+        keys_reset(&r->keys); /* a key's get may now read another value */
     }
     r->memo[idx] = id;
     return CCA_OK;
@@ -1316,11 +1329,12 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     size_t n = 0;
     /* the pairs are written in place after the record table's last field,
      * and counted in only when the whole body was read */
-    if (end - p < FIXED_OP_MAX ||
+    if (end - p < FIXED_OP_MAX + KEY_GET_MAX ||
         !grow(&r->fields, &r->fields_cap, r->nfields + 2 * FAST_FIELDS, sizeof(slot_t), 4096))
         return false;
     slot_t *kv = r->fields + r->nfields;
     const uint8_t *limit = end - FIXED_OP_MAX;
+    const uint8_t *key_limit = limit - KEY_GET_MAX; /* a template key leaves p below limit */
     /* the memo store of the dict itself */
     if (p < end && *p == OP_MEMOIZE) {
         if (!fast_memo_free(r, memo_next))
@@ -1339,19 +1353,19 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     uint32_t learn = 0;             /* positions of memo-get keys the template lacks */
     uint64_t learn_op[FAST_FIELDS]; /* their bytes (set where `learn` has a bit) */
     for (;;) {
-        if (__builtin_expect(p > limit || n == 2 * FAST_FIELDS, 0))
+        if (__builtin_expect(p > key_limit || n == 2 * FAST_FIELDS, 0))
             return false;
         if (*p == OP_SETITEMS) {
             p++;
             break;
         }
         size_t i = n / 2;
-        if (i < t->count && (le64(p) & t->mask[i]) == t->op[i] && p[t->len[i]] != OP_MEMOIZE) {
+        if ((le64(p) & t->mask[i]) == t->op[i]) {
             kv[n] = t->key[i];
             p += t->len[i];
         } else {
             const uint8_t *key = p;
-            if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next))
+            if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next) || __builtin_expect(p > limit, 0))
                 return false;
             templated = false;
             if ((*key == OP_BINGET && p - key == 2) || (*key == OP_LONG_BINGET && p - key == 5)) {
@@ -1359,8 +1373,7 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
                 learn_op[i] = le64(key) & (~(uint64_t)0 >> (64 - 8 * (p - key)));
             }
         }
-        if (__builtin_expect(p > limit, 0) ||
-            !fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
+        if (!fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
             return false;
         n += 2;
     }
@@ -1791,6 +1804,7 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
     cca_status_t st;
     r->h = handler;
     r->rec_base = SIZE_MAX;
+    keys_reset(&r->keys);
     size_t nt = handler->symbol_count ? handler->symbol_count : 1;
     r->doc = pv_doc_new();
     r->by_tag = calloc(nt, sizeof(*r->by_tag));
