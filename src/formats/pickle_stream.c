@@ -111,6 +111,7 @@ typedef struct slot {
 
 typedef struct rec {
     size_t start, count; /* its fields: slots start .. start + 2 * count (key, value pairs) */
+    uint64_t keys_gen;   /* its keys are the key template's whole, as of this generation; 0: not */
 } rec_t;
 
 /* The private view a pk_record_t points at. */
@@ -128,6 +129,34 @@ typedef struct rec_view {
 #define SHORT_SYM_MAX 64          /* strings up to this long are interned (deduplicated) */
 #define ARENA_CHUNK ((size_t)64 * 1024)
 #define FIXED_OP_MAX 16           /* the longest fixed-size opcode with its argument, and more */
+
+#define FAST_FIELDS 32 /* a record with more fields takes the general path */
+
+#define KEY_GET_MAX 5 /* the longest key the key template holds (LONG_BINGET) */
+
+/*
+ * The keys of the records read whole lately, by position: key i of a record
+ * whose bytes there are op[i] (a BINGET or LONG_BINGET) is key[i], without a
+ * look in the memo. An entry holds while the memo entry its get reads keeps
+ * its value: the fast path only fills unset memo entries, and a store onto a
+ * set one (memo_store) empties the template. (A key memoized again fails the
+ * value read after it, and the record takes the general path.)
+ */
+typedef struct key_template {
+    uint64_t op[FAST_FIELDS];   /* the get's bytes, little-endian, the rest zero; ~0: none */
+    uint64_t mask[FAST_FIELDS]; /* its len bytes; 0 from count on, so that nothing matches */
+    uint8_t len[FAST_FIELDS];   /* 2 (BINGET) or 5 (LONG_BINGET) */
+    slot_t key[FAST_FIELDS];    /* the symbol it reads */
+    size_t count;               /* entries 0 .. count - 1 are held */
+    uint64_t gen;               /* changes whenever an entry does */
+    /* what deliver() does with a record of exactly these keys (as of plan_gen): the
+     * tagged fields, a repeated key's last one, and the set of their tags */
+    uint8_t plan_pos[FAST_FIELDS];  /* the field */
+    uint8_t plan_tag[FAST_FIELDS];  /* its key's tag (< 64) */
+    size_t plan_count;
+    uint64_t plan_tags;
+    uint64_t plan_gen;              /* 0: no plan */
+} key_template_t;
 
 typedef struct arena_block {
     struct arena_block *next;
@@ -176,6 +205,7 @@ typedef struct sreader {
     const pk_value_t **by_tag;
     pk_value_t *tag_values;
     uint64_t tags_set;       /* by_tag entries the last record set (symbol_count <= 64) */
+    key_template_t keys;     /* the keys records were read with lately (record_fast) */
 } sreader_t;
 
 /* ---- errors and small helpers ------------------------------------------------------ */
@@ -382,6 +412,17 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
         r->recent[slot] = s;
     *out = s;
     return CCA_OK;
+}
+
+/* Empty the key template: no entry matches any bytes. */
+static void keys_reset(key_template_t *t)
+{
+    for (size_t i = 0; i < FAST_FIELDS; i++) {
+        t->op[i] = ~(uint64_t)0;
+        t->mask[i] = 0;
+    }
+    t->count = 0;
+    t->gen++;
 }
 
 /* ---- the stack ---------------------------------------------------------------------- */
@@ -601,7 +642,7 @@ static cca_status_t new_tree_container(sreader_t *r, pv_kind_t kind, slot_t *out
     return out->v.node ? CCA_OK : sr_oom();
 }
 
-static cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
+static inline cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
 {
     if (r->rec_base == SIZE_MAX) {
         r->rec_base = p;
@@ -612,6 +653,7 @@ static cca_status_t new_record(sreader_t *r, size_t p, slot_t *out)
         return sr_oom();
     r->recs[r->nrecs].start = r->nfields;
     r->recs[r->nrecs].count = 0;
+    r->recs[r->nrecs].keys_gen = 0;
     out->type = SL_RECORD;
     out->v.rec = r->nrecs++;
     return CCA_OK;
@@ -714,38 +756,86 @@ static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, s
 
 /* ---- taking items into containers ----------------------------------------------------------- */
 
+/*
+ * deliver()'s plan for a record whose keys are the key template's whole: the
+ * tagged fields (of a key given twice, the last) and their tags, taken from the
+ * template's keys. Needs symbol_count <= 64.
+ */
+static void plan_build(key_template_t *t)
+{
+    uint64_t tags = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < t->count; i++) {
+        const slot_t *k = &t->key[i];
+        if (k->kind != PV_STR || k->v.sym->tag < 0)
+            continue;
+        uint8_t tag = (uint8_t)k->v.sym->tag;
+        size_t j = n;
+        if (tags & ((uint64_t)1 << tag))
+            for (j = 0; t->plan_tag[j] != tag; j++)
+                ;
+        else
+            n++;
+        t->plan_pos[j] = (uint8_t)i;
+        t->plan_tag[j] = tag;
+        tags |= (uint64_t)1 << tag;
+    }
+    t->plan_count = n;
+    t->plan_tags = tags;
+    t->plan_gen = t->gen;
+}
+
+/*
+ * Hand a record to the handler: by_tag[t] points at the value of the last field
+ * whose key has tag t (its pk_value_t in tag_values), NULL where none has.
+ * With up to 64 symbols, by_tag holds exactly the tags of tags_set between
+ * calls, so that only the changes are written.
+ */
 static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size_t index)
 {
     const rec_t *rec = &r->recs[rs->v.rec];
     const slot_t *pairs = r->fields + rec->start;
     size_t nsym = r->h->symbol_count;
-    if (nsym > 64)
-        memset(r->by_tag, 0, nsym * sizeof(*r->by_tag));
-    else
-        for (uint64_t m = r->tags_set; m; m &= m - 1)
-            r->by_tag[__builtin_ctzll(m)] = NULL;
     uint64_t set = 0;
-    size_t count = rec->count;
     const pk_value_t **by_tag = r->by_tag;
     pk_value_t *tag_values = r->tag_values;
-    for (size_t i = 0; i < count; i++) { /* locals: the stores below could alias the reader */
-        const slot_t *k = &pairs[2 * i];
-        int32_t t;
-        const char *text;
-        size_t len;
-        if (k->type == SL_SCALAR && k->kind == PV_STR)
-            t = k->v.sym->tag;
-        else if (k->type == SL_NODE && pv_get_str(k->v.node, &text, &len))
-            t = tag_of(r->h, text, len);
-        else
-            continue;
-        if (t < 0)
-            continue;
-        to_value_fast(r->h, &pairs[2 * i + 1], &tag_values[t]);
-        by_tag[t] = &tag_values[t];
-        set |= (uint64_t)1 << (t & 63);
+    if (nsym <= 64 && rec->keys_gen && rec->keys_gen == r->keys.gen) {
+        /* the template's keys: their tags are known */
+        key_template_t *t = &r->keys;
+        if (t->plan_gen != t->gen)
+            plan_build(t);
+        for (size_t j = 0; j < t->plan_count; j++)
+            to_value_fast(r->h, &pairs[2 * t->plan_pos[j] + 1], &tag_values[t->plan_tag[j]]);
+        set = t->plan_tags;
+    } else {
+        if (nsym > 64)
+            memset(r->by_tag, 0, nsym * sizeof(*r->by_tag));
+        size_t count = rec->count;
+        for (size_t i = 0; i < count; i++) { /* locals: the stores below could alias the reader */
+            const slot_t *k = &pairs[2 * i];
+            int32_t t;
+            const char *text;
+            size_t len;
+            if (k->type == SL_SCALAR && k->kind == PV_STR)
+                t = k->v.sym->tag;
+            else if (k->type == SL_NODE && pv_get_str(k->v.node, &text, &len))
+                t = tag_of(r->h, text, len);
+            else
+                continue;
+            if (t < 0)
+                continue;
+            to_value_fast(r->h, &pairs[2 * i + 1], &tag_values[t]);
+            by_tag[t] = &tag_values[t];
+            set |= (uint64_t)1 << (t & 63);
+        }
     }
-    r->tags_set = set;
+    if (nsym <= 64) {
+        for (uint64_t m = r->tags_set & ~set; m; m &= m - 1)
+            by_tag[__builtin_ctzll(m)] = NULL;
+        for (uint64_t m = set & ~r->tags_set; m; m &= m - 1)
+            by_tag[__builtin_ctzll(m)] = &tag_values[__builtin_ctzll(m)];
+        r->tags_set = set;
+    }
     rec_view_t view = {r->h, pairs, rec->count};
     pk_record_t out = {
         .field = r->records_field->data,
@@ -840,6 +930,7 @@ static cca_status_t deliver_tree(sreader_t *r, size_t off, const pk_sym_t *key, 
             }
             r->recs[0].start = 0;
             r->recs[0].count = pv_len(d);
+            r->recs[0].keys_gen = 0;
             slot_t rs = {.type = SL_RECORD, .kind = PV_DICT};
             rs.v.rec = 0;
             st = deliver(r, &rs, nested ? g : 0, i);
@@ -899,6 +990,7 @@ static cca_status_t take_pairs(sreader_t *r, size_t off, int op, slot_t *dict, s
         memcpy(r->fields + r->nfields, r->stack + from, n * sizeof(slot_t));
         r->nfields += n;
         rec->count += n / 2;
+        rec->keys_gen = 0; /* its keys now differ from those it was read with */
         pop_to(r, from);
         return CCA_OK;
     }
@@ -1050,6 +1142,8 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
         r->memo_count++;
     } else if (!r->memo[idx]) {
         r->memo_count++;
+    } else {
+        keys_reset(&r->keys); /* a key's get may now read another value */
     }
     r->memo[idx] = id;
     return CCA_OK;
@@ -1101,8 +1195,6 @@ static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
 }
 
 /* ---- records read whole ------------------------------------------------------------------- */
-
-#define FAST_FIELDS 32 /* a record with more fields takes the general path */
 
 typedef struct pending_memo {
     uint64_t idx;
@@ -1199,6 +1291,28 @@ static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, cons
 }
 
 /*
+ * Put into the template the keys at the positions set in `learn`: memo gets
+ * (op[i] their bytes) of a record just committed, kv its pairs. A position
+ * past the template's end is left out, so that its entries stay contiguous.
+ */
+static void keys_learn(sreader_t *r, uint32_t learn, const uint64_t *op, const slot_t *kv)
+{
+    key_template_t *t = &r->keys;
+    for (; learn; learn &= learn - 1) {
+        size_t i = (size_t)__builtin_ctz(learn);
+        if (i > t->count)
+            break;
+        t->op[i] = op[i];
+        t->len[i] = (op[i] & 0xff) == OP_BINGET ? 2 : 5;
+        t->mask[i] = ~(uint64_t)0 >> (64 - 8 * t->len[i]);
+        t->key[i] = kv[2 * i];
+        if (i == t->count)
+            t->count++;
+    }
+    t->gen++;
+}
+
+/*
  * A record (a dict of a records list) whose EMPTY_DICT was just pushed: read
  * its body - an optional memo store, MARK, key / value pairs of plain scalars
  * each with an optional memo store, SETITEMS - in one go, with the effect the
@@ -1215,11 +1329,12 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     size_t n = 0;
     /* the pairs are written in place after the record table's last field,
      * and counted in only when the whole body was read */
-    if (end - p < FIXED_OP_MAX ||
+    if (end - p < FIXED_OP_MAX + KEY_GET_MAX ||
         !grow(&r->fields, &r->fields_cap, r->nfields + 2 * FAST_FIELDS, sizeof(slot_t), 4096))
         return false;
     slot_t *kv = r->fields + r->nfields;
     const uint8_t *limit = end - FIXED_OP_MAX;
+    const uint8_t *key_limit = limit - KEY_GET_MAX; /* a template key leaves p below limit */
     /* the memo store of the dict itself */
     if (p < end && *p == OP_MEMOIZE) {
         if (!fast_memo_free(r, memo_next))
@@ -1230,19 +1345,35 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     if (p >= end || *p != OP_MARK)
         return false;
     p++;
-    /* a key, then its value: two sites of the same tests, so that each site's
-     * branches learn their own pattern (keys are nearly always memo gets) */
+    /* a key, then its value: the key as the template has it at its position, else
+     * read as a value is (a second site of the same tests, so that each site's
+     * branches learn their own pattern); keys new to the template are noted */
+    const key_template_t *t = &r->keys;
+    bool templated = true;          /* every key so far read from the template */
+    uint32_t learn = 0;             /* positions of memo-get keys the template lacks */
+    uint64_t learn_op[FAST_FIELDS]; /* their bytes (set where `learn` has a bit) */
     for (;;) {
-        if (__builtin_expect(p > limit || n == 2 * FAST_FIELDS, 0))
+        if (__builtin_expect(p > key_limit || n == 2 * FAST_FIELDS, 0))
             return false;
         if (*p == OP_SETITEMS) {
             p++;
             break;
         }
-        if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next))
-            return false;
-        if (__builtin_expect(p > limit, 0) ||
-            !fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
+        size_t i = n / 2;
+        if ((le64(p) & t->mask[i]) == t->op[i]) {
+            kv[n] = t->key[i];
+            p += t->len[i];
+        } else {
+            const uint8_t *key = p;
+            if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next) || __builtin_expect(p > limit, 0))
+                return false;
+            templated = false;
+            if ((*key == OP_BINGET && p - key == 2) || (*key == OP_LONG_BINGET && p - key == 5)) {
+                learn |= (uint32_t)1 << i;
+                learn_op[i] = le64(key) & (~(uint64_t)0 >> (64 - 8 * (p - key)));
+            }
+        }
+        if (!fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
             return false;
         n += 2;
     }
@@ -1261,6 +1392,9 @@ static bool record_fast(sreader_t *r, slot_t *rec_slot)
     }
     if (npm && memo_next > r->memo_len)
         r->memo_len = (size_t)memo_next;
+    rec->keys_gen = templated && n / 2 == t->count ? t->gen : 0;
+    if (learn)
+        keys_learn(r, learn, learn_op, kv);
     rec->start = r->nfields;
     rec->count = n / 2;
     r->nfields += n;
@@ -1670,6 +1804,7 @@ static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_
     cca_status_t st;
     r->h = handler;
     r->rec_base = SIZE_MAX;
+    keys_reset(&r->keys);
     size_t nt = handler->symbol_count ? handler->symbol_count : 1;
     r->doc = pv_doc_new();
     r->by_tag = calloc(nt, sizeof(*r->by_tag));

@@ -6,7 +6,8 @@
  * the same bytes). The streaming reader, keeping everything as a tree (whole,
  * and one byte at a time), must give the tree reader's tree whenever it
  * succeeds; streaming `device_traces` as records, it must hand over exactly
- * the dicts of the tree reader's device_traces when both succeed.
+ * the dicts of the tree reader's device_traces when both succeed, field by
+ * field, and by_tag must hold each symbol's value.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,6 +86,36 @@ static pk_mode_t traces_as_records(void *ctx, const char *key, size_t len)
     return PK_TREE;
 }
 
+/* Keys the records are read with as symbols (by_tag checked against the tree's dict). */
+static const char *const record_syms[] = {"action", "addr", "size", "a", "b", ""};
+
+/* A record's scalar equals a tree node (containers: by kind, their content is not kept). */
+static bool same_value(const pk_value_t *v, const pv_node_t *n)
+{
+    int64_t i;
+    uint64_t u;
+    double d;
+    bool b;
+    const char *text;
+    const uint8_t *bytes;
+    size_t len;
+    if (v->kind != pv_kind(n))
+        return false;
+    switch (pv_kind(n)) {
+    case PV_NONE: return true;
+    case PV_BOOL: return pv_get_bool(n, &b) && v->num.b == b;
+    case PV_INT:
+        if (pv_get_int(n, &i))
+            return !v->is_u64 && v->num.i == i;
+        return v->is_u64 && pv_get_u64(n, &u) && v->num.u == u;
+    case PV_FLOAT: return pv_get_double(n, &d) && !memcmp(&d, &v->num.f, sizeof(d));
+    case PV_STR: return pv_get_str(n, &text, &len) && len == v->len && !memcmp(text, v->data, len);
+    case PV_BYTES: return pv_get_bytes(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
+    case PV_BIGINT: return pv_get_bigint(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
+    default: return true;
+    }
+}
+
 static cca_status_t check_record(void *ctx, const pk_record_t *rec)
 {
     seen_t *s = ctx;
@@ -98,6 +129,19 @@ static cca_status_t check_record(void *ctx, const pk_record_t *rec)
     /* a key written twice is one entry of the tree's dict, two fields of the record */
     if (!d || pv_kind(d) != PV_DICT || pv_len(d) > rec->count || (pv_len(d) == 0) != (rec->count == 0))
         s->bad++;
+    else if (pv_len(d) == rec->count)
+        for (size_t i = 0; i < rec->count; i++) {
+            pk_field_t f;
+            if (!pk_record_field(rec, i, &f) || !same_value(&f.key, pv_dict_key_at(d, i)) ||
+                !same_value(&f.value, pv_dict_value_at(d, i)))
+                s->bad++;
+        }
+    /* by_tag: the value of each symbol's key (the dict keeps a repeated key's last) */
+    for (size_t t = 0; d && pv_kind(d) == PV_DICT && t < sizeof(record_syms) / sizeof(record_syms[0]); t++) {
+        const pv_node_t *want = pv_dict_get(d, record_syms[t]);
+        if ((want == NULL) != (rec->by_tag[t] == NULL) || (want && !same_value(rec->by_tag[t], want)))
+            s->bad++;
+    }
     s->records++;
     return CCA_OK;
 }
@@ -118,7 +162,9 @@ static void check_stream(const uint8_t *data, size_t size, const pv_doc_t *doc)
     }
     const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
     seen_t seen = {.traces = root && pv_kind(root) == PV_DICT ? pv_dict_get(root, "device_traces") : NULL};
-    pk_handler_t h = {.ctx = &seen, .field_mode = traces_as_records, .record = check_record};
+    pk_handler_t h = {.ctx = &seen, .symbols = record_syms,
+                      .symbol_count = sizeof(record_syms) / sizeof(record_syms[0]),
+                      .field_mode = traces_as_records, .record = check_record};
     pv_doc_t *fields = NULL;
     if (pickle_stream_buffer(data, size, 0, &h, &fields) == CCA_OK && doc && seen.traces &&
         seen.occurrences == 1) {

@@ -560,6 +560,115 @@ TEST(long_strings_across_inflated_blocks)
     pv_doc_free(src);
 }
 
+/* ---- the key template: keys that change, memo entries set again -------------------------------- */
+
+static const char *const sym_ab[] = {"a", "b"};
+
+typedef struct noted {
+    char text[1024];
+    size_t len;
+} noted_t;
+
+static void note(noted_t *n, const pk_value_t *v)
+{
+    size_t room = sizeof(n->text) - n->len;
+    int w;
+    if (!v)
+        w = snprintf(n->text + n->len, room, "-");
+    else if (v->kind == PV_INT)
+        w = snprintf(n->text + n->len, room, "%lld", (long long)v->num.i);
+    else if (v->kind == PV_STR)
+        w = snprintf(n->text + n->len, room, "%s", v->data);
+    else
+        w = snprintf(n->text + n->len, room, "?");
+    if (w > 0 && (size_t)w < room)
+        n->len += (size_t)w;
+}
+
+/* Notes each record as "key=value ... |a b;": its fields, then by_tag of 'a' and 'b'. */
+static cca_status_t note_record(void *ctx, const pk_record_t *rec)
+{
+    noted_t *n = ctx;
+    for (size_t i = 0; i < rec->count; i++) {
+        pk_field_t f;
+        if (!pk_record_field(rec, i, &f))
+            return cca_raise(CCA_ERR_FORMAT, "no field %zu", i);
+        note(n, &f.key);
+        n->text[n->len++] = '=';
+        note(n, &f.value);
+        n->text[n->len++] = ' ';
+    }
+    n->text[n->len++] = '|';
+    note(n, rec->by_tag[0]);
+    n->text[n->len++] = ' ';
+    note(n, rec->by_tag[1]);
+    n->text[n->len++] = ';';
+    n->text[n->len] = 0;
+    return CCA_OK;
+}
+
+/* Stream {'x': [records], 'y': <40 bytes>} whole and in windows of 1, 7 and 4093 bytes;
+ * each time the records must be noted as `want`. */
+static void expect_records(const char *records, size_t n, const char *want)
+{
+    static const char head[] = "\x80\x04}(\x8c\x01x](";
+    static const char tail[] = "e\x8c\x01y\x8c\x28" "0123456789012345678901234567890123456789u.";
+    char data[1024];
+    memcpy(data, head, sizeof(head) - 1);
+    memcpy(data + sizeof(head) - 1, records, n);
+    memcpy(data + sizeof(head) - 1 + n, tail, sizeof(tail) - 1);
+    size_t size = sizeof(head) - 1 + n + sizeof(tail) - 1;
+    static const size_t chunks[] = {0, 1, 7, 4093};
+    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+        noted_t got = {.len = 0};
+        pk_handler_t h = {.ctx = &got, .symbols = sym_ab, .symbol_count = 2, .field_mode = records_x,
+                          .record = note_record};
+        pv_doc_t *doc = NULL;
+        expect_ok(pickle_stream_buffer(data, size, chunks[k], &h, &doc));
+        expect_eq_str(got.text, want);
+        pv_doc_free(doc);
+    }
+}
+#define EXPECT_RECORDS(lit, want) expect_records(lit, sizeof(lit) - 1, want)
+
+/* A memo entry set again (BINPUT in a record the general path reads) changes what
+ * the same key bytes name: the records after it must not reuse the keys before. */
+TEST(key_template_follows_a_memo_entry_set_again)
+{
+    EXPECT_RECORDS("}(\x8c\x01" "aq\x00K\x01u"          /* 'a' into memo 0 (general path) */
+                   "}(h\x00K\x02u"                      /* read whole: the template learns h 0 */
+                   "}(h\x00K\x03u"                      /* from the template */
+                   "e("                                 /* delivered; a second batch */
+                   "}(h\x00K\x04\x8c\x01" "bq\x00K\x09u" /* memo 0 set to 'b' */
+                   "}(h\x00K\x05u"                      /* h 0 is 'b' now */
+                   "}(h\x00K\x06u",                     /* the template's again, delivered by plan */
+                   "a=1 |1 -;a=2 |2 -;a=3 |3 -;a=4 b=9 |4 9;b=5 |- 5;b=6 |- 6;");
+    /* the same by LONG_BINPUT and LONG_BINGET */
+    EXPECT_RECORDS("}(\x8c\x01" "ar\x07\x00\x00\x00K\x01u"
+                   "}(j\x07\x00\x00\x00K\x02u"
+                   "}(j\x07\x00\x00\x00K\x03u"
+                   "}(j\x07\x00\x00\x00K\x04\x8c\x01" "br\x07\x00\x00\x00K\x05u"
+                   "}(j\x07\x00\x00\x00K\x06u",
+                   "a=1 |1 -;a=2 |2 -;a=3 |3 -;a=4 b=5 |4 5;b=6 |- 6;");
+}
+
+/* Records whose keys differ from the ones before: in another order, fewer, more, a key
+ * given twice (by_tag holds its last value), then back to fewer. */
+TEST(key_template_with_keys_that_change)
+{
+    EXPECT_RECORDS("}(\x8c\x01" "a\x94K\x01\x8c\x01" "b\x94K\x02u" /* memo 0 'a', 1 'b' */
+                   "}(h\x00K\x03h\x01K\x04u"
+                   "}(h\x01K\x05h\x00K\x06u"            /* swapped */
+                   "}(h\x01K\x07u"                      /* fewer */
+                   "}(h\x01K\x08h\x00K\x09h\x00K\x0au"  /* more, 'a' twice */
+                   "}(h\x01K\x0bh\x00K\x0ch\x00K\x0du"  /* the same keys: by plan */
+                   "e("
+                   "}(h\x01K\x0eu"
+                   "}(h\x00K\x0fu",
+                   "a=1 b=2 |1 2;a=3 b=4 |3 4;b=5 a=6 |6 5;b=7 |- 7;b=8 a=9 a=10 |10 8;"
+                   "b=11 a=12 a=13 |13 11;b=14 |- 14;a=15 |15 -;");
+}
+
 int main(void)
 {
     RUN(real_traces_stream_as_the_tree_reader_reads_them);
@@ -571,5 +680,7 @@ int main(void)
     RUN(crc32_equals_zlibs);
     RUN(gzip_trailer_checked);
     RUN(long_strings_across_inflated_blocks);
+    RUN(key_template_follows_a_memo_entry_set_again);
+    RUN(key_template_with_keys_that_change);
     return harness_done();
 }
