@@ -571,11 +571,13 @@ static inline __attribute__((always_inline)) cca_status_t malloc_done(cca_stream
  * The rest of an allocation from sp past its held-back block: best fit in
  * the pool (held blocks merged first), else the slow path; sp's lock held on
  * entry, released; unpins a private pool's sp, releases the trace context.
- * Out of line: the cached pair's path stays short.
+ * Inline in malloc_general, which is out of line: the express path stays short.
  */
-static __attribute__((noinline)) cca_status_t malloc_locked(cca_device_t *dev, cca_stream_pool_t *sp,
-                                                            cca_pool_t *pool, size_t rsize, size_t size,
-                                                            bool context, void **ptr)
+static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_device_t *dev,
+                                                                       cca_stream_pool_t *sp,
+                                                                       cca_pool_t *pool, size_t rsize,
+                                                                       size_t size, bool context,
+                                                                       void **ptr)
 {
     cca_status_t st;
     if (sp->small.held || sp->large.held)
@@ -691,6 +693,18 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     return malloc_locked(dev, sp, pool, rsize, size, context, ptr);
 }
 
+/* cca_malloc past its express path, on the backend's current device: out of line, so that
+ * the express path saves only the registers the device question needs. */
+static __attribute__((noinline)) cca_status_t malloc_general(void **ptr, size_t size, int device,
+                                                             cca_stream_t stream)
+{
+    cca_state_t *S = cca_state;
+    if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
+                         device, S->device_count);
+    return malloc_on(S, ptr, size, device, stream);
+}
+
 cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream)
 {
     if (!ptr)
@@ -704,19 +718,7 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
                          device, S->device_count);
     if (malloc_express(S, device, ptr, size, stream))
         return CCA_OK;
-    return malloc_on(S, ptr, size, device, stream);
-}
-
-/* cca_malloc past its express path, on the backend's current device: out of line, so that
- * the express path saves only the registers the device question needs. */
-static __attribute__((noinline)) cca_status_t malloc_general(void **ptr, size_t size, int device,
-                                                             cca_stream_t stream)
-{
-    cca_state_t *S = cca_state;
-    if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
-                         device, S->device_count);
-    return malloc_on(S, ptr, size, device, stream);
+    return malloc_general(ptr, size, device, stream);
 }
 
 cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
@@ -863,29 +865,9 @@ static inline __attribute__((always_inline)) free_repeat_result_t free_repeat(vo
     return (free_repeat_result_t){true, sp};
 }
 
-/* cca_free past free_repeat (sp: the pool free_hints gave, or NULL): out of line, so that
- * the repeat's path saves no register. */
-static __attribute__((noinline)) cca_status_t free_general(void *ptr, cca_stream_pool_t *sp)
-{
-    if (sp && free_express(ptr, sp))
-        return CCA_OK;
-    cca_status_t st = alloc_free(ptr);
-    cca_assert_expensive(device_is_valid());
-    return st;
-}
-
-cca_status_t cca_free(void *ptr)
-{
-    free_repeat_result_t repeat = free_repeat(ptr);
-    if (repeat.done) {
-        cca_assert_expensive(device_is_valid());
-        return CCA_OK;
-    }
-    return free_general(ptr, repeat.pool);
-}
-
-/* cca_free, for callers that may hold the device lock. */
-cca_status_t alloc_free(void *ptr)
+/* cca_free's general path: the block found in the pointer map, returned to its pool (or
+ * left to its events), under the pool's lock. Inline in free_general and alloc_free. */
+static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr)
 {
     if (!ptr)
         return CCA_OK;
@@ -940,6 +922,7 @@ cca_status_t alloc_free(void *ptr)
     cca_device_t *dev = sp->device;
     int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
+    bool plain = false;
     if (solo && solo != &sp->lock) { /* cannot be: solo mode's pool is the only one */
         ptrmap_unlink_solo(S->ptrmap, link);
         cca_spin_unlock(solo);
@@ -948,13 +931,17 @@ cca_status_t alloc_free(void *ptr)
         cca_spin_lock(&sp->lock);
     } else if (block->stream_use_count || !pool_may_hold(block->pool, block)) {
         ptrmap_unlink_solo(S->ptrmap, link);
+        plain = true; /* its pool's held blocks flushed above, pool_may_hold said no */
     } else {
         block->pool->held_in_map = true; /* held below; not allocated: found by no lookup */
     }
     block->allocated = false;
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
     if (!block->stream_use_count) {
-        pool_free_block(dev, block, true);
+        if (plain)
+            pool_return_block(dev, block, true);
+        else
+            pool_free_block(dev, block, true);
     } else {
         int64_t d[OPS_COUNT] = {0};
         d[OPS_ALLOCATION] = -1;
@@ -976,6 +963,33 @@ cca_status_t alloc_free(void *ptr)
     if (context)
         trace_context_release();
     return st;
+}
+
+/* cca_free, for callers that may hold the device lock. */
+cca_status_t alloc_free(void *ptr)
+{
+    return free_pointer(ptr);
+}
+
+/* cca_free past free_repeat (sp: the pool free_hints gave, or NULL): out of line, so that
+ * the repeat's path saves no register. */
+static __attribute__((noinline)) cca_status_t free_general(void *ptr, cca_stream_pool_t *sp)
+{
+    if (sp && free_express(ptr, sp))
+        return CCA_OK;
+    cca_status_t st = free_pointer(ptr);
+    cca_assert_expensive(device_is_valid());
+    return st;
+}
+
+cca_status_t cca_free(void *ptr)
+{
+    free_repeat_result_t repeat = free_repeat(ptr);
+    if (repeat.done) {
+        cca_assert_expensive(device_is_valid());
+        return CCA_OK;
+    }
+    return free_general(ptr, repeat.pool);
 }
 
 cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size)

@@ -1025,6 +1025,9 @@ static inline void pool_lock(cca_stream_pool_t *sp)
 }
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
+/* pool_free_block where the caller knows the pool holds no block back and pool_may_hold
+ * says no for this one: merge, bin, statistics. */
+void pool_return_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* The statistics of a held-back return applied now (pool_hold_block; pool.c). */
 void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free);
 

@@ -235,7 +235,8 @@ cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count)
 /* ---- freeing blocks into their pool ------------------------------------------ */
 
 /* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
-size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
+static inline __attribute__((always_inline)) size_t merge_blocks(cca_block_t *dst, cca_block_t *src,
+                                                                cca_bins_t *bins)
 {
     if (!src || !src->in_bin)
         return 0;
@@ -258,6 +259,11 @@ size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bin
         dst->segment->head = dst;
     pool_block_delete(src);
     return subsumed;
+}
+
+size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
+{
+    return merge_blocks(dst, src, bins);
 }
 
 /*
@@ -374,6 +380,12 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         pool_hold_block(dev, block, program_free);
         return;
     }
+    pool_return_block(dev, block, program_free);
+}
+
+void pool_return_block(cca_device_t *dev, cca_block_t *block, bool program_free)
+{
+    cca_pool_t *pool = block->pool;
     size_t original_size = block->size;
     size_t requested = block->requested_size;
     int type = pool_stat_type(pool->is_small);
@@ -381,7 +393,7 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
     int64_t net_blocks = 0, net_bytes = 0;
     cca_block_t *candidates[2] = {block->prev, block->next};
     for (int i = 0; i < 2; i++) {
-        size_t subsumed = pool_try_merge_blocks(block, candidates[i], &pool->bins);
+        size_t subsumed = merge_blocks(block, candidates[i], &pool->bins);
         if (subsumed) {
             net_blocks -= 1;
             net_bytes -= (int64_t)subsumed;
