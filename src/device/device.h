@@ -772,10 +772,15 @@ void stats_log_release(cca_stream_pool_t *sp);
  * 2 no (tests; stats.c). */
 void stats_clock_set_usable(int usable);
 
+/* An operation's d (ops_apply) by value: the logged mode's copy, so that ops_apply's d
+ * itself never needs a place in memory and stays in registers on the other modes' paths. */
+typedef struct ops_delta {
+    int64_t v[OPS_COUNT];
+} ops_delta_t;
+
 /* Log the update, with the time it is made, in sp's log (pool lock held; stats.c); with
  * no log to be had, apply it under the stats lock. */
-void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
-                      const int8_t sign[OPS_COUNT]);
+void stats_log_append(cca_stream_pool_t *sp, int type, ops_delta_t d, const int8_t sign[OPS_COUNT]);
 
 /*
  * One operation's statistics: d[k] added to statistic k (OPS_*), in the ALL
@@ -801,7 +806,11 @@ static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *s
             ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
             stats_unlock(dev);
         } else {
-            stats_log_append(sp, type, d, sign);
+            ops_delta_t copy;
+#pragma GCC unroll 8
+            for (int k = 0; k < OPS_COUNT; k++)
+                copy.v[k] = d[k];
+            stats_log_append(sp, type, copy, sign);
         }
     } else {
         ops_apply_mode(NULL, &sp->stats, OPS_RELAXED, type, d, sign);

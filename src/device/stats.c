@@ -333,9 +333,9 @@ static void stats_log_room(cca_device_t *dev, stats_log_t *l, uint64_t tail)
     }
 }
 
-void stats_log_append(cca_stream_pool_t *sp, int type, const int64_t d[OPS_COUNT],
-                      const int8_t sign[OPS_COUNT])
+void stats_log_append(cca_stream_pool_t *sp, int type, ops_delta_t delta, const int8_t sign[OPS_COUNT])
 {
+    const int64_t *d = delta.v;
     cca_device_t *dev = sp->device;
     stats_log_t *l = sp->log;
     if (!l)

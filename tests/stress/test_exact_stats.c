@@ -365,10 +365,10 @@ static void *pair_worker(void *arg);
 /* One allocation's update, added (+1) or taken back (-1), through sp's logged path. */
 static void log_one(cca_stream_pool_t *sp, int sign)
 {
-    int64_t d[OPS_COUNT] = {0};
+    ops_delta_t d = {{0}};
     int8_t signs[OPS_COUNT] = {0};
-    d[OPS_ALLOCATION] = sign;
-    d[OPS_REQUESTED_BYTES] = sign * 100;
+    d.v[OPS_ALLOCATION] = sign;
+    d.v[OPS_REQUESTED_BYTES] = sign * 100;
     pool_lock(sp);
     stats_log_append(sp, CCA_STAT_SMALL_POOL, d, signs);
     cca_spin_unlock(&sp->lock);
