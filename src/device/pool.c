@@ -17,66 +17,11 @@
 
 /* ---- block structs ---------------------------------------------------------- */
 
-/*
- * A block struct from the stream pool's spares, or a new one (pool lock
- * held). Every field is set here, explicitly (a memset of the whole struct
- * showed up as the top cost of the split path): a new field must be too.
- */
-cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, uintptr_t addr, size_t size)
+/* A block struct of the heap, for pool_block_new when the stream pool has no spare. */
+cca_block_t *pool_block_struct(void)
 {
-    cca_stream_pool_t *sp = pool->owner;
-    cca_block_t *b = sp->spare_blocks;
-    if (b) {
-        sp->spare_blocks = b->bin_next;
-        sp->spare_count--;
-    } else {
-        b = malloc(sizeof(*b));
-        if (!b)
-            return NULL;
-    }
-    b->addr = addr;
-    b->size = size;
-    b->requested_size = 0;
-    b->prev = b->next = NULL;
-    b->bin_prev = b->bin_next = NULL;
-    b->map_next = NULL;
-    b->pool = pool;
-    b->segment = seg;
-    b->gc_count_base = 0;
-    b->free_tick = 0;
-    b->event_count = 0;
-    b->bin = 0;
-    b->device = 0;
-    b->allocated = false;
-    b->in_bin = false;
-    b->oversize = false;
-    b->mapped = true;
-    b->aliased = false;
-    b->stream_use_count = 0;
-    b->stream_use_cap = CCA_INLINE_STREAMS;
-    b->stream_uses = b->stream_uses_inline;
-    return b;
+    return malloc(sizeof(cca_block_t));
 }
-
-/* Give a block struct back to its stream pool's spares (pool lock held). */
-void pool_block_delete(cca_block_t *b)
-{
-    if (b->stream_uses != b->stream_uses_inline)
-        free(b->stream_uses);
-    cca_stream_pool_t *sp = b->pool->owner;
-    if (b->pool->last_alloc == b)
-        b->pool->last_alloc = NULL;
-    if (b->pool->fit_block == b)
-        b->pool->fit_block = NULL;
-    if (sp->spare_count >= 4096) {
-        free(b);
-        return;
-    }
-    b->bin_next = sp->spare_blocks;
-    sp->spare_blocks = b;
-    sp->spare_count++;
-}
-
 
 /* ---- stream pools --------------------------------------------------------- */
 
