@@ -43,10 +43,14 @@ typedef struct replay_event {
 /* One device's trace. */
 typedef struct replay_trace {
     replay_event_t **chunks; /* REPLAY_MAX_CHUNKS slots; chunk k holds events k * 2^16 ... */
-    size_t count;            /* events */
     size_t chunk_bytes;      /* bytes of each chunk (core/util.c's zero-filled arrays, all one size) */
     uint64_t *streams;       /* the distinct stream handles, in order of first use */
     size_t nstreams;
+    /* count, which the reader advances at every event, lies a cache line away from the
+     * fields above, which a replay on another thread reads at every event: sharing a line
+     * with them, each event's count cost both threads a transfer of it between their cores */
+    char apart[64];
+    size_t count;            /* events */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */
