@@ -604,15 +604,16 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
 static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, int device, void **ptr,
                                                                  size_t size, cca_stream_t stream)
 {
-    /* (a device index the cache holds is valid while the state's generation is its own) */
+    /* (a device index the cache holds is valid while the state's generation is its own; the
+     * asynchronous backend and the uncached mode, fixed for a state's life, never fill the
+     * cache: malloc_on leaves before pool_stream_get) */
     if (pool_cache.device_index != device || pool_cache.stream != stream ||
         pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
         return false;
     cca_device_t *dev = pool_cache.device;
     cca_stream_pool_t *sp = pool_cache.pool;
     cca_pool_t *pool = size <= CCA_SMALL_SIZE ? &sp->small : &sp->large; /* (rounding keeps the side) */
-    if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr || async_enabled() ||
-        S->no_caching ||
+    if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr ||
         (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
          atomic_load_explicit(&dev->deferred_count, memory_order_relaxed)) ||
         atomic_load_explicit(&dev->pending_event_count, memory_order_acquire) ||
@@ -776,10 +777,10 @@ static inline __attribute__((always_inline)) void hold_returned(cca_device_t *de
  * The express paths' hints for a free of ptr, read before any lock: ptr is
  * the address the thread's last stream pool handed out last, that pool is
  * the process's only one (the pointer map's solo mode: its lock guards the
- * map), and nothing the express paths leave to the others is on (the
- * asynchronous backend, blocks shared with other processes, history that
- * takes a context at frees). The pool, or NULL where a hint says no; *mapp
- * the pointer map where it says yes.
+ * map), and nothing the express paths leave to the others is on (blocks
+ * shared with other processes, history that takes a context at frees; the
+ * asynchronous backend never fills the pool cache). The pool, or NULL where
+ * a hint says no; *mapp the pointer map where it says yes.
  */
 static inline __attribute__((always_inline)) cca_stream_pool_t *free_hints(void *ptr,
                                                                           struct cca_ptrmap_head **mapp)
@@ -790,7 +791,7 @@ static inline __attribute__((always_inline)) cca_stream_pool_t *free_hints(void 
     cca_stream_pool_t *sp = pool_cache.pool;
     struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
     if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
-        atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock || async_enabled() ||
+        atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
         atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
         atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
         return NULL;
