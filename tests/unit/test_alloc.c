@@ -1344,6 +1344,30 @@ TEST(uncached_mode)
     expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
 }
 
+/* The uncached mode never reaches the express paths: after a caching session's pairs
+ * (the thread's pool cache filled, its pool holding a block back), a new state in the
+ * uncached mode sends every pair of the same size to the backend. */
+TEST(uncached_pairs_after_caching_ones)
+{
+    setup(NULL, 0, false);
+    for (int i = 0; i < 20; i++)
+        expect_ok(cca_free(xmalloc(1000, NULL)));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 1);
+    setenv("CCA_NO_CACHING", "1", 1);
+    setup(NULL, 0, false);
+    unsetenv("CCA_NO_CACHING");
+    for (int i = 0; i < 50; i++) {
+        void *p = xmalloc(1000, NULL);
+        expect_true(p != NULL);
+        expect_ok(cca_free(p));
+    }
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 50);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_FREE), 50);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_device_alloc, 50);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+}
+
 TEST(backend_fault_is_clean)
 {
     setup(NULL, 0, false);
@@ -1407,6 +1431,7 @@ int main(void)
     RUN(memory_stats_keys);
     RUN(summary_text);
     RUN(uncached_mode);
+    RUN(uncached_pairs_after_caching_ones);
     RUN(backend_fault_is_clean);
     RUN(run_time_settings);
     cca_shutdown();

@@ -117,6 +117,31 @@ TEST(statistics_are_the_pools)
     expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].peak, reserved);
 }
 
+/* The asynchronous backend never reaches the express paths: after a native session's
+ * pairs (the thread's pool cache filled, its pool holding a block back), a new state on
+ * cudaMallocAsync sends every pair of the same size to the pool. */
+TEST(pairs_after_native_ones_stay_async)
+{
+    setup("");
+    for (int i = 0; i < 20; i++) {
+        void *p = NULL;
+        expect_ok(cca_malloc(&p, 512, S1));
+        expect_ok(cca_free(p));
+    }
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 1);
+    setup("backend:cudaMallocAsync");
+    for (int i = 0; i < 50; i++) {
+        void *p = NULL;
+        expect_ok(cca_malloc(&p, 512, S1));
+        expect_true(p != NULL);
+        expect_ok(cca_free(p));
+    }
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC_ASYNC), 50);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_FREE_ASYNC), 50);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC), 0);
+    expect_eq_i64(stats(0).allocation[CCA_STAT_ALL].current, 0);
+}
+
 static char warned[4096];
 static void capture(const char *text, void *arg)
 {
@@ -487,6 +512,7 @@ int main(void)
 {
     RUN(pool_set_up_as_pytorch);
     RUN(statistics_are_the_pools);
+    RUN(pairs_after_native_ones_stay_async);
     RUN(reset_accumulated_warns_once);
     RUN(empty_cache_trims_the_pool);
     RUN(record_stream_frees_through_the_unifying_stream);
