@@ -15,6 +15,7 @@
 
 #include "pickle.h"
 #include "pickle_stream.h"
+#include "pickle_compare.h"
 
 /* Structural equality with a work budget (trees may share nodes or be cyclic). */
 static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth, long *budget)
@@ -89,33 +90,6 @@ static pk_mode_t traces_as_records(void *ctx, const char *key, size_t len)
 /* Keys the records are read with as symbols (by_tag checked against the tree's dict). */
 static const char *const record_syms[] = {"action", "addr", "size", "a", "b", ""};
 
-/* A record's scalar equals a tree node (containers: by kind, their content is not kept). */
-static bool same_value(const pk_value_t *v, const pv_node_t *n)
-{
-    int64_t i;
-    uint64_t u;
-    double d;
-    bool b;
-    const char *text;
-    const uint8_t *bytes;
-    size_t len;
-    if (v->kind != pv_kind(n))
-        return false;
-    switch (pv_kind(n)) {
-    case PV_NONE: return true;
-    case PV_BOOL: return pv_get_bool(n, &b) && v->num.b == b;
-    case PV_INT:
-        if (pv_get_int(n, &i))
-            return !v->is_u64 && v->num.i == i;
-        return v->is_u64 && pv_get_u64(n, &u) && v->num.u == u;
-    case PV_FLOAT: return pv_get_double(n, &d) && !memcmp(&d, &v->num.f, sizeof(d));
-    case PV_STR: return pv_get_str(n, &text, &len) && len == v->len && !memcmp(text, v->data, len);
-    case PV_BYTES: return pv_get_bytes(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
-    case PV_BIGINT: return pv_get_bigint(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
-    default: return true;
-    }
-}
-
 static cca_status_t check_record(void *ctx, const pk_record_t *rec)
 {
     seen_t *s = ctx;
@@ -132,14 +106,14 @@ static cca_status_t check_record(void *ctx, const pk_record_t *rec)
     else if (pv_len(d) == rec->count)
         for (size_t i = 0; i < rec->count; i++) {
             pk_field_t f;
-            if (!pk_record_field(rec, i, &f) || !same_value(&f.key, pv_dict_key_at(d, i)) ||
-                !same_value(&f.value, pv_dict_value_at(d, i)))
+            if (!pk_record_field(rec, i, &f) || !pickle_value_is(&f.key, pv_dict_key_at(d, i)) ||
+                !pickle_value_is(&f.value, pv_dict_value_at(d, i)))
                 s->bad++;
         }
     /* by_tag: the value of each symbol's key (the dict keeps a repeated key's last) */
     for (size_t t = 0; d && pv_kind(d) == PV_DICT && t < sizeof(record_syms) / sizeof(record_syms[0]); t++) {
         const pv_node_t *want = pv_dict_get(d, record_syms[t]);
-        if ((want == NULL) != (rec->by_tag[t] == NULL) || (want && !same_value(rec->by_tag[t], want)))
+        if ((want == NULL) != (rec->by_tag[t] == NULL) || (want && !pickle_value_is(rec->by_tag[t], want)))
             s->bad++;
     }
     s->records++;

@@ -16,6 +16,7 @@
 #include "harness.h"
 #include "pickle_input.h"
 #include "pickle_stream.h"
+#include "pickle_compare.h"
 
 static const char *const traces[] = {
     "gpt2_generate_default", "gpt2_train_default", "gpt2_train_gc07", "gpt2_train_split64",
@@ -71,33 +72,6 @@ static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth)
     return false;
 }
 
-/* A record's value equals a tree node (containers: by kind only, their content is not kept). */
-static bool value_is(const pk_value_t *v, const pv_node_t *n)
-{
-    if (v->kind != pv_kind(n))
-        return false;
-    int64_t i;
-    uint64_t u;
-    double d;
-    bool b;
-    const char *s;
-    const uint8_t *bytes;
-    size_t len;
-    switch (pv_kind(n)) {
-    case PV_NONE: return true;
-    case PV_BOOL: return pv_get_bool(n, &b) && v->num.b == b;
-    case PV_INT:
-        if (pv_get_int(n, &i))
-            return !v->is_u64 && v->num.i == i;
-        return v->is_u64 && pv_get_u64(n, &u) && v->num.u == u;
-    case PV_FLOAT: return pv_get_double(n, &d) && !memcmp(&d, &v->num.f, sizeof(d));
-    case PV_STR: return pv_get_str(n, &s, &len) && len == v->len && !memcmp(s, v->data, len);
-    case PV_BYTES: return pv_get_bytes(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
-    case PV_BIGINT: return pv_get_bigint(n, &bytes, &len) && len == v->len && !memcmp(bytes, v->data, len);
-    default: return v->data == NULL;
-    }
-}
-
 /* ---- a consumer checking each record against the tree reader's result ------------------------ */
 
 static const char *const syms[] = {"action", "addr", "size", "stream", "alloc", "free_completed"};
@@ -138,8 +112,8 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     }
     for (size_t i = 0; i < rec->count; i++) {
         pk_field_t f;
-        if (!pk_record_field(rec, i, &f) || !value_is(&f.key, pv_dict_key_at(d, i)) ||
-            !value_is(&f.value, pv_dict_value_at(d, i)))
+        if (!pk_record_field(rec, i, &f) || !pickle_value_is(&f.key, pv_dict_key_at(d, i)) ||
+            !pickle_value_is(&f.value, pv_dict_value_at(d, i)))
             c->bad++;
     }
     pk_field_t none;
@@ -148,7 +122,7 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     for (size_t t = 0; t < sizeof(syms) / sizeof(syms[0]); t++) {
         const pv_node_t *want = pv_dict_get(d, syms[t]);
         const pk_value_t *got = rec->by_tag[t];
-        if ((want == NULL) != (got == NULL) || (want && !value_is(got, want)))
+        if ((want == NULL) != (got == NULL) || (want && !pickle_value_is(got, want)))
             c->bad++;
         c->by_tag_checked += got != NULL;
     }
