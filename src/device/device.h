@@ -1094,9 +1094,6 @@ static inline void pool_lock(cca_stream_pool_t *sp)
 }
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
-/* pool_free_block where the caller knows the pool holds no block back and pool_may_hold
- * says no for this one: merge, bin, statistics. */
-void pool_return_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* The statistics of a held-back return applied now (pool_hold_block; pool.c). */
 void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free);
 
@@ -1118,6 +1115,78 @@ static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *
     trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
                  block->pool->owner->stream);
     return pool_free_mark(block);
+}
+
+/* The signs of a block's return's statistics where known (pool_return_block, pool.c). */
+static const int8_t pool_free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
+
+/* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
+static inline __attribute__((always_inline)) size_t pool_merge_blocks(cca_block_t *dst, cca_block_t *src,
+                                                                     cca_bins_t *bins)
+{
+    if (!src || !src->in_bin)
+        return 0;
+    bins_remove(bins, src);
+    if (dst->prev == src) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    size_t subsumed = src->size;
+    dst->size += subsumed;
+    if (src->free_tick > dst->free_tick)
+        dst->free_tick = src->free_tick;
+    if (!dst->prev)
+        dst->segment->head = dst;
+    pool_block_delete(src);
+    return subsumed;
+}
+
+/* pool_free_block where the caller knows the pool holds no block back and pool_may_hold
+ * says no for this one: merge with free neighbours, bin, statistics (stream pool lock held;
+ * inline: a free's general path returns its block here). */
+static inline __attribute__((always_inline)) void pool_return_block(cca_device_t *dev, cca_block_t *block,
+                                                                    bool program_free)
+{
+    cca_pool_t *pool = block->pool;
+    size_t original_size = block->size;
+    size_t requested = block->requested_size;
+    int type = pool_stat_type(pool->is_small);
+    bool expandable = pool_free_begin(dev, block);
+    int64_t net_blocks = 0, net_bytes = 0;
+    cca_block_t *candidates[2] = {block->prev, block->next};
+    for (int i = 0; i < 2; i++) {
+        size_t subsumed = pool_merge_blocks(block, candidates[i], &pool->bins);
+        if (subsumed) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)subsumed;
+        }
+    }
+    bins_insert(&pool->bins, block);
+    if (block_is_split(block)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)block->size;
+    }
+    int64_t d[OPS_COUNT] = {0};
+    if (program_free) {
+        /* the program's free and the block's return in one statistics update */
+        d[OPS_ALLOCATION] = -1;
+        d[OPS_ALLOCATED_BYTES] = -(int64_t)original_size;
+        d[OPS_OVERSIZE] = -(int64_t)block->oversize;
+    }
+    if (!expandable) { /* PyTorch keeps expandable blocks out of inactive_split */
+        d[OPS_INACTIVE_SPLIT] = net_blocks;
+        d[OPS_INACTIVE_SPLIT_BYTES] = net_bytes;
+    }
+    d[OPS_ACTIVE] = -1;
+    d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
+    d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
+    ops_apply(pool->owner, type, d, pool_free_sign);
 }
 
 /*

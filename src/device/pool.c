@@ -179,52 +179,18 @@ cca_stream_pool_t **pool_sorted_locked(cca_device_t *dev, size_t *count)
 
 /* ---- freeing blocks into their pool ------------------------------------------ */
 
-/* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
-static inline __attribute__((always_inline)) size_t merge_blocks(cca_block_t *dst, cca_block_t *src,
-                                                                cca_bins_t *bins)
-{
-    if (!src || !src->in_bin)
-        return 0;
-    bins_remove(bins, src);
-    if (dst->prev == src) {
-        dst->addr = src->addr;
-        dst->prev = src->prev;
-        if (dst->prev)
-            dst->prev->next = dst;
-    } else {
-        dst->next = src->next;
-        if (dst->next)
-            dst->next->prev = dst;
-    }
-    size_t subsumed = src->size;
-    dst->size += subsumed;
-    if (src->free_tick > dst->free_tick)
-        dst->free_tick = src->free_tick;
-    if (!dst->prev)
-        dst->segment->head = dst;
-    pool_block_delete(src);
-    return subsumed;
-}
-
 size_t pool_try_merge_blocks(cca_block_t *dst, cca_block_t *src, cca_bins_t *bins)
 {
-    return merge_blocks(dst, src, bins);
+    return pool_merge_blocks(dst, src, bins);
 }
 
-/*
- * Return a block whose program use and events are over to its pool: merge
- * with free neighbours, put it in its bin, update the statistics (stream
- * pool lock held).
- */
+/* The pointer map's solo mode ends (the solo pool's lock, held): its held blocks out of it. */
 void pool_solo_end(cca_spinlock_t *solo)
 {
     cca_stream_pool_t *sp = pool_of_lock(solo);
     if (sp->small.held_in_map || sp->large.held_in_map)
         pool_flush(sp); /* the shards' mode keeps only allocated blocks in the map */
 }
-
-/* The signs of a return's statistics where known (pool_free_block). */
-static const int8_t free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 
 /* The statistics of the program's free of held block h, merged with its upper neighbour
  * (inactive_split unchanged for a block of an expandable segment, as pool_free_block). */
@@ -298,7 +264,7 @@ void pool_flush(cca_stream_pool_t *sp)
             pool->held_stats = false;
             int64_t d[OPS_COUNT];
             held_free_deltas(h, d);
-            ops_apply(sp, pool_stat_type(pool->is_small), d, free_sign);
+            ops_apply(sp, pool_stat_type(pool->is_small), d, pool_free_sign);
         }
         pool_try_merge_blocks(h, h->next, &pool->bins); /* its gc_count_base: the free's */
         bins_insert(&pool->bins, h);
@@ -312,7 +278,7 @@ void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_fre
     held_free_deltas(block, d);
     if (!program_free) /* returned by its last event: the program's free was counted then */
         d[OPS_ALLOCATION] = d[OPS_ALLOCATED_BYTES] = d[OPS_OVERSIZE] = 0;
-    ops_apply(sp, pool_stat_type(block->pool->is_small), d, free_sign);
+    ops_apply(sp, pool_stat_type(block->pool->is_small), d, pool_free_sign);
 }
 
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
@@ -326,44 +292,6 @@ void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
         return;
     }
     pool_return_block(dev, block, program_free);
-}
-
-void pool_return_block(cca_device_t *dev, cca_block_t *block, bool program_free)
-{
-    cca_pool_t *pool = block->pool;
-    size_t original_size = block->size;
-    size_t requested = block->requested_size;
-    int type = pool_stat_type(pool->is_small);
-    bool expandable = pool_free_begin(dev, block);
-    int64_t net_blocks = 0, net_bytes = 0;
-    cca_block_t *candidates[2] = {block->prev, block->next};
-    for (int i = 0; i < 2; i++) {
-        size_t subsumed = merge_blocks(block, candidates[i], &pool->bins);
-        if (subsumed) {
-            net_blocks -= 1;
-            net_bytes -= (int64_t)subsumed;
-        }
-    }
-    bins_insert(&pool->bins, block);
-    if (block_is_split(block)) {
-        net_blocks += 1;
-        net_bytes += (int64_t)block->size;
-    }
-    int64_t d[OPS_COUNT] = {0};
-    if (program_free) {
-        /* the program's free and the block's return in one statistics update */
-        d[OPS_ALLOCATION] = -1;
-        d[OPS_ALLOCATED_BYTES] = -(int64_t)original_size;
-        d[OPS_OVERSIZE] = -(int64_t)block->oversize;
-    }
-    if (!expandable) { /* PyTorch keeps expandable blocks out of inactive_split */
-        d[OPS_INACTIVE_SPLIT] = net_blocks;
-        d[OPS_INACTIVE_SPLIT_BYTES] = net_bytes;
-    }
-    d[OPS_ACTIVE] = -1;
-    d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
-    d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
-    ops_apply(pool->owner, type, d, free_sign);
 }
 
 cca_status_t pool_invalid_pointer(const char *what, const void *ptr)
