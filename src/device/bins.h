@@ -13,14 +13,19 @@
 #ifndef CCA_BINS_H
 #define CCA_BINS_H
 
+/*
+ * The size class of size: v = size / 512 itself below 2^(SUB_BITS + 1) (exact classes;
+ * those from 2^SUB_BITS on are also the first octave's sub-classes), else, for v of
+ * 2^e .. 2^(e+1) - 1, ((e - SUB_BITS) << SUB_BITS) plus v's top SUB_BITS + 1 bits. One
+ * formula for both, with no branch: on a mix of sizes around 16 KiB the branch between
+ * the exact classes and the others missed a third of the time.
+ */
 static inline unsigned bin_of(size_t size)
 {
     size_t v = size >> 9; /* units of 512 bytes */
-    if (v < (1u << CCA_BIN_SUB_BITS))
-        return (unsigned)v;
-    unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)v);
-    unsigned sub = (unsigned)(v >> (e - CCA_BIN_SUB_BITS)) & ((1u << CCA_BIN_SUB_BITS) - 1);
-    return ((e - CCA_BIN_SUB_BITS + 1) << CCA_BIN_SUB_BITS) + sub;
+    unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)(v | 1));
+    unsigned s = e > CCA_BIN_SUB_BITS ? e - CCA_BIN_SUB_BITS : 0;
+    return (s << CCA_BIN_SUB_BITS) + (unsigned)(v >> s);
 }
 
 static inline bool block_less(const cca_block_t *a, const cca_block_t *b)
