@@ -1120,6 +1120,26 @@ static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *
 /* The signs of a block's return's statistics where known (pool_return_block, pool.c). */
 static const int8_t pool_free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
 
+/* dst takes in src, its neighbour in the segment, taken out of every list before: src's
+ * bytes and its place in the segment's block list (the caller gives src's struct back). */
+static inline __attribute__((always_inline)) void pool_absorb_neighbour(cca_block_t *dst,
+                                                                         const cca_block_t *src)
+{
+    if (dst->prev == src) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+        else
+            dst->segment->head = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    dst->size += src->size;
+}
+
 /* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
 static inline __attribute__((always_inline)) size_t pool_merge_blocks(cca_block_t *dst, cca_block_t *src,
                                                                      cca_bins_t *bins)
@@ -1127,22 +1147,10 @@ static inline __attribute__((always_inline)) size_t pool_merge_blocks(cca_block_
     if (!src || !src->in_bin)
         return 0;
     bins_remove(bins, src);
-    if (dst->prev == src) {
-        dst->addr = src->addr;
-        dst->prev = src->prev;
-        if (dst->prev)
-            dst->prev->next = dst;
-    } else {
-        dst->next = src->next;
-        if (dst->next)
-            dst->next->prev = dst;
-    }
-    size_t subsumed = src->size;
-    dst->size += subsumed;
+    pool_absorb_neighbour(dst, src);
     if (src->free_tick > dst->free_tick)
         dst->free_tick = src->free_tick;
-    if (!dst->prev)
-        dst->segment->head = dst;
+    size_t subsumed = src->size;
     pool_block_delete(src);
     return subsumed;
 }

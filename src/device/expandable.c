@@ -394,19 +394,7 @@ static void merge_unmapped(cca_pool_t *pool, cca_block_t *dst, cca_block_t *src)
     if (!src || src->mapped || !allocatable(src))
         return;
     unmapped_remove(pool, src);
-    if (dst->prev == src) {
-        dst->addr = src->addr;
-        dst->prev = src->prev;
-        if (dst->prev)
-            dst->prev->next = dst;
-        else
-            dst->segment->head = dst;
-    } else {
-        dst->next = src->next;
-        if (dst->next)
-            dst->next->prev = dst;
-    }
-    dst->size += src->size;
+    pool_absorb_neighbour(dst, src);
     pool_block_delete(src);
 }
 
