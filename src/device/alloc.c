@@ -598,8 +598,9 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
  * thread's last stream pool (pool_cache) whose held block is ready for the
  * again update (pool->express: set where the free held it, cleared by any
  * other use of the pool), taken as alloc_held_block's again branch takes it,
- * with malloc_on's conditions for that branch checked at once. False:
- * nothing done, malloc_on decides.
+ * with malloc_on's conditions for that branch checked at once (history being
+ * recorded, with a context or without, sends it back: cca_trace_active, under
+ * the lock). False: nothing done, malloc_on decides.
  */
 static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, int device, void **ptr,
                                                                  size_t size, cca_stream_t stream)
@@ -616,8 +617,7 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
     if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr ||
         (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
          atomic_load_explicit(&dev->deferred_count, memory_order_relaxed)) ||
-        atomic_load_explicit(&dev->pending_event_count, memory_order_acquire) ||
-        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_STATE)
+        atomic_load_explicit(&dev->pending_event_count, memory_order_acquire))
         return false;
     int entered = cca_spin_tryenter(&sp->lock);
     if (!entered)
@@ -777,23 +777,23 @@ static inline __attribute__((always_inline)) void hold_returned(cca_device_t *de
  * The express paths' hints for a free of ptr, read before any lock: ptr is
  * the address the thread's last stream pool handed out last, that pool is
  * the process's only one (the pointer map's solo mode: its lock guards the
- * map), and nothing the express paths leave to the others is on (blocks
- * shared with other processes, history that takes a context at frees; the
- * asynchronous backend never fills the pool cache). The pool, or NULL where
+ * map), and no block is shared with other processes (the asynchronous
+ * backend never fills the pool cache; a cache whose generation is current
+ * was filled while the state is up). History is left to each express path:
+ * the repeat's free records none (cca_trace_active, under the lock), the
+ * other takes no context (free_general asks first). The pool, or NULL where
  * a hint says no; *mapp the pointer map where it says yes.
  */
 static inline __attribute__((always_inline)) cca_stream_pool_t *free_hints(void *ptr,
                                                                           struct cca_ptrmap_head **mapp)
 {
-    if (!ptr || !state_is_up() ||
-        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
-        return NULL;
     cca_stream_pool_t *sp = pool_cache.pool;
+    if (!ptr || !sp || pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
+        return NULL;
     struct cca_ptrmap_head *map = (struct cca_ptrmap_head *)(void *)cca_state->ptrmap;
-    if (!sp || atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
+    if (atomic_load_explicit(&sp->last_addr, memory_order_relaxed) != (uintptr_t)ptr ||
         atomic_load_explicit(&map->solo, memory_order_acquire) != &sp->lock ||
-        atomic_load_explicit(&shared_block_count, memory_order_relaxed) ||
-        atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) >= CCA_RECORD_CONTEXT_ALL)
+        atomic_load_explicit(&shared_block_count, memory_order_relaxed))
         return NULL;
     *mapp = map;
     return sp;
@@ -976,7 +976,8 @@ cca_status_t alloc_free(void *ptr)
  * the repeat's path saves no register. */
 static __attribute__((noinline)) cca_status_t free_general(void *ptr, cca_stream_pool_t *sp)
 {
-    if (sp && free_express(ptr, sp))
+    if (sp && atomic_load_explicit(&cca_trace_context_level, memory_order_relaxed) < CCA_RECORD_CONTEXT_ALL &&
+        free_express(ptr, sp))
         return CCA_OK;
     cca_status_t st = free_pointer(ptr);
     cca_assert_expensive(device_is_valid());
