@@ -461,6 +461,9 @@ cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr);
 void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), void *arg,
                      const cca_spinlock_t *held);
 size_t ptrmap_count(struct cca_ptrmap *m, const cca_spinlock_t *held);
+/* Tests: as solo mode ends, every shard without buckets fails to get them (its blocks stay
+ * in the solo table, which the shards' lookups look at last). */
+void ptrmap_test_spill_no_memory(bool on);
 
 /* ---- bins.c ---------------------------------------------------------------- */
 

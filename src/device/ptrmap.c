@@ -9,7 +9,11 @@
  * shards' (solo mode): its allocations and frees, which hold it anyway, then
  * take no second lock (the _held calls). Every other user takes that lock in
  * place of a shard's. A second stream pool ends solo mode for good
- * (ptrmap_pool_made), under the first pool's lock.
+ * (ptrmap_pool_made), under the first pool's lock. Solo mode keeps its blocks
+ * in a table of its own (shards[PTRMAP_SOLO]), whose few buckets stay in the
+ * cache where the shards' tables, one per 2 MiB region, would not; as it ends
+ * they move to their shards (solo_spill), and one a shard cannot take for want
+ * of host memory stays there, where the shards' lookups look last.
  * Invariant: a block is in the map exactly while it is allocated, or held
  * back from merging in solo mode (pool->held_in_map: not allocated, found by
  * no lookup).
@@ -23,7 +27,7 @@ cca_status_t ptrmap_create(struct cca_ptrmap **out, void (*solo_end)(cca_spinloc
     struct cca_ptrmap *m = calloc(1, sizeof(*m));
     if (!m)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory creating the pointer map");
-    for (int i = 0; i < PTRMAP_SHARDS; i++)
+    for (int i = 0; i <= PTRMAP_SHARDS; i++)
         cca_spin_init(&m->shards[i].lock);
     pthread_mutex_init(&m->pools_lock, NULL);
     atomic_init(&m->head.solo, NULL);
@@ -36,11 +40,74 @@ void ptrmap_destroy(struct cca_ptrmap *m)
 {
     if (!m)
         return;
-    for (int i = 0; i < PTRMAP_SHARDS; i++) {
+    for (int i = 0; i <= PTRMAP_SHARDS; i++)
         free(m->shards[i].buckets);
-    }
     pthread_mutex_destroy(&m->pools_lock);
     free(m);
+}
+
+static bool shard_grow(ptrmap_shard_t *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    cca_block_t **buckets = calloc(cap, sizeof(*buckets));
+    if (!buckets)
+        return false;
+    for (size_t i = 0; i < s->cap; i++) {
+        cca_block_t *b = s->buckets[i];
+        while (b) {
+            cca_block_t *next = b->map_next;
+            size_t j = ptrmap_bucket(b->addr, cap);
+            b->map_next = buckets[j];
+            buckets[j] = b;
+            b = next;
+        }
+    }
+    free(s->buckets);
+    s->buckets = buckets;
+    s->cap = cap;
+    return true;
+}
+
+static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
+{
+    if (s->count * 2 >= s->cap && !shard_grow(s) && s->cap == 0)
+        return false;
+    size_t j = ptrmap_bucket(block->addr, s->cap);
+    block->map_next = s->buckets[j];
+    s->buckets[j] = block;
+    s->count++;
+    return true;
+}
+
+/*
+ * Solo mode ends for a second pool: its table's blocks move to their shards (the solo
+ * lock held: nobody else is in the map). A block whose shard cannot get its first
+ * buckets stays in the solo table, where the shards' lookups look last (leftover_find).
+ * (As the solo pool goes, at shutdown, its blocks are gone: nothing moves.)
+ */
+static bool spill_no_memory; /* tests: solo_spill as if no shard could get buckets */
+
+void ptrmap_test_spill_no_memory(bool on)
+{
+    spill_no_memory = on;
+}
+
+static void solo_spill(struct cca_ptrmap *m)
+{
+    ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
+    for (size_t j = 0; j < t->cap; j++) {
+        cca_block_t **link = &t->buckets[j];
+        while (*link) {
+            cca_block_t *b = *link;
+            ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(b->addr)];
+            if (!s->cap && (spill_no_memory || !shard_grow(s))) {
+                link = &b->map_next;
+                continue;
+            }
+            ptrmap_shard_unlink(t, link);
+            shard_insert(s, b); /* (a shard with buckets takes every block) */
+        }
+    }
 }
 
 void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
@@ -55,6 +122,7 @@ void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)
             cca_spin_lock(solo); /* its operation in flight ends first */
             if (m->solo_end)
                 m->solo_end(solo); /* its pool's held block out of the map */
+            solo_spill(m);
             atomic_store_explicit(&m->head.solo, NULL, memory_order_release);
             cca_spin_unlock(solo);
         }
@@ -93,14 +161,18 @@ static inline void map_unlock(cca_spinlock_t *solo, const cca_spinlock_t *held)
         cca_spin_unlock(solo);
 }
 
-/* Lock shard s for one operation: the solo lock in solo mode (returned), else s's own. */
-static inline cca_spinlock_t *shard_lock(struct cca_ptrmap *m, ptrmap_shard_t *s,
-                                         const cca_spinlock_t *held)
+/* The table of addr for one operation, locked: in solo mode the solo table under the
+ * solo lock (*solop), else addr's shard under its own lock (*solop NULL). */
+static inline ptrmap_shard_t *table_lock(struct cca_ptrmap *m, uintptr_t addr,
+                                         const cca_spinlock_t *held, cca_spinlock_t **solop)
 {
     cca_spinlock_t *solo = map_lock(m, held);
-    if (!solo)
-        cca_spin_lock(&s->lock);
-    return solo;
+    *solop = solo;
+    if (solo)
+        return &m->shards[PTRMAP_SOLO];
+    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(addr)];
+    cca_spin_lock(&s->lock);
+    return s;
 }
 
 static inline void shard_unlock(ptrmap_shard_t *s, cca_spinlock_t *solo, const cca_spinlock_t *held)
@@ -110,43 +182,10 @@ static inline void shard_unlock(ptrmap_shard_t *s, cca_spinlock_t *solo, const c
     map_unlock(solo, held);
 }
 
-static bool shard_grow(ptrmap_shard_t *s)
-{
-    size_t cap = s->cap ? s->cap * 2 : 64;
-    cca_block_t **buckets = calloc(cap, sizeof(*buckets));
-    if (!buckets)
-        return false;
-    for (size_t i = 0; i < s->cap; i++) {
-        cca_block_t *b = s->buckets[i];
-        while (b) {
-            cca_block_t *next = b->map_next;
-            size_t j = ptrmap_bucket(b->addr, cap);
-            b->map_next = buckets[j];
-            buckets[j] = b;
-            b = next;
-        }
-    }
-    free(s->buckets);
-    s->buckets = buckets;
-    s->cap = cap;
-    return true;
-}
-
-static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
-{
-    if (s->count >= s->cap && !shard_grow(s) && s->cap == 0)
-        return false;
-    size_t j = ptrmap_bucket(block->addr, s->cap);
-    block->map_next = s->buckets[j];
-    s->buckets[j] = block;
-    s->count++;
-    return true;
-}
-
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(block->addr)];
-    cca_spinlock_t *solo = shard_lock(m, s, held);
+    cca_spinlock_t *solo;
+    ptrmap_shard_t *s = table_lock(m, block->addr, held, &solo);
     bool ok = shard_insert(s, block);
     shard_unlock(s, solo, held);
     return ok;
@@ -168,28 +207,55 @@ static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)
     return found;
 }
 
+/* Shards' mode: the solo table's leftovers (solo_spill), looked at where a shard had no
+ * answer; under the table's own lock, taken alone. */
+static cca_block_t *leftover_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
+{
+    ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
+    cca_spin_lock(&t->lock);
+    cca_block_t *found = shard_find(t, addr, remove);
+    cca_spin_unlock(&t->lock);
+    return found;
+}
+
 cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
                               const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(addr)];
-    cca_spinlock_t *solo = shard_lock(m, s, held);
+    cca_spinlock_t *solo;
+    ptrmap_shard_t *s = table_lock(m, addr, held, &solo);
     cca_block_t *found = shard_find(s, addr, remove);
     shard_unlock(s, solo, held);
+    if (!found && !solo)
+        found = leftover_find(m, addr, remove);
     return found;
+}
+
+/* Take block out of table s if it is there; whether it was. */
+static bool shard_remove_block(ptrmap_shard_t *s, cca_block_t *block)
+{
+    if (!s->cap)
+        return false;
+    cca_block_t **link = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
+    while (*link && *link != block)
+        link = &(*link)->map_next;
+    if (!*link)
+        return false;
+    ptrmap_shard_unlink(s, link);
+    return true;
 }
 
 void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(block->addr)];
-    cca_spinlock_t *solo = shard_lock(m, s, held);
-    if (s->cap) {
-        cca_block_t **link = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
-        while (*link && *link != block)
-            link = &(*link)->map_next;
-        if (*link)
-            ptrmap_shard_unlink(s, link);
-    }
+    cca_spinlock_t *solo;
+    ptrmap_shard_t *s = table_lock(m, block->addr, held, &solo);
+    bool removed = shard_remove_block(s, block);
     shard_unlock(s, solo, held);
+    if (!removed && !solo) {
+        ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
+        cca_spin_lock(&t->lock);
+        shard_remove_block(t, block);
+        cca_spin_unlock(&t->lock);
+    }
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
@@ -201,7 +267,7 @@ cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr)
 {
     cca_spinlock_t *solo = map_lock(m, NULL);
     cca_block_t *found = NULL;
-    for (int i = 0; i < PTRMAP_SHARDS && !found; i++) {
+    for (int i = 0; i <= PTRMAP_SHARDS && !found; i++) {
         ptrmap_shard_t *s = &m->shards[i];
         if (!solo)
             cca_spin_lock(&s->lock);
@@ -222,7 +288,7 @@ void ptrmap_for_each(struct cca_ptrmap *m, void (*fn)(cca_block_t *, void *), vo
                      const cca_spinlock_t *held)
 {
     cca_spinlock_t *solo = map_lock(m, held);
-    for (int i = 0; i < PTRMAP_SHARDS; i++) {
+    for (int i = 0; i <= PTRMAP_SHARDS; i++) {
         ptrmap_shard_t *s = &m->shards[i];
         if (!solo)
             cca_spin_lock(&s->lock);
@@ -243,7 +309,7 @@ size_t ptrmap_count(struct cca_ptrmap *m, const cca_spinlock_t *held)
 {
     cca_spinlock_t *solo = map_lock(m, held);
     size_t n = 0;
-    for (int i = 0; i < PTRMAP_SHARDS; i++) {
+    for (int i = 0; i <= PTRMAP_SHARDS; i++) {
         if (!solo)
             cca_spin_lock(&m->shards[i].lock);
         n += m->shards[i].count;

@@ -13,6 +13,7 @@
 
 #define PTRMAP_SHARDS 4096 /* many: threads on different streams rarely meet on one */
 #define PTRMAP_SHARD_BITS 12
+#define PTRMAP_SOLO PTRMAP_SHARDS /* the table of solo mode, past the shards (ptrmap.c) */
 
 typedef struct ptrmap_shard {
     cca_spinlock_t lock;
@@ -27,7 +28,7 @@ struct cca_ptrmap {
     pthread_mutex_t pools_lock;     /* orders ptrmap_pool_made */
     bool pool_made;                 /* a stream pool was made */
     void (*solo_end)(cca_spinlock_t *solo); /* run as solo mode ends, its lock held */
-    ptrmap_shard_t shards[PTRMAP_SHARDS];
+    ptrmap_shard_t shards[PTRMAP_SHARDS + 1]; /* the shards, then the solo table */
 };
 
 /* ptrmap_solo_lock (device.h) reads the head through a pointer to the map */
@@ -76,12 +77,12 @@ static inline void ptrmap_shard_unlink(ptrmap_shard_t *s, cca_block_t **link)
  * (NULL: none), valid until the map next changes; ptrmap_unlink_solo takes it out. */
 static inline cca_block_t **ptrmap_find_link_solo(struct cca_ptrmap *m, uintptr_t addr)
 {
-    return ptrmap_shard_link(&m->shards[ptrmap_shard_of(addr)], addr);
+    return ptrmap_shard_link(&m->shards[PTRMAP_SOLO], addr);
 }
 
 static inline void ptrmap_unlink_solo(struct cca_ptrmap *m, cca_block_t **link)
 {
-    ptrmap_shard_unlink(&m->shards[ptrmap_shard_of((*link)->addr)], link);
+    ptrmap_shard_unlink(&m->shards[PTRMAP_SOLO], link);
 }
 
 /* ptrmap_insert_held, inline where the map is in solo mode under held (the caller's lock)
@@ -90,8 +91,8 @@ static inline __attribute__((always_inline)) bool ptrmap_insert_fast(struct cca_
                                                                     cca_block_t *block,
                                                                     const cca_spinlock_t *held)
 {
-    ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(block->addr)];
-    if (!held || atomic_load_explicit(&m->head.solo, memory_order_acquire) != held || s->count >= s->cap)
+    ptrmap_shard_t *s = &m->shards[PTRMAP_SOLO];
+    if (!held || atomic_load_explicit(&m->head.solo, memory_order_acquire) != held || s->count * 2 >= s->cap)
         return ptrmap_insert_held(m, block, held);
     cca_block_t **bucket = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
     block->map_next = *bucket;

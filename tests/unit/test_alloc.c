@@ -11,6 +11,7 @@
 
 #include "device.h"
 #include "harness.h"
+#include "ptrmap.h"
 #include "runtime.h"
 
 #define MiB ((size_t)1 << 20)
@@ -362,20 +363,39 @@ TEST(held_statistics_equal_merged)
  * and every error must be the same, and the statistics at the end.
  */
 enum { SOLO_STEPS = 3000 };
+/* How a run meets the shards' mode: never, from the start, halfway (solo mode's blocks
+ * moved to their shards), or halfway with no host memory for the shards' first buckets
+ * (the blocks left in the solo table, found there by the shards' lookups). */
+enum { SOLO_ONLY, SHARDS_AT_START, SHARDS_HALFWAY, SHARDS_HALFWAY_NO_MEMORY };
 
-static void run_solo_script(const char *settings, bool solo, uintptr_t *addrs, cca_device_stats_t *out)
+static void run_solo_script(const char *settings, int solo_mode, uintptr_t *addrs, cca_device_stats_t *out)
 {
+    bool solo = solo_mode == SOLO_ONLY;
     setup(settings, 0, false);
     enum { SLOTS = 10 };
     char *slot[SLOTS] = {0};
     static const size_t sizes[] = {512, 513, 1024, 4 * KiB, 3 * MiB, 3 * MiB - 100, 12 * MiB, 600};
     void *first = xmalloc(512, NULL); /* the stream pool */
     expect_true(ptrmap_solo(cca_state->ptrmap) != NULL);
-    if (!solo)
+    if (solo_mode == SHARDS_AT_START)
         ptrmap_pool_made(cca_state->ptrmap, NULL); /* as a second pool would: the shards' mode */
-    expect_true((ptrmap_solo(cca_state->ptrmap) != NULL) == solo);
+    expect_true((ptrmap_solo(cca_state->ptrmap) != NULL) == (solo_mode != SHARDS_AT_START));
     uint64_t x = 777;
+    size_t left = 0; /* blocks left in the solo table as solo mode ended */
     for (int i = 0; i < SOLO_STEPS; i++) {
+        if (i == SOLO_STEPS / 2 && solo_mode >= SHARDS_HALFWAY) {
+            struct cca_ptrmap *m = cca_state->ptrmap;
+            size_t live = 1; /* first, and the slots' blocks (a held one leaves the map) */
+            for (int k = 0; k < SLOTS; k++)
+                live += slot[k] != NULL;
+            expect_true(m->shards[PTRMAP_SOLO].count >= live);
+            ptrmap_test_spill_no_memory(solo_mode == SHARDS_HALFWAY_NO_MEMORY);
+            ptrmap_pool_made(m, NULL);
+            ptrmap_test_spill_no_memory(false);
+            left = m->shards[PTRMAP_SOLO].count;
+            expect_eq_u64(ptrmap_count(m, NULL), live);
+            expect_eq_u64(left, solo_mode == SHARDS_HALFWAY ? 0 : live);
+        }
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         int k = (int)((x >> 33) % SLOTS);
         size_t size = sizes[(x >> 20) % (sizeof(sizes) / sizeof(sizes[0]))];
@@ -398,6 +418,8 @@ static void run_solo_script(const char *settings, bool solo, uintptr_t *addrs, c
             (void)stats(0); /* a read merges the held block */
     }
     expect_true((ptrmap_solo(cca_state->ptrmap) != NULL) == solo);
+    if (solo_mode == SHARDS_HALFWAY_NO_MEMORY) /* freed since: taken from the solo table */
+        expect_true(cca_state->ptrmap->shards[PTRMAP_SOLO].count < left);
     for (int k = 0; k < SLOTS; k++)
         if (slot[k] && k % 3)
             expect_ok(cca_free(slot[k]));
@@ -436,11 +458,13 @@ TEST(solo_pair_free_equals_the_map_path)
     static uintptr_t a[SOLO_STEPS], b[SOLO_STEPS];
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
         cca_device_stats_t solo, shards;
-        run_solo_script(modes[m], true, a, &solo);
-        run_solo_script(modes[m], false, b, &shards);
-        expect_eq_u64(runs_differing(a, b, SOLO_STEPS, &solo, &shards, modes[m]), 0);
+        run_solo_script(modes[m], SOLO_ONLY, a, &solo);
         expect_ne_u64((uint64_t)solo.allocation[CCA_STAT_ALL].allocated, 0);
-        expect_eq_i64(solo.allocation[CCA_STAT_ALL].current, shards.allocation[CCA_STAT_ALL].current);
+        for (int how = SHARDS_AT_START; how <= SHARDS_HALFWAY_NO_MEMORY; how++) {
+            run_solo_script(modes[m], how, b, &shards);
+            expect_eq_u64(runs_differing(a, b, SOLO_STEPS, &solo, &shards, modes[m]), 0);
+            expect_eq_i64(solo.allocation[CCA_STAT_ALL].current, shards.allocation[CCA_STAT_ALL].current);
+        }
     }
 }
 
