@@ -79,12 +79,6 @@ static bool shard_insert(ptrmap_shard_t *s, cca_block_t *block)
     return true;
 }
 
-/*
- * Solo mode ends for a second pool: its table's blocks move to their shards (the solo
- * lock held: nobody else is in the map). A block whose shard cannot get its first
- * buckets stays in the solo table, where the shards' lookups look last (leftover_find).
- * (As the solo pool goes, at shutdown, its blocks are gone: nothing moves.)
- */
 static bool spill_no_memory; /* tests: solo_spill as if no shard could get buckets */
 
 void ptrmap_test_spill_no_memory(bool on)
@@ -92,6 +86,12 @@ void ptrmap_test_spill_no_memory(bool on)
     spill_no_memory = on;
 }
 
+/*
+ * Solo mode ends for a second pool: its table's blocks move to their shards (the solo
+ * lock held: nobody else is in the map). A block whose shard cannot get its first
+ * buckets stays in the solo table, where the shards' lookups look last (leftover_find).
+ * (As the solo pool goes, at shutdown, its blocks are gone: nothing moves.)
+ */
 static void solo_spill(struct cca_ptrmap *m)
 {
     ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
@@ -175,7 +175,7 @@ static inline ptrmap_shard_t *table_lock(struct cca_ptrmap *m, uintptr_t addr,
     return s;
 }
 
-static inline void shard_unlock(ptrmap_shard_t *s, cca_spinlock_t *solo, const cca_spinlock_t *held)
+static inline void table_unlock(ptrmap_shard_t *s, cca_spinlock_t *solo, const cca_spinlock_t *held)
 {
     if (!solo)
         cca_spin_unlock(&s->lock);
@@ -187,7 +187,7 @@ bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spin
     cca_spinlock_t *solo;
     ptrmap_shard_t *s = table_lock(m, block->addr, held, &solo);
     bool ok = shard_insert(s, block);
-    shard_unlock(s, solo, held);
+    table_unlock(s, solo, held);
     return ok;
 }
 
@@ -224,7 +224,7 @@ cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
     cca_spinlock_t *solo;
     ptrmap_shard_t *s = table_lock(m, addr, held, &solo);
     cca_block_t *found = shard_find(s, addr, remove);
-    shard_unlock(s, solo, held);
+    table_unlock(s, solo, held);
     if (!found && !solo)
         found = leftover_find(m, addr, remove);
     return found;
@@ -249,7 +249,7 @@ void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spi
     cca_spinlock_t *solo;
     ptrmap_shard_t *s = table_lock(m, block->addr, held, &solo);
     bool removed = shard_remove_block(s, block);
-    shard_unlock(s, solo, held);
+    table_unlock(s, solo, held);
     if (!removed && !solo) {
         ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
         cca_spin_lock(&t->lock);
