@@ -108,6 +108,11 @@ static void solo_spill(struct cca_ptrmap *m)
             shard_insert(s, b); /* (a shard with buckets takes every block) */
         }
     }
+    if (!t->count) { /* nothing left over: its buckets are not needed again */
+        free(t->buckets);
+        t->buckets = NULL;
+        t->cap = 0;
+    }
 }
 
 void ptrmap_pool_made(struct cca_ptrmap *m, cca_spinlock_t *pool_lock)

@@ -395,6 +395,7 @@ static void run_solo_script(const char *settings, int solo_mode, uintptr_t *addr
             left = m->shards[PTRMAP_SOLO].count;
             expect_eq_u64(ptrmap_count(m, NULL), live);
             expect_eq_u64(left, solo_mode == SHARDS_HALFWAY ? 0 : live);
+            expect_true((m->shards[PTRMAP_SOLO].cap == 0) == (left == 0)); /* emptied: freed */
         }
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         int k = (int)((x >> 33) % SLOTS);
