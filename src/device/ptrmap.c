@@ -235,32 +235,20 @@ cca_block_t *ptrmap_find_held(struct cca_ptrmap *m, uintptr_t addr, bool remove,
     return found;
 }
 
-/* Take block out of table s if it is there; whether it was. */
-static bool shard_remove_block(ptrmap_shard_t *s, cca_block_t *block)
-{
-    if (!s->cap)
-        return false;
-    cca_block_t **link = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
-    while (*link && *link != block)
-        link = &(*link)->map_next;
-    if (!*link)
-        return false;
-    ptrmap_shard_unlink(s, link);
-    return true;
-}
-
+/* (Only a block held back in solo mode is taken out this way, solo_end taking the last one
+ * out before solo_spill: it is never among the solo table's leftovers.) */
 void ptrmap_remove_block(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held)
 {
     cca_spinlock_t *solo;
     ptrmap_shard_t *s = table_lock(m, block->addr, held, &solo);
-    bool removed = shard_remove_block(s, block);
-    table_unlock(s, solo, held);
-    if (!removed && !solo) {
-        ptrmap_shard_t *t = &m->shards[PTRMAP_SOLO];
-        cca_spin_lock(&t->lock);
-        shard_remove_block(t, block);
-        cca_spin_unlock(&t->lock);
+    if (s->cap) {
+        cca_block_t **link = &s->buckets[ptrmap_bucket(block->addr, s->cap)];
+        while (*link && *link != block)
+            link = &(*link)->map_next;
+        if (*link)
+            ptrmap_shard_unlink(s, link);
     }
+    table_unlock(s, solo, held);
 }
 
 cca_block_t *ptrmap_find(struct cca_ptrmap *m, uintptr_t addr, bool remove)
