@@ -222,11 +222,14 @@ static void map_undo(cca_device_t *dev, cca_segment_t *seg, size_t begin, size_t
  * Back granules [begin, end) of seg with physical memory: create, map, and
  * give the device and its peers access (PyTorch's ExpandableSegment::map).
  * All or nothing: on failure every handle made here is released and every
- * mapping undone. Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY (the device is full:
+ * mapping undone. *aliased: whether a handle mapped here is still mapped at
+ * an aliased block's old address (compact_memory: the stream's work there
+ * may be pending). Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY (the device is full:
  * PyTorch's "map returned 0 bytes"), another backend status, or
  * CCA_ERR_OUT_OF_MEMORY for host memory (with its own message).
  */
-static cca_status_t map_granules(cca_device_t *dev, cca_segment_t *seg, size_t begin, size_t end)
+static cca_status_t map_granules(cca_device_t *dev, cca_segment_t *seg, size_t begin, size_t end,
+                                 bool *aliased)
 {
     cca_backend_t *be = cca_state->backend;
     cca_expandable_t *es = seg->es;
@@ -241,6 +244,8 @@ static cca_status_t map_granules(cca_device_t *dev, cca_segment_t *seg, size_t b
     for (; created < n; created++) {
         if (es->compact && dev->lent_count) {
             handles[created] = dev->lent[--dev->lent_count]; /* unmapped for this growth */
+            if (dev->aliased && handle_aliased(dev, handles[created]))
+                *aliased = true;
             continue;
         }
         st = be->vmm_create(be->ctx, dev->index, es->granule, &handles[created]);
@@ -434,7 +439,8 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
         if (!rest)
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
     }
-    cca_status_t st = map_granules(dev, seg, begin, end);
+    bool aliased = false;
+    cca_status_t st = map_granules(dev, seg, begin, end, &aliased);
     if (st != CCA_OK) {
         if (rest)
             pool_block_delete(rest);
@@ -442,7 +448,11 @@ static cca_status_t map_block(cca_device_t *dev, cca_block_t *to_map, size_t siz
     }
     unmapped_remove(pool, to_map);
     to_map->mapped = true;
-    to_map->free_tick = 0; /* fresh or moved granules: no work of this stream on them */
+    /* fresh or moved granules: no work of this stream on them; an aliased block's handles:
+     * the stream's work at the old address may be pending, so the block is as if returned
+     * now (known done once the stream's next event completes), should it stay free (a
+     * growth failing after this map keeps it cached) and another stream's growth look at it */
+    to_map->free_tick = aliased ? ++pool->owner->free_tick : 0;
     if (rest) {
         rest->mapped = false;
         splice(rest, to_map, to_map->next);

@@ -635,6 +635,44 @@ TEST(compact_aliases_only_its_own_stream_and_settles_at_empty_cache)
     cca_shutdown();                 /* the old mappings go with the rest */
 }
 
+/*
+ * A growth of S1 that aliases S1's pending hole x and then fails on a later
+ * map of the same growth keeps x's handles mapped in a cached block, merged
+ * with a free block known done: that block counts as returned at the map, so
+ * another stream's growth leaves it alone while S1's work on x's old address
+ * may be queued (before, it took them, and S2's writes reached x).
+ */
+TEST(compact_failed_growth_keeps_aliased_handles_from_other_streams)
+{
+    setup_shared();
+    cca_device_t *dev = &cca_state->devices[0];
+    unsigned char *x = xmalloc(4 * MiB, S1);
+    void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *f = xmalloc(4 * MiB, S1);
+    cca_free(b);
+    void *s2a = xmalloc(4 * MiB, S2);            /* records S1's event (covers b): new memory */
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    void *s2b = xmalloc(4 * MiB, S2);            /* b's granules move: [x][a][hole][f] */
+    cca_free(f);
+    void *s2d = xmalloc(2 * MiB, S2);            /* records S1's event (covers f): new memory */
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    memset(x, 0x5a, 4 * MiB);                    /* S1's work on x, still queued */
+    cca_free(x);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_CREATE, 1, false, CCA_ERR_BACKEND));
+    void *p = NULL;
+    expect_true(cca_malloc(&p, 10 * MiB, S1) != CCA_OK); /* aliases x into the hole, then fails */
+    cca_sim_clear_faults(sim);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB); /* x aliased: S1's work pending */
+    unsigned char *s2c = xmalloc(8 * MiB, S2);
+    expect_true(s2c != NULL);
+    memset(s2c, 0x11, 8 * MiB);                  /* S2's work on its new block */
+    expect_eq_u64(x[0], 0x5a);                   /* x's old address: S1's data, untouched */
+    expect_true(invariants_hold());
+    void *ptrs[] = {a, s2a, s2b, s2c, s2d};
+    for (size_t i = 0; i < 5; i++)
+        cca_free(ptrs[i]);
+    cca_shutdown();
+}
+
 int main(void)
 {
     cca_register_output(NULL, NULL);
@@ -652,5 +690,6 @@ int main(void)
     RUN(compact_aliases_pending_granules_of_its_own_stream);
     RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
+    RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
     return harness_done();
 }
