@@ -266,8 +266,8 @@ cca_block_t *ptrmap_find_containing(struct cca_ptrmap *m, uintptr_t addr)
             cca_spin_lock(&s->lock);
         for (size_t j = 0; j < s->cap && !found; j++)
             for (cca_block_t *b = s->buckets[j]; b; b = b->map_next)
-                if (addr >= b->addr && addr < b->addr + b->size) {
-                    found = b;
+                if (addr >= b->addr && addr < b->addr + b->size && (!b->pool || b->allocated)) {
+                    found = b; /* (solo mode keeps a held-back free in the map: not live) */
                     break;
                 }
         if (!solo)

@@ -811,6 +811,16 @@ TEST(held_block_in_the_map)
     expect_ok(cca_free(h));
     cca_stream_pool_t *sp = pool_of_lock(ptrmap_solo(cca_state->ptrmap));
     expect_true(sp->small.held && sp->small.held->addr == (uintptr_t)h && sp->small.held_in_map);
+    /* held, in the map, not live: no base allocation, at it or inside it, and no message
+     * naming it as the block a pointer lies in (the lookup by range once found it) */
+    void *held_base = NULL;
+    size_t held_size = 0;
+    expect_status(cca_get_base_allocation(h, &held_base, &held_size), CCA_ERR_INVALID_POINTER);
+    expect_status(cca_get_base_allocation(h + 100, &held_base, &held_size), CCA_ERR_INVALID_POINTER);
+    expect_true(held_base == NULL && held_size == 0);
+    expect_status(cca_record_stream(h + 256, S1), CCA_ERR_INVALID_POINTER);
+    expect_true(strstr(cca_last_error()->message, "inside the block") == NULL);
+    expect_true(sp->small.held && sp->small.held_in_map); /* still held: nothing changed */
     expect_status(cca_free(h), CCA_ERR_INVALID_POINTER);      /* a double free */
     expect_status(cca_free(h + 512), CCA_ERR_INVALID_POINTER);
     expect_status(cca_record_stream(h, S1), CCA_ERR_INVALID_POINTER);
