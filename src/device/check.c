@@ -532,9 +532,13 @@ typedef struct pool_list {
 } pool_list_t;
 
 /*
- * Lock a device and all its stream pools, in the allocator's order, and list
- * the pools (the device lock keeps the table fixed); or unlock them. False:
- * no host memory for the list (nothing is left locked).
+ * Lock all stream pools of a device whose lock the caller holds, in the
+ * allocator's order, and list the pools (the device lock keeps the table
+ * fixed); or unlock them (the device lock stays held). Every device's lock is
+ * taken before any pool's: the allocator takes a pool lock of one device while
+ * holding another's device lock (ptrmap_pool_made ends solo mode from the
+ * first pool of a second device). False: no host memory for the list
+ * (nothing of this device but its lock is left locked).
  */
 static void list_private(cca_stream_pool_t *sp, void *arg)
 {
@@ -545,13 +549,10 @@ static void list_private(cca_stream_pool_t *sp, void *arg)
 static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
 {
     if (lock) {
-        pthread_mutex_lock(&dev->lock);
         list->count = 0;
         list->pools = malloc((dev->pool_count + pools_stream_pool_count(dev) + 1) * sizeof(*list->pools));
-        if (!list->pools) {
-            pthread_mutex_unlock(&dev->lock);
+        if (!list->pools)
             return false;
-        }
         for (size_t i = 0; i < dev->pool_table_cap && list->count < dev->pool_count; i++) {
             cca_stream_pool_t *sp = atomic_load(&dev->pool_table[i]);
             if (sp)
@@ -571,7 +572,6 @@ static bool lock_device(cca_device_t *dev, pool_list_t *list, bool lock)
     } else {
         stats_unlock(dev);
         pthread_mutex_unlock(&dev->events_lock);
-        pthread_mutex_unlock(&dev->lock);
         free(list->pools);
         list->pools = NULL;
     }
@@ -590,6 +590,8 @@ cca_status_t device_check_invariants(char *why, size_t why_len)
     size_t pooled_allocated = 0;
     pool_list_t lists[CCA_MAX_DEVICES];
     int locked = 0;
+    for (int d = 0; d < S->device_count; d++)
+        pthread_mutex_lock(&S->devices[d].lock);
     while (locked < S->device_count && lock_device(&S->devices[locked], &lists[locked], true))
         locked++;
     if (locked < S->device_count)
@@ -637,6 +639,8 @@ cca_status_t device_check_invariants(char *why, size_t why_len)
     }
     for (int d = locked - 1; d >= 0; d--)
         lock_device(&S->devices[d], &lists[d], false);
+    for (int d = S->device_count - 1; d >= 0; d--)
+        pthread_mutex_unlock(&S->devices[d].lock);
     free(c.seen);
     if (!c.failed)
         return CCA_OK;

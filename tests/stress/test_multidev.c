@@ -12,10 +12,12 @@
  * sleeps. STRESS_OPS overrides the operations per thread.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "device.h"
@@ -256,8 +258,71 @@ TEST(cuda_malloc_async_on_four_devices)
     run("backend:cudaMallocAsync");
 }
 
+/*
+ * The invariant checker (which locks every device and every stream pool) in a
+ * loop on one thread while the main thread makes the first stream pool of
+ * device 1, device 0's only pool in solo mode: making it ends solo mode, which
+ * takes device 0's pool lock under device 1's lock. The checker took device 0's
+ * lock and pools, then waited for device 1's lock: a deadlock (under
+ * CCA_DEBUG_LEVEL=3, where the checker runs after every call), caught here by
+ * the alarm. It now takes every device's lock before any pool's.
+ */
+static atomic_int checker_stop, checker_rounds;
+
+static void *checker_loop(void *arg)
+{
+    (void)arg;
+    char why[256];
+    while (!atomic_load(&checker_stop)) {
+        if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+        atomic_fetch_add(&checker_rounds, 1);
+    }
+    return NULL;
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char m[] = "checker_beside_a_second_devices_first_pool: no progress in 120 s\n";
+    ssize_t w = write(2, m, sizeof(m) - 1);
+    (void)w;
+    _exit(1);
+}
+
+TEST(checker_beside_a_second_devices_first_pool)
+{
+    signal(SIGALRM, on_alarm);
+    alarm(120);
+    atomic_store(&errors, 0);
+    for (int round = 0; round < 100; round++) {
+        cca_sim_config_t cfg = {0};
+        cfg.devices = 2;
+        cfg.total_memory = 1ull << 30;
+        expect_ok(cca_sim_create(&cfg, &sim));
+        expect_ok(cca_init_with_backend(sim, ""));
+        void *p = NULL, *q = NULL;
+        expect_ok(cca_malloc_device(&p, 4 * KiB, 0, NULL)); /* device 0's pool: solo mode */
+        atomic_store(&checker_stop, 0);
+        atomic_store(&checker_rounds, 0);
+        pthread_t t;
+        expect_true(pthread_create(&t, NULL, checker_loop, NULL) == 0);
+        while (atomic_load(&checker_rounds) == 0) /* the checker under way */
+            ;
+        expect_ok(cca_malloc_device(&q, 4 * KiB, 1, NULL)); /* device 1's first pool */
+        atomic_store(&checker_stop, 1);
+        pthread_join(t, NULL);
+        expect_ok(cca_free(q));
+        expect_ok(cca_free(p));
+        cca_shutdown();
+    }
+    alarm(0);
+    expect_eq_u64(atomic_load(&errors), 0);
+}
+
 int main(void)
 {
+    RUN(checker_beside_a_second_devices_first_pool);
     RUN(native_allocators_on_four_devices);
     RUN(cuda_malloc_async_on_four_devices);
     return harness_done();
