@@ -446,6 +446,9 @@ cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
 /* Insert a block keyed by its address. Returns false on allocation failure. held: a
  * stream pool lock the caller holds (or NULL); _held calls take no lock it stands for. */
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block);
+/* Make sure that inserting a block at addr cannot fail for want of host memory (the tables
+ * it could go to have buckets; a table never gives them back). False: no host memory. */
+bool ptrmap_reserve(struct cca_ptrmap *m, uintptr_t addr);
 bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spinlock_t *held);
 /* Solo mode's lookup and unlink without a call, and an insert inline: ptrmap.h. */
 /* Take block itself out of the map (a held block kept there; held: as for _held). */
@@ -968,6 +971,14 @@ void ops_again_counts(cca_stream_pool_t *sp, int type, uint64_t n, int64_t size,
 
 /* A block struct of the heap (pool_block_new's, when the pool has no spare); NULL: none. */
 cca_block_t *pool_block_struct(void);
+/* Tests: the n-th host allocation from now among the stream pools' block structs, the
+ * pointer map's buckets and a checkpoint restore's lists fails (0: none), as it would with
+ * the host out of memory; pool_host_alloc_fails asks before each. */
+void pool_test_fail_host_alloc(long n);
+bool pool_host_alloc_fails(void);
+/* At least n block structs among sp's spares, so that n splits cannot fail for want of
+ * host memory (pool lock held). False: no host memory (those made are kept). */
+bool pool_spares_reserve(cca_stream_pool_t *sp, size_t n);
 
 /*
  * A block struct from the stream pool's spares, or a new one (pool lock

@@ -18,9 +18,38 @@
 /* ---- block structs ---------------------------------------------------------- */
 
 /* A block struct of the heap, for pool_block_new when the stream pool has no spare. */
+static _Atomic long host_alloc_countdown; /* tests (pool_test_fail_host_alloc) */
+
+void pool_test_fail_host_alloc(long n)
+{
+    atomic_store_explicit(&host_alloc_countdown, n, memory_order_relaxed);
+}
+
+bool pool_host_alloc_fails(void)
+{
+    long n = atomic_load_explicit(&host_alloc_countdown, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(&host_alloc_countdown, &n, n - 1,
+                                                           memory_order_relaxed, memory_order_relaxed))
+        ;
+    return n == 1;
+}
+
 cca_block_t *pool_block_struct(void)
 {
-    return malloc(sizeof(cca_block_t));
+    return pool_host_alloc_fails() ? NULL : malloc(sizeof(cca_block_t));
+}
+
+bool pool_spares_reserve(cca_stream_pool_t *sp, size_t n)
+{
+    while (sp->spare_count < n) {
+        cca_block_t *b = pool_block_struct();
+        if (!b)
+            return false;
+        b->bin_next = sp->spare_blocks;
+        sp->spare_blocks = b;
+        sp->spare_count++;
+    }
+    return true;
 }
 
 /* ---- stream pools --------------------------------------------------------- */

@@ -245,7 +245,7 @@ static bool list_push(void ***list, size_t *count, size_t *cap, void *p)
 {
     if (*count == *cap) {
         size_t ncap = *cap ? *cap * 2 : 16;
-        void **grown = realloc(*list, ncap * sizeof(*grown));
+        void **grown = pool_host_alloc_fails() ? NULL : realloc(*list, ncap * sizeof(*grown));
         if (!grown)
             return false;
         *list = grown;
@@ -253,6 +253,61 @@ static bool list_push(void ***list, size_t *count, size_t *cap, void *p)
     }
     (*list)[(*count)++] = p;
     return true;
+}
+
+/* Room for n pointers in a list, so that n pushes cannot fail. False: out of host memory. */
+static bool list_reserve(void ***list, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return true;
+    void **grown = pool_host_alloc_fails() ? NULL : realloc(*list, n * sizeof(*grown));
+    if (!grown)
+        return false;
+    *list = grown;
+    *cap = n;
+    return true;
+}
+
+/*
+ * Before a restore changes anything (device lock held; every checkpoint
+ * segment found in the pool), what it could otherwise fail for halfway for
+ * want of host memory: room in the delta's lists, block structs for the
+ * checkpoint segments' splits (their stream pools' spares), buckets for the
+ * pointer map's inserts. Returns CCA_OK, or CCA_ERR_OUT_OF_MEMORY with the
+ * pool unchanged.
+ */
+static cca_status_t checkpoint_reserve(cca_device_t *dev, cca_private_pool_t *pp,
+                                       const cca_pool_state_t *state, cca_checkpoint_delta_t *d,
+                                       size_t *freed_cap, size_t *allocated_cap)
+{
+    size_t live = 0, kept = 0;
+    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
+        if (segment_in_pool(seg, pp))
+            for (const cca_block_t *b = seg->head; b; b = b->next)
+                live += b->allocated;
+    for (size_t i = 0; i < state->segment_count; i++)
+        for (size_t j = 0; j < state->segments[i].block_count; j++)
+            kept += state->segments[i].blocks[j].allocated;
+    if (!list_reserve(&d->freed, freed_cap, live) || !list_reserve(&d->allocated, allocated_cap, kept))
+        goto oom;
+    for (size_t i = 0; i < state->segment_count; i++) {
+        const ckpt_segment_t *cs = &state->segments[i];
+        cca_stream_pool_t *sp = checkpoint_segment_locked(dev, pp, cs)->head->pool->owner;
+        size_t splits = 0; /* every segment of sp's: one struct per block at most */
+        for (size_t k = 0; k < state->segment_count; k++)
+            if (checkpoint_segment_locked(dev, pp, &state->segments[k])->head->pool->owner == sp)
+                splits += state->segments[k].block_count;
+        pool_lock(sp);
+        bool ok = pool_spares_reserve(sp, splits);
+        cca_spin_unlock(&sp->lock);
+        for (size_t j = 0; ok && j < cs->block_count; j++)
+            ok = ptrmap_reserve(cca_state->ptrmap, cs->blocks[j].addr);
+        if (!ok)
+            goto oom;
+    }
+    return CCA_OK;
+oom:
+    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
 }
 
 /*
@@ -321,12 +376,21 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     for (cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
-        for (cca_block_t *b = seg->head; b; b = b->next)
+        for (cca_block_t *b = seg->head; b; b = b->next) {
             if (b->allocated && shared_holds(b->addr)) {
                 st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is mapped by "
                                "another process (IPC); it cannot be freed now", what, b->addr);
                 goto out_unlock;
             }
+            /* nor one used on other streams: its free would wait for their events, and
+             * the restore would hand it out again while it waits (PyTorch fails then) */
+            if (b->allocated && b->stream_use_count) {
+                st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is in use on "
+                               "other streams (record_stream); free it, or restore once it is "
+                               "freed and its streams are done", what, b->addr);
+                goto out_unlock;
+            }
+        }
     }
     /* every segment of the checkpoint must still be the pool's, as it was */
     for (size_t i = 0; i < state->segment_count; i++)
@@ -335,6 +399,9 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
                            "no longer in the pool", what, state->segments[i].base);
             goto out_unlock;
         }
+    st = checkpoint_reserve(dev, pp, state, &d, &freed_cap, &allocated_cap);
+    if (st != CCA_OK)
+        goto out_unlock;
     /* free every block of the pool allocated now (PyTorch's freeBlocksAllocatedToPool);
      * a free merges neighbours, so each segment is walked again from its head */
     for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {

@@ -49,7 +49,7 @@ void ptrmap_destroy(struct cca_ptrmap *m)
 static bool shard_grow(ptrmap_shard_t *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
-    cca_block_t **buckets = calloc(cap, sizeof(*buckets));
+    cca_block_t **buckets = pool_host_alloc_fails() ? NULL : calloc(cap, sizeof(*buckets));
     if (!buckets)
         return false;
     for (size_t i = 0; i < s->cap; i++) {
@@ -199,6 +199,20 @@ bool ptrmap_insert_held(struct cca_ptrmap *m, cca_block_t *block, const cca_spin
 bool ptrmap_insert(struct cca_ptrmap *m, cca_block_t *block)
 {
     return ptrmap_insert_held(m, block, NULL);
+}
+
+bool ptrmap_reserve(struct cca_ptrmap *m, uintptr_t addr)
+{
+    cca_spinlock_t *solo;
+    ptrmap_shard_t *t = table_lock(m, addr, NULL, &solo);
+    bool ok = t->cap || shard_grow(t);
+    if (ok && solo) { /* the shard too, should solo mode end before the insert (the solo
+                       * lock held: nobody else uses the shards meanwhile) */
+        ptrmap_shard_t *s = &m->shards[ptrmap_shard_of(addr)];
+        ok = s->cap || shard_grow(s);
+    }
+    table_unlock(t, solo, NULL);
+    return ok;
 }
 
 static cca_block_t *shard_find(ptrmap_shard_t *s, uintptr_t addr, bool remove)

@@ -597,6 +597,128 @@ TEST(checkpoint_refuses_blocks_shared_by_ipc)
     cca_shutdown();
 }
 
+/*
+ * A block allocated now and used on another stream (record_stream): its free
+ * would wait for that stream's event, and the restore handed it out again as
+ * the caller's while it waited, so the event's completion freed the caller's
+ * live block and the pool gave its address out twice. The restore is refused,
+ * nothing changed; once the block is freed and its stream done it goes ahead.
+ */
+TEST(checkpoint_refuses_blocks_used_on_other_streams)
+{
+    setup(0, true); /* manual events: S2's event stays pending until completed */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(2 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state)); /* a allocated */
+    expect_ok(cca_record_stream(a, S2));
+    cca_device_stats_t before = stats(0);
+    cca_checkpoint_delta_t delta;
+    memset(&delta, 0, sizeof(delta));
+    expect_status(cca_pool_set_checkpoint(0, state, &delta), CCA_ERR_BUSY);
+    expect_contains(cca_last_error()->message, "record_stream");
+    cca_device_stats_t after = stats(0);
+    expect_true(memcmp(&before.allocation, &after.allocation, sizeof(before.allocation)) == 0);
+    expect_true(memcmp(&before.active, &after.active, sizeof(before.active)) == 0);
+    expect_valid();
+    /* S2's work ends: the pool must not hand out a's address while a is the caller's */
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, true));
+    void *b = xmalloc(512, S1); /* (the default pools: completed events are processed) */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *c = xmalloc(2 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_true(c != NULL && c != a);
+    expect_valid();
+    expect_ok(cca_free(c));
+    expect_ok(cca_free(a)); /* waits for S2's new event */
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, true));
+    expect_ok(cca_free(b));
+    b = xmalloc(512, S1); /* processes a's event: a back in the pool */
+    expect_ok(cca_pool_set_checkpoint(0, state, &delta)); /* a allocated again */
+    expect_eq_u64(delta.allocated_count, 1);
+    if (delta.allocated_count == 1)
+        expect_eq_ptr(delta.allocated[0], a);
+    cca_checkpoint_delta_free(&delta);
+    cca_pool_state_free(state);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(b));
+    expect_ok(cca_release_pool(0, G1)); /* the two routes' uses */
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+/*
+ * A restore that runs out of host memory changes nothing: everything it
+ * could fail for (its lists, block structs, the pointer map's buckets) is
+ * made before it frees a block. Each run fails the k-th host allocation of
+ * those kinds; until one passes, the program's blocks must still be its own
+ * (the pool's live allocations, the statistics, the invariants). Before,
+ * such a failure freed the program's blocks and left others allocated that
+ * nobody held.
+ */
+TEST(checkpoint_restore_out_of_host_memory_changes_nothing)
+{
+    bool restored = false;
+    long refused = 0;
+    for (long k = 1; k < 64 && !restored; k++) {
+        setup(0, false);
+        /* the checkpoint: a and c allocated, b free, in one segment */
+        expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+        void *a = xmalloc(2 * MiB, S1), *b = xmalloc(2 * MiB, S1), *c = xmalloc(2 * MiB, S1);
+        expect_ok(cca_free(b));
+        expect_ok(cca_end_allocate_to_pool(0, G1));
+        cca_pool_state_t *state = NULL;
+        expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+        /* since: a freed, d made in a segment of its own; the program holds c and d */
+        expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+        expect_ok(cca_free(a));
+        void *d = xmalloc(12 * MiB, S1);
+        expect_ok(cca_end_allocate_to_pool(0, G1));
+        cca_device_stats_t before = stats(0);
+        cca_checkpoint_delta_t delta;
+        memset(&delta, 0, sizeof(delta));
+        pool_test_fail_host_alloc(k);
+        cca_status_t st = cca_pool_set_checkpoint(0, state, &delta);
+        pool_test_fail_host_alloc(0);
+        if (st == CCA_OK) { /* no k-th allocation was left to fail */
+            restored = true;
+            expect_eq_u64(delta.freed_count, 2);
+            expect_eq_u64(delta.allocated_count, 2);
+            for (size_t i = 0; i < delta.allocated_count; i++)
+                expect_ok(cca_free(delta.allocated[i]));
+            cca_checkpoint_delta_free(&delta);
+        } else {
+            refused++;
+            expect_status(st, CCA_ERR_OUT_OF_MEMORY);
+            void *held[2] = {c, d};
+            bool same = false;
+            expect_ok(cca_pool_check_live_allocations(0, G1, held, 2, &same));
+            expect_true(same);
+            cca_device_stats_t after = stats(0);
+            expect_true(memcmp(&before.allocation, &after.allocation, sizeof(before.allocation)) == 0);
+            expect_true(memcmp(&before.allocated_bytes, &after.allocated_bytes,
+                               sizeof(before.allocated_bytes)) == 0);
+            expect_valid();
+            expect_ok(cca_free(c));
+            expect_ok(cca_free(d));
+        }
+        cca_pool_state_free(state);
+        expect_ok(cca_release_pool(0, G1)); /* the two routes' uses */
+        expect_ok(cca_release_pool(0, G1));
+        expect_ok(cca_empty_cache());
+        expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+        expect_valid();
+        cca_shutdown();
+    }
+    expect_true(restored);
+    printf("  %ld restores refused for want of host memory before one went through\n", refused);
+    expect_true(refused >= 2); /* the lists' room at least */
+}
+
 TEST(misuse_changes_nothing)
 {
     setup(0, false);
@@ -1012,6 +1134,8 @@ int main(void)
     RUN(checkpoint_restore);
     RUN(checkpoint_refuses_changed_segments);
     RUN(checkpoint_refuses_blocks_shared_by_ipc);
+    RUN(checkpoint_refuses_blocks_used_on_other_streams);
+    RUN(checkpoint_restore_out_of_host_memory_changes_nothing);
     RUN(misuse_changes_nothing);
     RUN(replay_of_graph_and_mempool_traces);
     RUN(pool_allocator_segments);
