@@ -96,6 +96,8 @@ typedef struct ipc_segment {
     uintptr_t base;
     size_t size;             /* expandable: bytes mapped at base */
     size_t opens;            /* opened blocks in it */
+    bool unmapped;           /* expandable: its granules unmapped by a close whose
+                                reservation's release failed (retried by the next) */
     struct ipc_segment *next;
 } ipc_segment_t;
 
@@ -478,6 +480,14 @@ static cca_status_t parse_handle(const char *what, const void *buf, size_t len, 
     if (w->kind != IPC_KIND_SEGMENT && w->kind != IPC_KIND_EXPANDABLE)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: unknown kind of IPC handle, or a corrupt "
                          "one", what);
+    if (w->kind == IPC_KIND_SEGMENT && w->granules != 0)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: a segment's handle naming granules: "
+                         "corrupt", what);
+    /* the head's bytes past its fields are zero as made (the check covers the fields) */
+    for (size_t i = sizeof(*w); i < CCA_IPC_HANDLE_SIZE; i++)
+        if (((const unsigned char *)buf)[i])
+            return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: not a cca IPC handle, or a corrupt "
+                             "one", what);
     uint32_t granules = w->kind == IPC_KIND_EXPANDABLE ? w->granules : 0;
     if (granules > IPC_MAX_GRANULES || len != handle_length(granules))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: a handle of %zu bytes, %s: truncated, "
@@ -516,8 +526,8 @@ static cca_status_t open_parsed(const ipc_wire_t *handle_wire, const int32_t *fd
                          (int)w.device, cca_state->device_count);
     if (w.ref_pid == (int32_t)getpid())
         return bad_handle("the handle was made by this process: use the pointer itself");
-    if (w.offset >= w.segment_size)
-        return bad_handle("the block's offset lies outside its segment");
+    if (w.offset >= w.segment_size || w.size > w.segment_size - w.offset)
+        return bad_handle("the block lies outside its segment");
     ipc_open_t *o = calloc(1, sizeof(*o));
     if (!o)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for IPC bookkeeping");
@@ -659,26 +669,34 @@ cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle)
     return cca_ipc_release_handle_bytes(handle->bytes, sizeof(handle->bytes));
 }
 
-/* Drop one open of seg; unmap it after the last (ipc_lock held). */
+/* Drop one open of seg; unmap it after the last (ipc_lock held). Where the backend fails,
+ * the open stays (seg as it was, but for granules already unmapped): a later close retries. */
 static cca_status_t segment_put_locked(ipc_segment_t *seg)
 {
-    if (--seg->opens)
+    if (seg->opens > 1) {
+        seg->opens--;
         return CCA_OK;
-    ipc_segment_t **link = &segments;
-    while (*link != seg)
-        link = &(*link)->next;
-    *link = seg->next;
+    }
     cca_backend_t *be = cca_state->backend;
-    cca_status_t st;
+    cca_status_t st = CCA_OK;
     if (seg->granules) {
-        st = be->vmm_unmap(be->ctx, seg->device, (void *)seg->base, seg->size);
+        if (!seg->unmapped) {
+            st = be->vmm_unmap(be->ctx, seg->device, (void *)seg->base, seg->size);
+            seg->unmapped = st == CCA_OK;
+        }
         if (st == CCA_OK)
             st = be->vmm_free(be->ctx, seg->device, (void *)seg->base, seg->size);
     } else {
         st = be->ipc_close(be->ctx, seg->device, (void *)seg->base);
     }
+    if (st != CCA_OK)
+        return st;
+    ipc_segment_t **link = &segments;
+    while (*link != seg)
+        link = &(*link)->next;
+    *link = seg->next;
     free(seg);
-    return st;
+    return CCA_OK;
 }
 
 cca_status_t cca_ipc_close(void *ptr)
@@ -698,15 +716,18 @@ cca_status_t cca_ipc_close(void *ptr)
                          "closed already",
                          ptr);
     }
-    *link = o->next;
     cca_status_t st = segment_put_locked(o->segment);
+    if (st != CCA_OK) { /* still mapped: the open and its reference stay, for a retry */
+        pthread_mutex_unlock(&ipc_lock);
+        return st;
+    }
+    *link = o->next;
     pthread_mutex_unlock(&ipc_lock);
     /* Best effort, as PyTorch: a producer that exited has nothing left to free. */
     (void)shmcount_release_foreign(&o->ref);
     free(o);
-    if (st == CCA_OK)
-        cca_clear_error();
-    return st;
+    cca_clear_error();
+    return CCA_OK;
 }
 
 size_t ipc_open_count(void)
@@ -725,7 +746,14 @@ void ipc_shutdown(void)
     while (opens) {
         ipc_open_t *o = opens;
         opens = o->next;
-        (void)segment_put_locked(o->segment);
+        ipc_segment_t *seg = o->segment;
+        if (segment_put_locked(seg) != CCA_OK) { /* best effort: the backend goes too */
+            ipc_segment_t **link = &segments;
+            while (*link != seg)
+                link = &(*link)->next;
+            *link = seg->next;
+            free(seg);
+        }
         (void)shmcount_release_foreign(&o->ref);
         free(o);
     }

@@ -832,6 +832,154 @@ TEST(async_backend_refuses)
     expect_ok(cca_free(p));
 }
 
+/* ---- forged handles, a close that fails ---- */
+
+/* The handle's head as src/ipc/ipc.c lays it out, to forge handles whose check holds. */
+typedef struct forged_wire {
+    char magic[8];
+    uint32_t kind;
+    int32_t device;
+    int32_t ref_pid, ref_fd;
+    uint32_t ref_slot, granules;
+    uint64_t ref_serial, ticket, offset, size, segment_size;
+    unsigned char backend[64], event[64];
+    uint64_t check;
+} forged_wire_t;
+
+/* The check recomputed over the head's fields (a segment's handle has no tail). */
+static void forged_reseal(cca_ipc_mem_handle_t *h)
+{
+    forged_wire_t w;
+    memcpy(&w, h->bytes, sizeof(w));
+    uint64_t x = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < offsetof(forged_wire_t, check); i++) {
+        x ^= h->bytes[i];
+        x *= 0x100000001b3ull;
+    }
+    w.check = x;
+    memcpy(h->bytes, &w, sizeof(w));
+}
+
+static void forged_child(int rfd)
+{
+    setup(true, 0, "");
+    msg_t m = recv_msg(rfd);
+    void *q = NULL;
+    size_t size = 0;
+    uint64_t opens = cca_sim_call_count(sim, CCA_OP_IPC_OPEN);
+    /* a segment's handle naming granules: its close would take the expandable path */
+    cca_ipc_mem_handle_t f = m.handle[0];
+    ((forged_wire_t *)f.bytes)->granules = 1;
+    forged_reseal(&f);
+    expect_status(cca_ipc_open(&f, NULL, &q, &size), CCA_ERR_INVALID_ARGUMENT);
+    /* a block that does not fit its segment: the opener would be told to use bytes past it */
+    f = m.handle[1];
+    forged_wire_t *w = (forged_wire_t *)f.bytes;
+    w->size = w->segment_size - w->offset + 1;
+    forged_reseal(&f);
+    expect_status(cca_ipc_open(&f, NULL, &q, &size), CCA_ERR_INVALID_ARGUMENT);
+    /* the head's last byte, past its fields, altered */
+    f = m.handle[2];
+    f.bytes[CCA_IPC_HANDLE_SIZE - 1] ^= 0x5a;
+    expect_status(cca_ipc_open(&f, NULL, &q, &size), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_IPC_OPEN), opens); /* nothing opened */
+    expect_eq_u64(ipc_open_count(), 0);
+    /* the true handles open, and close with the backend's close */
+    for (int i = 0; i < 3; i++) {
+        expect_ok(cca_ipc_open(&m.handle[i], NULL, &q, &size));
+        expect_eq_u64(size, i == 1 ? MiB / 2 : MiB);
+        expect_ok(cca_ipc_close(q));
+    }
+    expect_eq_u64(ipc_open_count(), 0);
+    cca_shutdown();
+}
+
+TEST(forged_handles_refused)
+{
+    int down[2];
+    if (pipe(down)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        forged_child(down[0]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    setup(true, 0, "");
+    void *p[3];
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    for (int i = 0; i < 3; i++) {
+        expect_ok(cca_malloc(&p[i], i == 1 ? MiB / 2 : MiB, NULL));
+        expect_ok(cca_ipc_get_handle(p[i], NULL, &m.handle[i]));
+    }
+    send_msg(down[1], &m);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(down[1]);
+    for (int i = 0; i < 3; i++)
+        expect_ok(cca_free(p[i]));
+    cca_ipc_collect(NULL);
+}
+
+/* A close whose unmap fails keeps the open (still mapped, its reference held): a second close
+ * unmaps and releases it. Before, the open was dropped and the mapping lost. */
+static void close_fault_child(int rfd)
+{
+    setup(true, 0, "expandable_segments:True");
+    uint64_t live = vmm_live();
+    msg_t m = recv_msg(rfd);
+    void *q = NULL;
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &q, NULL));
+    expect_true(vmm_live() > live);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_UNMAP, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_ipc_close(q), CCA_ERR_BACKEND);
+    cca_sim_clear_faults(sim);
+    expect_eq_u64(ipc_open_count(), 1);
+    expect_ok(cca_ipc_close(q));
+    expect_eq_u64(ipc_open_count(), 0);
+    expect_eq_u64(vmm_live(), live);
+    expect_status(cca_ipc_close(q), CCA_ERR_INVALID_POINTER); /* closed now */
+    cca_shutdown();
+}
+
+TEST(failed_close_is_retried)
+{
+    int down[2];
+    if (pipe(down)) {
+        HARNESS_FAIL("pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        close_fault_child(down[0]);
+        fflush(stdout);
+        _exit(harness_current_failed ? 1 : 0);
+    }
+    close(down[0]);
+    setup(true, 0, "expandable_segments:True");
+    void *p = NULL;
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    expect_ok(cca_malloc(&p, 3 * MiB, NULL));
+    expect_ok(cca_ipc_get_handle(p, NULL, &m.handle[0]));
+    send_msg(down[1], &m);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(down[1]);
+    expect_ok(cca_free(p)); /* the consumer released its reference: freed at once */
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
 int main(void)
 {
     RUN(two_processes_share_both_ways);
@@ -843,6 +991,8 @@ int main(void)
     RUN(unshared_blocks_free_at_once);
     RUN(expandable_segments_refuse);
     RUN(async_backend_refuses);
+    RUN(forged_handles_refused);
+    RUN(failed_close_is_retried);
     cca_shutdown();
     return harness_done();
 }
