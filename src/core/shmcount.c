@@ -31,6 +31,7 @@ typedef struct shm_slot {
 #define SHM_FILE_BYTES (SHMCOUNT_SLOTS * sizeof(shm_slot_t))
 
 typedef struct shm_file {
+    pid_t pid; /* the process that made it (a forked child inherits the list, not the file) */
     int fd;
     shm_slot_t *slots;
     uint64_t used[SHMCOUNT_SLOTS / 64]; /* bit: slot taken */
@@ -79,8 +80,16 @@ static cca_status_t new_file(shm_file_t **out)
                          strerror(e));
     }
     f->slots = m;
+    f->pid = getpid();
     *out = f;
     return CCA_OK;
+}
+
+/* Whether f is this process's own file: a forked child's copy of the list names its parent's
+ * files, whose slots count the parent's references; the child neither takes nor gives them. */
+static bool own_file(const shm_file_t *f)
+{
+    return f->pid == getpid();
 }
 
 cca_status_t shmcount_take(shmcount_ref_t *ref)
@@ -88,7 +97,7 @@ cca_status_t shmcount_take(shmcount_ref_t *ref)
     pthread_mutex_lock(&own_lock);
     cca_status_t st = CCA_OK;
     shm_file_t *f = own_files;
-    while (f && f->used_count == SHMCOUNT_SLOTS)
+    while (f && (f->used_count == SHMCOUNT_SLOTS || !own_file(f)))
         f = f->next;
     if (!f) {
         st = new_file(&f);
@@ -121,7 +130,7 @@ out_unlock:
 static shm_slot_t *own_slot_locked(const shmcount_ref_t *ref)
 {
     for (shm_file_t *f = own_files; f; f = f->next)
-        if (f->fd == ref->fd && ref->slot < SHMCOUNT_SLOTS &&
+        if (f->fd == ref->fd && ref->slot < SHMCOUNT_SLOTS && own_file(f) &&
             atomic_load(&f->slots[ref->slot].serial) == ref->serial)
             return &f->slots[ref->slot];
     return NULL;
@@ -149,7 +158,7 @@ void shmcount_give_back(const shmcount_ref_t *ref)
 {
     pthread_mutex_lock(&own_lock);
     for (shm_file_t *f = own_files; f; f = f->next) {
-        if (f->fd != ref->fd || ref->slot >= SHMCOUNT_SLOTS)
+        if (f->fd != ref->fd || ref->slot >= SHMCOUNT_SLOTS || !own_file(f))
             continue;
         uint64_t bit = (uint64_t)1 << (ref->slot % 64);
         if ((f->used[ref->slot / 64] & bit) &&
@@ -241,7 +250,7 @@ void shmcount_shutdown(void)
     shm_file_t **link = &own_files;
     while (*link) {
         shm_file_t *f = *link;
-        if (f->used_count) { /* slots still taken: keep the file */
+        if (f->used_count && own_file(f)) { /* slots still taken: keep the file */
             link = &f->next;
             continue;
         }

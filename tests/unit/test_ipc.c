@@ -980,6 +980,44 @@ TEST(failed_close_is_retried)
     expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
 }
 
+/*
+ * A forked child that shuts cca down (a worker done with it) must leave the
+ * parent's IPC references alone: it inherits the list of the parent's counter
+ * files, and its shutdown gave their slots back, so the parent's free of a
+ * block a consumer still held no longer waited.
+ */
+TEST(forked_child_leaves_parent_references)
+{
+    setup(true, 0, "");
+    void *p = NULL;
+    cca_ipc_mem_handle_t h;
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    expect_ok(cca_ipc_get_handle(p, NULL, &h)); /* one reference, held for a consumer */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *q = NULL; /* the child shares a block of its own too: a file of its own */
+        cca_ipc_mem_handle_t hq;
+        bool ok = cca_malloc(&q, MiB, NULL) == CCA_OK && cca_ipc_get_handle(q, NULL, &hq) == CCA_OK &&
+                  cca_ipc_release_handle(&hq) == CCA_OK && cca_free(q) == CCA_OK;
+        cca_shutdown();
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int64_t before = allocated(0);
+    expect_ok(cca_free(p)); /* the handle still holds the block: the free waits */
+    expect_eq_i64(allocated(0), before);
+    size_t pending = 0;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    expect_ok(cca_ipc_release_handle(&h)); /* the consumer's reference let go */
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), before - (int64_t)MiB);
+}
+
 int main(void)
 {
     RUN(two_processes_share_both_ways);
@@ -993,6 +1031,7 @@ int main(void)
     RUN(async_backend_refuses);
     RUN(forged_handles_refused);
     RUN(failed_close_is_retried);
+    RUN(forked_child_leaves_parent_references);
     cca_shutdown();
     return harness_done();
 }
