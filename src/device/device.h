@@ -778,6 +778,9 @@ void stats_log_release(cca_stream_pool_t *sp);
 /* Whether pools may log (the clock fine and cheap enough): 0 asks the clock again, 1 yes,
  * 2 no (tests; stats.c). */
 void stats_clock_set_usable(int usable);
+/* Whether n clock reads taken in a row show a clock fine enough to order the logs' entries:
+ * each later than the one before (no tick spans a read), under 500 ns a read (stats.c). */
+bool stats_clock_reads_fine(const uint64_t *reads, size_t n);
 
 /* An operation's d (ops_apply) by value: the logged mode's copy, so that ops_apply's d
  * itself never needs a place in memory and stays in registers on the other modes' paths. */

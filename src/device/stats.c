@@ -80,6 +80,21 @@ static inline void stats_clock_fence(void)
     atomic_thread_fence(memory_order_seq_cst);
 }
 
+/*
+ * After the store that says a log is stamping (or the exchange entering a new
+ * log), before the clock read: the store seen by every core first, so a merger
+ * whose clock read comes after this one's sees it. x86's locked exchange drains
+ * the store buffer and the clock read is ordered after it; on aarch64 the
+ * exchange's store may still be in flight when the counter is read (the vDSO's
+ * isb waits for no store): a dsb waits for it.
+ */
+static inline void stats_stamp_fence(void)
+{
+#if defined(__aarch64__)
+    __asm__ __volatile__("dsb ish" ::: "memory");
+#endif
+}
+
 /* Which d[] entries an entry keeps as bytes and as counts. */
 static const int entry_bytes[4] = {OPS_ALLOCATED_BYTES, OPS_ACTIVE_BYTES, OPS_REQUESTED_BYTES,
                                    OPS_INACTIVE_SPLIT_BYTES};
@@ -247,19 +262,28 @@ void stats_clock_set_usable(int usable)
     atomic_store_explicit(&clock_usable, usable, memory_order_relaxed);
 }
 
+bool stats_clock_reads_fine(const uint64_t *reads, size_t n)
+{
+    if (n < 2)
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if (reads[i] <= reads[i - 1])
+            return false; /* a tick longer than a read: two operations could share a time */
+    return reads[n - 1] - reads[0] < (uint64_t)(n - 1) * 500; /* under 500 ns a read */
+}
+
 static bool stats_clock_usable(void)
 {
     int u = atomic_load_explicit(&clock_usable, memory_order_relaxed);
     if (u)
         return u == 1;
-    struct timespec res;
-    bool ok = clock_getres(CLOCK_MONOTONIC, &res) == 0 && res.tv_sec == 0 && res.tv_nsec <= 100;
-    if (ok) {
-        uint64_t t0 = stats_clock(), t = t0;
-        for (int i = 0; i < 32; i++)
-            t = stats_clock();
-        ok = t > t0 && t - t0 < 32 * 500; /* moving, under 500 ns a read */
-    }
+    /* clock_getres says 1 ns wherever high-resolution timers are on, whatever the counter's
+     * tick: every read in a row must differ from the one before it instead */
+    enum { READS = 256 };
+    uint64_t reads[READS];
+    for (int i = 0; i < READS; i++)
+        reads[i] = stats_clock();
+    bool ok = stats_clock_reads_fine(reads, READS);
     atomic_store_explicit(&clock_usable, ok ? 1 : 2, memory_order_relaxed);
     return ok;
 }
@@ -302,7 +326,11 @@ void stats_log_release(cca_stream_pool_t *sp)
     if (!sp->log)
         return;
     cca_device_t *dev = sp->device;
-    stats_lock_merged(dev); /* its last entries into the table first */
+    /* its last entries into the table first: a merge takes those stamped before it reads the
+     * clock, so the clock first passes the last one (a tie moves an entry on) */
+    for (unsigned spins = 0; stats_clock() <= sp->log->last_time; spins++)
+        cca_spin_backoff(spins);
+    stats_lock_merged(dev);
     atomic_store_explicit(&dev->ops->logs[sp->log_slot], NULL, memory_order_relaxed);
     stats_unlock(dev);
     free(sp->log);
@@ -350,6 +378,7 @@ void stats_log_append(cca_stream_pool_t *sp, int type, ops_delta_t delta, const 
     if (tail - l->head_seen >= STATS_LOG_ENTRIES / 2)
         stats_log_room(dev, l, tail); /* after it: tail - head_seen < STATS_LOG_ENTRIES */
     atomic_exchange_explicit(&l->stamping, 1, memory_order_seq_cst);
+    stats_stamp_fence();
     uint64_t time = stats_clock();
     if (time <= l->last_time)
         time = l->last_time + 1;

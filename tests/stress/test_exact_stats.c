@@ -431,6 +431,32 @@ TEST(no_logs_without_a_usable_clock)
     stats_clock_set_usable(0);
 }
 
+/*
+ * The clock check on reads taken in a row: a clock whose tick is longer than a
+ * read repeats a value and is refused, however fine clock_getres says it is
+ * (a 1000 ns tick passed the check before, and two operations one after the
+ * other then shared a time: a peak the merge reported that no order gave); a
+ * clock that moves at every read, under 500 ns a read, is taken.
+ */
+TEST(clock_check_refuses_coarse_ticks)
+{
+    enum { N = 256 };
+    uint64_t fine[N], coarse[N], slow[N], arm[N];
+    for (int i = 0; i < N; i++) {
+        fine[i] = 1000000 + (uint64_t)i * 23;               /* a read every 23 ns, 1 ns ticks */
+        coarse[i] = (1000000 + (uint64_t)i * 23) / 1000 * 1000; /* the same, 1000 ns ticks */
+        arm[i] = (1000000 + (uint64_t)i * 23) / 41 * 41;       /* a 24 MHz counter */
+        slow[i] = 1000000 + (uint64_t)i * 900;              /* a read every 900 ns */
+    }
+    expect_true(stats_clock_reads_fine(fine, N));
+    expect_true(!stats_clock_reads_fine(coarse, N));
+    expect_true(!stats_clock_reads_fine(arm, N));
+    expect_true(!stats_clock_reads_fine(slow, N));
+    expect_true(!stats_clock_reads_fine(fine, 1));
+    uint64_t back[3] = {10, 30, 20}; /* a clock that goes back */
+    expect_true(!stats_clock_reads_fine(back, 3));
+}
+
 static void *pair_worker(void *arg)
 {
     uintptr_t id = (uintptr_t)arg;
@@ -695,6 +721,7 @@ int main(void)
     RUN(log_slot_given_back);
     RUN(pools_past_the_log_slots);
     RUN(no_logs_without_a_usable_clock);
+    RUN(clock_check_refuses_coarse_ticks);
     RUN(counts_exact_under_contention);
     return harness_done();
 }
