@@ -72,8 +72,10 @@ static void event_put(cca_device_t *dev, cca_event_t event)
 /*
  * At free time: record one event per stream that used the block, so it is
  * reused only when their work is done (stream pool lock held). If an event
- * cannot be recorded, that stream is synchronized instead, so the block can
- * never be reused too early.
+ * cannot be recorded, that stream is synchronized instead; if that fails too,
+ * the block waits on an entry with no event, whose stream later processing
+ * synchronizes (the failure is returned), so the block is never reused too
+ * early.
  */
 cca_status_t events_insert(cca_device_t *dev, cca_block_t *block)
 {
@@ -91,11 +93,16 @@ cca_status_t events_insert(cca_device_t *dev, cca_block_t *block)
                 event_put(dev, event);
         }
         if (st != CCA_OK) {
-            free(pe);
             cca_status_t sync = be->stream_synchronize(be->ctx, dev->index, stream);
-            if (sync != CCA_OK && result == CCA_OK)
+            if (sync == CCA_OK || !pe) { /* (no memory to remember it: cannot be kept back) */
+                free(pe);
+                if (sync != CCA_OK && result == CCA_OK)
+                    result = sync;
+                continue;
+            }
+            if (result == CCA_OK)
                 result = sync;
-            continue;
+            event = NULL; /* no event: the stream is synchronised before the block is reused */
         }
         pe->event = event;
         pe->block = block;
@@ -139,31 +146,31 @@ cca_status_t events_process(cca_device_t *dev)
     cca_pending_event_t *done = NULL, **done_tail = &done;
     cca_stream_t blocked[16];
     size_t nblocked = 0;
-    bool overflow = false;
     pthread_mutex_lock(&dev->events_lock);
     cca_pending_event_t **link = &dev->events_head, *last = NULL;
     while (*link) {
         cca_pending_event_t *pe = *link;
-        bool skip = overflow;
+        bool skip = false;
         for (size_t i = 0; i < nblocked && !skip; i++)
             skip = blocked[i] == pe->stream;
-        cca_status_t st = skip ? CCA_ERR_NOT_READY : be->event_query(be->ctx, dev->index, pe->event);
+        cca_status_t st = skip      ? CCA_ERR_NOT_READY
+                          : pe->event ? be->event_query(be->ctx, dev->index, pe->event)
+                                      : be->stream_synchronize(be->ctx, dev->index, pe->stream);
         if (st != CCA_OK) {
             if (st != CCA_ERR_NOT_READY && result == CCA_OK)
                 result = st;
-            if (!skip) {
-                if (nblocked < 16)
-                    blocked[nblocked++] = pe->stream;
-                else
-                    overflow = true;
-            }
+            if (!skip && nblocked < 16) /* past 16 streams, each event is asked (a stream's
+                                            * later event may complete before its earlier one
+                                            * is asked again: reclaiming it is still safe) */
+                blocked[nblocked++] = pe->stream;
             last = pe;
             link = &pe->next;
             continue;
         }
         *link = pe->next;
         atomic_fetch_sub_explicit(&dev->pending_event_count, 1, memory_order_relaxed);
-        event_put_locked(dev, pe->event);
+        if (pe->event)
+            event_put_locked(dev, pe->event);
         pe->next = NULL;
         *done_tail = pe;
         done_tail = &pe->next;
@@ -215,7 +222,8 @@ cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *h
     cca_status_t result = CCA_OK;
     while (list) {
         cca_pending_event_t *pe = list;
-        cca_status_t st = be->event_synchronize(be->ctx, dev->index, pe->event);
+        cca_status_t st = pe->event ? be->event_synchronize(be->ctx, dev->index, pe->event)
+                                    : be->stream_synchronize(be->ctx, dev->index, pe->stream);
         if (st != CCA_OK) {
             /* put the rest back in front, in order */
             pthread_mutex_lock(&dev->events_lock);
@@ -232,7 +240,8 @@ cca_status_t events_synchronize_and_free(cca_device_t *dev, cca_stream_pool_t *h
         }
         list = pe->next;
         atomic_fetch_sub_explicit(&dev->pending_event_count, 1, memory_order_relaxed);
-        event_put(dev, pe->event);
+        if (pe->event)
+            event_put(dev, pe->event);
         event_done(dev, pe->block, held);
         free(pe);
     }

@@ -387,7 +387,8 @@ void pool_device_shutdown(cca_device_t *dev)
     while (dev->events_head) {
         cca_pending_event_t *pe = dev->events_head;
         dev->events_head = pe->next;
-        be->event_destroy(be->ctx, dev->index, pe->event);
+        if (pe->event)
+            be->event_destroy(be->ctx, dev->index, pe->event);
         free(pe);
     }
     for (size_t i = 0; i < dev->event_pool_count; i++)

@@ -149,6 +149,8 @@ cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream
     cca_status_t result = CCA_OK;
     if (pool->owner != held)
         pool_lock(pool->owner);
+    else if (pool_pending(held))
+        pool_flush(held); /* as pool_lock does: a held-back free merged, as PyTorch has it */
     cca_block_t *b = bins_best_fit(&pool->bins, 0);
     while (b) {
         cca_block_t *next = bins_next(&pool->bins, b);
@@ -171,6 +173,8 @@ static cca_status_t release_pool_expandable(cca_device_t *dev, cca_pool_t *pool,
         return CCA_OK;
     if (pool->owner != held)
         pool_lock(pool->owner);
+    else if (pool_pending(held))
+        pool_flush(held); /* as pool_lock does */
     cca_status_t st = expandable_release_pool(dev, pool);
     if (pool->owner != held)
         cca_spin_unlock(&pool->owner->lock);

@@ -1426,6 +1426,93 @@ TEST(run_time_settings)
     expect_status(cca_set_settings("backend:cudaMallocAsync"), CCA_ERR_NOT_SUPPORTED);
 }
 
+static void expect_valid(void)
+{
+    (void)checked_stats();
+}
+
+/*
+ * The OOM retry's synchronisation of pending events gives back a block of the
+ * requesting pool itself, held back from merging (the pool's last allocation,
+ * its upper neighbour free): the release must merge it (PyTorch's free_block),
+ * so its whole 20 MiB segment goes back and the retry succeeds. Before, the
+ * release skipped the merge for the pool whose lock the caller held, released
+ * nothing, and the allocation ran out of memory.
+ */
+TEST(oom_retry_releases_a_block_of_the_requesting_pool)
+{
+    setup(NULL, 64 * MiB, true);
+    char *a = xmalloc(4 * MiB, S1); /* a 20 MiB segment: a, then 16 MiB free */
+    expect_ok(cca_record_stream(a, S2));
+    expect_ok(cca_free(a)); /* waits for S2's event */
+    void *b = NULL;
+    expect_ok(cca_malloc(&b, 50 * MiB, S1)); /* 20 + 50 > 64: the retry frees the segment */
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_alloc_retries, 1);
+    expect_eq_i64(s.num_ooms, 0);
+    expect_eq_i64(s.num_device_free, 1);
+    expect_ok(cca_free(b));
+    expect_valid();
+}
+
+/*
+ * Each stream's events are processed on their own (PyTorch keeps a list per
+ * stream): with 17 other streams waiting, an 18th's completed event still
+ * gives its block back. Before, past 16 waiting streams every later event
+ * counted as not done without being asked, and the next allocation took a
+ * new segment.
+ */
+TEST(events_of_many_waiting_streams)
+{
+    setup(NULL, 0, true);
+    void *p[17];
+    for (int i = 0; i < 17; i++) {
+        p[i] = xmalloc(4 * KiB, S1);
+        expect_ok(cca_record_stream(p[i], (cca_stream_t)(uintptr_t)(0x10000 + 0x100 * i)));
+    }
+    for (int i = 0; i < 17; i++)
+        expect_ok(cca_free(p[i])); /* 17 events pending on 17 other streams */
+    cca_stream_t s18 = (cca_stream_t)(uintptr_t)0x90000;
+    char *x = xmalloc(30 * MiB, S1);
+    expect_ok(cca_record_stream(x, s18));
+    expect_ok(cca_free(x));
+    expect_ok(cca_sim_complete_stream(sim, 0, s18, false)); /* x's only event is done */
+    char *y = xmalloc(30 * MiB, S1); /* the events processed: y reuses x's block */
+    expect_eq_ptr(y, x);
+    expect_eq_i64(stats(0).segment[CCA_STAT_LARGE_POOL].current, 1);
+    expect_ok(cca_free(y));
+    expect_valid();
+}
+
+/*
+ * A free whose stream event cannot be recorded, and whose stream cannot be
+ * synchronised instead either, reports the failure and keeps the block back:
+ * it waits on an entry with no event until its stream's synchronisation
+ * succeeds. Before, it went back to the pool at once and the next allocation
+ * got it while S2's work might still use it.
+ */
+TEST(free_keeps_block_back_when_record_and_sync_fail)
+{
+    setup(NULL, 0, true);
+    char *a = xmalloc(4 * KiB, S1);
+    expect_ok(cca_record_stream(a, S2));
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_EVENT_RECORD, 1, false, CCA_ERR_BACKEND));
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_STREAM_SYNCHRONIZE, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_free(a), CCA_ERR_BACKEND);
+    cca_sim_clear_faults(sim);
+    cca_device_t *dev = &cca_state->devices[0];
+    expect_eq_u64(atomic_load(&dev->pending_event_count), 1); /* kept back, no event */
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 1);
+    expect_valid();
+    uint64_t syncs = cca_sim_call_count(sim, CCA_OP_STREAM_SYNCHRONIZE);
+    char *b = xmalloc(4 * KiB, S1); /* S2 synchronised first, then a is free again */
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_STREAM_SYNCHRONIZE), syncs + 1);
+    expect_eq_ptr(b, a);
+    expect_eq_u64(atomic_load(&dev->pending_event_count), 0);
+    expect_ok(cca_free(b));
+    expect_valid();
+}
+
 int main(void)
 {
     RUN(rounding_default);
@@ -1470,5 +1557,8 @@ int main(void)
     RUN(backend_fault_is_clean);
     RUN(run_time_settings);
     cca_shutdown();
+    RUN(oom_retry_releases_a_block_of_the_requesting_pool);
+    RUN(events_of_many_waiting_streams);
+    RUN(free_keeps_block_back_when_record_and_sync_fail);
     return harness_done();
 }
