@@ -80,6 +80,10 @@ cca_status_t cca_register_free_memory_callback(cca_free_memory_callback_fn fn, v
 
 cca_status_t cca_attach_oom_observer(cca_oom_observer_fn fn, void *arg)
 {
+    if (async_enabled()) /* (its out-of-memory path calls none: PyTorch's error) */
+        return cca_raise(CCA_ERR_NOT_SUPPORTED, "cudaMallocAsync does not yet support "
+                         "attachOutOfMemoryObserver. If you need it, please file an issue "
+                         "describing your use case.");
     return callbacks_add(true, (void *)fn, arg, "OOM observer");
 }
 
@@ -590,6 +594,10 @@ cca_status_t cca_get_memory_fraction(int device, double *fraction)
     if (device < 0 || device >= cca_state->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_memory_fraction: device %d is out of range",
                          device);
+    if (async_enabled()) {
+        *fraction = async_get_memory_fraction(device);
+        return CCA_OK;
+    }
     cca_device_t *dev = &cca_state->devices[device];
     pthread_mutex_lock(&dev->lock);
     double f = 1.0;

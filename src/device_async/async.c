@@ -78,6 +78,7 @@ typedef struct async_device {
     cca_stream_t unifying;       /* frees of blocks used on several streams */
     _Atomic size_t used_bytes;   /* allocated through cca (PyTorch's pytorch_used_bytes) */
     _Atomic size_t limit;        /* bytes; SIZE_MAX: no memory fraction */
+    _Atomic size_t charging;     /* charges whose driver call has not returned (charge) */
     async_orphan_t *orphans;     /* releases to retry (lock) */
 } async_device_t;
 
@@ -400,16 +401,43 @@ static cca_status_t async_oom(int device, size_t size)
                      device, used, req, total, freeb, limit);
 }
 
-/* Count size bytes against the device's limit; false when they do not fit. */
+/*
+ * Count size bytes against the device's limit; false when they do not fit. On
+ * true the caller makes its driver call, then charge_done (and gives the bytes
+ * back if the call failed). PyTorch checks the limit under its mutex, one
+ * allocation at a time, and counts the bytes once the driver has them: a
+ * request that does not fit only because another thread's bytes are counted
+ * while its driver call is under way (and may yet fail) waits for that call.
+ */
+static _Atomic size_t charge_waits; /* tests: charges that waited for another's driver call */
+
+size_t async_test_charge_waits(void)
+{
+    return atomic_load(&charge_waits);
+}
+
 static bool charge(async_device_t *ad, size_t size)
 {
-    size_t before = atomic_fetch_add_explicit(&ad->used_bytes, size, memory_order_relaxed);
-    size_t limit = atomic_load_explicit(&ad->limit, memory_order_relaxed);
-    if (before + size < before || before + size > limit) {
-        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
-        return false;
+    for (unsigned spins = 0;; spins++) {
+        atomic_fetch_add_explicit(&ad->charging, 1, memory_order_seq_cst);
+        size_t before = atomic_fetch_add_explicit(&ad->used_bytes, size, memory_order_seq_cst);
+        size_t limit = atomic_load_explicit(&ad->limit, memory_order_relaxed);
+        if (before + size >= before && before + size <= limit)
+            return true;
+        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_seq_cst);
+        size_t others = atomic_fetch_sub_explicit(&ad->charging, 1, memory_order_seq_cst) - 1;
+        if (!others || spins >= 4096) /* (others that fail too keep trying a while, then give up) */
+            return false;
+        if (!spins)
+            atomic_fetch_add(&charge_waits, 1);
+        cca_spin_backoff(spins);
     }
-    return true;
+}
+
+/* The driver call after a charge has returned. */
+static void charge_done(async_device_t *ad)
+{
+    atomic_fetch_sub_explicit(&ad->charging, 1, memory_order_seq_cst);
 }
 
 /* The allocation itself; captured: a capture is underway (the caller knows). */
@@ -432,8 +460,10 @@ static cca_status_t malloc_entry(int device, size_t size, cca_stream_t stream, b
     pthread_rwlock_rdlock(&ad->pool_lock);
     st = be->malloc_async(be->ctx, device, size, stream, &p);
     pthread_rwlock_unlock(&ad->pool_lock);
+    if (st != CCA_OK)
+        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_seq_cst);
+    charge_done(ad);
     if (st != CCA_OK) {
-        atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_relaxed);
         free(e);
         return st == CCA_ERR_OUT_OF_MEMORY ? async_oom(device, size) : st;
     }
@@ -580,8 +610,14 @@ cca_status_t async_record_stream(void *ptr, cca_stream_t stream)
                          "cca_record_stream: pointer %p was not allocated by cca, or was already freed",
                          ptr);
     }
-    if (stream == e->stream && device == e->device)
-        goto out_unlock; /* the allocation stream: nothing to do */
+    if (stream == e->stream && device == e->device) { /* the allocation stream: nothing to do */
+        static atomic_bool warned; /* PyTorch's warning, once */
+        if (!atomic_exchange(&warned, true))
+            cca_output("cca warning: Called record_stream on tensor whose original creation "
+                       "stream matches the recorded stream. This is unnecessary and has no "
+                       "effect.\n");
+        goto out_unlock;
+    }
     for (uint32_t i = 0; i < e->use_count; i++)
         if (e->uses[i].stream == stream && e->uses[i].device == device)
             goto out_unlock;
@@ -608,8 +644,14 @@ cca_status_t async_empty_cache(void)
     cca_backend_t *be = cca_state->backend;
     cca_status_t result = CCA_OK;
     for (int d = 0; d < AS->device_count; d++) {
-        if (!atomic_load_explicit(&AS->devices[d].ready, memory_order_acquire))
+        if (!atomic_load_explicit(&AS->devices[d].ready, memory_order_acquire)) {
+            /* no pool to trim, but a stream event of it may wait for its release (a
+             * record_stream made with it current) */
+            cca_status_t st = orphans_retry(be, d);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
             continue;
+        }
         pthread_rwlock_rdlock(&AS->devices[d].pool_lock);
         cca_status_t st = orphans_retry(be, d);
         if (st == CCA_OK)
@@ -638,8 +680,10 @@ cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_
     size_t limit = atomic_load(&ad->limit);
     size_t headroom = limit > used ? limit - used : 0;
     size_t guess = free_bytes < headroom ? free_bytes : headroom;
-    /* As PyTorch: the largest workspace found by trial, halving on failure. */
-    pthread_rwlock_rdlock(&ad->pool_lock);
+    /* As PyTorch: the largest workspace found by trial, halving on failure, with every other
+     * allocation of the device held off meanwhile (PyTorch holds its mutex): one made between
+     * the trial's allocation and its free would find the pool grown to the whole device */
+    pthread_rwlock_wrlock(&ad->pool_lock);
     while (guess > 0) {
         void *p = NULL;
         st = be->malloc_async(be->ctx, device, guess, NULL, &p);
@@ -703,6 +747,22 @@ cca_status_t async_set_memory_fraction(double fraction, int device)
     async_device_t *ad = &AS->devices[device];
     atomic_store(&ad->limit, (size_t)(fraction * (double)total));
     return CCA_OK;
+}
+
+/* The fraction in force on device: its limit over the device's memory (1.0: none set). */
+double async_get_memory_fraction(int device)
+{
+    size_t limit = atomic_load(&AS->devices[device].limit);
+    size_t total = cca_state->devices[device].total_memory;
+    return limit == SIZE_MAX || total == 0 ? 1.0 : (double)limit / (double)total;
+}
+
+/* per_process_memory_fraction set at run time (cca_set_settings): every device's limit. */
+void async_settings_fraction(double fraction)
+{
+    for (int d = 0; d < AS->device_count; d++)
+        atomic_store(&AS->devices[d].limit,
+                     (size_t)(fraction * (double)cca_state->devices[d].total_memory));
 }
 
 /* ---- statistics ------------------------------------------------------------------------------- */

@@ -31,6 +31,12 @@ cca_status_t async_empty_cache(void);
 cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_block);
 cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size);
 cca_status_t async_set_memory_fraction(double fraction, int device);
+/* The fraction in force on device (1.0: none set). */
+double async_get_memory_fraction(int device);
+/* per_process_memory_fraction set at run time: every device's limit. */
+void async_settings_fraction(double fraction);
+/* Tests: allocations so far that waited for another's driver call before refusing (charge). */
+size_t async_test_charge_waits(void);
 cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats);
 cca_status_t async_reset_peak_stats(int device);
 cca_status_t async_reset_accumulated_stats(int device);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "async.h"
 #include "state.h"
 #include "trace.h"
 #include "trace_ring.h"
@@ -349,6 +350,9 @@ cca_status_t cca_record_history(bool enabled, cca_context_fn fn, void *arg, size
         trace_disable();
         return CCA_OK;
     }
+    if (async_enabled()) /* the backend's pool places blocks: nothing to record (PyTorch's error) */
+        return cca_raise(CCA_ERR_NOT_SUPPORTED, "cudaMallocAsync does not yet support recordHistory. "
+                         "If you need it, please file an issue describing your use case.");
     if (when != CCA_RECORD_CONTEXT_NEVER && !fn)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_record_history: a context level above NEVER needs a context function");

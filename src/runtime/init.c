@@ -6,6 +6,7 @@
  */
 #include <pthread.h>
 
+#include "async.h"
 #include "device.h"
 #include "host.h"
 #include "ipc.h"
@@ -108,6 +109,8 @@ cca_status_t cca_set_settings(const char *text)
     bool fraction_changed =
         next.per_process_memory_fraction != cca_state->settings.per_process_memory_fraction;
     cca_state->settings = next;
+    if (fraction_changed && next.per_process_memory_fraction > 0.0 && async_enabled())
+        async_settings_fraction(next.per_process_memory_fraction);
     if (fraction_changed && next.per_process_memory_fraction > 0.0)
         for (int d = 0; d < cca_state->device_count; d++) {
             cca_device_t *dev = &cca_state->devices[d];

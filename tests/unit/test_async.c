@@ -11,6 +11,8 @@
  * after it, free streams joined back into the capture stream at its end, one
  * capture at a time, the private-pool calls PyTorch refuses for this backend.
  */
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -508,8 +510,169 @@ TEST(host_allocator_unchanged)
     expect_ok(cca_host_free(h));
 }
 
+/* ---- PyTorch's behaviour where cca differed ---- */
+
+/* The fraction set with cca_set_memory_fraction reads back (PyTorch's getMemoryFraction of this
+ * backend: the limit over the device's memory); it read 1 before. */
+TEST(memory_fraction_reads_back)
+{
+    setup("backend:cudaMallocAsync");
+    double f = -1;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 1.0);
+    expect_ok(cca_set_memory_fraction(0.25, 0));
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 0.25);
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 300 * MiB, S1), CCA_ERR_OUT_OF_MEMORY); /* 0.25 of 1 GiB */
+}
+
+/* per_process_memory_fraction set at run time is the limit enforced (it was only reported). */
+TEST(run_time_fraction_is_enforced)
+{
+    setup("backend:cudaMallocAsync");
+    expect_ok(cca_set_settings("per_process_memory_fraction:0.25"));
+    double f = -1;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 0.25);
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 600 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_ok(cca_malloc(&p, 200 * MiB, S1));
+    expect_ok(cca_free(p));
+}
+
+/*
+ * An allocation the driver is about to refuse does not make another thread's
+ * fitting allocation fail: PyTorch checks the limit under its mutex and counts
+ * the bytes once the driver has them, so B's 200 MiB fits in either order.
+ * A's driver call (400 MiB on a device capped at 300) is held until B has
+ * found its bytes counted and waits for it, or until B is done (as it was
+ * before: refused at once).
+ */
+static pthread_mutex_t race_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t race_cv = PTHREAD_COND_INITIALIZER;
+static int race_phase; /* 1: A in the driver; 2: B done */
+static cca_status_t race_b_status;
+static cca_status_t (*real_malloc_async)(void *, int, size_t, cca_stream_t, void **);
+
+static cca_status_t held_malloc_async(void *ctx, int device, size_t size, cca_stream_t stream,
+                                      void **ptr)
+{
+    if (size == 400 * MiB) {
+        size_t waits = async_test_charge_waits();
+        pthread_mutex_lock(&race_mu);
+        race_phase = 1;
+        pthread_cond_broadcast(&race_cv);
+        pthread_mutex_unlock(&race_mu);
+        for (;;) { /* until B waits for this call, or has finished without waiting */
+            pthread_mutex_lock(&race_mu);
+            bool done = race_phase == 2;
+            pthread_mutex_unlock(&race_mu);
+            if (done || async_test_charge_waits() != waits)
+                break;
+            sched_yield();
+        }
+    }
+    return real_malloc_async(ctx, device, size, stream, ptr);
+}
+
+static void *thread_b(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&race_mu);
+    while (race_phase != 1)
+        pthread_cond_wait(&race_cv, &race_mu);
+    pthread_mutex_unlock(&race_mu);
+    void *q = NULL;
+    race_b_status = cca_malloc(&q, 200 * MiB, S2);
+    pthread_mutex_lock(&race_mu);
+    race_phase = 2;
+    pthread_mutex_unlock(&race_mu);
+    if (race_b_status == CCA_OK)
+        (void)cca_free(q);
+    return NULL;
+}
+
+TEST(refused_allocation_in_flight_blocks_no_other)
+{
+    setup("backend:cudaMallocAsync");
+    race_phase = 0;
+    expect_ok(cca_set_memory_fraction(0.5, 0));   /* 512 MiB */
+    expect_ok(cca_sim_set_cap(sim, 0, 300 * MiB)); /* the device has 300 */
+    real_malloc_async = sim->malloc_async;
+    sim->malloc_async = held_malloc_async;
+    pthread_t b;
+    pthread_create(&b, NULL, thread_b, NULL);
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 400 * MiB, S1), CCA_ERR_OUT_OF_MEMORY); /* the device refuses */
+    pthread_join(b, NULL);
+    sim->malloc_async = real_malloc_async;
+    expect_ok(race_b_status);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+/* Out-of-memory observers and history are refused with PyTorch's errors for this backend (they
+ * were accepted, and then nothing was observed or recorded); turning history off is no error. */
+static void never_observer(int device, size_t alloc_size, size_t device_total, size_t device_free,
+                           void *arg)
+{
+    (void)device, (void)alloc_size, (void)device_total, (void)device_free, (void)arg;
+}
+
+TEST(observers_and_history_refused)
+{
+    setup("backend:cudaMallocAsync");
+    expect_status(cca_attach_oom_observer(never_observer, NULL), CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support attachOutOfMemoryObserver");
+    expect_status(cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER),
+                  CCA_ERR_NOT_SUPPORTED);
+    expect_contains(cca_last_error()->message, "does not yet support recordHistory");
+    expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+}
+
+/* A stream event of a device never allocated on, whose destroy failed, is released by the next
+ * empty_cache (it waited for shutdown). */
+TEST(orphan_event_of_an_unused_device)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, S1));  /* device 0 */
+    expect_ok(sim->set_device(sim->ctx, 1));
+    expect_ok(cca_record_stream(p, S2)); /* S2 of device 1 */
+    expect_ok(sim->set_device(sim->ctx, 0));
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_EVENT_DESTROY, 2, false, CCA_ERR_BACKEND));
+    expect_ok(cca_free(p));
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 1); /* kept to be released later */
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_events, 0);
+}
+
+/* PyTorch's warning, once, for record_stream on the allocation's own stream (run first: once a
+ * process). */
+TEST(record_stream_on_the_allocation_stream_warns)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, S1));
+    warned[0] = 0;
+    cca_register_output(capture, NULL);
+    expect_ok(cca_record_stream(p, S1));
+    expect_ok(cca_record_stream(p, S1));
+    cca_register_output(NULL, NULL);
+    const char *w = "Called record_stream on tensor whose original creation stream matches the "
+                    "recorded stream. This is unnecessary and has no effect.";
+    expect_contains(warned, w);
+    const char *first = strstr(warned, w);
+    expect_true(first && !strstr(first + 1, w)); /* once */
+    expect_ok(cca_free(p));
+}
+
 int main(void)
 {
+    RUN(record_stream_on_the_allocation_stream_warns);
     RUN(pool_set_up_as_pytorch);
     RUN(statistics_are_the_pools);
     RUN(pairs_after_native_ones_stay_async);
@@ -526,5 +689,10 @@ int main(void)
     RUN(graph_capture_faults);
     RUN(host_allocator_unchanged);
     cca_shutdown();
+    RUN(memory_fraction_reads_back);
+    RUN(run_time_fraction_is_enforced);
+    RUN(refused_allocation_in_flight_blocks_no_other);
+    RUN(observers_and_history_refused);
+    RUN(orphan_event_of_an_unused_device);
     return harness_done();
 }
