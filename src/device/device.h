@@ -96,6 +96,7 @@ typedef struct cca_expandable {
     size_t handle_cap;
     size_t mapped_bytes;        /* bytes mapped */
     bool compact;               /* compact_memory: device-granularity granules, lent to growth */
+    bool free_failed;           /* emptied, but the reservation's free failed: empty_cache retries */
     struct cca_pool *pool;      /* the pool it belongs to (fixed) */
 } cca_expandable_t;
 

@@ -507,8 +507,11 @@ static cca_status_t segment_release(cca_device_t *dev, cca_block_t *block)
     cca_segment_t *seg = block->segment;
     cca_pool_t *pool = block->pool;
     cca_status_t st = be->vmm_free(be->ctx, dev->index, (void *)seg->base, seg->size);
-    if (st != CCA_OK)
-        return st; /* the empty reservation stays, usable for the next growth */
+    if (st != CCA_OK) {
+        seg->es->free_failed = true; /* the empty reservation stays, usable for the next growth;
+                                      * the next release of cached blocks tries again */
+        return st;
+    }
     unmapped_remove(pool, block);
     if (seg->prev_seg)
         seg->prev_seg->next_seg = seg->next_seg;
@@ -1187,15 +1190,36 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
  * free expandable block, in (size, address) order. Returns the first failure
  * (the others are still tried).
  */
+/* The reservations of pool emptied before whose free failed, freed again (device and pool
+ * locks held). Returns the first failure (those stay). */
+static cca_status_t release_failed_reservations(cca_device_t *dev, cca_pool_t *pool)
+{
+    cca_status_t result = CCA_OK;
+    cca_block_t *u = pool->unmapped;
+    while (u) {
+        cca_block_t *next = u->bin_next;
+        if (u->segment->es->free_failed && !u->prev && !u->next && !u->aliased) {
+            cca_status_t st = segment_release(dev, u);
+            if (st != CCA_OK && result == CCA_OK)
+                result = st;
+        }
+        u = next;
+    }
+    return result;
+}
+
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool)
 {
     if (!pool->expandable_segments)
         return CCA_OK;
+    cca_status_t retried = release_failed_reservations(dev, pool);
+    if (!pool->expandable_segments)
+        return retried; /* (its last reservation was one of them) */
     size_t n = 0;
     for (cca_block_t *b = bins_best_fit(&pool->bins, 0); b; b = bins_next(&pool->bins, b))
         n += b->segment->es != NULL;
     if (!n)
-        return CCA_OK;
+        return retried;
     cca_block_t **list = malloc(n * sizeof(*list));
     if (!list)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
@@ -1203,7 +1227,7 @@ cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool)
     for (cca_block_t *b = bins_best_fit(&pool->bins, 0); b; b = bins_next(&pool->bins, b))
         if (b->segment->es)
             list[i++] = b;
-    cca_status_t result = CCA_OK;
+    cca_status_t result = retried;
     for (i = 0; i < n; i++) {
         cca_status_t st = expandable_unmap(dev, list[i]);
         if (st != CCA_OK && result == CCA_OK)

@@ -82,6 +82,9 @@ cca_status_t cca_enable_peer_access(int device, int peer)
     atomic_fetch_or_explicit(&owner->peer_mask, bit, memory_order_release);
     if (!async_enabled())
         st = expandable_add_peer(owner, device);
+    if (st != CCA_OK) /* some ranges without access: not enabled, so a retry sets them all
+                       * (access given twice is no error; no map runs meanwhile: owner->lock) */
+        atomic_fetch_and_explicit(&owner->peer_mask, ~bit, memory_order_release);
 out_unlock:
     pthread_mutex_unlock(&owner->lock);
     return st;

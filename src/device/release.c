@@ -291,7 +291,7 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
 /*
  * Release oversize cached blocks of the request's pool, enough to cover the
  * request (PyTorch's release_available_cached_blocks); expandable blocks are
- * never released here, and the search for several stops at one. Device and
+ * never released here: the search for several passes over them. Device and
  * pool locks held. True if something suitable was released.
  */
 bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size)
@@ -304,10 +304,10 @@ bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t
     if (!b || b->segment->es) {
         size_t released = 0;
         b = b ? bins_prev(&pool->bins, b) : bins_largest(&pool->bins);
-        while (b && released < key && b->size >= s->max_split_size && !b->segment->es) {
+        while (b && released < key && b->size >= s->max_split_size) {
             cca_block_t *prev = bins_prev(&pool->bins, b);
             size_t bsize = b->size;
-            if (!block_is_split(b)) {
+            if (!block_is_split(b) && !b->segment->es) {
                 if (release_block(dev, b) != CCA_OK)
                     return false;
                 released += bsize;

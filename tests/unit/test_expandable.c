@@ -484,6 +484,82 @@ TEST(misuse)
     cca_shutdown();
 }
 
+/*
+ * The OOM path's release of oversize cached blocks passes over an expandable
+ * block and goes on releasing the plain oversize blocks below it, as
+ * PyTorch's release_available_cached_blocks does: the growth then maps in
+ * place, with no full release and no retry counted. Before, the search
+ * stopped at the expandable block, and the full release unmapped it and
+ * mapped the request at a new address.
+ */
+TEST(release_available_passes_over_expandable_blocks)
+{
+    setup_with("max_split_size_mb:40", 1ull << 30, false, 1);
+    void *p1 = xmalloc(60 * MiB, NULL); /* two plain oversize segments of 60 MiB */
+    void *p2 = xmalloc(60 * MiB, NULL);
+    cca_free(p1);
+    cca_free(p2);
+    expect_ok(cca_set_settings("expandable_segments:True,max_split_size_mb:40"));
+    void *e = xmalloc(80 * MiB, NULL); /* expandable: 4 granules mapped */
+    cca_free(e);                       /* the largest free block, expandable */
+    expect_eq_u64(usage().device_bytes[0], 200 * MiB);
+    cca_sim_set_cap(sim, 0, 200 * MiB); /* no growth without a release */
+    cca_device_stats_t s0 = stats();
+    void *x = xmalloc(100 * MiB, NULL); /* both plain blocks released, one granule after e */
+    cca_device_stats_t s = stats();
+    expect_eq_ptr(x, e);
+    expect_eq_i64(s.num_alloc_retries - s0.num_alloc_retries, 0);
+    expect_eq_i64(s.num_device_free - s0.num_device_free, 2);
+    expect_eq_i64(s.num_device_alloc - s0.num_device_alloc, 1);
+    expect_true(device_is_valid());
+    cca_free(x);
+    cca_sim_set_cap(sim, 0, 0);
+    cca_shutdown();
+}
+
+/* An emptied reservation whose free failed is freed by the next empty_cache (it stayed until
+ * shutdown, 9/8 of the device's memory in address space). */
+TEST(failed_reservation_free_retried)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(50 * MiB, NULL);
+    cca_free(a);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_FREE, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_empty_cache(), CCA_ERR_BACKEND);
+    cca_sim_clear_faults(sim);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(usage().live_reservations, 1);
+    expect_true(device_is_valid());
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().live_reservations, 0);
+    expect_true(device_is_valid());
+    cca_shutdown();
+}
+
+/* cca_enable_peer_access whose access to one mapped range fails is not enabled: a retry gives
+ * access to every range (it found the peer enabled and did nothing). */
+TEST(failed_peer_access_is_retried_whole)
+{
+    setup_with("expandable_segments:True", 1ull << 30, false, 2);
+    void *a = xmalloc(30 * MiB, NULL); /* a large pool segment */
+    void *c = xmalloc(1000, NULL);     /* a small pool segment */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_SET_ACCESS, 1, false, CCA_ERR_BACKEND));
+    expect_true(cca_enable_peer_access(1, 0) != CCA_OK);
+    cca_sim_clear_faults(sim);
+    int peers[2];
+    size_t n = 9;
+    expect_ok(cca_peer_access_list(0, peers, 2, &n));
+    expect_eq_u64(n, 0); /* not enabled */
+    uint64_t before = cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS);
+    expect_ok(cca_enable_peer_access(1, 0));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS) - before, 2); /* both ranges */
+    expect_ok(cca_peer_access_list(0, peers, 2, &n));
+    expect_eq_u64(n, 1);
+    cca_free(a);
+    cca_free(c);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(small_pool_maps_2mib_granules);
@@ -500,5 +576,8 @@ int main(void)
     RUN(snapshot_file);
     RUN(misuse);
     cca_shutdown();
+    RUN(release_available_passes_over_expandable_blocks);
+    RUN(failed_reservation_free_retried);
+    RUN(failed_peer_access_is_retried_whole);
     return harness_done();
 }
