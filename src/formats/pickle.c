@@ -686,6 +686,38 @@ pv_node_t *pv_new_str(pv_doc_t *doc, const char *s)
     return pv_new_strn(doc, s, s ? strlen(s) : 0);
 }
 
+pv_node_t *pv_new_text(pv_doc_t *doc, const char *s, size_t len)
+{
+    if (!s)
+        s = "", len = 0;
+    const unsigned char *p = (const unsigned char *)s;
+    if (pv_utf8_valid(p, len))
+        return pv_new_strn(doc, s, len);
+    unsigned char *out = malloc(len * 3 + 1); /* each bad byte: U+FFFD's three */
+    if (!out) {
+        cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory building a pickle");
+        return build_oom(doc);
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t k = 1;
+        while (k <= 4 && !(i + k <= len && pv_utf8_valid(p + i, k)))
+            k++;
+        if (k <= 4) { /* a whole character */
+            memcpy(out + n, p + i, k);
+            n += k;
+            i += k;
+        } else {
+            memcpy(out + n, "\xef\xbf\xbd", 3);
+            n += 3;
+            i++;
+        }
+    }
+    pv_node_t *node = pv_new_strn(doc, (const char *)out, n);
+    free(out);
+    return node;
+}
+
 pv_node_t *pv_new_bytes(pv_doc_t *doc, const void *data, size_t len)
 {
     pv_node_t *n = pv_node_bytes(doc, PV_BYTES, data, len);

@@ -104,6 +104,9 @@ pv_node_t *pv_new_bigint(pv_doc_t *doc, const uint8_t *data, size_t len);
 pv_node_t *pv_new_float(pv_doc_t *doc, double value);
 pv_node_t *pv_new_str(pv_doc_t *doc, const char *s);
 pv_node_t *pv_new_strn(pv_doc_t *doc, const char *s, size_t len);
+/* A str from text that need not be UTF-8 (a program's context, an annotation): each byte that
+ * begins no valid character becomes U+FFFD, as Python's errors="replace" decodes it. */
+pv_node_t *pv_new_text(pv_doc_t *doc, const char *s, size_t len);
 pv_node_t *pv_new_bytes(pv_doc_t *doc, const void *data, size_t len);
 pv_node_t *pv_new_list(pv_doc_t *doc);
 pv_node_t *pv_new_dict(pv_doc_t *doc);

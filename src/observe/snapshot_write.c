@@ -39,7 +39,7 @@ static pv_node_t *frames_of(pv_doc_t *doc, const char *context)
             pv_node_t *frame = pv_new_dict(doc);
             if (!frame)
                 return NULL;
-            pv_dict_set(doc, frame, "filename", pv_new_strn(doc, p, len));
+            pv_dict_set(doc, frame, "filename", pv_new_text(doc, p, len));
             pv_dict_set(doc, frame, "line", pv_new_int(doc, 0));
             pv_dict_set(doc, frame, "name", pv_new_str(doc, ""));
             if (pv_list_append(doc, list, frame) != CCA_OK)
@@ -126,7 +126,8 @@ static cca_status_t add_traces(pv_doc_t *doc, pv_node_t *traces, pv_node_t *anno
         if (e->action == CCA_TRACE_USER_DEFINED) {
             pv_node_t *a = pv_new_dict(doc);
             pv_dict_set(doc, a, "device", pv_new_int(doc, e->device));
-            pv_dict_set(doc, a, "name", pv_new_str(doc, e->context ? e->context : ""));
+            pv_dict_set(doc, a, "name",
+                        pv_new_text(doc, e->context, e->context ? strlen(e->context) : 0));
             pv_dict_set(doc, a, "stage", pv_new_str(doc, "START"));
             pv_dict_set(doc, a, "time_us", pv_new_int(doc, e->time_us));
             st = pv_list_append(doc, annotations, a);
@@ -142,8 +143,9 @@ out:
 /*
  * The settings string in effect: every key not at its default, as
  * "key:value" (what replaying the file needs to decide the same way).
+ * False: out of host memory (out is then not the whole string).
  */
-static void conf_string(const cca_settings_t *s, cca_strbuf_t *out)
+static bool conf_string(const cca_settings_t *s, cca_strbuf_t *out)
 {
     cca_strbuf_t desc;
     sb_init(&desc);
@@ -168,16 +170,21 @@ static void conf_string(const cca_settings_t *s, cca_strbuf_t *out)
         }
         line = end ? end + 1 : NULL;
     }
+    bool ok = !desc.failed;
     sb_free(&desc);
     if (!out->data)
         sb_append(out, "");
+    return ok && !out->failed;
 }
 
 static cca_status_t add_settings(pv_doc_t *doc, pv_node_t *root, const cca_settings_t *s)
 {
     cca_strbuf_t conf;
     sb_init(&conf);
-    conf_string(s, &conf);
+    if (!conf_string(s, &conf)) { /* a file replayed under other settings: none at all */
+        sb_free(&conf);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
+    }
     pv_node_t *as = pv_new_dict(doc);
     pv_dict_set(doc, as, "PYTORCH_CUDA_ALLOC_CONF", pv_new_str(doc, conf.data ? conf.data : ""));
     pv_dict_set(doc, as, "max_split_size",

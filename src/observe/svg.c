@@ -331,9 +331,11 @@ static double segment_map(cca_strbuf_t *sb, const pv_node_t *segments, double to
         fmt_size(total, s_total, sizeof(s_total));
         fmt_size(get_u64(seg, "active_size"), s_active, sizeof(s_active));
         sb_printf(sb, "<text x=\"10\" y=\"%.1f\" font-size=\"10\" font-family=\"monospace\">"
-                  "%llu 0x%llx %s %s</text>\n", y + ROW_HEIGHT - 2,
+                  "%llu 0x%llx %s ", y + ROW_HEIGHT - 2,
                   (unsigned long long)get_u64(seg, "device"),
-                  (unsigned long long)get_u64(seg, "address"), s_total, t);
+                  (unsigned long long)get_u64(seg, "address"), s_total);
+        xml_text(sb, t, strlen(t)); /* (a file's own string) */
+        sb_append(sb, "</text>\n");
         sb_printf(sb, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"#f4f4f4\" "
                   "stroke=\"#999\" stroke-width=\"0.5\"><title>segment 0x%llx: %s, %s active"
                   "</title></rect>\n", MAP_LABEL, y, MAP_WIDTH, ROW_HEIGHT,

@@ -655,6 +655,91 @@ TEST(dump_read_by_python_and_svg)
     cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 }
 
+/* ---- text from the program or a file ---- */
+
+static const char *latin1_context(void *arg)
+{
+    (void)arg;
+    return "/home/jos\xe9/train.py:12"; /* a Latin-1 path: not UTF-8 */
+}
+
+/*
+ * A context or annotation that is not UTF-8 (a Latin-1 path) is written with
+ * each bad byte as U+FFFD, as Python decodes with errors="replace"; before,
+ * every dump failed for as long as the entry stayed in the ring.
+ */
+TEST(dump_of_text_that_is_not_utf8)
+{
+    setup(0);
+    expect_eq_i64(cca_record_history(true, latin1_context, NULL, 100, CCA_RECORD_CONTEXT_STATE),
+                  CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1);
+    expect_eq_i64(cca_record_annotation("\xff phase"), CCA_OK);
+    char path[128];
+    path_in_tmp(path, sizeof(path), "latin1.pickle");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    const pv_node_t *segs = root ? key(root, "segments") : NULL;
+    bool found = false; /* the live block's frames (the context at its allocation) */
+    for (size_t i = 0; segs && i < pv_len(segs); i++) {
+        const pv_node_t *blocks = key(pv_at(segs, i), "blocks");
+        for (size_t j = 0; j < pv_len(blocks); j++) {
+            const pv_node_t *frames = pv_dict_get(pv_at(blocks, j), "frames");
+            if (frames && pv_len(frames))
+                found |= pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"),
+                                   "/home/jos\xef\xbf\xbd/train.py:12");
+        }
+    }
+    expect_true(found);
+    const pv_node_t *ann = root ? key(root, "external_annotations") : NULL;
+    expect_true(ann && pv_len(ann) >= 1 &&
+                pv_str_eq(pv_dict_get(pv_at(ann, 0), "name"), "\xef\xbf\xbd phase"));
+    pv_doc_free(doc);
+    path_in_tmp(path, sizeof(path), "latin1.json");
+    expect_eq_i64(cca_dump_snapshot_json(path), CCA_OK);
+    cca_free(a);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
+/* A snapshot file's segment type goes into the SVG escaped (it was written as it came). */
+TEST(svg_escapes_a_files_segment_type)
+{
+    pv_doc_t *doc = pv_doc_new();
+    pv_node_t *root = pv_new_dict(doc), *segs = pv_new_list(doc), *seg = pv_new_dict(doc);
+    pv_node_t *blocks = pv_new_list(doc), *b = pv_new_dict(doc), *traces = pv_new_list(doc);
+    pv_dict_set(doc, b, "size", pv_new_int(doc, 100));
+    pv_dict_set(doc, b, "requested_size", pv_new_int(doc, 0));
+    pv_dict_set(doc, b, "state", pv_new_str(doc, "inactive"));
+    pv_list_append(doc, blocks, b);
+    pv_dict_set(doc, seg, "device", pv_new_int(doc, 0));
+    pv_dict_set(doc, seg, "address", pv_new_int(doc, 4096));
+    pv_dict_set(doc, seg, "total_size", pv_new_int(doc, 100));
+    pv_dict_set(doc, seg, "active_size", pv_new_int(doc, 0));
+    pv_dict_set(doc, seg, "segment_type", pv_new_str(doc, "a<b&c"));
+    pv_dict_set(doc, seg, "blocks", blocks);
+    pv_list_append(doc, segs, seg);
+    pv_list_append(doc, traces, pv_new_list(doc));
+    pv_dict_set(doc, root, "segments", segs);
+    pv_dict_set(doc, root, "device_traces", traces);
+    pv_doc_set_root(doc, root);
+    char in[128], out[128];
+    path_in_tmp(in, sizeof(in), "crafted.pickle");
+    path_in_tmp(out, sizeof(out), "crafted.svg");
+    expect_eq_i64(pickle_write_file(root, in), CCA_OK);
+    pv_doc_free(doc);
+    expect_eq_i64(cca_snapshot_file_to_svg(in, out), CCA_OK);
+    FILE *f = fopen(out, "r");
+    static char text[1 << 16];
+    size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    text[n] = 0;
+    expect_true(strstr(text, "a&lt;b&amp;c") != NULL);
+    expect_true(strstr(text, "a<b&c") == NULL);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/cca_test_snapshot_XXXXXX");
@@ -672,6 +757,8 @@ int main(void)
     RUN(snapshot_consistent_under_concurrency);
     RUN(dump_pickle_read_back_by_cca);
     RUN(dump_read_by_python_and_svg);
+    RUN(dump_of_text_that_is_not_utf8);
+    RUN(svg_escapes_a_files_segment_type);
     cca_shutdown();
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
