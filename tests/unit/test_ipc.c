@@ -894,22 +894,44 @@ static void forged_child(int rfd)
     cca_shutdown();
 }
 
-TEST(forged_handles_refused)
+/* Fork a child that runs child(rfd) on the read end of a pipe and exits with its verdict;
+ * the parent gets the write end (-1: no pipe, reported). */
+static pid_t fork_child(void (*child)(int rfd), int *wfd)
 {
     int down[2];
+    *wfd = -1;
     if (pipe(down)) {
         HARNESS_FAIL("pipe failed");
-        return;
+        return -1;
     }
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
         close(down[1]);
-        forged_child(down[0]);
+        child(down[0]);
         fflush(stdout);
         _exit(harness_current_failed ? 1 : 0);
     }
     close(down[0]);
+    *wfd = down[1];
+    return pid;
+}
+
+/* Wait for the child, which must have passed, and close the pipe. */
+static void child_done(pid_t pid, int wfd)
+{
+    int status = 0;
+    waitpid(pid, &status, 0);
+    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(wfd);
+}
+
+TEST(forged_handles_refused)
+{
+    int wfd;
+    pid_t pid = fork_child(forged_child, &wfd);
+    if (pid < 0)
+        return;
     setup(true, 0, "");
     void *p[3];
     msg_t m = {MSG_HANDLES, {{{0}}}};
@@ -917,11 +939,8 @@ TEST(forged_handles_refused)
         expect_ok(cca_malloc(&p[i], i == 1 ? MiB / 2 : MiB, NULL));
         expect_ok(cca_ipc_get_handle(p[i], NULL, &m.handle[i]));
     }
-    send_msg(down[1], &m);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    close(down[1]);
+    send_msg(wfd, &m);
+    child_done(pid, wfd);
     for (int i = 0; i < 3; i++)
         expect_ok(cca_free(p[i]));
     cca_ipc_collect(NULL);
@@ -950,30 +969,17 @@ static void close_fault_child(int rfd)
 
 TEST(failed_close_is_retried)
 {
-    int down[2];
-    if (pipe(down)) {
-        HARNESS_FAIL("pipe failed");
+    int wfd;
+    pid_t pid = fork_child(close_fault_child, &wfd);
+    if (pid < 0)
         return;
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(down[1]);
-        close_fault_child(down[0]);
-        fflush(stdout);
-        _exit(harness_current_failed ? 1 : 0);
-    }
-    close(down[0]);
     setup(true, 0, "expandable_segments:True");
     void *p = NULL;
     msg_t m = {MSG_HANDLES, {{{0}}}};
     expect_ok(cca_malloc(&p, 3 * MiB, NULL));
     expect_ok(cca_ipc_get_handle(p, NULL, &m.handle[0]));
-    send_msg(down[1], &m);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    expect_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    close(down[1]);
+    send_msg(wfd, &m);
+    child_done(pid, wfd);
     expect_ok(cca_free(p)); /* the consumer released its reference: freed at once */
     cca_device_stats_t s;
     expect_ok(cca_get_device_stats(0, &s));
