@@ -1110,6 +1110,22 @@ static inline void pool_lock(cca_stream_pool_t *sp)
     if (pool_pending(sp))
         pool_flush(sp);
 }
+
+/* pool_lock for a caller that may hold sp's lock already (held): its held-back frees
+ * merged either way; pool_unlock_unless_held after. */
+static inline void pool_lock_unless_held(cca_stream_pool_t *sp, const cca_stream_pool_t *held)
+{
+    if (sp != held)
+        cca_spin_lock(&sp->lock);
+    if (pool_pending(sp))
+        pool_flush(sp);
+}
+
+static inline void pool_unlock_unless_held(cca_stream_pool_t *sp, const cca_stream_pool_t *held)
+{
+    if (sp != held)
+        cca_spin_unlock(&sp->lock);
+}
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* The statistics of a held-back return applied now (pool_hold_block; pool.c). */

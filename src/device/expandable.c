@@ -1185,11 +1185,6 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
     return CCA_OK;
 }
 
-/*
- * The expandable half of PyTorch's release_blocks for one pool: unmap every
- * free expandable block, in (size, address) order. Returns the first failure
- * (the others are still tried).
- */
 /* The reservations of pool emptied before whose free failed, freed again (device and pool
  * locks held). Returns the first failure (those stay). */
 static cca_status_t release_failed_reservations(cca_device_t *dev, cca_pool_t *pool)
@@ -1208,6 +1203,12 @@ static cca_status_t release_failed_reservations(cca_device_t *dev, cca_pool_t *p
     return result;
 }
 
+/*
+ * The expandable half of PyTorch's release_blocks for one pool: unmap every
+ * free expandable block, in (size, address) order, after freeing the
+ * reservations whose free failed before. Returns the first failure (the
+ * others are still tried).
+ */
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool)
 {
     if (!pool->expandable_segments)

@@ -17,7 +17,6 @@
 
 /* ---- block structs ---------------------------------------------------------- */
 
-/* A block struct of the heap, for pool_block_new when the stream pool has no spare. */
 static _Atomic long host_alloc_countdown; /* tests (pool_test_fail_host_alloc) */
 
 void pool_test_fail_host_alloc(long n)
@@ -34,6 +33,7 @@ bool pool_host_alloc_fails(void)
     return n == 1;
 }
 
+/* A block struct of the heap, for pool_block_new when the stream pool has no spare. */
 cca_block_t *pool_block_struct(void)
 {
     return pool_host_alloc_fails() ? NULL : malloc(sizeof(cca_block_t));

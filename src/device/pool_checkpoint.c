@@ -280,25 +280,23 @@ static cca_status_t checkpoint_reserve(cca_device_t *dev, cca_private_pool_t *pp
                                        const cca_pool_state_t *state, cca_checkpoint_delta_t *d,
                                        size_t *freed_cap, size_t *allocated_cap)
 {
-    size_t live = 0, kept = 0;
+    size_t live = 0, kept = 0, blocks = 0;
     for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
         if (segment_in_pool(seg, pp))
             for (const cca_block_t *b = seg->head; b; b = b->next)
                 live += b->allocated;
-    for (size_t i = 0; i < state->segment_count; i++)
+    for (size_t i = 0; i < state->segment_count; i++) {
+        blocks += state->segments[i].block_count;
         for (size_t j = 0; j < state->segments[i].block_count; j++)
             kept += state->segments[i].blocks[j].allocated;
+    }
     if (!list_reserve(&d->freed, freed_cap, live) || !list_reserve(&d->allocated, allocated_cap, kept))
         goto oom;
     for (size_t i = 0; i < state->segment_count; i++) {
         const ckpt_segment_t *cs = &state->segments[i];
         cca_stream_pool_t *sp = checkpoint_segment_locked(dev, pp, cs)->head->pool->owner;
-        size_t splits = 0; /* every segment of sp's: one struct per block at most */
-        for (size_t k = 0; k < state->segment_count; k++)
-            if (checkpoint_segment_locked(dev, pp, &state->segments[k])->head->pool->owner == sp)
-                splits += state->segments[k].block_count;
-        pool_lock(sp);
-        bool ok = pool_spares_reserve(sp, splits);
+        pool_lock(sp); /* one struct per block at most (the checkpoint's: enough for sp's) */
+        bool ok = pool_spares_reserve(sp, blocks);
         cca_spin_unlock(&sp->lock);
         for (size_t j = 0; ok && j < cs->block_count; j++)
             ok = ptrmap_reserve(cca_state->ptrmap, cs->blocks[j].addr);

@@ -151,10 +151,7 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
 cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream_pool_t *held)
 {
     cca_status_t result = CCA_OK;
-    if (pool->owner != held)
-        pool_lock(pool->owner);
-    else if (pool_pending(held))
-        pool_flush(held); /* as pool_lock does: a held-back free merged, as PyTorch has it */
+    pool_lock_unless_held(pool->owner, held); /* a held-back free merged, as PyTorch has it */
     cca_block_t *b = bins_best_fit(&pool->bins, 0);
     while (b) {
         cca_block_t *next = bins_next(&pool->bins, b);
@@ -165,8 +162,7 @@ cca_status_t release_pool_blocks(cca_device_t *dev, cca_pool_t *pool, cca_stream
         }
         b = next;
     }
-    if (pool->owner != held)
-        cca_spin_unlock(&pool->owner->lock);
+    pool_unlock_unless_held(pool->owner, held);
     return result;
 }
 
@@ -175,13 +171,9 @@ static cca_status_t release_pool_expandable(cca_device_t *dev, cca_pool_t *pool,
 {
     if (!pool->expandable_segments)
         return CCA_OK;
-    if (pool->owner != held)
-        pool_lock(pool->owner);
-    else if (pool_pending(held))
-        pool_flush(held); /* as pool_lock does */
+    pool_lock_unless_held(pool->owner, held);
     cca_status_t st = expandable_release_pool(dev, pool);
-    if (pool->owner != held)
-        cca_spin_unlock(&pool->owner->lock);
+    pool_unlock_unless_held(pool->owner, held);
     return st;
 }
 
@@ -336,8 +328,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
     if (!pools)
         return;
     for (size_t i = 0; i < n; i++)
-        if (pools[i] != held)
-            pool_lock(pools[i]);
+        pool_lock_unless_held(pools[i], held);
     size_t total_age = 0;
     int64_t freeable = 0;
     for (size_t i = 0; i < n; i++)
@@ -371,8 +362,7 @@ void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
         }
     }
     for (size_t i = 0; i < n; i++)
-        if (pools[i] != held)
-            cca_spin_unlock(&pools[i]->lock);
+        pool_unlock_unless_held(pools[i], held);
     free(pools);
 }
 

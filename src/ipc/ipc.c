@@ -669,6 +669,16 @@ cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle)
     return cca_ipc_release_handle_bytes(handle->bytes, sizeof(handle->bytes));
 }
 
+/* Take seg out of the list and free it (ipc_lock held). */
+static void segment_forget_locked(ipc_segment_t *seg)
+{
+    ipc_segment_t **link = &segments;
+    while (*link != seg)
+        link = &(*link)->next;
+    *link = seg->next;
+    free(seg);
+}
+
 /* Drop one open of seg; unmap it after the last (ipc_lock held). Where the backend fails,
  * the open stays (seg as it was, but for granules already unmapped): a later close retries. */
 static cca_status_t segment_put_locked(ipc_segment_t *seg)
@@ -691,11 +701,7 @@ static cca_status_t segment_put_locked(ipc_segment_t *seg)
     }
     if (st != CCA_OK)
         return st;
-    ipc_segment_t **link = &segments;
-    while (*link != seg)
-        link = &(*link)->next;
-    *link = seg->next;
-    free(seg);
+    segment_forget_locked(seg);
     return CCA_OK;
 }
 
@@ -746,14 +752,8 @@ void ipc_shutdown(void)
     while (opens) {
         ipc_open_t *o = opens;
         opens = o->next;
-        ipc_segment_t *seg = o->segment;
-        if (segment_put_locked(seg) != CCA_OK) { /* best effort: the backend goes too */
-            ipc_segment_t **link = &segments;
-            while (*link != seg)
-                link = &(*link)->next;
-            *link = seg->next;
-            free(seg);
-        }
+        if (segment_put_locked(o->segment) != CCA_OK)
+            segment_forget_locked(o->segment); /* best effort: the backend goes too */
         (void)shmcount_release_foreign(&o->ref);
         free(o);
     }

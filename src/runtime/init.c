@@ -109,15 +109,16 @@ cca_status_t cca_set_settings(const char *text)
     bool fraction_changed =
         next.per_process_memory_fraction != cca_state->settings.per_process_memory_fraction;
     cca_state->settings = next;
-    if (fraction_changed && next.per_process_memory_fraction > 0.0 && async_enabled())
-        async_settings_fraction(next.per_process_memory_fraction);
-    if (fraction_changed && next.per_process_memory_fraction > 0.0)
+    if (fraction_changed && next.per_process_memory_fraction > 0.0) {
+        if (async_enabled())
+            async_settings_fraction(next.per_process_memory_fraction);
         for (int d = 0; d < cca_state->device_count; d++) {
             cca_device_t *dev = &cca_state->devices[d];
             dev->set_fraction = true;
             dev->allowed_memory_maximum =
                 (size_t)(next.per_process_memory_fraction * (double)dev->total_memory);
         }
+    }
     lock_world(false);
     return CCA_OK;
 }
