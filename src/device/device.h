@@ -343,7 +343,8 @@ typedef struct cca_device {
     size_t aliased_bytes;       /* bytes of their old mappings */
     uint64_t compact_aliased_bytes; /* bytes mapped again that way (part of compact_moved_bytes) */
     size_t compact_high;        /* the most reserved bytes after any expandable growth, plus
-                                   the bytes aliased since (expandable.c: alias_limit) */
+                                   the bytes aliased since and an eighth of those moved
+                                   (expandable.c: compact_limit) */
     size_t compact_requested;   /* the most requested bytes seen at a growth that could alias */
 
     /* memory fraction */

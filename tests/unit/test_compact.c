@@ -65,6 +65,8 @@ static void *xmalloc(size_t size, cca_stream_t stream)
     return p;
 }
 
+static int64_t extra_stat(const char *key);
+
 static bool invariants_hold(void)
 {
     char why[512];
@@ -207,21 +209,22 @@ static void step(void)
 }
 
 /*
- * A steady loop: after the first steps its peak reserved stays, and the
- * granules moved between the pools cost at most one map and two unmaps a
- * step (the mode trades those for the memory; see docs/compact-memory.md).
+ * A steady loop: after its first steps (each granule moved raises the limit
+ * below which growth takes new memory, so the moves a step needs again stop)
+ * its peak reserved stays and a step maps and unmaps nothing.
  */
 TEST(compact_steady_loop_stays_bounded)
 {
     setup_with("compact_memory:True", 0);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 12; i++)
         step();
     cca_device_stats_t s0 = stats();
+    expect_true(extra_stat("cca.compact_moves") > 0);
     for (int i = 0; i < 20; i++)
         step();
     cca_device_stats_t s1 = stats();
-    expect_true(s1.num_device_alloc - s0.num_device_alloc <= 20);
-    expect_true(s1.num_device_free - s0.num_device_free <= 40);
+    expect_eq_i64(s1.num_device_alloc - s0.num_device_alloc, 0);
+    expect_eq_i64(s1.num_device_free - s0.num_device_free, 0);
     expect_eq_i64(s1.reserved_bytes[CCA_STAT_ALL].peak, s0.reserved_bytes[CCA_STAT_ALL].peak);
     /* the control: plain expandable segments reserve more for the same loop */
     int64_t compact_peak = s1.reserved_bytes[CCA_STAT_ALL].peak;
@@ -598,6 +601,46 @@ TEST(compact_aliases_only_past_the_alias_limit)
 }
 
 /*
+ * Free granules known done move only past the same limit: below it a growth
+ * maps new memory, which stays (a loop settles instead of moving the same
+ * granules at every step); past it, only the granules that would take
+ * reserved bytes over it move.
+ */
+TEST(compact_moves_only_past_the_limit)
+{
+    setup_with("compact_memory:True", 0);
+    cca_device_t *dev = &cca_state->devices[0];
+    void *x = xmalloc(20 * MiB, NULL); /* the program's peak so far: 20 MiB */
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    void *a = xmalloc(4 * MiB, NULL), *b = xmalloc(4 * MiB, NULL), *c = xmalloc(4 * MiB, NULL);
+    cca_free(b); /* two free granules, known done at once */
+    uint64_t creates = calls(CCA_OP_VMM_CREATE);
+    void *d = xmalloc(6 * MiB, NULL); /* 12 + 6 MiB: under 20.2, new memory, nothing moves */
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), (int64_t)(18 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 3);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 0);
+    uint64_t unmaps = (uint64_t)stats().num_device_free;
+    void *e = xmalloc(6 * MiB, NULL); /* 18 + 6 MiB passes 20.2 by 3.8: b's two granules move */
+    expect_true(e != NULL);
+    expect_eq_i64(reserved(), (int64_t)(20 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 4);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(4 * MiB));
+    expect_true((uint64_t)stats().num_device_free > unmaps);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 0);
+    expect_true(invariants_hold());
+    void *ptrs[] = {a, c, d, e};
+    for (size_t i = 0; i < 4; i++)
+        cca_free(ptrs[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * Another stream's pending granules are never aliased (its work is not
  * ordered before the growth's); empty_cache waits for the owner stream and
  * unmaps the old mappings of a block still aliased; shutdown unmaps them
@@ -689,6 +732,7 @@ int main(void)
     RUN(compact_synchronises_the_stream_only_when_an_event_call_fails);
     RUN(compact_aliases_pending_granules_of_its_own_stream);
     RUN(compact_aliases_only_past_the_alias_limit);
+    RUN(compact_moves_only_past_the_limit);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
     return harness_done();

@@ -28,7 +28,8 @@ static const char *const traces[] = {
     "gpt2_generate_default", "gpt2_train_default", "gpt2_train_expandable", "gpt2_train_gc07",
     "gpt2_train_split64", "graph_mlp_default", "graph_mlp_expandable", "mempool_default",
     "mempool_expandable", "resnet50_train_default", "resnet50_train_expandable",
-    "two_stream_pipeline_default", "two_stream_pipeline_round8",
+    "two_stream_pipeline_default", "two_stream_pipeline_round8", "gpt2_train20_default",
+    "gpt2_train20_expandable", "resnet50_train16_default", "resnet50_train16_expandable",
 };
 
 /* Load bytes; expect success and return the doc. */
