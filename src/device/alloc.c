@@ -544,7 +544,7 @@ static cca_status_t malloc_prepare_routed(cca_device_t *dev, cca_stream_t stream
     }
     if (dev->reuse_count)
         events_reuse_reset_locked(dev);
-    st = events_insert_deferred_locked(dev);
+    st = events_insert_deferred_locked(dev, NULL);
     pthread_mutex_unlock(&dev->lock);
     if (st == CCA_OK && atomic_load_explicit(&dev->pending_event_count, memory_order_acquire))
         st = events_process(dev);

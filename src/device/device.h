@@ -1319,8 +1319,9 @@ void events_defer_free(cca_device_t *dev, cca_block_t *block);
 cca_status_t events_note_capture_use(cca_device_t *dev, cca_block_t *block, cca_stream_t stream);
 /* Forget block's capture-time uses; with drop, remove them from its stream uses (pool lock held). */
 void events_forget_capture_uses(cca_device_t *dev, cca_block_t *block, bool drop);
-/* Complete the set-aside frees (device lock held, no route active). */
-cca_status_t events_insert_deferred_locked(cca_device_t *dev);
+/* Complete the set-aside frees (device lock held, no route active; held: a stream pool lock
+ * the caller holds, or NULL). */
+cca_status_t events_insert_deferred_locked(cca_device_t *dev, cca_stream_pool_t *held);
 /* Return the set-aside blocks of stream that its capture has passed (device lock held). */
 cca_status_t events_free_safe_in_capture(cca_device_t *dev, cca_stream_t stream);
 /* Forget the capture graphs' traversals (device lock held, no route active). */

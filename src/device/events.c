@@ -307,9 +307,10 @@ void events_forget_capture_uses(cca_device_t *dev, cca_block_t *block, bool drop
  * Complete the frees set aside during routes (PyTorch's
  * insert_events_deferred_until_no_capture): drop the stream uses recorded
  * during the routes, record events on the others, and return the blocks with
- * none (device lock held, no route active).
+ * none (device lock held, no route active; held: the stream pool lock the
+ * caller holds, or NULL).
  */
-cca_status_t events_insert_deferred_locked(cca_device_t *dev)
+cca_status_t events_insert_deferred_locked(cca_device_t *dev, cca_stream_pool_t *held)
 {
     if (!atomic_load_explicit(&dev->deferred_count, memory_order_acquire))
         return CCA_OK;
@@ -327,14 +328,14 @@ cca_status_t events_insert_deferred_locked(cca_device_t *dev)
         list = block->bin_next;
         block->bin_next = block->bin_prev = NULL;
         cca_stream_pool_t *sp = block->pool->owner;
-        pool_lock(sp);
+        pool_lock_unless_held(sp, held);
         if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
             events_forget_capture_uses(dev, block, true);
         cca_status_t st = block->stream_use_count ? events_insert(dev, block) : CCA_OK;
         block->stream_use_count = 0;
         if (block->event_count == 0)
             pool_free_block(dev, block, false);
-        cca_spin_unlock(&sp->lock);
+        pool_unlock_unless_held(sp, held);
         if (st != CCA_OK && result == CCA_OK)
             result = st;
     }

@@ -145,7 +145,7 @@ static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, 
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
         return cca_raise(CCA_ERR_BUSY, "%s: a route to a private pool is active on device %d", what,
                          dev->index);
-    cca_status_t st = events_insert_deferred_locked(dev);
+    cca_status_t st = events_insert_deferred_locked(dev, NULL);
     if (st != CCA_OK)
         return st;
     for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {

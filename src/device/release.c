@@ -196,7 +196,7 @@ static cca_status_t release_private_pools_locked(cca_device_t *dev, cca_stream_p
             continue;
         }
         if (!pools_id_is_default(id) && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
-            cca_status_t st = events_insert_deferred_locked(dev);
+            cca_status_t st = events_insert_deferred_locked(dev, held);
             if (st == CCA_OK)
                 st = events_synchronize_and_free(dev, held, pp);
             if (st != CCA_OK && result == CCA_OK)
@@ -251,7 +251,7 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
     cca_mempool_id_t all = {0, 0};
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
         return release_private_pools_locked(dev, held, all);
-    cca_status_t st = events_insert_deferred_locked(dev);
+    cca_status_t st = events_insert_deferred_locked(dev, held);
     if (st == CCA_OK)
         st = events_synchronize_and_free(dev, held, NULL);
     if (st == CCA_OK)

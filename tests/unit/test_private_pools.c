@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "device.h"
@@ -453,6 +454,62 @@ TEST(oom_during_capture_keeps_cache)
     expect_ok(cca_free(p));
     expect_ok(cca_release_pool(0, G1));
     expect_ok(cca_empty_cache());
+    expect_valid();
+    cca_shutdown();
+}
+
+/* A free-memory callback that sets aside a free of a block of S1's default pool (used on S2)
+ * during a short route, as another thread's route ending meanwhile would leave it. */
+static void *set_aside_block;
+
+static bool set_aside_during_route(void *arg)
+{
+    (void)arg;
+    if (!set_aside_block)
+        return false;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S2));
+    expect_ok(cca_free(set_aside_block));
+    expect_eq_u64(atomic_load(&cca_state->devices[0].deferred_count), 1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_release_pool(0, G1));
+    set_aside_block = NULL;
+    return false;
+}
+
+static void *make_s1_pool(void *arg)
+{
+    (void)arg;
+    expect_ok(cca_free(xmalloc(512, S1)));
+    return NULL;
+}
+
+/*
+ * The out-of-memory retry of an allocation on S1 completes the frees set aside
+ * while it ran, one of them a block of S1's own stream pool, whose lock the
+ * allocation holds: the block goes back and its segment with the others.
+ */
+TEST(oom_retry_completes_a_set_aside_free_of_its_pool)
+{
+    setup(64 * MiB, false);
+    /* S1's pool made by another thread: its lock is not biased to this one, which takes
+     * the lock word (a lock word taken twice spins for ever) */
+    pthread_t maker;
+    expect_eq_i64(pthread_create(&maker, NULL, make_s1_pool, NULL), 0);
+    pthread_join(maker, NULL);
+    alarm(60);
+    set_aside_block = xmalloc(8 * MiB, S1); /* a 20 MiB segment */
+    expect_ok(cca_record_stream(set_aside_block, S2));
+    expect_ok(cca_register_free_memory_callback(set_aside_during_route, NULL));
+    void *p = xmalloc(60 * MiB, S1); /* only once the 20 MiB segment is released */
+    alarm(0);
+    expect_true(p != NULL);
+    expect_true(set_aside_block == NULL);
+    expect_eq_u64(atomic_load(&cca_state->devices[0].deferred_count), 0);
+    expect_eq_i64(stats(0).segment[CCA_STAT_ALL].current, 1);
+    expect_valid();
+    expect_ok(cca_free(p));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
     expect_valid();
     cca_shutdown();
 }
@@ -1130,6 +1187,7 @@ int main(void)
     RUN(sim_capture_model);
     RUN(record_stream_reuse_in_capture);
     RUN(oom_during_capture_keeps_cache);
+    RUN(oom_retry_completes_a_set_aside_free_of_its_pool);
     RUN(use_on_oom_and_no_split);
     RUN(checkpoint_restore);
     RUN(checkpoint_refuses_changed_segments);
