@@ -81,6 +81,13 @@ cca_status_t host_apply_settings(host_alloc_t *h, const cca_settings_t *settings
 /* Validity check for tests and expensive assertions: free lists, map and counters agree. */
 bool host_is_valid(host_alloc_t *h);
 
+/*
+ * Tests: the n-th host allocation from now for the allocators' own records
+ * (block records, the range array, stream uses, events, the pointer map's
+ * growth) fails (0: none), as it would with the host out of memory.
+ */
+void host_test_fail_records(long n);
+
 /* ---- the global instance behind cca_host_* (called by cca_init / cca_shutdown) ---- */
 
 /* Create the global host allocator. Returns host_create's statuses, CCA_ERR_BUSY if it exists. */

@@ -157,7 +157,10 @@ cca_status_t host_apply_settings(host_alloc_t *h, const cca_settings_t *settings
 
 /*
  * host_malloc's miss: a block of rounded bytes (class index) carved from the
- * reserve segment, else from the system. Same returns as host_malloc.
+ * reserve segment, else from the system. Its records (the block, its place
+ * in the range array) are made first: once the memory is obtained nothing
+ * can fail (a carve could not be given back to the segment, and memory from
+ * the system would count as taken and given back). Same returns as host_malloc.
  */
 static __attribute__((noinline)) cca_status_t malloc_miss(host_alloc_t *h, void **ptr,
                                                           size_t rounded, size_t index)
@@ -165,18 +168,19 @@ static __attribute__((noinline)) cca_status_t malloc_miss(host_alloc_t *h, void 
     cca_status_t status;
     void *mem = NULL;
     host_origin_t origin = HOST_ORIGIN_RESERVE;
+    host_block_t *b = host_records_alloc_fails() ? NULL : calloc(1, sizeof(*b));
+    if (!b)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for a pinned block record");
+    status = host_ranges_reserve(h);
+    if (status != CCA_OK)
+        goto out_free_block;
     status = host_reserve_take(h, rounded, &mem);
     if (status != CCA_OK)
-        return status;
+        goto out_unreserve;
     if (!mem) {
         status = host_sys_alloc(h, rounded, &mem, &origin);
         if (status != CCA_OK)
-            return status;
-    }
-    host_block_t *b = calloc(1, sizeof(*b));
-    if (!b) {
-        status = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for a pinned block record");
-        goto out_release;
+            goto out_unreserve;
     }
     b->ptr = mem;
     b->size = rounded;
@@ -185,9 +189,7 @@ static __attribute__((noinline)) cca_status_t malloc_miss(host_alloc_t *h, void 
     b->uses_cap = HOST_INLINE_USES;
     b->allocated = true;
     atomic_init(&b->event_count, 0);
-    status = host_ranges_insert(h, b);
-    if (status != CCA_OK)
-        goto out_free_block;
+    host_ranges_insert(h, b);
 
     pthread_mutex_lock(&h->stats_lock);
     host_stat_increase(&h->allocations, 1);
@@ -200,12 +202,10 @@ static __attribute__((noinline)) cca_status_t malloc_miss(host_alloc_t *h, void 
     *ptr = mem;
     return CCA_OK;
 
+out_unreserve:
+    host_ranges_unreserve(h);
 out_free_block:
     free(b);
-out_release:
-    /* A carve stays in the reserve segment (freed with it); system memory goes back. */
-    if (origin != HOST_ORIGIN_RESERVE)
-        (void)host_sys_free(h, mem, origin);
     return status;
 }
 
@@ -371,7 +371,7 @@ static cca_status_t block_add_use_locked(host_block_t *b, cca_stream_t stream, i
             return CCA_OK;
     if (b->nuses == b->uses_cap) {
         size_t cap = b->uses_cap * 2;
-        host_use_t *uses = malloc(cap * sizeof(*uses));
+        host_use_t *uses = host_records_alloc_fails() ? NULL : malloc(cap * sizeof(*uses));
         if (!uses)
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording a stream use");
         memcpy(uses, b->uses, b->nuses * sizeof(*uses));
@@ -580,7 +580,8 @@ bool host_is_valid(host_alloc_t *h)
         valid = false;
     cca_spin_unlock(&h->lock);
     pthread_mutex_lock(&h->ranges_lock);
-    if (mapped != h->nranges || cached > h->nranges)
+    if (mapped != h->nranges || cached > h->nranges ||
+        h->nranges + h->ranges_reserved > h->ranges_cap)
         valid = false;
     for (size_t i = 1; i < h->nranges; i++)
         if ((uintptr_t)h->ranges[i - 1]->ptr + h->ranges[i - 1]->size > (uintptr_t)h->ranges[i]->ptr)

@@ -28,7 +28,7 @@ cca_status_t host_event_get(host_alloc_t *h, int device, host_event_t **out)
         h->pool[device] = e->next;
     pthread_mutex_unlock(&h->pool_lock);
     if (!e) {
-        e = calloc(1, sizeof(*e));
+        e = host_records_alloc_fails() ? NULL : calloc(1, sizeof(*e));
         if (!e)
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for a pinned-block event");
         cca_status_t status = h->backend->event_create(h->backend->ctx, device, &e->event);

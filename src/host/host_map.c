@@ -17,11 +17,27 @@
 /* The pointer map and the range array                                      */
 /* ------------------------------------------------------------------------ */
 
+static _Atomic long records_countdown; /* tests (host_test_fail_records) */
+
+void host_test_fail_records(long n)
+{
+    atomic_store_explicit(&records_countdown, n, memory_order_relaxed);
+}
+
+bool host_records_alloc_fails(void)
+{
+    long n = atomic_load_explicit(&records_countdown, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(&records_countdown, &n, n - 1,
+                                                           memory_order_relaxed, memory_order_relaxed))
+        ;
+    return n == 1;
+}
+
 /* Double the bucket array; best effort (chains grow on failure). Lock held. */
 static void map_grow_locked(host_alloc_t *h)
 {
     size_t n = h->nbuckets * 2;
-    host_block_t **buckets = calloc(n, sizeof(*buckets));
+    host_block_t **buckets = host_records_alloc_fails() ? NULL : calloc(n, sizeof(*buckets));
     if (!buckets)
         return;
     for (size_t i = 0; i < h->nbuckets; i++) {
@@ -83,14 +99,16 @@ static size_t ranges_upper_locked(host_alloc_t *h, const void *ptr)
     return lo;
 }
 
-/* Add b to the range array. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
-cca_status_t host_ranges_insert(host_alloc_t *h, host_block_t *b)
+/* Keep room for one more block in the range array. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t host_ranges_reserve(host_alloc_t *h)
 {
     cca_status_t status = CCA_OK;
     pthread_mutex_lock(&h->ranges_lock);
-    if (h->nranges == h->ranges_cap) {
+    if (h->nranges + h->ranges_reserved == h->ranges_cap) {
         size_t cap = h->ranges_cap ? h->ranges_cap * 2 : 64;
-        host_block_t **ranges = realloc(h->ranges, cap * sizeof(*ranges));
+        host_block_t **ranges = host_records_alloc_fails()
+                                    ? NULL
+                                    : realloc(h->ranges, cap * sizeof(*ranges));
         if (!ranges) {
             status = cca_raise(CCA_ERR_OUT_OF_MEMORY,
                                "out of host memory for the pinned block table (%zu blocks)",
@@ -100,22 +118,41 @@ cca_status_t host_ranges_insert(host_alloc_t *h, host_block_t *b)
         h->ranges = ranges;
         h->ranges_cap = cap;
     }
-    size_t at = ranges_upper_locked(h, b->ptr);
-    memmove(&h->ranges[at + 1], &h->ranges[at], (h->nranges - at) * sizeof(*h->ranges));
-    h->ranges[at] = b;
-    h->nranges++;
+    h->ranges_reserved++;
 out_unlock:
     pthread_mutex_unlock(&h->ranges_lock);
     return status;
 }
 
-void host_ranges_remove(host_alloc_t *h, host_block_t *b)
+void host_ranges_unreserve(host_alloc_t *h)
+{
+    pthread_mutex_lock(&h->ranges_lock);
+    cca_assert_internal(h->ranges_reserved > 0);
+    h->ranges_reserved--;
+    pthread_mutex_unlock(&h->ranges_lock);
+}
+
+void host_ranges_insert(host_alloc_t *h, host_block_t *b)
+{
+    pthread_mutex_lock(&h->ranges_lock);
+    cca_assert_internal(h->ranges_reserved > 0);
+    h->ranges_reserved--;
+    size_t at = ranges_upper_locked(h, b->ptr);
+    memmove(&h->ranges[at + 1], &h->ranges[at], (h->nranges - at) * sizeof(*h->ranges));
+    h->ranges[at] = b;
+    h->nranges++;
+    pthread_mutex_unlock(&h->ranges_lock);
+}
+
+void host_ranges_remove(host_alloc_t *h, host_block_t *b, bool keep_room)
 {
     pthread_mutex_lock(&h->ranges_lock);
     size_t at = ranges_upper_locked(h, b->ptr);
     if (at > 0 && h->ranges[at - 1] == b) {
         memmove(&h->ranges[at - 1], &h->ranges[at], (h->nranges - at) * sizeof(*h->ranges));
         h->nranges--;
+        if (keep_room)
+            h->ranges_reserved++;
     }
     pthread_mutex_unlock(&h->ranges_lock);
 }

@@ -204,16 +204,17 @@ cca_status_t host_reserve_take(host_alloc_t *h, size_t size, void **ptr)
  */
 cca_status_t host_block_release(host_alloc_t *h, host_block_t *b)
 {
-    /* Forget it first: the system may hand the address out again at once. */
+    /* Forget it first: the system may hand the address out again at once. Its place in
+     * the range array stays kept, for its return should the system refuse it. */
     host_map_remove(h, b);
-    host_ranges_remove(h, b);
+    host_ranges_remove(h, b, true);
     cca_status_t status = host_sys_free(h, b->ptr, b->origin);
     if (status != CCA_OK) {
-        /* ranges cannot fail here: removing left room for one */
-        (void)host_ranges_insert(h, b);
+        host_ranges_insert(h, b);
         host_map_insert(h, b);
         return status;
     }
+    host_ranges_unreserve(h);
     pthread_mutex_lock(&h->stats_lock);
     host_stat_decrease(&h->allocations, 1);
     host_stat_decrease(&h->allocated_bytes, (int64_t)b->size);

@@ -112,6 +112,8 @@ struct host_alloc {
     pthread_mutex_t ranges_lock;
     host_block_t **ranges;
     size_t nranges, ranges_cap;
+    size_t ranges_reserved; /* room kept for blocks being obtained or given back:
+                               nranges + ranges_reserved <= ranges_cap */
 
     /* pending events, oldest at head */
     _Alignas(64) pthread_mutex_t events_lock;
@@ -222,16 +224,26 @@ static inline host_block_t *host_map_find_locked(host_alloc_t *h, const void *pt
     return b;
 }
 
+/* Whether the allocator's next host allocation for its own records is to fail
+ * (host_test_fail_records); asked before each. */
+bool host_records_alloc_fails(void);
+
 /* Add b to the pointer map (lock held; on table growth failure the chains grow). */
 void host_map_insert_locked(host_alloc_t *h, host_block_t *b);
 /* Add b to the pointer map, taking the lock. */
 void host_map_insert(host_alloc_t *h, host_block_t *b);
 /* Remove b from the pointer map, taking the lock. */
 void host_map_remove(host_alloc_t *h, host_block_t *b);
-/* Add b to the range array. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
-cca_status_t host_ranges_insert(host_alloc_t *h, host_block_t *b);
-/* Remove b from the sorted range array. */
-void host_ranges_remove(host_alloc_t *h, host_block_t *b);
+/* Keep room in the range array for one more block, so that its insertion cannot
+ * fail once its memory is obtained. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
+cca_status_t host_ranges_reserve(host_alloc_t *h);
+/* Give back the room host_ranges_reserve kept, unused. */
+void host_ranges_unreserve(host_alloc_t *h);
+/* Add b to the range array in the room a host_ranges_reserve kept. */
+void host_ranges_insert(host_alloc_t *h, host_block_t *b);
+/* Remove b from the sorted range array; keep_room: its place stays kept for a
+ * host_ranges_insert or host_ranges_unreserve. */
+void host_ranges_remove(host_alloc_t *h, host_block_t *b, bool keep_room);
 /* Start and size of the block holding ptr (interior included); false if none. */
 bool host_ranges_find(host_alloc_t *h, const void *ptr, void **base, size_t *size);
 /* Raise CCA_ERR_INVALID_POINTER for a pointer that is not the start of a block. */

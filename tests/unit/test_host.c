@@ -753,6 +753,72 @@ TEST(fault_event_record)
 }
 
 /*
+ * Host memory for the allocator's own records running out in a miss (the
+ * block record, then the range array's growth at its 65th block) fails the
+ * allocation with CCA_ERR_OUT_OF_MEMORY and keeps nothing: no pinned memory
+ * held from the system, no bytes carved from the reserve segment, every
+ * statistic as before, and the next allocation gets what the failed one
+ * would have had. Before, a carve was lost to the segment for good, and
+ * system memory was taken and given back (counted in both directions).
+ */
+static void records_fault(bool reg, bool reserve)
+{
+    fixture_t f;
+    cca_settings_t s = defaults();
+    s.pinned_use_cuda_host_register = reg;
+    s.pinned_reserve_segment_size = reserve ? 1 * MiB : 0;
+    if (!fx_open(&f, &s))
+        return;
+    void *p[65] = {0};
+    for (int i = 0; i < 64; i++) /* the range array's first 64 places taken */
+        expect_ok(host_malloc(f.h, &p[i], 4096));
+    for (long n = 1; n <= 2; n++) {
+        cca_host_stats_t before = stats(&f);
+        uint64_t live = usage(&f).live_host;
+        void *q = NULL;
+        host_test_fail_records(n);
+        expect_status(host_malloc(f.h, &q, 4096), CCA_ERR_OUT_OF_MEMORY);
+        host_test_fail_records(0);
+        expect_contains(cca_last_error()->message, "out of host memory");
+        expect_eq_ptr(q, NULL);
+        expect_true(host_is_valid(f.h));
+        expect_eq_u64(usage(&f).live_host, live);
+        cca_host_stats_t after = stats(&f);
+        expect_stat(after.allocations, before.allocations.current, before.allocations.peak,
+                    before.allocations.allocated, before.allocations.freed);
+        expect_stat(after.allocated_bytes, before.allocated_bytes.current,
+                    before.allocated_bytes.peak, before.allocated_bytes.allocated,
+                    before.allocated_bytes.freed);
+        expect_stat(after.active_requests, before.active_requests.current,
+                    before.active_requests.peak, before.active_requests.allocated,
+                    before.active_requests.freed);
+        expect_eq_i64(after.num_host_alloc, before.num_host_alloc);
+        expect_eq_i64(after.num_host_free, before.num_host_free);
+        expect_eq_i64(after.host_alloc_time.count, before.host_alloc_time.count);
+        expect_eq_i64(after.host_free_time.count, before.host_free_time.count);
+    }
+    expect_ok(host_malloc(f.h, &p[64], 4096));
+    if (reserve) /* the carve the failed allocations would have had */
+        expect_eq_ptr(p[64], (char *)p[0] + 64 * 4096);
+    cca_host_stats_t st = stats(&f);
+    expect_stat(st.allocations, 65, 65, 65, 0);
+    expect_eq_i64(st.num_host_alloc, reserve ? 1 : 65);
+    expect_eq_i64(st.num_host_free, 0);
+    for (int i = 0; i < 65; i++)
+        expect_ok(host_release_ptr(f.h, p[i]));
+    expect_ok(host_empty_cache(f.h));
+    expect_eq_u64(usage(&f).live_host, reserve ? 1 : 0);
+    fx_close(&f);
+}
+
+TEST(out_of_memory_for_records_keeps_nothing)
+{
+    records_fault(false, false);
+    records_fault(true, false);
+    records_fault(false, true);
+}
+
+/*
  * A scenario run with the nth call of op failing (once, or from then on):
  * each call ends in success or a clean error, the allocator stays valid,
  * and nothing leaks. Returns true when no fault fired (the loop is done).
@@ -1121,6 +1187,7 @@ int main(void)
     RUN(fault_host_free_at_empty_cache);
     RUN(fault_event_create);
     RUN(fault_event_record);
+    RUN(out_of_memory_for_records_keeps_nothing);
     RUN(fault_loops);
     RUN(eight_threads);
     RUN(exact_peaks_across_threads);
