@@ -9,6 +9,11 @@
  * takes the slot, and a decrement whose serial does not match (the slot was
  * given back and taken again) is ignored, so a stale release never lowers
  * another block's count.
+ * A handle names the file by the owner's pid and descriptor number, and a
+ * handle can be forged: before touching a file of another process, the
+ * opener checks that it is one of these (a sealed memfd of exactly this
+ * size whose header the owner wrote), so a forged handle cannot make it
+ * write into some other file the owner holds open.
  * Invariant: the owner's `used` bitmap marks exactly the slots it has taken.
  * Thread-safe: one lock for the owner's files, one for the opened ones.
  */
@@ -19,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "shmcount.h"
@@ -28,11 +34,27 @@ typedef struct shm_slot {
     _Atomic uint64_t serial;
 } shm_slot_t;
 
-#define SHM_FILE_BYTES (SHMCOUNT_SLOTS * sizeof(shm_slot_t))
+/* The head of a counter file, written once by its owner before any handle names it. */
+typedef struct shm_header {
+    char magic[8];
+    int32_t pid;         /* the owner */
+    uint32_t slots;      /* SHMCOUNT_SLOTS */
+    uint32_t slot_bytes; /* sizeof(shm_slot_t) */
+    unsigned char zero[44];
+} shm_header_t;
+
+_Static_assert(sizeof(shm_header_t) == 64, "the counter file's header is one cache line");
+
+static const char shm_magic[8] = {'c', 'c', 'a', 'r', 'e', 'f', 's', '1'};
+
+#define SHM_FILE_BYTES (sizeof(shm_header_t) + SHMCOUNT_SLOTS * sizeof(shm_slot_t))
+/* A counter file's seals: its size is fixed for good (its mappings can never fault). */
+#define SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 typedef struct shm_file {
     pid_t pid; /* the process that made it (a forked child inherits the list, not the file) */
     int fd;
+    shm_header_t *map; /* the whole file: the header, then the slots */
     shm_slot_t *slots;
     uint64_t used[SHMCOUNT_SLOTS / 64]; /* bit: slot taken */
     size_t used_count;
@@ -42,6 +64,7 @@ typedef struct shm_file {
 /* A file of another process, mapped here. */
 typedef struct shm_foreign {
     int32_t pid, fd;
+    shm_header_t *map;
     shm_slot_t *slots;
     struct shm_foreign *next;
 } shm_foreign_t;
@@ -54,10 +77,13 @@ static shm_foreign_t *foreign_files;
 
 static cca_status_t new_file(shm_file_t **out)
 {
+    cca_status_t st;
+    const char *call;
+    int e;
     shm_file_t *f = calloc(1, sizeof(*f));
     if (!f)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for IPC reference counters");
-    f->fd = memfd_create("cca-ipc-refcounts", MFD_CLOEXEC);
+    f->fd = memfd_create("cca-ipc-refcounts", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (f->fd < 0) {
         int e = errno;
         free(f);
@@ -66,23 +92,38 @@ static cca_status_t new_file(shm_file_t **out)
     }
     if (ftruncate(f->fd, (off_t)SHM_FILE_BYTES) != 0) {
         int e = errno;
-        close(f->fd);
-        free(f);
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "IPC reference counters: ftruncate failed: %s",
-                         strerror(e));
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "IPC reference counters: ftruncate failed: %s",
+                       strerror(e));
+        goto out_close;
+    }
+    if (fcntl(f->fd, F_ADD_SEALS, SHM_SEALS) != 0) {
+        e = errno;
+        call = "sealing the file";
+        goto out_errno;
     }
     void *m = mmap(NULL, SHM_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, 0);
     if (m == MAP_FAILED) {
-        int e = errno;
-        close(f->fd);
-        free(f);
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "IPC reference counters: mmap failed: %s",
-                         strerror(e));
+        e = errno;
+        call = "mmap";
+        goto out_errno;
     }
-    f->slots = m;
+    f->map = m;
+    f->slots = (shm_slot_t *)(f->map + 1);
     f->pid = getpid();
+    f->map->pid = (int32_t)f->pid;
+    f->map->slots = SHMCOUNT_SLOTS;
+    f->map->slot_bytes = sizeof(shm_slot_t);
+    memcpy(f->map->magic, shm_magic, sizeof(shm_magic));
     *out = f;
     return CCA_OK;
+
+out_errno:
+    st = cca_raise(e == ENOMEM ? CCA_ERR_OUT_OF_MEMORY : CCA_ERR_BACKEND,
+                   "IPC reference counters: %s failed: %s", call, strerror(e));
+out_close:
+    close(f->fd);
+    free(f);
+    return st;
 }
 
 /* Whether f is this process's own file: a forked child's copy of the list names its parent's
@@ -172,8 +213,77 @@ void shmcount_give_back(const shmcount_ref_t *ref)
     pthread_mutex_unlock(&own_lock);
 }
 
-/* Decrement (release) or check the counter of another process. */
-static cca_status_t foreign_access(const shmcount_ref_t *ref, bool release)
+/* A handle naming path of process pid as its counters, which is some other file. */
+static cca_status_t refuse_foreign(int32_t pid, const char *path)
+{
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                     "the handle names %s of process %d as its reference counters, which is not "
+                     "a cca counter file: a forged or corrupt handle",
+                     path, (int)pid);
+}
+
+/*
+ * Map the counter file a handle names (descriptor fd of process pid) after
+ * checking that it is one: a sealed regular file of SHM_FILE_BYTES whose
+ * header names that process. Nothing is written to it. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (some other file: a forged or corrupt handle),
+ * CCA_ERR_BACKEND (it cannot be reached: the owner exited),
+ * CCA_ERR_OUT_OF_MEMORY.
+ */
+static cca_status_t map_foreign(int32_t pid, int32_t fd, shm_header_t **out)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)fd);
+    struct stat sb;
+    int file = -1;
+    /* The target's kind and size before it is opened: opening a device or a FIFO may act. */
+    if (stat(path, &sb) == 0) {
+        if (!S_ISREG(sb.st_mode) || sb.st_size != (off_t)SHM_FILE_BYTES)
+            return refuse_foreign(pid, path);
+        file = open(path, O_RDWR | O_CLOEXEC);
+    }
+    if (file < 0) {
+        int e = errno;
+        return cca_raise(CCA_ERR_BACKEND,
+                         "cannot reach the reference counters of process %d (%s: %s); "
+                         "it may have exited",
+                         (int)pid, path, strerror(e));
+    }
+    cca_status_t st = CCA_OK;
+    int seals = fcntl(file, F_GET_SEALS);
+    /* Sealed against resizing (a memfd's seals): the mapping cannot fault past the file's end. */
+    if (fstat(file, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != (off_t)SHM_FILE_BYTES ||
+        seals < 0 || (seals & SHM_SEALS) != SHM_SEALS) {
+        st = refuse_foreign(pid, path);
+        goto out_close;
+    }
+    void *m = mmap(NULL, SHM_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, file, 0);
+    if (m == MAP_FAILED) {
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "cannot map the reference counters of process %d",
+                       (int)pid);
+        goto out_close;
+    }
+    const shm_header_t *head = m;
+    if (memcmp(head->magic, shm_magic, sizeof(shm_magic)) != 0 || head->pid != pid ||
+        head->slots != SHMCOUNT_SLOTS || head->slot_bytes != sizeof(shm_slot_t)) {
+        munmap(m, SHM_FILE_BYTES);
+        st = refuse_foreign(pid, path);
+        goto out_close;
+    }
+    *out = m;
+out_close:
+    close(file);
+    return st;
+}
+
+/* What foreign_access does with another process's counter. */
+typedef enum foreign_op {
+    FOREIGN_VERIFY,  /* only check that the file is a counter file */
+    FOREIGN_CHECK,   /* and that the counter is live and above zero */
+    FOREIGN_RELEASE, /* decrement it (ignored when the slot was reused) */
+} foreign_op_t;
+
+static cca_status_t foreign_access(const shmcount_ref_t *ref, foreign_op_t op)
 {
     if (ref->slot >= SHMCOUNT_SLOTS)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "IPC reference counter slot %u is out of range",
@@ -184,38 +294,31 @@ static cca_status_t foreign_access(const shmcount_ref_t *ref, bool release)
     while (f && !(f->pid == ref->pid && f->fd == ref->fd))
         f = f->next;
     if (!f) {
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ref->pid, (int)ref->fd);
-        int fd = open(path, O_RDWR | O_CLOEXEC);
-        if (fd < 0) {
-            int e = errno;
-            st = cca_raise(CCA_ERR_BACKEND,
-                           "cannot reach the reference counters of process %d (%s: %s); "
-                           "it may have exited",
-                           (int)ref->pid, path, strerror(e));
+        shm_header_t *m = NULL;
+        st = map_foreign(ref->pid, ref->fd, &m);
+        if (st != CCA_OK)
             goto out_unlock;
-        }
-        void *m = mmap(NULL, SHM_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        f = m == MAP_FAILED ? NULL : calloc(1, sizeof(*f));
+        f = calloc(1, sizeof(*f));
         if (!f) {
-            if (m != MAP_FAILED)
-                munmap(m, SHM_FILE_BYTES);
-            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "cannot map the reference counters of process %d",
+            munmap(m, SHM_FILE_BYTES);
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY,
+                           "out of host memory for the reference counters of process %d",
                            (int)ref->pid);
             goto out_unlock;
         }
         f->pid = ref->pid;
         f->fd = ref->fd;
-        f->slots = m;
+        f->map = m;
+        f->slots = (shm_slot_t *)(m + 1);
         f->next = foreign_files;
         foreign_files = f;
     }
     shm_slot_t *s = &f->slots[ref->slot];
-    if (release) {
+    if (op == FOREIGN_RELEASE) {
         if (atomic_load(&s->serial) == ref->serial)
             atomic_fetch_sub(&s->count, 1);
-    } else if (atomic_load(&s->serial) != ref->serial || atomic_load(&s->count) <= 0) {
+    } else if (op == FOREIGN_CHECK &&
+               (atomic_load(&s->serial) != ref->serial || atomic_load(&s->count) <= 0)) {
         st = cca_raise(CCA_ERR_INVALID_ARGUMENT,
                        "the block of process %d this handle names was freed (a stale handle, "
                        "or one opened and closed already)",
@@ -228,12 +331,17 @@ out_unlock:
 
 cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref)
 {
-    return foreign_access(ref, true);
+    return foreign_access(ref, FOREIGN_RELEASE);
 }
 
 cca_status_t shmcount_check_foreign(const shmcount_ref_t *ref)
 {
-    return foreign_access(ref, false);
+    return foreign_access(ref, FOREIGN_CHECK);
+}
+
+cca_status_t shmcount_verify_foreign(const shmcount_ref_t *ref)
+{
+    return foreign_access(ref, FOREIGN_VERIFY);
 }
 
 void shmcount_shutdown(void)
@@ -242,7 +350,7 @@ void shmcount_shutdown(void)
     while (foreign_files) {
         shm_foreign_t *f = foreign_files;
         foreign_files = f->next;
-        munmap(f->slots, SHM_FILE_BYTES);
+        munmap(f->map, SHM_FILE_BYTES);
         free(f);
     }
     pthread_mutex_unlock(&foreign_lock);
@@ -255,7 +363,7 @@ void shmcount_shutdown(void)
             continue;
         }
         *link = f->next;
-        munmap(f->slots, SHM_FILE_BYTES);
+        munmap(f->map, SHM_FILE_BYTES);
         close(f->fd);
         free(f);
     }

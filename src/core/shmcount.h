@@ -27,7 +27,8 @@ void shmcount_give_back(const shmcount_ref_t *ref);
 /*
  * Another process: decrement the owner's counter (ignored when the slot was
  * reused). CCA_OK, CCA_ERR_BACKEND (the owner's file cannot be reached: it
- * exited), CCA_ERR_OUT_OF_MEMORY, CCA_ERR_INVALID_ARGUMENT.
+ * exited), CCA_ERR_OUT_OF_MEMORY, CCA_ERR_INVALID_ARGUMENT (a slot out of
+ * range, or the file ref names is not a counter file: nothing is written).
  */
 cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref);
 /*
@@ -35,6 +36,11 @@ cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref);
  * CCA_ERR_INVALID_ARGUMENT if not (the block was freed), or the errors above.
  */
 cca_status_t shmcount_check_foreign(const shmcount_ref_t *ref);
+/*
+ * Another process: CCA_OK if the file ref names is a counter file (its slot
+ * is not looked at), or the errors of shmcount_release_foreign.
+ */
+cca_status_t shmcount_verify_foreign(const shmcount_ref_t *ref);
 /* Unmap other processes' files, and close own files with no slot taken. */
 void shmcount_shutdown(void);
 

@@ -538,13 +538,14 @@ static cca_status_t open_parsed(const ipc_wire_t *handle_wire, const int32_t *fd
                             "one reference: make one per opening)");
             goto out_free;
         }
-    /* an expandable handle's descriptors are reused once its block is freed */
-    if (w.kind == IPC_KIND_EXPANDABLE) {
-        st = shmcount_check_foreign(&(shmcount_ref_t){w.ref_pid, w.ref_fd, w.ref_slot,
-                                                       w.ref_serial});
-        if (st != CCA_OK)
-            goto out_free;
-    }
+    /* The counter file the handle names must be one before anything is mapped (the close
+     * decrements it); an expandable handle's descriptors are reused once its block is
+     * freed, so its counter must be live too. */
+    shmcount_ref_t ref = {w.ref_pid, w.ref_fd, w.ref_slot, w.ref_serial};
+    st = w.kind == IPC_KIND_EXPANDABLE ? shmcount_check_foreign(&ref)
+                                       : shmcount_verify_foreign(&ref);
+    if (st != CCA_OK)
+        goto out_free;
     st = wait_for_producer(&w, stream);
     if (st != CCA_OK)
         goto out_free;
@@ -583,7 +584,7 @@ static cca_status_t open_parsed(const ipc_wire_t *handle_wire, const int32_t *fd
     seg->opens++;
     o->ptr = seg->base + w.offset;
     o->segment = seg;
-    o->ref = (shmcount_ref_t){w.ref_pid, w.ref_fd, w.ref_slot, w.ref_serial};
+    o->ref = ref;
     o->ticket = w.ticket;
     o->next = opens;
     opens = o;

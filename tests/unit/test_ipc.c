@@ -987,6 +987,71 @@ TEST(failed_close_is_retried)
 }
 
 /*
+ * A handle whose counter file is some other file the producer holds open (a
+ * regular file whose every 16 bytes read as a live counter of the handle's
+ * serial) is refused by the opener, at open and at release, and that file is
+ * left as it was. Before, the opener mapped whatever the descriptor named, and
+ * the close (and the release) decremented a word in it.
+ */
+static void forged_counter_child(int rfd)
+{
+    setup(true, 0, "");
+    msg_t m = recv_msg(rfd);
+    void *q = NULL;
+    uint64_t opens = cca_sim_call_count(sim, CCA_OP_IPC_OPEN);
+    cca_status_t st = cca_ipc_open(&m.handle[1], NULL, &q, NULL);
+    expect_status(st, CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "not a cca counter file");
+    if (st == CCA_OK)
+        (void)cca_ipc_close(q);
+    expect_status(cca_ipc_release_handle(&m.handle[1]), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "not a cca counter file");
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_IPC_OPEN), opens); /* nothing mapped */
+    expect_eq_u64(ipc_open_count(), 0);
+    /* the true handle opens and closes */
+    expect_ok(cca_ipc_open(&m.handle[0], NULL, &q, NULL));
+    expect_ok(cca_ipc_close(q));
+    cca_shutdown();
+}
+
+TEST(forged_counter_file_refused)
+{
+    int wfd;
+    pid_t pid = fork_child(forged_counter_child, &wfd);
+    if (pid < 0)
+        return;
+    setup(true, 0, "");
+    void *p = NULL;
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    expect_ok(cca_ipc_get_handle(p, NULL, &m.handle[0]));
+    forged_wire_t w;
+    memcpy(&w, m.handle[0].bytes, sizeof(w));
+    /* the other file: 128 KiB of (count 7, the handle's serial) pairs */
+    char path[] = "/tmp/cca-test-ipc-XXXXXX";
+    int file = mkstemp(path);
+    expect_true(file >= 0);
+    unlink(path);
+    static uint64_t words[128 * KiB / sizeof(uint64_t)];
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i += 2) {
+        words[i] = 7;
+        words[i + 1] = w.ref_serial;
+    }
+    expect_eq_i64(pwrite(file, words, sizeof(words), 0), (int64_t)sizeof(words));
+    w.ref_fd = file;
+    memcpy(m.handle[1].bytes, &w, sizeof(w));
+    forged_reseal(&m.handle[1]);
+    send_msg(wfd, &m);
+    child_done(pid, wfd);
+    static uint64_t after[sizeof(words) / sizeof(words[0])];
+    expect_eq_i64(pread(file, after, sizeof(after), 0), (int64_t)sizeof(after));
+    expect_true(memcmp(after, words, sizeof(words)) == 0);
+    close(file);
+    expect_ok(cca_free(p)); /* the true handle's reference came back: freed at once */
+    expect_eq_i64(allocated(0), 0);
+}
+
+/*
  * A forked child that shuts cca down (a worker done with it) must leave the
  * parent's IPC references alone: it inherits the list of the parent's counter
  * files, and its shutdown gave their slots back, so the parent's free of a
@@ -1037,6 +1102,7 @@ int main(void)
     RUN(async_backend_refuses);
     RUN(forged_handles_refused);
     RUN(failed_close_is_retried);
+    RUN(forged_counter_file_refused);
     RUN(forked_child_leaves_parent_references);
     cca_shutdown();
     return harness_done();
