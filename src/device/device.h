@@ -346,6 +346,8 @@ typedef struct cca_device {
                                    the bytes aliased since and an eighth of those moved
                                    (expandable.c: compact_limit) */
     size_t compact_requested;   /* the most requested bytes seen at a growth that could alias */
+    bool compact_held_back;     /* the growth under way left free granules in place (the limit) */
+    bool compact_unlimited;     /* the growth under way moves free granules whatever the limit */
 
     /* memory fraction */
     bool set_fraction;
@@ -980,6 +982,9 @@ cca_block_t *pool_block_struct(void);
  * pointer map's buckets and a checkpoint restore's lists fails (0: none), as it would with
  * the host out of memory; pool_host_alloc_fails asks before each. */
 void pool_test_fail_host_alloc(long n);
+/* Tests: with off, compact_memory's growths move free granules known done whatever the limit
+ * (expandable.c: lend_free_granules), so a threaded test moves granules at every growth. */
+void expandable_test_limit(bool off);
 bool pool_host_alloc_fails(void);
 /* At least n block structs among sp's spares, so that n splits cannot fail for want of
  * host memory (pool lock held). False: no host memory (those made are kept). */

@@ -963,6 +963,13 @@ cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *hel
  * the next one maps new memory, once, which then stays. Device lock and
  * held's lock held.
  */
+static _Atomic bool limit_off; /* tests (expandable_test_limit) */
+
+void expandable_test_limit(bool off)
+{
+    atomic_store(&limit_off, off);
+}
+
 #define COMPACT_ALIAS_SLACK 100 /* parts in 10000: 1% */
 #define COMPACT_MOVE_RAISE 8    /* the limit rises by 1/8 of each byte moved */
 static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held)
@@ -1007,7 +1014,8 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
      * would otherwise take the device's reserved bytes past their high-water mark: below it,
      * new memory costs no more than the program has already held, and an alias costs maps */
     int passes = held->private_pool ? 2 : 4;
-    if (!held->private_pool) {
+    if (!held->private_pool && !dev->compact_unlimited &&
+        !atomic_load_explicit(&limit_off, memory_order_relaxed)) {
         /* only the granules that new memory would take past the limit move: below it new
          * memory stays and a loop settles, where a move at every step costs maps at every
          * step (a 20-step GPT-2 training trace, the GPU keeping up: 2 moves in all, none
@@ -1016,8 +1024,10 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
         size_t after = dev->total_allocated_memory + target * g; /* lent ones map again */
         size_t limit = compact_limit(dev, held);
         size_t excess = after > limit ? (after - limit + g - 1) / g : 0;
-        if (dev->lent_count + excess < target)
+        if (dev->lent_count + excess < target) {
             target = dev->lent_count + excess;
+            dev->compact_held_back = true;
+        }
     }
     for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
         bool same_kind = pass % 2 == 0, alias = pass >= 2;
@@ -1164,7 +1174,7 @@ static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t 
  * compact_memory, free granules are lent to the growth first; handles lent
  * and not used are given back.
  */
-cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
+static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
 {
     cca_block_t *c = NULL;
     cca_status_t st = find_expandable_block(dev, pool, size, &c);
@@ -1194,6 +1204,25 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
     bins_remove(&pool->bins, c);
     *out = c;
     return CCA_OK;
+}
+
+/*
+ * The growth (expandable_try). With compact_memory, a growth under the limit
+ * maps new memory rather than move free granules; where the device has no
+ * new memory to give (a memory fraction, another process), the growth is
+ * tried again with the free granules known done moving whatever the limit,
+ * before the caller's out-of-memory path releases every cached block.
+ */
+cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
+{
+    dev->compact_held_back = false;
+    cca_status_t st = expandable_try(dev, pool, size, out);
+    if (st == CCA_ERR_OUT_OF_MEMORY && dev->compact_held_back) {
+        dev->compact_unlimited = true;
+        st = expandable_try(dev, pool, size, out);
+        dev->compact_unlimited = false;
+    }
+    return st;
 }
 
 /* The reservations of pool emptied before whose free failed, freed again (device and pool

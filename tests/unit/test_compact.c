@@ -641,6 +641,35 @@ TEST(compact_moves_only_past_the_limit)
 }
 
 /*
+ * Under the limit a growth maps new memory; where the device has none to give
+ * (here the simulated device's capacity), it moves the free granules known done instead,
+ * before the out-of-memory path releases every cached block.
+ */
+TEST(compact_moves_under_the_limit_when_the_device_is_full)
+{
+    setup_with("compact_memory:True", 64 * MiB);
+    void *x = xmalloc(20 * MiB, NULL); /* the limit: 20.2 MiB */
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    void *a = xmalloc(4 * MiB, NULL), *b = xmalloc(4 * MiB, NULL), *c = xmalloc(4 * MiB, NULL);
+    cca_free(b);
+    expect_ok(cca_sim_set_cap(sim, 0, 14 * MiB)); /* the device: room for one more granule */
+    void *d = xmalloc(6 * MiB, NULL);
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), (int64_t)(14 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(stats().num_alloc_retries, 0); /* no release of the cache */
+    expect_eq_i64(stats().num_ooms, 0);
+    expect_true(invariants_hold());
+    void *ptrs[] = {a, c, d};
+    for (size_t i = 0; i < 3; i++)
+        cca_free(ptrs[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * Another stream's pending granules are never aliased (its work is not
  * ordered before the growth's); empty_cache waits for the owner stream and
  * unmaps the old mappings of a block still aliased; shutdown unmaps them
@@ -733,6 +762,7 @@ int main(void)
     RUN(compact_aliases_pending_granules_of_its_own_stream);
     RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_moves_only_past_the_limit);
+    RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
     return harness_done();
