@@ -757,12 +757,13 @@ double async_get_memory_fraction(int device)
     return limit == SIZE_MAX || total == 0 ? 1.0 : (double)limit / (double)total;
 }
 
-/* per_process_memory_fraction set at run time (cca_set_settings): every device's limit. */
+/* per_process_memory_fraction set at run time (cca_set_settings): every device's limit (0: none). */
 void async_settings_fraction(double fraction)
 {
     for (int d = 0; d < AS->device_count; d++)
         atomic_store(&AS->devices[d].limit,
-                     (size_t)(fraction * (double)cca_state->devices[d].total_memory));
+                     fraction > 0.0 ? (size_t)(fraction * (double)cca_state->devices[d].total_memory)
+                                    : SIZE_MAX);
 }
 
 /* ---- statistics ------------------------------------------------------------------------------- */

@@ -109,14 +109,15 @@ cca_status_t cca_set_settings(const char *text)
     bool fraction_changed =
         next.per_process_memory_fraction != cca_state->settings.per_process_memory_fraction;
     cca_state->settings = next;
-    if (fraction_changed && next.per_process_memory_fraction > 0.0) {
+    if (fraction_changed) { /* 0: no limit, as at initialisation */
+        double fraction = next.per_process_memory_fraction;
         if (async_enabled())
-            async_settings_fraction(next.per_process_memory_fraction);
+            async_settings_fraction(fraction);
         for (int d = 0; d < cca_state->device_count; d++) {
             cca_device_t *dev = &cca_state->devices[d];
-            dev->set_fraction = true;
+            dev->set_fraction = fraction > 0.0;
             dev->allowed_memory_maximum =
-                (size_t)(next.per_process_memory_fraction * (double)dev->total_memory);
+                fraction > 0.0 ? (size_t)(fraction * (double)dev->total_memory) : 0;
         }
     }
     lock_world(false);

@@ -1215,6 +1215,21 @@ TEST(memory_fraction_cap)
     expect_ok(cca_malloc_device(&c, 900 * MiB, 1, NULL));
 }
 
+/* per_process_memory_fraction set back to 0 at run time lifts the limit (0: none). */
+TEST(run_time_fraction_zero_lifts_the_cap)
+{
+    setup(NULL, 1024 * MiB, false);
+    expect_ok(cca_set_settings("per_process_memory_fraction:0.25"));
+    void *a = NULL;
+    expect_status(cca_malloc(&a, 600 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_ok(cca_set_settings("per_process_memory_fraction:0"));
+    double f = -1;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 1.0);
+    expect_ok(cca_malloc(&a, 600 * MiB, NULL));
+    expect_ok(cca_free(a));
+}
+
 TEST(oversize_release_before_full_release)
 {
     setup("max_split_size_mb:20", 100 * MiB, false);
@@ -1545,6 +1560,7 @@ int main(void)
     RUN(free_memory_callbacks_run_first);
     RUN(oom_sequence_and_message);
     RUN(memory_fraction_cap);
+    RUN(run_time_fraction_zero_lifts_the_cap);
     RUN(oversize_release_before_full_release);
     RUN(garbage_collection_by_age);
     RUN(misuse);

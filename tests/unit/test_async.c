@@ -541,6 +541,21 @@ TEST(run_time_fraction_is_enforced)
     expect_ok(cca_free(p));
 }
 
+/* per_process_memory_fraction set back to 0 at run time lifts the limit (0: none). */
+TEST(run_time_fraction_zero_lifts_the_limit)
+{
+    setup("backend:cudaMallocAsync");
+    expect_ok(cca_set_settings("per_process_memory_fraction:0.25"));
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 600 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+    expect_ok(cca_set_settings("per_process_memory_fraction:0"));
+    double f = -1;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 1.0);
+    expect_ok(cca_malloc(&p, 600 * MiB, S1));
+    expect_ok(cca_free(p));
+}
+
 /*
  * An allocation the driver is about to refuse does not make another thread's
  * fitting allocation fail: PyTorch checks the limit under its mutex and counts
@@ -691,6 +706,7 @@ int main(void)
     cca_shutdown();
     RUN(memory_fraction_reads_back);
     RUN(run_time_fraction_is_enforced);
+    RUN(run_time_fraction_zero_lifts_the_limit);
     RUN(refused_allocation_in_flight_blocks_no_other);
     RUN(observers_and_history_refused);
     RUN(orphan_event_of_an_unused_device);
