@@ -7,6 +7,9 @@ cca with compact_memory:True (its moves of free granules and waits for a
 stream's event counted over the whole run).
 Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
+BERT base training at a sequence length drawn each step (16 x 64-512, AdamW)
+and ViT-B/16 training at a batch drawn each step (8-128, SGD), the same
+seeded draws for every allocator,
 each model's peak reserved bytes and their ratio to its peak requested bytes
 (the cache emptied and the peaks reset before each model; the whole run's
 peak reserved is the largest model's), and torch.empty(1 MiB) + free from
@@ -140,11 +143,60 @@ def worker(mode):
     gen()
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     model_peaks(torch, "gpt2_generate", out, start)
+    del gpt, ids, prompt
+    varying_models(torch, torchvision, transformers, mode, out)
     out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
     out["backend"] = cca.torch.installed() or "pytorch"
     if mode == "cca-compact":
         out.update(compact_counts())
     return out
+
+
+def varying_models(torch, torchvision, transformers, mode, out):
+    """Two loops whose shapes change at every step, the same seeded draws in every allocator's
+    process: BERT base (masked LM, batch 16, AdamW) at a sequence length drawn from 64 to 512
+    in steps of 8, and ViT-B/16 (SGD with momentum) at a batch drawn from 8 to 128. Each model's
+    time a step over its drawn steps after three warm-up steps, and its peaks."""
+    draws = torch.Generator().manual_seed(1)
+    lengths = [8 * int(torch.randint(8, 65, (1,), generator=draws)) for _ in range(18)]
+    batches = [int(torch.randint(8, 129, (1,), generator=draws)) for _ in range(18)]
+    start = fresh_peaks(torch, mode)
+    bert = transformers.BertForMaskedLM(transformers.BertConfig()).cuda()
+    bopt = torch.optim.AdamW(bert.parameters(), lr=1e-4)
+
+    def bert_step(n):
+        ids = torch.randint(0, 30522, (16, n), device="cuda")
+        bert(input_ids=ids, labels=ids).loss.backward()
+        bopt.step()
+        bopt.zero_grad(set_to_none=True)
+    out["bert_varlen_train_ms"] = drawn_steps(torch, bert_step, lengths, 3) * 1e3
+    model_peaks(torch, "bert_varlen_train", out, start)
+    del bert, bopt
+    start = fresh_peaks(torch, mode)
+    vit = torchvision.models.vit_b_16().cuda()
+    vopt = torch.optim.SGD(vit.parameters(), lr=0.01, momentum=0.9)
+
+    def vit_step(b):
+        x = torch.randn(b, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (b,), device="cuda")
+        torch.nn.functional.cross_entropy(vit(x), y).backward()
+        vopt.step()
+        vopt.zero_grad(set_to_none=True)
+    out["vit_varbatch_train_ms"] = drawn_steps(torch, vit_step, batches, 3) * 1e3
+    model_peaks(torch, "vit_varbatch_train", out, start)
+    del vit, vopt
+
+
+def drawn_steps(torch, step, shapes, warmup):
+    """Seconds a step over shapes[warmup:], after steps at shapes[:warmup]."""
+    for s in shapes[:warmup]:
+        step(s)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for s in shapes[warmup:]:
+        step(s)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / (len(shapes) - warmup)
 
 
 def fresh_peaks(torch, mode):
@@ -243,7 +295,9 @@ def main():
             "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
             "gpt2_train_peak_reserved_bytes", "gpt2_train_reserved_over_requested",
             "gpt2_generate_peak_reserved_bytes", "gpt2_generate_reserved_over_requested",
-            "gpt2_generate_start_unused_bytes")
+            "gpt2_generate_start_unused_bytes", "bert_varlen_train_ms", "bert_varlen_train_peak_reserved_bytes",
+            "bert_varlen_train_reserved_over_requested", "vit_varbatch_train_ms",
+            "vit_varbatch_train_peak_reserved_bytes", "vit_varbatch_train_reserved_over_requested")
     keys = tuple(k for k in keys if k in results["cca"][0])
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in MODES}
     for m in MODES:
@@ -253,6 +307,7 @@ def main():
     print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca compact | cca / native |")
     print("|---|---|---|---|---|---|---|")
     units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
+             "bert_varlen_train_ms": "ms/step", "vit_varbatch_train_ms": "ms/step",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
              "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
     for k in keys:
@@ -278,7 +333,8 @@ def main():
           + ", ".join("%s %s moves (%.0f MiB aliased), started with %.0f MiB reserved unused"
                       % (m, last.get(m + "_moves", "?"), last.get(m + "_aliased_mib", 0),
                          last.get(m + "_start_unused_bytes", 0) / 2**20)
-                      for m in ("resnet50_train", "gpt2_train", "gpt2_generate")))
+                      for m in ("resnet50_train", "gpt2_train", "gpt2_generate", "bert_varlen_train",
+                                "vit_varbatch_train")))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@
 
     PYTORCH_CUDA_ALLOC_CONF=... python3 scripts/record-trace.py WORKLOAD STEPS OUT.pickle.gz
 
-WORKLOAD is gpt2_train (GPT-2 small, batch 8 x 512, AdamW) or resnet50_train
-(torchvision ResNet-50, batch 64, SGD with momentum). Runs on device 0 with
+WORKLOAD is gpt2_train (GPT-2 small, batch 8 x 512, AdamW), resnet50_train
+(torchvision ResNet-50, batch 64, SGD with momentum), bert_train_varlen (BERT
+base, masked LM, batch 16, a sequence length drawn each step from 64 to 512 in
+steps of 8, AdamW) or vit_train_varbatch (torchvision ViT-B/16, a batch drawn
+each step from 8 to 128, SGD with momentum); the draws are seeded, so a
+recording repeats. Runs on device 0 with
 PyTorch's own allocator, recording from before the first allocation
 (`torch.cuda.memory._record_memory_history(enabled="all", context=None)`),
 and writes the snapshot with `cca_meta` (the settings string, the device's
@@ -49,7 +53,42 @@ def resnet50_train(steps):
         del loss, x, y
 
 
-WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train}
+def bert_train_varlen(steps):
+    from transformers import BertConfig, BertForMaskedLM
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = BertForMaskedLM(BertConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        n = 8 * int(torch.randint(8, 65, (1,), generator=draws))
+        ids = torch.randint(0, 30522, (16, n), device="cuda")
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss, ids
+
+
+def vit_train_varbatch(steps):
+    import torchvision
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = torchvision.models.vit_b_16().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    for _ in range(steps):
+        b = int(torch.randint(8, 129, (1,), generator=draws))
+        x = torch.randn(b, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (b,), device="cuda")
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss, x, y
+
+
+WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
+             "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch}
 
 
 def main():

@@ -641,6 +641,57 @@ TEST(compact_moves_only_past_the_limit)
 }
 
 /*
+ * However far aliases and moves have raised the limit, it stays within 2% of
+ * the most bytes requested (or six granules, where more): past that, free
+ * granules known done move rather than new memory being mapped.
+ */
+TEST(compact_limit_stays_within_two_percent_of_the_requested_peak)
+{
+    setup_with("compact_memory:True", 0);
+    cca_device_t *dev = &cca_state->devices[0];
+    void *x = xmalloc(400 * MiB, NULL); /* the program's peak so far: 400 MiB */
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    void *a = xmalloc(200 * MiB, NULL), *b = xmalloc(200 * MiB, NULL);
+    cca_free(a); /* 100 free granules, known done at once */
+    dev->compact_high = 1000 * MiB; /* as earlier needs that did not come back would leave it */
+    void *c = xmalloc(300 * MiB, NULL);
+    expect_true(c != NULL);
+    /* the cap is 408 MiB: 700 - 408 = 292 MiB past it, so a's 200 MiB move, 100 are new */
+    expect_eq_i64(reserved(), (int64_t)(500 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(200 * MiB));
+    expect_true(invariants_hold());
+    cca_free(b);
+    cca_free(c);
+    expect_ok(cca_empty_cache());
+    cca_shutdown();
+    /* a small program: the cap is six granules (12 MiB) over its peak, not 2% */
+    setup_with("compact_memory:True", 0);
+    dev = &cca_state->devices[0];
+    x = xmalloc(20 * MiB, NULL);
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    void *d = xmalloc(4 * MiB, NULL), *e = xmalloc(8 * MiB, NULL), *f = xmalloc(4 * MiB, NULL);
+    cca_free(e); /* four free granules, known done */
+    dev->compact_high = 1000 * MiB;
+    void *g = xmalloc(10 * MiB, NULL); /* 16 + 10 MiB: under 32, new memory */
+    expect_eq_i64(reserved(), (int64_t)(26 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_moves"), 0);
+    void *h = xmalloc(10 * MiB, NULL); /* 26 + 10 MiB passes 32 by 4: two of e's granules move */
+    expect_eq_i64(reserved(), (int64_t)(32 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(4 * MiB));
+    expect_true(invariants_hold());
+    void *ptrs[] = {d, f, g, h};
+    for (size_t i = 0; i < 4; i++)
+        cca_free(ptrs[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * Under the limit a growth maps new memory; where the device has none to give
  * (here the simulated device's capacity), it moves the free granules known done instead,
  * before the out-of-memory path releases every cached block.
@@ -762,6 +813,7 @@ int main(void)
     RUN(compact_aliases_pending_granules_of_its_own_stream);
     RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_moves_only_past_the_limit);
+    RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
