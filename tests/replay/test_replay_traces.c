@@ -138,6 +138,29 @@ TEST(compact_event_lag)
     cca_replay_result_free(&behind);
 }
 
+/* A compact run: replay the bundled trace under compact_memory:True with the
+ * GPU lag events behind, check the peak is within 2% of the requested one and
+ * no unexpected OOM, print the figures. The caller frees *r. */
+typedef struct {
+    const char *trace;
+    uint64_t lag;
+} compact_run_t;
+
+static void replay_compact(compact_run_t run, cca_replay_result_t *r)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.pickle.gz", trace_dir, run.trace);
+    cca_replay_options_t opt = {0};
+    opt.settings = "compact_memory:True";
+    opt.event_lag = run.lag;
+    expect_ok(cca_replay_file(path, &opt, r));
+    expect_true(r->peak_reserved_bytes * 1000 <= r->peak_requested_bytes * 1020);
+    expect_eq_u64(r->unexpected_ooms, 0);
+    printf("  %s compact, lag %llu: %.3f, %llu moves\n", run.trace, (unsigned long long)run.lag,
+           (double)r->peak_reserved_bytes / (double)r->peak_requested_bytes,
+           (unsigned long long)r->compact_moves);
+}
+
 /*
  * The longer training traces (20 GPT-2 steps, 16 ResNet-50 steps) under
  * compact_memory, with the GPU keeping up and behind: a step after warm-up
@@ -145,33 +168,19 @@ TEST(compact_event_lag)
  */
 TEST(compact_long_loops_settle)
 {
-    static const struct {
-        const char *trace;
-        uint64_t lag;
-    } runs[] = {
-        {"gpt2_train20_default", 0}, {"gpt2_train20_default", 10},
-        {"gpt2_train20_default", 1000}, {"resnet50_train16_default", 0},
-        {"resnet50_train16_default", 10},
-        {"resnet50_train16_default", 1000},
+    static const compact_run_t runs[] = {
+        {"gpt2_train20_default", 0},     {"gpt2_train20_default", 10},
+        {"gpt2_train20_default", 1000},  {"resnet50_train16_default", 0},
+        {"resnet50_train16_default", 10}, {"resnet50_train16_default", 1000},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        char path[256];
-        snprintf(path, sizeof(path), "%s/%s.pickle.gz", trace_dir, runs[i].trace);
-        cca_replay_options_t opt = {0};
-        opt.settings = "compact_memory:True";
-        opt.event_lag = runs[i].lag;
         cca_replay_result_t r;
-        expect_ok(cca_replay_file(path, &opt, &r));
+        replay_compact(runs[i], &r);
         expect_true(r.step_allocations > 0);
         expect_eq_u64(r.late_segment_allocs, 0);
         expect_eq_u64(r.late_segment_frees, 0);
         expect_eq_u64(r.last_step_segment_allocs, 0);
         expect_eq_u64(r.last_step_segment_frees, 0);
-        expect_true(r.peak_reserved_bytes * 1000 <= r.peak_requested_bytes * 1020);
-        expect_eq_u64(r.unexpected_ooms, 0);
-        printf("  %s compact, lag %llu: %.3f, %llu moves\n", runs[i].trace, (unsigned long long)runs[i].lag,
-               (double)r.peak_reserved_bytes / (double)r.peak_requested_bytes,
-               (unsigned long long)r.compact_moves);
         cca_replay_result_free(&r);
     }
 }
@@ -186,29 +195,16 @@ TEST(compact_long_loops_settle)
  */
 TEST(compact_within_two_percent)
 {
-    static const struct {
-        const char *trace;
-        uint64_t lag;
-    } runs[] = {
-        {"bert_train_varlen24_default", 0},    {"bert_train_varlen24_default", 1000},
-        {"vit_train_varbatch24_default", 0},   {"vit_train_varbatch24_default", 100},
+    static const compact_run_t runs[] = {
+        {"bert_train_varlen24_default", 0},     {"bert_train_varlen24_default", 1000},
+        {"vit_train_varbatch24_default", 0},    {"vit_train_varbatch24_default", 100},
         {"vit_train_varbatch24_default", 1000}, {"gpt2_train_default", 100},
         {"gpt2_generate_default", 1000},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        char path[256];
-        snprintf(path, sizeof(path), "%s/%s.pickle.gz", trace_dir, runs[i].trace);
-        cca_replay_options_t opt = {0};
-        opt.settings = "compact_memory:True";
-        opt.event_lag = runs[i].lag;
         cca_replay_result_t r;
-        expect_ok(cca_replay_file(path, &opt, &r));
-        expect_true(r.peak_reserved_bytes * 1000 <= r.peak_requested_bytes * 1020);
+        replay_compact(runs[i], &r);
         expect_true(r.compact_moves > 0);
-        expect_eq_u64(r.unexpected_ooms, 0);
-        printf("  %s compact, lag %llu: %.3f, %llu moves\n", runs[i].trace, (unsigned long long)runs[i].lag,
-               (double)r.peak_reserved_bytes / (double)r.peak_requested_bytes,
-               (unsigned long long)r.compact_moves);
         cca_replay_result_free(&r);
     }
 }
