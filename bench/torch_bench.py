@@ -1,6 +1,6 @@
 """PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
 
-Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only]
+Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
 cca with compact_memory:True (its moves of free granules and waits for a
@@ -12,7 +12,8 @@ and ViT-B/16 training at a batch drawn each step (8-128, SGD), the same
 seeded draws for every allocator,
 each model's peak reserved bytes and their ratio to its peak requested bytes
 (the cache emptied and the peaks reset before each model; the whole run's
-peak reserved is the largest model's), and torch.empty(1 MiB) + free from
+peak reserved is the largest model's; with --generate-alone, GPT-2 generation
+alone in a process of its own, and nothing else), and torch.empty(1 MiB) + free from
 Python, broken down: torch.empty(0) + free
 (PyTorch's own cost: the allocator is asked for nothing), the allocate + free
 pair through PyTorch's CUDAAllocator interface timed in C++ (the allocator's
@@ -100,6 +101,10 @@ def worker(mode):
     if os.environ.get("CCA_BENCH_PAIRS_ONLY"):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
+    if os.environ.get("CCA_BENCH_GENERATE_ALONE"):
+        generate_alone(torch, transformers, mode, out)
+        out["backend"] = cca.torch.installed() or "pytorch"
+        return out
 
     start = fresh_peaks(torch, mode)
     model = torchvision.models.resnet50(weights=None).cuda()
@@ -150,6 +155,20 @@ def worker(mode):
     if mode == "cca-compact":
         out.update(compact_counts())
     return out
+
+
+def generate_alone(torch, transformers, mode, out):
+    """GPT-2 generation in a process of its own (no training before it): the same calls as the
+    main run's, from an untrained model, its peaks from the model's load on."""
+    start = fresh_peaks(torch, mode)
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda().eval()
+    prompt = torch.randint(0, 50257, (1, 32), device="cuda")
+
+    def gen():
+        with torch.no_grad():
+            gpt.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
+    out["gpt2_generate_alone_ms"] = timed_steps(torch, gen, 1, 5) * 1e3
+    model_peaks(torch, "gpt2_generate_alone", out, start)
 
 
 def varying_models(torch, torchvision, transformers, mode, out):
@@ -267,6 +286,8 @@ def main():
         args = [a for a in args if a != str(repeat)]
     if "--pairs-only" in sys.argv:  # the allocation pairs and their breakdown, no models
         os.environ["CCA_BENCH_PAIRS_ONLY"] = "1"
+    if "--generate-alone" in sys.argv:  # GPT-2 generation in a process of its own, no training
+        os.environ["CCA_BENCH_GENERATE_ALONE"] = "1"
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch
@@ -290,6 +311,17 @@ def main():
             results[mode].append(json.loads(lines[-1]))
             print("round %d %s: %s" % (r, mode, " ".join("%s=%.4g" % (k, v) for k, v in
                                                           results[mode][-1].items() if k != "backend")))
+    if os.environ.get("CCA_BENCH_GENERATE_ALONE"):
+        for m in MODES:
+            r = results[m][-1]
+            print("RESULT torch-%s gpt2_generate_alone_reserved_over_requested value=%g" % (
+                m, r["gpt2_generate_alone_reserved_over_requested"]))
+        print("| GPT-2 generation alone | PyTorch native | PyTorch expandable | cca | cca compact |")
+        print("|---|---|---|---|---|")
+        for k, unit in (("gpt2_generate_alone_ms", "ms/call"),
+                        ("gpt2_generate_alone_reserved_over_requested", "ratio")):
+            print("| %s (%s) | %s |" % (k, unit, " | ".join("%.3f" % results[m][-1][k] for m in MODES)))
+        return
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
             "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
             "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
