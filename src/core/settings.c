@@ -18,8 +18,6 @@
 
 /* Longest value text shown in an error message. */
 #define SHOW_MAX 120
-/* Largest roundup division accepted (PyTorch reads them as C ints). */
-#define ROUNDUP_MAX_DIVISIONS ((uint64_t)1 << 30)
 /* Most register threads (PyTorch's limit). */
 #define MAX_REGISTER_THREADS 128
 /* Smallest max_split_size_mb and max_non_split_rounding_mb (PyTorch's kLargeBuffer). */
@@ -219,9 +217,8 @@ static const option_t options[CCA_SET_COUNT] = {
         .default_value = 0,
         .name = "roundup_power2_divisions", .type = OPT_ROUNDUP,
         .offset = FIELD(roundup_power2_divisions),
-        .allowed = "0 or a power of two, or a list such as [256:1,512:2,1024:4,>:8] "
-                   "(interval in MiB, a power of two, strictly increasing : divisions, "
-                   "0 or a power of two)",
+        .allowed = "a power of two, or a list such as [256:1,512:2,1024:4,>:8] "
+                   "(interval in MiB, a power of two : divisions, 0 or a power of two)",
         .doc = "round request sizes up to one of N divisions of their power-of-two interval"},
     [CCA_SET_GARBAGE_COLLECTION_THRESHOLD] = {
         .default_fraction = 0.0,
@@ -568,46 +565,46 @@ static cca_status_t parse_pow2(const option_t *opt, cca_settings_t *s, const cha
     return CCA_OK;
 }
 
-/* A roundup division: 0 or a power of two (at most 2^30). */
+/* A roundup division in a list: 0 (no rounding) or a power of two. */
 static bool valid_division(uint64_t d)
 {
-    return d == 0 || (is_pow2(d) && d <= ROUNDUP_MAX_DIVISIONS);
+    return d == 0 || is_pow2(d);
 }
 
-#define DIVISIONS_ERROR "For roundups, the divisions have to be power of 2 or 0 (at most 2^30)"
+#define DIVISIONS_ERROR "For roundups, the divisions have to be power of 2 or 0"
 
 /*
  * The list form [B:D,B:D,...,>:D] over text[off, off+len), which starts with
- * '[' and ends with ']' (the caller checked the brackets). B is an interval
- * start in MiB (a power of two, strictly increasing; index log2(B) clamped to
- * 15); the first entry also fills the indices below it, '>' fills those after
- * the last entry. Indices no entry covers get 0.
+ * '[' and ends with ']' (the caller checked the brackets), read as PyTorch
+ * 2.11 reads it. B is an interval start in MiB, a power of two, at index
+ * log2(B) clamped to 15; entries apply in order, so a later entry overwrites
+ * an earlier one whatever their order. The first B entry also fills the
+ * indices below it; '>' fills the indices after the last B entry's (after
+ * index 0 when no B entry came before it). Indices no entry covers get 0, so
+ * the empty list [] turns rounding off. One ',' may follow the last entry.
  */
 static cca_status_t parse_roundup_list(const option_t *opt, size_t out[CCA_ROUNDUP_INTERVALS],
                                        const char *text, size_t off, size_t len)
 {
     scanner_t sc = {text, off + 1, off + len - 1};
-    uint64_t last_interval = 0;
     size_t last_index = 0;
     size_t entries = 0;
-    bool saw_greater = false;
+    bool first_interval = true;
 
     for (size_t i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
         out[i] = 0;
     for (;;) {
         token_t first = scan_next(&sc);
-        if (first.kind == TOK_END) {
-            if (entries == 0)
-                return bad_value(opt, text, off, len, "the list is empty; expected %s",
-                                 opt->allowed);
+        if (first.kind == TOK_END)
             return CCA_OK;
-        }
         if (entries > 0) {
             if (first.kind != TOK_COMMA)
                 return bad_value(opt, text, off, len,
                                  "entries of the list must be separated by ','; expected %s",
                                  opt->allowed);
             first = scan_next(&sc);
+            if (first.kind == TOK_END)
+                return CCA_OK; /* a trailing ',' (PyTorch skips it) */
         }
         token_t colon = scan_next(&sc);
         token_t division = scan_next(&sc);
@@ -616,36 +613,29 @@ static cca_status_t parse_roundup_list(const option_t *opt, size_t out[CCA_ROUND
             return bad_value(opt, text, off, len,
                              "each entry must be interval:divisions or >:divisions; expected %s",
                              opt->allowed);
-        if (saw_greater)
-            return bad_value(opt, text, off, len, "the '>' entry must be the last of the list");
 
         uint64_t d;
         if (!parse_u64(text + division.offset, division.length, &d) || !valid_division(d))
             return bad_value(opt, text, off, len, "%s", DIVISIONS_ERROR);
 
         if (first.kind == TOK_GREATER) {
-            size_t from = entries == 0 ? 0 : last_index + 1;
-            for (size_t i = from; i < CCA_ROUNDUP_INTERVALS; i++)
+            for (size_t i = last_index + 1; i < CCA_ROUNDUP_INTERVALS; i++)
                 out[i] = (size_t)d;
-            saw_greater = true;
         } else {
             uint64_t interval;
             if (!parse_u64(text + first.offset, first.length, &interval) || !is_pow2(interval))
                 return bad_value(opt, text, off, len,
                                  "For roundups, the intervals have to be power of 2");
-            if (entries > 0 && interval <= last_interval)
-                return bad_value(opt, text, off, len,
-                                 "For roundups, the intervals have to be strictly increasing");
             size_t index = log2_floor(interval);
             if (index >= CCA_ROUNDUP_INTERVALS)
                 index = CCA_ROUNDUP_INTERVALS - 1;
-            if (entries == 0) {
+            if (first_interval) {
                 for (size_t i = 0; i < index; i++)
                     out[i] = (size_t)d;
+                first_interval = false;
             }
             out[index] = (size_t)d;
             last_index = index;
-            last_interval = interval;
         }
         entries++;
     }
@@ -662,11 +652,14 @@ static cca_status_t parse_roundup(const option_t *opt, cca_settings_t *s, const 
         if (status != CCA_OK)
             return status;
     } else {
+        /* the single value has no 0: PyTorch asks for a power of two here */
         uint64_t d;
         if (!parse_u64(text + off, len, &d))
             return bad_value(opt, text, off, len, "expected %s", opt->allowed);
-        if (!valid_division(d))
-            return bad_value(opt, text, off, len, "%s", DIVISIONS_ERROR);
+        if (!is_pow2(d))
+            return bad_value(opt, text, off, len,
+                             "For roundups, the divisions has to be power of 2 (1 or the "
+                             "empty list [] means no rounding)");
         for (size_t i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
             divisions[i] = (size_t)d;
     }
@@ -845,7 +838,7 @@ static void print_pow2(const option_t *opt, const cca_settings_t *s, cca_strbuf_
 
 /*
  * The divisions in a compact form that parses back to the same array: one
- * value when all are equal, else a list where the first run is one entry at
+ * value when all are equal ("[]" when all are 0), else a list where the first run is one entry at
  * its last index, middle runs one entry per index, and the last run is '>'.
  */
 static void print_roundup(const option_t *opt, const cca_settings_t *s, cca_strbuf_t *out)
@@ -857,7 +850,11 @@ static void print_roundup(const option_t *opt, const cca_settings_t *s, cca_strb
     while (first_end + 1 < CCA_ROUNDUP_INTERVALS && d[first_end + 1] == d[0])
         first_end++;
     if (first_end == CCA_ROUNDUP_INTERVALS - 1) {
-        sb_printf(out, "%zu", d[0]);
+        /* no rounding anywhere is the empty list: a single value cannot be 0 */
+        if (d[0] == 0)
+            sb_append(out, "[]");
+        else
+            sb_printf(out, "%zu", d[0]);
         return;
     }
     while (last_start > first_end + 1 && d[last_start - 1] == d[CCA_ROUNDUP_INTERVALS - 1])

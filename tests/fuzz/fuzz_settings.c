@@ -57,10 +57,8 @@ static void check_ranges(const cca_settings_t *s)
     CHECK(s->max_non_split_rounding >= 20 * CCA_MiB);
     CHECK(s->large_segment_size >= 2 * CCA_MiB);
     CHECK(s->max_split_size == SIZE_MAX || s->max_split_size >= s->large_segment_size);
-    for (int i = 0; i < CCA_ROUNDUP_INTERVALS; i++) {
+    for (int i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
         CHECK(is_pow2_or_zero(s->roundup_power2_divisions[i]));
-        CHECK(s->roundup_power2_divisions[i] <= ((size_t)1 << 30));
-    }
     CHECK(s->garbage_collection_threshold >= 0.0 && s->garbage_collection_threshold < 1.0);
     CHECK(s->per_process_memory_fraction >= 0.0 && s->per_process_memory_fraction <= 1.0);
     CHECK(s->pinned_num_register_threads >= 1 && s->pinned_num_register_threads <= 128);

@@ -296,21 +296,26 @@ TEST(max_split_at_least_large_segment)
 
 TEST(roundup_single_value)
 {
-    for (size_t d = 0; d <= 64; d = d ? d * 2 : 1) {
+    for (size_t d = 1; d <= 64; d *= 2) {
         char text[64];
         snprintf(text, sizeof(text), "roundup_power2_divisions:%zu", d);
         cca_settings_t s = parsed(text);
         for (int i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
             expect_eq_u64(s.roundup_power2_divisions[i], d);
     }
+    /* no upper bound: PyTorch takes any power of two that fits in 64 bits */
     expect_eq_u64(parsed("roundup_power2_divisions:1073741824").roundup_power2_divisions[5],
                   (size_t)1 << 30);
+    expect_eq_u64(parsed("roundup_power2_divisions:9223372036854775808").roundup_power2_divisions[0],
+                  (size_t)1 << 63);
     expect_bad("roundup_power2_divisions:3", "'roundup_power2_divisions:3'",
-               "For roundups, the divisions have to be power of 2 or 0");
-    expect_bad("roundup_power2_divisions:2147483648", "'roundup_power2_divisions:2147483648'",
-               "divisions have to be power of 2 or 0");
+               "For roundups, the divisions has to be power of 2");
+    /* PyTorch refuses 0 as the single value (it is not a power of two); only a
+       list entry may be 0 */
+    expect_bad("roundup_power2_divisions:0", "'roundup_power2_divisions:0'",
+               "For roundups, the divisions has to be power of 2");
     expect_bad("roundup_power2_divisions:four", "'roundup_power2_divisions:four'",
-               "0 or a power of two");
+               "a power of two");
     expect_bad("roundup_power2_divisions:-4", "'roundup_power2_divisions:-4'", NULL);
 }
 
@@ -331,8 +336,9 @@ TEST(roundup_list_fills)
     cca_settings_t s = parsed("roundup_power2_divisions:[4:2]");
     expect_divisions(&s, first_only);
 
-    /* '>' alone fills everything */
-    const size_t all4[CCA_ROUNDUP_INTERVALS] = {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+    /* '>' with no interval before it fills after index 0, as PyTorch (which
+       starts after its last index, 0 until an interval entry comes) */
+    const size_t all4[CCA_ROUNDUP_INTERVALS] = {0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
     s = parsed("roundup_power2_divisions:[>:4]");
     expect_divisions(&s, all4);
 
@@ -366,6 +372,67 @@ TEST(roundup_list_fills)
     expect_divisions(&s, zeros);
 }
 
+/* PyTorch accepts the empty list: every interval keeps the 0 it was reset
+   to, so rounding is off */
+TEST(roundup_empty_list)
+{
+    const size_t none[CCA_ROUNDUP_INTERVALS] = {0};
+    cca_settings_t s;
+    settings_default(&s);
+    expect_ok(settings_parse(&s, "roundup_power2_divisions:8", CCA_SRC_ENVIRONMENT));
+    expect_ok(settings_parse(&s, "roundup_power2_divisions:[]", CCA_SRC_ARGUMENT));
+    expect_divisions(&s, none);
+    expect_eq_u64(s.source[CCA_SET_ROUNDUP_POWER2_DIVISIONS], CCA_SRC_ARGUMENT);
+    s = parsed("roundup_power2_divisions:[],expandable_segments:True");
+    expect_divisions(&s, none);
+    expect_true(s.expandable_segments);
+}
+
+/* PyTorch skips one ',' before the closing bracket */
+TEST(roundup_list_trailing_comma)
+{
+    const size_t want[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0};
+    cca_settings_t s = parsed("roundup_power2_divisions:[256:1,512:2,]");
+    expect_divisions(&s, want);
+    s = parsed("roundup_power2_divisions:[256:1,512:2,],max_split_size_mb:64");
+    expect_divisions(&s, want);
+    expect_eq_u64(s.max_split_size, 64 * CCA_MiB);
+    const size_t greater[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                   8, 8, 8, 8, 8, 8, 8};
+    s = parsed("roundup_power2_divisions:[256:1,>:8,]");
+    expect_divisions(&s, greater);
+}
+
+/* PyTorch applies the entries in the order given, with no rule on their
+   order: a later entry overwrites an earlier one, '>' may come anywhere and
+   more than once, and the first interval entry fills below itself even after
+   a '>' */
+TEST(roundup_list_any_order)
+{
+    const size_t down[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 0};
+    cca_settings_t s = parsed("roundup_power2_divisions:[512:1,256:2]");
+    expect_divisions(&s, down);
+
+    const size_t twice[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 2, 0};
+    s = parsed("roundup_power2_divisions:[256:1,256:2]");
+    expect_divisions(&s, twice);
+
+    const size_t greater_first[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                         8, 8, 8, 8, 8, 8, 8};
+    s = parsed("roundup_power2_divisions:[>:8,256:1]");
+    expect_divisions(&s, greater_first);
+
+    const size_t greater_twice[CCA_ROUNDUP_INTERVALS] = {0, 4, 4, 4, 4, 4, 4, 4,
+                                                         4, 4, 4, 4, 4, 4, 4, 4};
+    s = parsed("roundup_power2_divisions:[>:8,>:4]");
+    expect_divisions(&s, greater_twice);
+
+    const size_t greater_between[CCA_ROUNDUP_INTERVALS] = {1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                           4, 2, 4, 4, 4, 4, 4};
+    s = parsed("roundup_power2_divisions:[256:1,>:4,1024:2]");
+    expect_divisions(&s, greater_between);
+}
+
 TEST(roundup_list_replaces_whole_array)
 {
     cca_settings_t s;
@@ -385,16 +452,9 @@ TEST(roundup_list_errors)
                "intervals have to be power of 2");
     expect_bad("roundup_power2_divisions:[256:3]", "'roundup_power2_divisions:[256:3]'",
                "For roundups, the divisions have to be power of 2 or 0");
-    expect_bad("roundup_power2_divisions:[512:1,256:2]",
-               "'roundup_power2_divisions:[512:1,256:2]'", "strictly increasing");
-    expect_bad("roundup_power2_divisions:[256:1,256:2]",
-               "'roundup_power2_divisions:[256:1,256:2]'", "strictly increasing");
-    expect_bad("roundup_power2_divisions:[>:8,256:1]", "'roundup_power2_divisions:[>:8,256:1]'",
-               "'>' entry must be the last");
-    expect_bad("roundup_power2_divisions:[>:8,>:4]", "'roundup_power2_divisions:[>:8,>:4]'",
-               "last");
-    expect_bad("roundup_power2_divisions:[]", "'roundup_power2_divisions:[]'", "empty");
-    expect_bad("roundup_power2_divisions:[256:1,]", "'roundup_power2_divisions:[256:1,]'",
+    expect_bad("roundup_power2_divisions:[256:1,,512:2]",
+               "'roundup_power2_divisions:[256:1,,512:2]'", "interval:divisions");
+    expect_bad("roundup_power2_divisions:[,]", "'roundup_power2_divisions:[,]'",
                "interval:divisions");
     expect_bad("roundup_power2_divisions:[256:1 512:2]",
                "'roundup_power2_divisions:[256:1 512:2]'", "separated by ','");
@@ -615,8 +675,8 @@ TEST(atomic_on_error)
                     "pinned_num_register_threads:16,pinned_max_cached_size_mb:64,bogus:1",
                     "Unrecognized key 'bogus'", NULL);
     expect_bad_over(&start, "expandable_segments:True,max_split_size_mb:10", "too small", NULL);
-    expect_bad_over(&start, "expandable_segments:True,roundup_power2_divisions:[2:2,1:4]",
-                    "strictly increasing", NULL);
+    expect_bad_over(&start, "expandable_segments:True,roundup_power2_divisions:[2:2,1:3]",
+                    "divisions have to be power of 2 or 0", NULL);
 }
 
 TEST(atomic_success_marks_sources)
@@ -707,7 +767,8 @@ TEST(describe_defaults)
     expect_contains(sb.data, "max_split_size_mb unlimited (default)\n");
     expect_contains(sb.data, "max_non_split_rounding_mb 20 (default)\n");
     expect_contains(sb.data, "large_segment_size_mb 20 (default)\n");
-    expect_contains(sb.data, "roundup_power2_divisions 0 (default)\n");
+    /* no rounding is printed as the empty list: 0 is no single value */
+    expect_contains(sb.data, "roundup_power2_divisions [] (default)\n");
     expect_contains(sb.data, "garbage_collection_threshold 0 (default)\n");
     expect_contains(sb.data, "expandable_segments False (default)\n");
     expect_contains(sb.data, "pinned_num_register_threads 1 (default)\n");
@@ -857,6 +918,9 @@ int main(void)
     RUN(roundup_single_value);
     RUN(roundup_list_example);
     RUN(roundup_list_fills);
+    RUN(roundup_empty_list);
+    RUN(roundup_list_trailing_comma);
+    RUN(roundup_list_any_order);
     RUN(roundup_list_replaces_whole_array);
     RUN(roundup_list_errors);
     RUN(garbage_collection_threshold_key);
