@@ -125,7 +125,7 @@ typedef enum opt_type {
     OPT_BACKEND,   /* native | cudaMallocAsync */
     OPT_MIB,       /* an integer number of MiB, stored as bytes (size_t) */
     OPT_FRACTION,  /* a double within [lo, hi], ends open or closed */
-    OPT_BOOL,      /* True/False, true/false, 1/0 */
+    OPT_BOOL,      /* True/False (cca's own keys: also true/false, 1/0) */
     OPT_POW2,      /* a power of two <= max (size_t) */
     OPT_ROUNDUP,   /* one division for all intervals, or a [interval:division,...] list */
 } opt_type_t;
@@ -154,6 +154,7 @@ struct option {
     double lo, hi;
     bool lo_open, hi_open;
     const char *too_small, *too_big;
+    bool cca_only; /* a key PyTorch does not have */
 };
 
 static cca_status_t parse_backend(const option_t *, cca_settings_t *, const char *, size_t, size_t);
@@ -184,7 +185,9 @@ static const struct {
 };
 
 #define FIELD(f) offsetof(cca_settings_t, f)
-#define BOOL_ALLOWED "True or False (also true/false, 1/0)"
+/* PyTorch takes exactly True or False; cca's own keys also take true/false, 1/0 */
+#define BOOL_ALLOWED "True or False"
+#define CCA_BOOL_ALLOWED "True or False (also true/false, 1/0)"
 
 /* One entry per key, in cca_setting_key_t order: the single source of names,
    defaults, accepted values and range checks. */
@@ -278,25 +281,25 @@ static const option_t options[CCA_SET_COUNT] = {
         .doc = "reserve one pinned segment of this size up front and carve small requests from it"},
     [CCA_SET_PINNED_MAX_ROUND_THRESHOLD_MB] = {
         .default_value = SIZE_MAX,
-        .name = "pinned_max_round_threshold_mb", .type = OPT_MIB,
+        .name = "pinned_max_round_threshold_mb", .type = OPT_MIB, .cca_only = true,
         .offset = FIELD(pinned_max_round_threshold),
         .allowed = "an integer number of MiB",
         .doc = "pinned requests larger than this are not rounded up to a power of two"},
     [CCA_SET_PINNED_MAX_CACHED_SIZE_MB] = {
         .default_value = SIZE_MAX,
-        .name = "pinned_max_cached_size_mb", .type = OPT_MIB,
+        .name = "pinned_max_cached_size_mb", .type = OPT_MIB, .cca_only = true,
         .offset = FIELD(pinned_max_cached_size),
         .allowed = "an integer number of MiB",
         .doc = "freed pinned blocks larger than this are released instead of cached"},
     [CCA_SET_EXACT_PEAK_STATS] = {
         .default_value = true,
         .name = "exact_peak_stats", .type = OPT_BOOL, .offset = FIELD(exact_peak_stats),
-        .allowed = BOOL_ALLOWED,
+        .allowed = CCA_BOOL_ALLOWED, .cca_only = true,
         .doc = "False: per-stream statistics, peaks sampled on slow paths (scales across streams)"},
     [CCA_SET_COMPACT_MEMORY] = {
         .default_value = false,
         .name = "compact_memory", .type = OPT_BOOL, .offset = FIELD(compact_memory),
-        .allowed = BOOL_ALLOWED,
+        .allowed = CCA_BOOL_ALLOWED, .cca_only = true,
         .doc = "implies expandable_segments; free granules are re-mapped where growth needs them "
                "instead of reserving more (not PyTorch's behaviour)"},
 };
@@ -543,7 +546,9 @@ static cca_status_t parse_bool(const option_t *opt, cca_settings_t *s, const cha
         bool value;
     } words[] = {{"True", true}, {"False", false}, {"true", true},
                  {"false", false}, {"1", true},   {"0", false}};
-    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+    /* PyTorch's keys take only the first two spellings */
+    size_t spellings = opt->cca_only ? sizeof(words) / sizeof(words[0]) : 2;
+    for (size_t i = 0; i < spellings; i++) {
         if (strlen(words[i].word) == len && memcmp(words[i].word, text + off, len) == 0) {
             *SETTING(s, opt, bool) = words[i].value;
             return CCA_OK;

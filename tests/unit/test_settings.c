@@ -520,8 +520,7 @@ TEST(boolean_keys)
     static const struct {
         const char *word;
         bool value;
-    } words[] = {{"True", true}, {"False", false}, {"true", true},
-                 {"false", false}, {"1", true},   {"0", false}};
+    } words[] = {{"True", true}, {"False", false}};
     for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
         const char *name = settings_key_name(keys[k]);
         for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++) {
@@ -544,7 +543,10 @@ TEST(boolean_keys)
                 HARNESS_FAIL("%s gave %d", text, (int)value);
             expect_eq_u64(s.source[keys[k]], CCA_SRC_ARGUMENT);
         }
-        static const char *bad_words[] = {"yes", "TRUE", "2", "Tru", "10"};
+        /* PyTorch takes exactly True or False for its keys: true/false and 1/0
+           are refused */
+        static const char *bad_words[] = {"yes", "TRUE", "2", "Tru", "10",
+                                          "true", "false", "1", "0"};
         for (size_t w = 0; w < sizeof(bad_words) / sizeof(bad_words[0]); w++) {
             char text[128], needle[160];
             snprintf(text, sizeof(text), "%s:%s", name, bad_words[w]);
@@ -552,6 +554,17 @@ TEST(boolean_keys)
             expect_bad(text, needle, "True or False");
         }
     }
+}
+
+/* cca's own boolean keys keep their wider spellings */
+TEST(cca_boolean_keys)
+{
+    expect_false(parsed("exact_peak_stats:false").exact_peak_stats);
+    expect_false(parsed("exact_peak_stats:0").exact_peak_stats);
+    expect_true(parsed("compact_memory:true").compact_memory);
+    expect_true(parsed("compact_memory:1").compact_memory);
+    expect_false(parsed("compact_memory:False").compact_memory);
+    expect_bad("compact_memory:yes", "'compact_memory:yes'", "also true/false, 1/0");
 }
 
 TEST(pinned_num_register_threads_key)
@@ -926,6 +939,7 @@ int main(void)
     RUN(garbage_collection_threshold_key);
     RUN(per_process_memory_fraction_key);
     RUN(boolean_keys);
+    RUN(cca_boolean_keys);
     RUN(pinned_num_register_threads_key);
     RUN(pinned_size_keys);
     RUN(unknown_key);
