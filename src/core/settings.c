@@ -27,7 +27,7 @@
 
 typedef enum tok_kind {
     TOK_END = 0, /* end of the text */
-    TOK_WORD,    /* identifier or number: [A-Za-z0-9_.+-]+ */
+    TOK_WORD,    /* identifier or number: [A-Za-z0-9_.+-]+, whitespace inside dropped */
     TOK_COLON,
     TOK_COMMA,
     TOK_LBRACKET,
@@ -60,6 +60,20 @@ static bool is_word_char(char c)
            c == '_' || c == '.' || c == '-' || c == '+';
 }
 
+/* Whether the word text[0, len) is word, the whitespace inside it dropped. */
+static bool word_is(const char *text, size_t len, const char *word)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (is_space(text[i]))
+            continue;
+        if (word[w] == '\0' || word[w] != text[i])
+            return false;
+        w++;
+    }
+    return word[w] == '\0';
+}
+
 /* The next token of sc, advancing past it. Never allocates. */
 static token_t scan_next(scanner_t *sc)
 {
@@ -82,9 +96,16 @@ static token_t scan_next(scanner_t *sc)
             tok.kind = TOK_BAD;
             return tok; /* the cursor stays on the bad character */
         }
+        /* whitespace between word characters joins them into one word, as
+           PyTorch drops whitespace wherever it is ("12 8" reads 128); the
+           token spans up to its last word character */
         tok.kind = TOK_WORD;
-        while (sc->pos + tok.length < sc->end && is_word_char(sc->text[sc->pos + tok.length]))
-            tok.length++;
+        for (size_t p = sc->pos + 1; p < sc->end; p++) {
+            if (is_word_char(sc->text[p]))
+                tok.length = p + 1 - sc->pos;
+            else if (!is_space(sc->text[p]))
+                break;
+        }
         break;
     }
     sc->pos += tok.length;
@@ -354,7 +375,7 @@ const char *settings_source_name(cca_setting_source_t source)
 bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key)
 {
     for (int k = 0; k < CCA_SET_COUNT; k++) {
-        if (strlen(options[k].name) == len && memcmp(options[k].name, name, len) == 0) {
+        if (word_is(name, len, options[k].name)) {
             *key = (cca_setting_key_t)k;
             return true;
         }
@@ -439,9 +460,11 @@ static cca_status_t unknown_key(const char *text, token_t tok)
 static bool parse_u64(const char *p, size_t len, uint64_t *value)
 {
     uint64_t v = 0;
-    if (len == 0)
-        return false;
+    bool digits = false;
     for (size_t i = 0; i < len; i++) {
+        if (is_space(p[i]))
+            continue; /* inside a word: dropped */
+        digits = true;
         if (p[i] < '0' || p[i] > '9')
             return false;
         unsigned digit = (unsigned)(p[i] - '0');
@@ -449,6 +472,8 @@ static bool parse_u64(const char *p, size_t len, uint64_t *value)
             return false;
         v = v * 10 + digit;
     }
+    if (!digits)
+        return false;
     *value = v;
     return true;
 }
@@ -457,18 +482,23 @@ static bool parse_u64(const char *p, size_t len, uint64_t *value)
 static bool parse_double(const char *p, size_t len, double *value)
 {
     char buf[64];
-    if (len == 0 || len >= sizeof(buf))
-        return false;
+    size_t used = 0;
     for (size_t i = 0; i < len; i++) {
         char c = p[i];
+        if (is_space(c))
+            continue; /* inside a word: dropped */
         if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'))
             return false;
+        if (used + 1 >= sizeof(buf))
+            return false;
+        buf[used++] = c;
     }
-    memcpy(buf, p, len);
-    buf[len] = '\0';
+    if (used == 0)
+        return false;
+    buf[used] = '\0';
     char *end = NULL;
     double v = strtod(buf, &end);
-    if (end != buf + len || !isfinite(v))
+    if (end != buf + used || !isfinite(v))
         return false;
     *value = v;
     return true;
@@ -502,9 +532,9 @@ static cca_status_t parse_backend(const option_t *opt, cca_settings_t *s, const 
                                   size_t off, size_t len)
 {
     cca_backend_kind_t *field = SETTING(s, opt, cca_backend_kind_t);
-    if (len == 6 && memcmp(text + off, "native", 6) == 0)
+    if (word_is(text + off, len, "native"))
         *field = CCA_BACKEND_NATIVE;
-    else if (len == 15 && memcmp(text + off, "cudaMallocAsync", 15) == 0)
+    else if (word_is(text + off, len, "cudaMallocAsync"))
         *field = CCA_BACKEND_ASYNC;
     else
         return bad_value(opt, text, off, len,
@@ -549,7 +579,7 @@ static cca_status_t parse_bool(const option_t *opt, cca_settings_t *s, const cha
     /* PyTorch's keys take only the first two spellings */
     size_t spellings = opt->cca_only ? sizeof(words) / sizeof(words[0]) : 2;
     for (size_t i = 0; i < spellings; i++) {
-        if (strlen(words[i].word) == len && memcmp(words[i].word, text + off, len) == 0) {
+        if (word_is(text + off, len, words[i].word)) {
             *SETTING(s, opt, bool) = words[i].value;
             return CCA_OK;
         }

@@ -109,7 +109,9 @@ static inline size_t settings_roundup_divisions(const cca_settings_t *s, size_t 
  * may exceed max). Never allocates. Returns false on a character that is not
  * allowed, with *bad_offset set and *count the tokens before it. NULL text is
  * empty; tokens may be NULL when max is 0; count and bad_offset may be NULL.
- * A word is a run of letters, digits and "_.+-"; whitespace separates words.
+ * A word is a run of letters, digits and "_.+-"; whitespace between two word
+ * characters is part of the word (dropped when it is read, as PyTorch drops
+ * it: "12 8" is one word that reads 128).
  */
 typedef struct cca_token {
     size_t offset;
