@@ -372,11 +372,27 @@ const char *settings_source_name(cca_setting_source_t source)
     return "unknown";
 }
 
+/* Other names PyTorch accepts for a key: its ROCm spellings, taken by every
+   build of PyTorch. */
+static const struct {
+    const char *name;
+    cca_setting_key_t key;
+} key_aliases[] = {
+    {"release_lock_on_hipmalloc", CCA_SET_RELEASE_LOCK_ON_CUDAMALLOC},
+    {"pinned_use_hip_host_register", CCA_SET_PINNED_USE_CUDA_HOST_REGISTER},
+};
+
 bool settings_lookup_key(const char *name, size_t len, cca_setting_key_t *key)
 {
     for (int k = 0; k < CCA_SET_COUNT; k++) {
         if (word_is(name, len, options[k].name)) {
             *key = (cca_setting_key_t)k;
+            return true;
+        }
+    }
+    for (size_t a = 0; a < sizeof(key_aliases) / sizeof(key_aliases[0]); a++) {
+        if (word_is(name, len, key_aliases[a].name)) {
+            *key = key_aliases[a].key;
             return true;
         }
     }

@@ -582,6 +582,20 @@ TEST(boolean_keys)
     }
 }
 
+/* PyTorch takes the ROCm names of two keys in every build */
+TEST(hip_key_names)
+{
+    cca_settings_t s = parsed("release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True");
+    expect_true(s.release_lock_on_cudamalloc);
+    expect_true(s.pinned_use_cuda_host_register);
+    expect_eq_u64(s.source[CCA_SET_RELEASE_LOCK_ON_CUDAMALLOC], CCA_SRC_ARGUMENT);
+    expect_eq_u64(s.source[CCA_SET_PINNED_USE_CUDA_HOST_REGISTER], CCA_SRC_ARGUMENT);
+    expect_bad("release_lock_on_hipmalloc:true", "'release_lock_on_cudamalloc:true'",
+               "True or False");
+    /* the other hip spellings are not keys */
+    expect_bad("pinned_num_register_threads_hip:2", "Unrecognized key", NULL);
+}
+
 /* cca's own boolean keys keep their wider spellings */
 TEST(cca_boolean_keys)
 {
@@ -967,6 +981,7 @@ int main(void)
     RUN(per_process_memory_fraction_key);
     RUN(boolean_keys);
     RUN(cca_boolean_keys);
+    RUN(hip_key_names);
     RUN(pinned_num_register_threads_key);
     RUN(pinned_size_keys);
     RUN(unknown_key);
