@@ -20,8 +20,9 @@
 #define SHOW_MAX 120
 /* Most register threads (PyTorch's limit). */
 #define MAX_REGISTER_THREADS 128
-/* Smallest max_split_size_mb and max_non_split_rounding_mb (PyTorch's kLargeBuffer). */
-#define MIN_SPLIT_MIB 20
+/* large_segment_size_mb must be larger than this (PyTorch's kMinLargeAlloc in MiB): the
+   segment then holds any request it serves, all below 10 MiB. */
+#define MIN_LARGE_ALLOC_MIB 10
 
 /* ---- tokenizer ---------------------------------------------------------------- */
 
@@ -166,10 +167,9 @@ struct option {
        count (OPT_POW2), the divisions of every interval (OPT_ROUNDUP) */
     uint64_t default_value;
     double default_fraction; /* OPT_FRACTION */
-    /* OPT_MIB: smallest value and whether it must be even; OPT_POW2: largest value */
+    /* OPT_MIB: smallest value; OPT_POW2: largest value */
     uint64_t min;
     uint64_t max;
-    bool even;
     const char *range_error; /* OPT_MIB / OPT_POW2: text when the range check fails */
     /* OPT_FRACTION: bounds; an open end excludes the bound */
     double lo, hi;
@@ -221,21 +221,19 @@ static const option_t options[CCA_SET_COUNT] = {
     [CCA_SET_MAX_SPLIT_SIZE_MB] = {
         .default_value = SIZE_MAX,
         .name = "max_split_size_mb", .type = OPT_MIB, .offset = FIELD(max_split_size),
-        .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
-        .range_error = "max_split_size_mb too small, must be >= 20",
+        .allowed = "an integer number of MiB >= large_segment_size_mb (20 by default)",
         .doc = "cached blocks this large or larger are never split"},
     [CCA_SET_MAX_NON_SPLIT_ROUNDING_MB] = {
         .default_value = 20 * CCA_MiB,
         .name = "max_non_split_rounding_mb", .type = OPT_MIB,
         .offset = FIELD(max_non_split_rounding),
-        .allowed = "an integer number of MiB >= 20", .min = MIN_SPLIT_MIB,
-        .range_error = "max_non_split_rounding_mb too small, must be >= 20",
+        .allowed = "an integer number of MiB >= large_segment_size_mb (20 by default)",
         .doc = "an oversize request may use a cached block at most this much larger"},
     [CCA_SET_LARGE_SEGMENT_SIZE_MB] = {
         .default_value = 20 * CCA_MiB,
         .name = "large_segment_size_mb", .type = OPT_MIB, .offset = FIELD(large_segment_size),
-        .allowed = "a positive even integer number of MiB", .min = 1, .even = true,
-        .range_error = "large_segment_size_mb must be > 0 and a multiple of 2",
+        .allowed = "an integer number of MiB > 10", .min = MIN_LARGE_ALLOC_MIB + 1,
+        .range_error = "large_segment_size_mb must be > 10 MB",
         .doc = "size of the segments allocated for requests of 1 to 10 MiB"},
     [CCA_SET_ROUNDUP_POWER2_DIVISIONS] = {
         .default_value = 0,
@@ -564,7 +562,7 @@ static cca_status_t parse_mib(const option_t *opt, cca_settings_t *s, const char
     uint64_t mib;
     if (is_list(text, off) || !parse_u64(text + off, len, &mib))
         return bad_value(opt, text, off, len, "expected %s", opt->allowed);
-    if (mib < opt->min || (opt->even && mib % 2 != 0))
+    if (mib < opt->min)
         return bad_value(opt, text, off, len, "%s", opt->range_error);
     *SETTING(s, opt, size_t) = mib_to_bytes(mib);
     return CCA_OK;
@@ -720,15 +718,27 @@ static cca_status_t parse_roundup(const option_t *opt, cca_settings_t *s, const 
 
 /* ---- the parser ------------------------------------------------------------------ */
 
-/* Rules between keys, checked on the combined result of a parse. */
+/*
+ * Rules between keys, checked on the combined result of a parse: as PyTorch,
+ * max_split_size_mb and max_non_split_rounding_mb are at least
+ * large_segment_size_mb (the value after this parse, as PyTorch reads that key
+ * first).
+ */
 static cca_status_t check_cross_keys(const cca_settings_t *s)
 {
+    size_t large_mib = s->large_segment_size / CCA_MiB;
     if (s->max_split_size != SIZE_MAX && s->max_split_size < s->large_segment_size)
         return cca_raise(CCA_ERR_BAD_SETTINGS,
                          "Invalid allocator settings 'max_split_size_mb:%zu' with "
-                         "'large_segment_size_mb:%zu': max_split_size_mb must be >= "
-                         "large_segment_size_mb",
-                         s->max_split_size / CCA_MiB, s->large_segment_size / CCA_MiB);
+                         "'large_segment_size_mb:%zu': max_split_size_mb too small, must be >= "
+                         "%zu (large_segment_size_mb)",
+                         s->max_split_size / CCA_MiB, large_mib, large_mib);
+    if (s->max_non_split_rounding < s->large_segment_size)
+        return cca_raise(CCA_ERR_BAD_SETTINGS,
+                         "Invalid allocator settings 'max_non_split_rounding_mb:%zu' with "
+                         "'large_segment_size_mb:%zu': max_non_split_rounding_mb too small, must "
+                         "be >= %zu (large_segment_size_mb)",
+                         s->max_non_split_rounding / CCA_MiB, large_mib, large_mib);
     return CCA_OK;
 }
 
@@ -811,7 +821,7 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
     /* characters first, so that a bad one is reported as such wherever it is */
     if (!settings_tokenize(text, NULL, 0, NULL, &bad_offset))
         return bad_character(text, bad_offset);
-    bool named_expandable = false;
+    bool named_expandable = false, named_large_segment = false, named_non_split = false;
 
     for (;;) {
         token_t key_tok = scan_next(&sc);
@@ -821,6 +831,8 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
         cca_setting_key_t named = CCA_SET_COUNT;
         cca_status_t status = parse_element(&sc, key_tok, &work, source, &named);
         named_expandable |= named == CCA_SET_EXPANDABLE_SEGMENTS;
+        named_large_segment |= named == CCA_SET_LARGE_SEGMENT_SIZE_MB;
+        named_non_split |= named == CCA_SET_MAX_NON_SPLIT_ROUNDING_MB;
         size_t element_len = sc.pos - element_off;
         if (status != CCA_OK)
             return status;
@@ -836,6 +848,13 @@ cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_sou
                              found, shown_len(element_len), text + element_off,
                              cut_mark(element_len));
         }
+    }
+
+    /* max_non_split_rounding_mb defaults to the segment size: PyTorch sets it to
+       large_segment_size_mb before reading the other keys */
+    if (named_large_segment && !named_non_split) {
+        work.max_non_split_rounding = work.large_segment_size;
+        work.source[CCA_SET_MAX_NON_SPLIT_ROUNDING_MB] = source;
     }
 
     /* compact_memory implies expandable_segments, unless this text turns those off */

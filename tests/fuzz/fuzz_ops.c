@@ -211,7 +211,7 @@ static const char *const settings_choices[] = {
     "expandable_segments:True",
     "compact_memory:False,expandable_segments:False",
     "expandable_segments:True,max_split_size_mb:40",
-    "expandable_segments:True,large_segment_size_mb:4",
+    "expandable_segments:True,large_segment_size_mb:12",
     "compact_memory:True",
 };
 #define SETTINGS_CHOICES (sizeof(settings_choices) / sizeof(settings_choices[0]))

@@ -53,10 +53,9 @@ static void check_tokens(const char *text)
 static void check_ranges(const cca_settings_t *s)
 {
     CHECK(s->backend == CCA_BACKEND_NATIVE || s->backend == CCA_BACKEND_ASYNC);
-    CHECK(s->max_split_size >= 20 * CCA_MiB);
-    CHECK(s->max_non_split_rounding >= 20 * CCA_MiB);
-    CHECK(s->large_segment_size >= 2 * CCA_MiB);
+    CHECK(s->large_segment_size > 10 * CCA_MiB);
     CHECK(s->max_split_size == SIZE_MAX || s->max_split_size >= s->large_segment_size);
+    CHECK(s->max_non_split_rounding >= s->large_segment_size);
     for (int i = 0; i < CCA_ROUNDUP_INTERVALS; i++)
         CHECK(is_pow2_or_zero(s->roundup_power2_divisions[i]));
     CHECK(s->garbage_collection_threshold >= 0.0 && s->garbage_collection_threshold < 1.0);

@@ -262,7 +262,7 @@ TEST(max_split_size_mb_key)
                "max_split_size_mb too small, must be >= 20");
     expect_bad("max_split_size_mb:0", "'max_split_size_mb:0'", "too small");
     expect_bad("max_split_size_mb:12abc", "'max_split_size_mb:12abc'",
-               "an integer number of MiB >= 20");
+               "an integer number of MiB >= large_segment_size_mb");
     expect_bad("max_split_size_mb:-128", "'max_split_size_mb:-128'", "integer");
     expect_bad("max_split_size_mb:+128", "'max_split_size_mb:+128'", "integer");
     expect_bad("max_split_size_mb:1.5", "'max_split_size_mb:1.5'", "integer");
@@ -289,13 +289,43 @@ TEST(max_non_split_rounding_mb_key)
     expect_bad("max_non_split_rounding_mb:x", "'max_non_split_rounding_mb:x'", "MiB");
 }
 
+/* PyTorch takes any large_segment_size_mb above 10 (kMinLargeAlloc, so that a
+   segment holds any request it serves), odd or even */
 TEST(large_segment_size_mb_key)
 {
-    expect_eq_u64(parsed("large_segment_size_mb:2").large_segment_size, 2 * CCA_MiB);
+    expect_eq_u64(parsed("large_segment_size_mb:11").large_segment_size, 11 * CCA_MiB);
+    expect_eq_u64(parsed("large_segment_size_mb:21").large_segment_size, 21 * CCA_MiB);
     expect_eq_u64(parsed("large_segment_size_mb:64").large_segment_size, 64 * CCA_MiB);
-    expect_bad("large_segment_size_mb:0", "'large_segment_size_mb:0'", "multiple of 2");
-    expect_bad("large_segment_size_mb:3", "'large_segment_size_mb:3'", "multiple of 2");
-    expect_bad("large_segment_size_mb:two", "'large_segment_size_mb:two'", "even integer");
+    expect_bad("large_segment_size_mb:0", "'large_segment_size_mb:0'", "must be > 10");
+    expect_bad("large_segment_size_mb:2", "'large_segment_size_mb:2'", "must be > 10");
+    expect_bad("large_segment_size_mb:10", "'large_segment_size_mb:10'", "must be > 10");
+    expect_bad("large_segment_size_mb:two", "'large_segment_size_mb:two'", "integer");
+}
+
+/* As PyTorch: the smallest max_split_size_mb and max_non_split_rounding_mb is
+   large_segment_size_mb (not a fixed 20), and max_non_split_rounding_mb takes
+   the value of a large_segment_size_mb given without it */
+TEST(split_minimums_follow_large_segment)
+{
+    cca_settings_t s = parsed("large_segment_size_mb:12,max_split_size_mb:12");
+    expect_eq_u64(s.max_split_size, 12 * CCA_MiB);
+    s = parsed("max_non_split_rounding_mb:16,large_segment_size_mb:16");
+    expect_eq_u64(s.max_non_split_rounding, 16 * CCA_MiB);
+    expect_bad("large_segment_size_mb:12,max_split_size_mb:11", "max_split_size_mb:11",
+               "must be >= 12");
+    expect_bad("large_segment_size_mb:40,max_non_split_rounding_mb:30",
+               "max_non_split_rounding_mb:30", "must be >= 40");
+    s = parsed("large_segment_size_mb:40");
+    expect_eq_u64(s.max_non_split_rounding, 40 * CCA_MiB);
+    expect_eq_u64(s.source[CCA_SET_MAX_NON_SPLIT_ROUNDING_MB], CCA_SRC_ARGUMENT);
+    s = parsed("large_segment_size_mb:40,max_non_split_rounding_mb:64");
+    expect_eq_u64(s.max_non_split_rounding, 64 * CCA_MiB);
+    /* a segment size set earlier stays the minimum */
+    cca_settings_t env;
+    settings_default(&env);
+    expect_ok(settings_parse(&env, "large_segment_size_mb:40", CCA_SRC_ENVIRONMENT));
+    expect_bad_over(&env, "max_non_split_rounding_mb:30", "must be >= 40", NULL);
+    expect_bad_over(&env, "max_split_size_mb:30", "must be >= 40", NULL);
 }
 
 TEST(max_split_at_least_large_segment)
@@ -968,6 +998,7 @@ int main(void)
     RUN(max_split_size_mb_key);
     RUN(max_non_split_rounding_mb_key);
     RUN(large_segment_size_mb_key);
+    RUN(split_minimums_follow_large_segment);
     RUN(max_split_at_least_large_segment);
     RUN(roundup_single_value);
     RUN(roundup_list_example);
