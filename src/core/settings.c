@@ -9,6 +9,7 @@
  * combined result) is valid, so on any error the caller's settings are
  * byte-for-byte unchanged.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,7 +493,11 @@ static bool parse_u64(const char *p, size_t len, uint64_t *value)
     return true;
 }
 
-/* A finite decimal number ("0.5", "1e-3", "-2"); false on junk, inf or nan. */
+/*
+ * A finite decimal number ("0.5", "1e-3", "-2"); false on junk, inf or nan,
+ * and on a number out of a double's range (under- or overflow), which
+ * PyTorch's std::stod refuses too.
+ */
 static bool parse_double(const char *p, size_t len, double *value)
 {
     char buf[64];
@@ -511,8 +516,9 @@ static bool parse_double(const char *p, size_t len, double *value)
         return false;
     buf[used] = '\0';
     char *end = NULL;
+    errno = 0;
     double v = strtod(buf, &end);
-    if (end != buf + used || !isfinite(v))
+    if (end != buf + used || !isfinite(v) || errno == ERANGE)
         return false;
     *value = v;
     return true;

@@ -565,6 +565,12 @@ TEST(per_process_memory_fraction_key)
                "[0.0, 1.0]");
     expect_bad("per_process_memory_fraction:half", "'per_process_memory_fraction:half'",
                "between 0 and 1");
+    /* PyTorch's std::stod refuses a number that underflows a double (it does
+       not read it as 0) */
+    expect_bad("per_process_memory_fraction:1e-400", "'per_process_memory_fraction:1e-400'",
+               "between 0 and 1");
+    expect_bad("garbage_collection_threshold:1e-310", "'garbage_collection_threshold:1e-310'",
+               "strictly between 0 and 1");
 }
 
 TEST(boolean_keys)
