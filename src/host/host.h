@@ -74,7 +74,8 @@ void host_reset_peak_stats(host_alloc_t *h);
  * size limit, register mode and thread count apply to later operations;
  * the event thread starts or stops; the reserve size applies only if the
  * reserve segment was not created yet. Returns CCA_OK, CCA_ERR_OUT_OF_MEMORY
- * or CCA_ERR_BACKEND (the event thread could not start).
+ * or CCA_ERR_BACKEND (the event thread could not start); on failure no
+ * setting has changed.
  */
 cca_status_t host_apply_settings(host_alloc_t *h, const cca_settings_t *settings);
 
@@ -87,6 +88,10 @@ bool host_is_valid(host_alloc_t *h);
  * growth) fails (0: none), as it would with the host out of memory.
  */
 void host_test_fail_records(long n);
+
+/* Tests: starting the background event thread fails while on, as it would
+ * with the system out of threads. */
+void host_test_fail_background_start(bool on);
 
 /* ---- the global instance behind cca_host_* (called by cca_init / cca_shutdown) ---- */
 

@@ -142,11 +142,21 @@ cca_status_t host_apply_settings(host_alloc_t *h, const cca_settings_t *settings
     if (!h || !settings)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "host_apply_settings: NULL argument");
     pthread_mutex_lock(&h->settings_lock);
-    store_settings(h, settings);
-    if (settings->pinned_use_background_threads)
+    if (settings->pinned_use_background_threads) {
+        /* the thread first: if it cannot start, no setting has changed */
         status = host_background_start(h);
-    else
+        if (status == CCA_OK) {
+            store_settings(h, settings);
+            /* a free that found the thread off before the store did not wake it */
+            pthread_mutex_lock(&h->bg_lock);
+            pthread_cond_signal(&h->bg_cond);
+            pthread_mutex_unlock(&h->bg_lock);
+        }
+    } else {
+        /* allocations collect events again before the thread goes (stopping cannot fail) */
+        store_settings(h, settings);
         host_background_stop(h);
+    }
     pthread_mutex_unlock(&h->settings_lock);
     return status;
 }

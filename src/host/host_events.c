@@ -119,12 +119,20 @@ static void *background_main(void *arg)
     return NULL;
 }
 
+static atomic_bool start_fails; /* tests (host_test_fail_background_start) */
+
+void host_test_fail_background_start(bool on)
+{
+    atomic_store_explicit(&start_fails, on, memory_order_relaxed);
+}
+
 cca_status_t host_background_start(host_alloc_t *h)
 {
     if (h->bg_running)
         return CCA_OK;
     h->bg_stop = false;
-    if (pthread_create(&h->bg_thread, NULL, background_main, h) != 0)
+    if (atomic_load_explicit(&start_fails, memory_order_relaxed) ||
+        pthread_create(&h->bg_thread, NULL, background_main, h) != 0)
         return cca_raise(CCA_ERR_BACKEND, "cannot start the pinned-memory event thread");
     h->bg_running = true;
     return CCA_OK;

@@ -100,6 +100,8 @@ cca_status_t cca_set_settings(const char *text)
     st = state_check_supported(&next);
     if (st != CCA_OK)
         return st;
+    /* the pinned allocator first: it alone can fail (its event thread), and then it has
+     * changed nothing; nothing below fails, so the device side changes only after it */
     if (host_global()) {
         st = host_apply_settings(host_global(), &next);
         if (st != CCA_OK)

@@ -11,6 +11,7 @@
 
 #include "device.h"
 #include "harness.h"
+#include "host.h"
 #include "ptrmap.h"
 #include "runtime.h"
 
@@ -1441,6 +1442,28 @@ TEST(run_time_settings)
     expect_status(cca_set_settings("backend:cudaMallocAsync"), CCA_ERR_NOT_SUPPORTED);
 }
 
+/* Settings the pinned allocator cannot take (its event thread does not start) change
+ * nothing, on the device side either. */
+TEST(run_time_settings_refused_by_the_host_side_change_nothing)
+{
+    setup(NULL, 1024 * MiB, false);
+    host_test_fail_background_start(true);
+    expect_status(cca_set_settings("max_split_size_mb:100,per_process_memory_fraction:0.25,"
+                                   "pinned_use_background_threads:True"),
+                  CCA_ERR_BACKEND);
+    host_test_fail_background_start(false);
+    expect_eq_i64(stats(0).max_split_size, -1); /* none */
+    double f = -1;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 1.0);
+    expect_false(cca_state->settings.pinned_use_background_threads);
+    void *a = xmalloc(600 * MiB, NULL);
+    expect_ok(cca_free(a));
+    expect_ok(cca_set_settings("max_split_size_mb:100,pinned_use_background_threads:True"));
+    expect_eq_i64(stats(0).max_split_size, 100 * MiB);
+    expect_true(cca_state->settings.pinned_use_background_threads);
+}
+
 static void expect_valid(void)
 {
     (void)checked_stats();
@@ -1572,6 +1595,7 @@ int main(void)
     RUN(uncached_pairs_after_caching_ones);
     RUN(backend_fault_is_clean);
     RUN(run_time_settings);
+    RUN(run_time_settings_refused_by_the_host_side_change_nothing);
     cca_shutdown();
     RUN(oom_retry_releases_a_block_of_the_requesting_pool);
     RUN(events_of_many_waiting_streams);

@@ -1116,6 +1116,52 @@ TEST(background_thread)
     fx_close(&f);
 }
 
+/*
+ * Settings whose event thread cannot start change nothing: the call fails
+ * with CCA_ERR_BACKEND, allocations keep the old rounding threshold and go
+ * on collecting completed events themselves. Before, the new settings were
+ * stored first, so the allocator ran on half-applied settings, relying on a
+ * thread that did not exist (a freed block used on a stream never came back
+ * until empty_cache).
+ */
+TEST(failed_thread_start_changes_no_setting)
+{
+    fixture_t f;
+    cca_settings_t s = defaults();
+    s.pinned_max_round_threshold = 1 * MiB;
+    if (!fx_open(&f, &s))
+        return;
+    void *p, *q;
+    expect_ok(host_malloc(f.h, &p, 32 * KiB));
+    cca_settings_t next = s;
+    next.pinned_use_background_threads = true;
+    next.pinned_max_round_threshold = 64 * KiB;
+    host_test_fail_background_start(true);
+    expect_status(host_apply_settings(f.h, &next), CCA_ERR_BACKEND);
+    host_test_fail_background_start(false);
+    expect_contains(cca_last_error()->message, "event thread");
+    /* events are still collected by allocations: the block comes back once S1 is done */
+    expect_ok(host_record_event(f.h, p, S1));
+    expect_ok(host_release_ptr(f.h, p));
+    complete(&f, S1);
+    expect_ok(host_malloc(f.h, &q, 32 * KiB));
+    expect_eq_ptr(q, p);
+    /* the old threshold: 100 KiB + 1 byte still rounds to a power of two */
+    int64_t bytes = stats(&f).allocated_bytes.current;
+    void *r, *t;
+    expect_ok(host_malloc(f.h, &r, 100 * KiB + 1));
+    expect_eq_i64(stats(&f).allocated_bytes.current, bytes + (int64_t)(128 * KiB));
+    /* the same settings apply once the thread can start: above 64 KiB, pages */
+    expect_ok(host_apply_settings(f.h, &next));
+    bytes = stats(&f).allocated_bytes.current;
+    expect_ok(host_malloc(f.h, &t, 200 * KiB + 1));
+    expect_eq_i64(stats(&f).allocated_bytes.current, bytes + (int64_t)(204 * KiB));
+    expect_ok(host_release_ptr(f.h, r));
+    expect_ok(host_release_ptr(f.h, t));
+    expect_ok(host_release_ptr(f.h, q));
+    fx_close(&f);
+}
+
 TEST(public_functions_on_the_global_instance)
 {
     void *p = NULL;
@@ -1193,6 +1239,7 @@ int main(void)
     RUN(exact_peaks_across_threads);
     RUN(eight_threads_background);
     RUN(background_thread);
+    RUN(failed_thread_start_changes_no_setting);
     RUN(public_functions_on_the_global_instance);
     return harness_done();
 }
