@@ -95,11 +95,20 @@ static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, const 
         if (bi->state != CCA_BLOCK_INACTIVE) {
             out->active_size += b->size;
             out->requested_size += b->requested_size;
-            if (contexts)
-                bi->context = trace_block_context(dev->index, b->addr);
+            char *context = NULL;
+            if (contexts && !trace_block_context(dev->index, b->addr, &context))
+                goto out_free;
+            bi->context = context;
         }
     }
     return true;
+
+out_free: /* nothing of the record is kept: it is not counted in the snapshot */
+    for (size_t j = 0; j < i; j++)
+        free((char *)out->blocks[j].context);
+    free(out->blocks);
+    out->blocks = NULL;
+    return false;
 }
 
 static int segment_order(const void *a, const void *b)

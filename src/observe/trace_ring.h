@@ -35,7 +35,12 @@ typedef struct trace_ring {
 cca_status_t trace_enable(size_t capacity);
 void trace_disable(void);
 
-/* Copy of the live allocation's context at (device, addr), malloc'd; NULL if none. */
-char *trace_block_context(int device, uintptr_t addr);
+/* Copy of the live allocation's context at (device, addr) into *out, malloc'd; NULL if
+ * none. False: out of host memory for the copy (*out NULL). */
+bool trace_block_context(int device, uintptr_t addr, char **out);
+
+/* Tests: the n-th copy of a live allocation's context from now (trace_block_context)
+ * fails (0: none), as it would with the host out of memory. */
+void trace_test_fail_copies(long n);
 
 #endif /* CCA_TRACE_RING_H */

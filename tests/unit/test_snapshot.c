@@ -16,6 +16,7 @@
 #include "device.h"
 #include "harness.h"
 #include "pickle.h"
+#include "trace_ring.h"
 
 #define MiB ((size_t)1 << 20)
 #define S1 ((cca_stream_t)(uintptr_t)0x1000)
@@ -703,6 +704,40 @@ TEST(dump_of_text_that_is_not_utf8)
     cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 }
 
+/*
+ * A snapshot that runs out of host memory copying a live block's context
+ * fails with CCA_ERR_OUT_OF_MEMORY and keeps nothing (the copies made so far
+ * go too); the next one has every context. Before, the block was reported
+ * with no context (a dump with its frames empty) and the call succeeded.
+ */
+TEST(snapshot_out_of_memory_for_a_context)
+{
+    setup(0);
+    context_calls = 0;
+    expect_eq_i64(cca_record_history(true, context_fn, "ctx", 100, CCA_RECORD_CONTEXT_STATE),
+                  CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1), *b = xmalloc_dev(3000, 0, S1); /* one segment */
+    for (long n = 1; n <= 2; n++) {
+        cca_snapshot_t *s = NULL;
+        trace_test_fail_copies(n);
+        expect_eq_i64(cca_snapshot(&s), CCA_ERR_OUT_OF_MEMORY);
+        trace_test_fail_copies(0);
+        expect_contains(cca_last_error()->message, "out of host memory");
+        expect_true(s == NULL);
+    }
+    cca_snapshot_t *s = take();
+    expect_eq_u64(s->segment_count, 1);
+    expect_true(s->segments[0].block_count >= 2);
+    expect_eq_str(s->segments[0].blocks[0].context ? s->segments[0].blocks[0].context : "",
+                  "ctx-1\nframe two");
+    expect_eq_str(s->segments[0].blocks[1].context ? s->segments[0].blocks[1].context : "",
+                  "ctx-2\nframe two");
+    cca_snapshot_free(s);
+    cca_free(a);
+    cca_free(b);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
 /* A snapshot file's segment type goes into the SVG escaped (it was written as it came). */
 TEST(svg_escapes_a_files_segment_type)
 {
@@ -758,6 +793,7 @@ int main(void)
     RUN(dump_pickle_read_back_by_cca);
     RUN(dump_read_by_python_and_svg);
     RUN(dump_of_text_that_is_not_utf8);
+    RUN(snapshot_out_of_memory_for_a_context);
     RUN(svg_escapes_a_files_segment_type);
     cca_shutdown();
     char cmd[160];
