@@ -117,6 +117,9 @@ void cca_spin_bias(cca_spinlock_t *l);
 bool cca_spin_bias_available(void);
 /* No new bias (the tests' switch, and what a failed registration leaves). */
 void cca_spin_bias_disable(void);
+/* Tests: every membarrier(2) call fails while on, as after a seccomp filter that refuses it
+ * was installed; revocations fall back to a barrier through the scheduler. */
+void cca_spin_test_fail_membarrier(bool on);
 
 /* One step of waiting for another thread: spin briefly, then yield the CPU (spinlock.c). */
 void cca_spin_backoff(unsigned spins);

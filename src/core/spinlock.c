@@ -48,9 +48,20 @@ CCA_THREAD_HOT char cca_thread_token;
 /* 0: not yet asked; 1: registered; -1: unavailable or disabled */
 static atomic_int bias_state;
 
+static atomic_bool membarrier_fails; /* tests (cca_spin_test_fail_membarrier) */
+
+void cca_spin_test_fail_membarrier(bool on)
+{
+    atomic_store_explicit(&membarrier_fails, on, memory_order_relaxed);
+}
+
 static long membarrier_call(int cmd)
 {
 #if defined(__linux__) && defined(SYS_membarrier)
+    if (atomic_load_explicit(&membarrier_fails, memory_order_relaxed)) {
+        errno = EPERM; /* what a seccomp filter installed since registration returns */
+        return -1;
+    }
     return syscall(SYS_membarrier, cmd, 0, 0);
 #else
     (void)cmd;
@@ -89,6 +100,38 @@ void cca_spin_bias(cca_spinlock_t *l)
         atomic_store_explicit(&l->owner, &cca_thread_token, memory_order_relaxed);
 }
 
+#if defined(__linux__) && defined(SYS_membarrier)
+/*
+ * The barrier without membarrier(2): this thread runs on every CPU in turn. A CPU that
+ * switches to it has switched out whatever thread ran there, and the scheduler puts a full
+ * barrier between a thread's accesses and its switch (what membarrier itself relies on).
+ * So once this thread has run on every CPU, an owner inside since before the revocation
+ * has its busy flag visible here, and one that enters later sees revoked. A CPU this
+ * thread may not run on (absent, offline, outside the cpuset the process's threads share)
+ * is passed over: no thread of the process runs there. The thread's own CPUs are restored.
+ * False: a CPU could not be reached for another reason (the caller tries again).
+ */
+static bool barrier_by_migration(void)
+{
+    cpu_set_t saved, one;
+    if (sched_getaffinity(0, sizeof(saved), &saved) != 0)
+        return false;
+    bool ok = true;
+    for (int cpu = 0; cpu < CPU_SETSIZE && ok; cpu++) {
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+            ok = errno == EINVAL;
+        } else {
+            int at = sched_getcpu(); /* moved before the call returned (-1: cannot tell) */
+            ok = at == cpu || at < 0;
+        }
+    }
+    (void)sched_setaffinity(0, sizeof(saved), &saved); /* fails only if all went offline */
+    return ok;
+}
+#endif
+
 /* Every running thread of the process passes a full barrier before this returns. */
 static void process_barrier(void)
 {
@@ -104,6 +147,13 @@ static void process_barrier(void)
             membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
             return;
         if (membarrier_call(MEMBARRIER_CMD_GLOBAL) == 0)
+            return;
+        /* membarrier refused (a seccomp filter installed since registration, the kernel out
+         * of memory): no new lock is biased, and this revocation goes through the scheduler.
+         * Only if that fails too is it tried again: entering without the barrier could let
+         * two threads in at once. */
+        cca_spin_bias_disable();
+        if (barrier_by_migration())
             return;
         sched_yield();
     }
