@@ -13,7 +13,9 @@
 #include "shmcount.h"
 #include "state.h"
 
-/* Serialises bringing the host allocator up and down. */
+/* Serialises bringing the host allocator up and down, and settings changes: each reads
+ * the settings, changes and applies them as one, and the host allocator comes up on
+ * settings no change is half way through. */
 static pthread_mutex_t host_init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Bring the pinned host allocator up on the running device state. */
@@ -82,13 +84,11 @@ static void lock_world(bool lock)
     }
 }
 
-cca_status_t cca_set_settings(const char *text)
+/* cca_set_settings past initialisation, host_init_lock held. */
+static cca_status_t set_settings_locked(const char *text)
 {
-    cca_status_t st = state_ensure();
-    if (st != CCA_OK)
-        return st;
     cca_settings_t next = cca_state->settings;
-    st = settings_parse(&next, text, CCA_SRC_ARGUMENT);
+    cca_status_t st = settings_parse(&next, text, CCA_SRC_ARGUMENT);
     if (st != CCA_OK)
         return st;
     if (next.backend != cca_state->settings.backend)
@@ -126,3 +126,13 @@ cca_status_t cca_set_settings(const char *text)
     return CCA_OK;
 }
 
+cca_status_t cca_set_settings(const char *text)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    pthread_mutex_lock(&host_init_lock);
+    st = set_settings_locked(text);
+    pthread_mutex_unlock(&host_init_lock);
+    return st;
+}

@@ -5,7 +5,9 @@
  * fraction, statistics, the summary, empty_cache and misuse.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1464,6 +1466,57 @@ TEST(run_time_settings_refused_by_the_host_side_change_nothing)
     expect_true(cca_state->settings.pinned_use_background_threads);
 }
 
+#define SETTING_ROUNDS 2000
+
+static atomic_int settings_lost; /* changes of one thread undone by the other's */
+
+static void *set_split_sizes(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < SETTING_ROUNDS; i++) {
+        char text[64];
+        int mb = 100 + i % 2;
+        snprintf(text, sizeof(text), "max_split_size_mb:%d", mb);
+        cca_device_stats_t s;
+        if (cca_set_settings(text) != CCA_OK || cca_get_device_stats(0, &s) != CCA_OK ||
+            s.max_split_size != (int64_t)mb * (int64_t)MiB)
+            atomic_fetch_add(&settings_lost, 1);
+    }
+    return NULL;
+}
+
+static void *set_fractions(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < SETTING_ROUNDS; i++) {
+        double want = i % 2 ? 0.5 : 0.75, f = 0;
+        if (cca_set_settings(i % 2 ? "per_process_memory_fraction:0.5"
+                                   : "per_process_memory_fraction:0.75") != CCA_OK ||
+            cca_get_memory_fraction(0, &f) != CCA_OK || f != want)
+            atomic_fetch_add(&settings_lost, 1);
+    }
+    return NULL;
+}
+
+/* Two threads changing different keys at once: each keeps its own change. Before, each call
+ * read the settings, then stored them whole, so one thread's call undid the other's change
+ * made in between. */
+TEST(run_time_settings_from_two_threads)
+{
+    setup(NULL, 1024 * MiB, false);
+    atomic_store(&settings_lost, 0);
+    pthread_t a, b;
+    pthread_create(&a, NULL, set_split_sizes, NULL);
+    pthread_create(&b, NULL, set_fractions, NULL);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    expect_eq_i64(atomic_load(&settings_lost), 0);
+    expect_eq_i64(stats(0).max_split_size, 101 * MiB);
+    double f = 0;
+    expect_ok(cca_get_memory_fraction(0, &f));
+    expect_true(f == 0.5);
+}
+
 static void expect_valid(void)
 {
     (void)checked_stats();
@@ -1596,6 +1649,7 @@ int main(void)
     RUN(backend_fault_is_clean);
     RUN(run_time_settings);
     RUN(run_time_settings_refused_by_the_host_side_change_nothing);
+    RUN(run_time_settings_from_two_threads);
     cca_shutdown();
     RUN(oom_retry_releases_a_block_of_the_requesting_pool);
     RUN(events_of_many_waiting_streams);
