@@ -196,6 +196,22 @@ cca_status_t expandable_release_orphans(cca_device_t *dev)
 }
 
 /*
+ * Unmap the orphans still mapped (their unmap failed while a map was undone):
+ * their ranges are unmapped address space in the allocator's view, which a
+ * growth maps again, and a mapping left there would make that map fail.
+ * What fails again stays mapped, tried again at the next map.
+ */
+static void orphans_unmap(cca_device_t *dev)
+{
+    cca_backend_t *be = cca_state->backend;
+    for (size_t i = 0; i < dev->orphan_count; i++) {
+        cca_vmm_orphan_t *o = &dev->orphans[i];
+        if (o->mapped && be->vmm_unmap(be->ctx, dev->index, (void *)o->addr, o->size) == CCA_OK)
+            o->mapped = false; /* released with the other orphans */
+    }
+}
+
+/*
  * Unmap granules [begin, mapped) and release handles [begin, created) of an
  * unfinished map; what fails becomes an orphan (room reserved before). A
  * handle still mapped at an aliased block's old address goes back to
@@ -241,6 +257,7 @@ static cca_status_t map_granules(cca_device_t *dev, cca_segment_t *seg, size_t b
     cca_phys_handle_t *handles = n <= 16 ? local : malloc(n * sizeof(*handles));
     if (!handles)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory mapping an expandable segment");
+    orphans_unmap(dev);
     for (; created < n; created++) {
         if (es->compact && dev->lent_count) {
             handles[created] = dev->lent[--dev->lent_count]; /* unmapped for this growth */

@@ -560,6 +560,30 @@ TEST(failed_peer_access_is_retried_whole)
     cca_shutdown();
 }
 
+/* A growth whose set_access fails and whose undo's unmap fails too keeps that granule's
+ * handle as an orphan still mapped in a range the allocator holds unmapped: the next growth
+ * maps the same range, so the stale mapping must go first (the map overlapped it). */
+TEST(failed_undo_unmap_does_not_block_the_next_growth)
+{
+    setup("expandable_segments:True");
+    void *a = xmalloc(4 * MiB, NULL), *b = NULL;
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_SET_ACCESS, 1, false, CCA_ERR_BACKEND));
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_UNMAP, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_malloc(&b, 30 * MiB, NULL), CCA_ERR_BACKEND); /* its granule stays mapped */
+    cca_sim_clear_faults(sim);
+    expect_true(device_is_valid());
+    b = xmalloc(30 * MiB, NULL); /* the same range */
+    expect_true(b != NULL);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 40 * (int64_t)MiB);
+    expect_true(device_is_valid());
+    cca_free(a);
+    cca_free(b);
+    expect_ok(cca_empty_cache());
+    expect_eq_u64(usage().device_bytes[0], 0);
+    expect_eq_u64(usage().live_handles, 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(small_pool_maps_2mib_granules);
@@ -579,5 +603,6 @@ int main(void)
     RUN(release_available_passes_over_expandable_blocks);
     RUN(failed_reservation_free_retried);
     RUN(failed_peer_access_is_retried_whole);
+    RUN(failed_undo_unmap_does_not_block_the_next_growth);
     return harness_done();
 }
