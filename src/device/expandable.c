@@ -569,10 +569,11 @@ static bool lent_reserve(cca_device_t *dev, size_t more)
  * mapped below and above as free blocks, merge the unmapped run with
  * unmapped neighbours, free the reservation if nothing is mapped (then
  * *released is set: block is gone). lend: the physical handles go to
- * dev->lent for the growth in progress instead of back to the backend.
- * Returns CCA_OK, or the first backend failure: granules unmapped before it
- * stay unmapped and are accounted; a handle whose release failed is kept and
- * released by a later empty_cache.
+ * dev->lent for the growth in progress instead of back to the backend (a
+ * reservation that could not be freed then fails nothing: it stays, as
+ * segment_release leaves it). Returns CCA_OK, or the first backend failure:
+ * granules unmapped before it stay unmapped and are accounted; a handle whose
+ * release failed is kept and released by a later empty_cache.
  */
 static void take_out(cca_device_t *dev, cca_block_t *block, size_t begin, size_t stop,
                      cca_block_t *before, cca_block_t *after);
@@ -622,6 +623,9 @@ static cca_status_t unmap_granules(cca_device_t *dev, cca_block_t *block, size_t
     if (st == CCA_OK && !block->prev && !block->next) {
         st = segment_release(dev, block);
         *released = st == CCA_OK;
+        if (lend)
+            st = CCA_OK; /* the growth goes on with the granules lent; the empty reservation
+                          * stays (free_failed), freed by the next release of cached blocks */
     }
     return st;
 }

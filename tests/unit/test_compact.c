@@ -798,6 +798,36 @@ TEST(compact_failed_growth_keeps_aliased_handles_from_other_streams)
     cca_shutdown();
 }
 
+/*
+ * A growth that takes every granule of another stream's segment empties its
+ * reservation; where freeing that reservation fails, the growth still goes on
+ * with the granules taken (the empty reservation stays, freed by the next
+ * empty_cache), as it would without the move (before, the growth failed with
+ * the backend's error and the granules it had taken were released).
+ */
+TEST(compact_growth_survives_a_failed_free_of_an_emptied_reservation)
+{
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(8 * MiB, S1);
+    cca_free(a); /* S1's segment: four free granules, known done */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_FREE, 1, false, CCA_ERR_BACKEND));
+    void *b = xmalloc(8 * MiB, S2); /* 8 + 8 MiB passes the limit: the four granules move */
+    cca_sim_clear_faults(sim);
+    expect_true(b != NULL);
+    expect_eq_u64(calls(CCA_OP_VMM_FREE), 1);
+    expect_eq_i64(reserved(), (int64_t)(8 * MiB));
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_true(invariants_hold());
+    cca_free(b);
+    expect_ok(cca_empty_cache()); /* the emptied reservation goes too */
+    expect_eq_i64(reserved(), 0);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.live_reservations, 0);
+    expect_eq_u64(u.live_handles, 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     cca_register_output(NULL, NULL);
@@ -819,5 +849,6 @@ int main(void)
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
+    RUN(compact_growth_survives_a_failed_free_of_an_emptied_reservation);
     return harness_done();
 }
