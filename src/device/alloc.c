@@ -96,9 +96,14 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
     }
     const cca_private_pool_t *pp = pool->owner->private_pool;
     bool own = pp && pp->user_alloc; /* PyTorch: no expandable segment for a pool with its allocator */
-    if (dev->set_fraction && dev->total_allocated_memory + alloc_size > dev->allowed_memory_maximum)
+    bool expandable = cca_state->settings.expandable_segments && !own;
+    /* compact_memory checks the fraction in the growth itself, against the granules it maps
+     * (2 MiB ones, some moved from elsewhere), not against PyTorch's 20 MiB alloc_size */
+    bool exact_check = expandable && cca_state->settings.compact_memory;
+    if (dev->set_fraction && !exact_check &&
+        dev->total_allocated_memory + alloc_size > dev->allowed_memory_maximum)
         return CCA_ERR_OUT_OF_MEMORY;
-    if (cca_state->settings.expandable_segments && !own)
+    if (expandable)
         return expandable_alloc(dev, pool, size, out);
     cca_segment_t *seg = calloc(1, sizeof(*seg));
     cca_block_t *block = seg ? pool_block_new(pool, seg, 0, alloc_size) : NULL;

@@ -1224,6 +1224,13 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
             dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
         }
     }
+    /* under compact_memory the memory fraction is checked here (alloc_block does not): the
+     * reserved bytes once the growth has mapped its granules, lent ones included (their bytes
+     * left reserved when they were unmapped) */
+    if (st == CCA_OK && cca_state->settings.compact_memory && dev->set_fraction &&
+        dev->total_allocated_memory + granules_needed(c, size) * c->segment->es->granule >
+            dev->allowed_memory_maximum)
+        st = CCA_ERR_OUT_OF_MEMORY;
     if (st == CCA_OK && !c->mapped)
         st = map_block(dev, c, c->size < size ? c->size : size, &c);
     while (st == CCA_OK && c->size < size) {

@@ -694,6 +694,38 @@ TEST(compact_limit_stays_within_two_percent_of_the_requested_peak)
 }
 
 /*
+ * Under compact_memory the memory fraction is checked against the granules a
+ * growth maps, moved ones counted where they go: near the cap a 3 MiB request
+ * maps 4 MiB and fits, where PyTorch's 20 MiB alloc_size would not; a growth
+ * the cap refuses is an out-of-memory error, and reserved bytes never pass
+ * the cap.
+ */
+TEST(compact_fraction_counts_the_granules_mapped)
+{
+    setup_with("compact_memory:True", 1024 * MiB);
+    expect_ok(cca_set_memory_fraction(30.0 / 1024.0, 0)); /* 30 MiB allowed */
+    void *a = xmalloc(24 * MiB, NULL);
+    expect_true(a != NULL);
+    void *b = xmalloc(3 * MiB, NULL); /* 24 + 4 MiB: under 30 (24 + 20 would not be) */
+    expect_true(b != NULL);
+    expect_eq_i64(reserved(), (int64_t)(28 * MiB));
+    void *c = NULL;
+    /* b's granules end with 1 MiB free: 4 MiB more need two granules, 28 + 4 > 30 */
+    expect_status(cca_malloc(&c, 4 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
+    expect_true(reserved() <= (int64_t)(30 * MiB));
+    cca_free(b); /* 4 MiB free, known done: a growth over it moves its granules */
+    void *d = xmalloc(2 * MiB, NULL);
+    expect_true(d != NULL);
+    expect_true(reserved() <= (int64_t)(30 * MiB));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * Under the limit a growth maps new memory; where the device has none to give
  * (here the simulated device's capacity), it moves the free granules known done instead,
  * before the out-of-memory path releases every cached block.
@@ -847,6 +879,7 @@ int main(void)
     RUN(compact_moves_only_past_the_limit);
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
+    RUN(compact_fraction_counts_the_granules_mapped);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
     RUN(compact_growth_survives_a_failed_free_of_an_emptied_reservation);
