@@ -985,6 +985,9 @@ void pool_test_fail_host_alloc(long n);
 /* Tests: with off, compact_memory's growths move free granules known done whatever the limit
  * (expandable.c: lend_free_granules), so a threaded test moves granules at every growth. */
 void expandable_test_limit(bool off);
+/* Tests: with on, the device's room for orphan records cannot grow, as with the host out of
+ * memory. */
+void expandable_test_fail_orphan_room(bool on);
 bool pool_host_alloc_fails(void);
 /* At least n block structs among sp's spares, so that n splits cannot fail for want of
  * host memory (pool lock held). False: no host memory (those made are kept). */

@@ -143,10 +143,19 @@ static cca_status_t set_access_range(cca_device_t *dev, const cca_segment_t *seg
 /* ---- orphans: granules whose unmap or release failed ------------------------------- */
 
 /* Make room for more orphans, so recording one later cannot fail. */
+static _Atomic bool orphan_room_fails; /* tests (expandable_test_fail_orphan_room) */
+
+void expandable_test_fail_orphan_room(bool on)
+{
+    atomic_store(&orphan_room_fails, on);
+}
+
 static bool orphans_reserve(cca_device_t *dev, size_t more)
 {
     if (dev->orphan_count + more <= dev->orphan_cap)
         return true;
+    if (atomic_load_explicit(&orphan_room_fails, memory_order_relaxed))
+        return false;
     size_t cap = dev->orphan_cap ? dev->orphan_cap : 16;
     while (cap < dev->orphan_count + more)
         cap *= 2;
@@ -547,9 +556,12 @@ static cca_status_t segment_release(cca_device_t *dev, cca_block_t *block)
     return CCA_OK;
 }
 
-/* Make room for more lent handles, so lending one later cannot fail. */
+/* Make room for more lent handles, so lending one later cannot fail, and for an orphan record
+ * of every handle lent, so giving them back (lent_release) cannot fail for want of one. */
 static bool lent_reserve(cca_device_t *dev, size_t more)
 {
+    if (!orphans_reserve(dev, dev->lent_count + more))
+        return false;
     if (dev->lent_count + more <= dev->lent_cap)
         return true;
     size_t cap = dev->lent_cap ? dev->lent_cap : 16;
@@ -1128,8 +1140,8 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
 
 /*
  * Give back handles lent and not used (their bytes are already unaccounted);
- * one whose release fails becomes an orphan. Without host memory for the
- * orphan records they stay lent, released by the next release of orphans.
+ * one whose release fails becomes an orphan (its record's room was made when
+ * it was lent: lent_reserve).
  * With settle, a handle still mapped at an aliased block's old address (a
  * growth that failed, or did not need it) is released only once the old
  * mappings are unmapped, after a wait for their stream (held: the stream
@@ -1140,7 +1152,8 @@ static void lent_release(cca_device_t *dev, cca_stream_pool_t *held, bool settle
 {
     cca_backend_t *be = cca_state->backend;
     if (!orphans_reserve(dev, dev->lent_count))
-        return;
+        return; /* not reached: lent_reserve made the room (a lent handle must not outlive
+                 * the call: the next growth, of any stream, would map it) */
     for (size_t i = 0; settle && i < dev->lent_count; i++)
         if (handle_aliased(dev, dev->lent[i])) {
             expandable_settle_aliases(dev, held, true);

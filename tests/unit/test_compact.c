@@ -726,6 +726,57 @@ TEST(compact_fraction_counts_the_granules_mapped)
 }
 
 /*
+ * A growth that lends granules from several free runs makes room for an
+ * orphan record of every handle it lends as it lends them: with no host
+ * memory for more records the growth fails cleanly (nothing lent outlives the
+ * call, everything accounted), where before the handles lent could stay lent
+ * past the call and the next growth, of any stream, mapped them.
+ */
+TEST(compact_lends_no_handle_it_cannot_give_back)
+{
+    setup_with("compact_memory:True", 0);
+    expandable_test_limit(true); /* every growth moves the free granules known done */
+    void *p[7];
+    p[0] = xmalloc(4 * MiB, NULL);
+    p[1] = xmalloc(4 * MiB, NULL);
+    cca_free(p[0]); /* a first move: the orphan records get their first room (16) */
+    p[0] = xmalloc(6 * MiB, NULL);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    p[6] = xmalloc(4 * MiB, NULL); /* the moved granules' old place */
+    p[2] = xmalloc(20 * MiB, NULL), p[3] = xmalloc(2 * MiB, NULL);
+    p[4] = xmalloc(20 * MiB, NULL), p[5] = xmalloc(2 * MiB, NULL);
+    expect_true((uintptr_t)p[3] == (uintptr_t)p[2] + 20 * MiB); /* the two runs apart */
+    cca_free(p[2]);
+    cca_free(p[4]); /* two runs of ten free granules */
+    int64_t before = reserved();
+    expandable_test_fail_orphan_room(true);
+    /* the growth lends from both runs (20 handles), then its first map fails: every handle
+     * lent goes back (with the room made as they were lent; before, the records for 20 did
+     * not fit the 16 made by the first move and the handles stayed lent) */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_MAP, 1, true, CCA_ERR_BACKEND));
+    void *q = NULL;
+    cca_status_t st = cca_malloc(&q, 40 * MiB, NULL);
+    expect_status(st, CCA_ERR_OUT_OF_MEMORY); /* the map's failure, then the OOM path's */
+    cca_sim_clear_faults(sim);
+    expect_true(invariants_hold()); /* no handle lent past the call, bytes accounted */
+    expandable_test_fail_orphan_room(false);
+    if (st == CCA_OK)
+        cca_free(q);
+    q = xmalloc(40 * MiB, NULL);
+    expect_true(q != NULL);
+    expect_true(reserved() <= before + (int64_t)(40 * MiB));
+    expect_true(invariants_hold());
+    expandable_test_limit(false);
+    cca_free(q);
+    for (int i = 0; i < 7; i++)
+        if (i != 2 && i != 4)
+            cca_free(p[i]);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * Under the limit a growth maps new memory; where the device has none to give
  * (here the simulated device's capacity), it moves the free granules known done instead,
  * before the out-of-memory path releases every cached block.
@@ -880,6 +931,7 @@ int main(void)
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_fraction_counts_the_granules_mapped);
+    RUN(compact_lends_no_handle_it_cannot_give_back);
     RUN(compact_aliases_only_its_own_stream_and_settles_at_empty_cache);
     RUN(compact_failed_growth_keeps_aliased_handles_from_other_streams);
     RUN(compact_growth_survives_a_failed_free_of_an_emptied_reservation);
