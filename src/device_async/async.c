@@ -78,7 +78,10 @@ typedef struct async_device {
     cca_stream_t unifying;       /* frees of blocks used on several streams */
     _Atomic size_t used_bytes;   /* allocated through cca (PyTorch's pytorch_used_bytes) */
     _Atomic size_t limit;        /* bytes; SIZE_MAX: no memory fraction */
-    _Atomic size_t charging;     /* charges whose driver call has not returned (charge) */
+    _Atomic size_t pending;      /* bytes of the charges being counted or whose driver call
+                                    has not returned (charge) */
+    _Atomic size_t released;     /* charges whose bytes left pending so far (charge) */
+    _Atomic size_t in_flight;    /* charges that fit whose driver call is under way (charge) */
     async_orphan_t *orphans;     /* releases to retry (lock) */
 } async_device_t;
 
@@ -407,7 +410,9 @@ static cca_status_t async_oom(int device, size_t size)
  * back if the call failed). PyTorch checks the limit under its mutex, one
  * allocation at a time, and counts the bytes once the driver has them: a
  * request that does not fit only because another thread's bytes are counted
- * while its driver call is under way (and may yet fail) waits for that call.
+ * while its driver call is under way (and may yet fail) waits for that call,
+ * however long it takes, and counts again when one has returned meanwhile; one
+ * that the bytes already allocated leave no room for is refused at once.
  */
 static _Atomic size_t charge_waits; /* tests: charges that waited for another's driver call */
 
@@ -419,25 +424,49 @@ size_t async_test_charge_waits(void)
 static bool charge(async_device_t *ad, size_t size)
 {
     for (unsigned spins = 0;; spins++) {
-        atomic_fetch_add_explicit(&ad->charging, 1, memory_order_seq_cst);
+        size_t released = atomic_load_explicit(&ad->released, memory_order_seq_cst);
+        atomic_fetch_add_explicit(&ad->pending, size, memory_order_seq_cst);
         size_t before = atomic_fetch_add_explicit(&ad->used_bytes, size, memory_order_seq_cst);
         size_t limit = atomic_load_explicit(&ad->limit, memory_order_relaxed);
-        if (before + size >= before && before + size <= limit)
+        if (before + size >= before && before + size <= limit) {
+            atomic_fetch_add_explicit(&ad->in_flight, 1, memory_order_seq_cst);
             return true;
+        }
         atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_seq_cst);
-        size_t others = atomic_fetch_sub_explicit(&ad->charging, 1, memory_order_seq_cst) - 1;
-        if (!others || spins >= 4096) /* (others that fail too keep trying a while, then give up) */
-            return false;
+        /* The other charges' bytes, and whether a driver call is under way: while none has
+         * left since this count, every byte of theirs it saw is among them, and a call it saw
+         * is (a charge's bytes enter pending before used_bytes; they leave used_bytes, then
+         * bump released, before they leave pending and the call leaves in_flight). */
+        size_t others = atomic_load_explicit(&ad->pending, memory_order_seq_cst) - size;
+        bool no_call = !atomic_load_explicit(&ad->in_flight, memory_order_seq_cst);
+        bool recount = atomic_load_explicit(&ad->released, memory_order_seq_cst) != released;
+        atomic_fetch_add_explicit(&ad->released, 1, memory_order_seq_cst);
+        atomic_fetch_sub_explicit(&ad->pending, size, memory_order_seq_cst);
+        /* One that left since may have given back bytes it saw: count again. Otherwise the
+         * bytes allocated already leave no room, or a driver call under way is waited for
+         * however long it takes, as PyTorch's mutex would; others that only fail too keep
+         * trying a while, then give up. */
+        if (!recount) {
+            size_t allocated = before > others ? before - others : 0;
+            if (allocated + size < allocated || allocated + size > limit)
+                return false;
+            if (spins >= 4096 && no_call)
+                return false;
+        }
         if (!spins)
             atomic_fetch_add(&charge_waits, 1);
         cca_spin_backoff(spins);
     }
 }
 
-/* The driver call after a charge has returned. */
-static void charge_done(async_device_t *ad)
+/* The driver call after a charge of size bytes has returned (its bytes given back already if
+ * the call failed). */
+static void charge_done(async_device_t *ad, size_t size)
 {
-    atomic_fetch_sub_explicit(&ad->charging, 1, memory_order_seq_cst);
+    /* released first: a count that sees the bytes or the call gone sees released moved */
+    atomic_fetch_add_explicit(&ad->released, 1, memory_order_seq_cst);
+    atomic_fetch_sub_explicit(&ad->pending, size, memory_order_seq_cst);
+    atomic_fetch_sub_explicit(&ad->in_flight, 1, memory_order_seq_cst);
 }
 
 /* The allocation itself; captured: a capture is underway (the caller knows). */
@@ -462,7 +491,7 @@ static cca_status_t malloc_entry(int device, size_t size, cca_stream_t stream, b
     pthread_rwlock_unlock(&ad->pool_lock);
     if (st != CCA_OK)
         atomic_fetch_sub_explicit(&ad->used_bytes, size, memory_order_seq_cst);
-    charge_done(ad);
+    charge_done(ad, size);
     if (st != CCA_OK) {
         free(e);
         return st == CCA_ERR_OUT_OF_MEMORY ? async_oom(device, size) : st;

@@ -11,10 +11,14 @@
  * after it, free streams joined back into the capture stream at its end, one
  * capture at a time, the private-pool calls PyTorch refuses for this backend.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_setaffinity_np */
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "async.h"
 #include "device.h"
@@ -626,6 +630,148 @@ TEST(refused_allocation_in_flight_blocks_no_other)
     expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
 }
 
+/*
+ * The same race, many times: B's count may see A's bytes, and A's driver call
+ * then fail and take them back before B has looked for calls under way. B
+ * finds none then, but the bytes it saw are gone: it counts again (it was
+ * refused, now and then, when A finished in that window).
+ */
+TEST(refused_allocation_finishing_meanwhile_blocks_no_other)
+{
+    setup("backend:cudaMallocAsync");
+    expect_ok(cca_set_memory_fraction(0.5, 0));   /* 512 MiB */
+    expect_ok(cca_sim_set_cap(sim, 0, 300 * MiB)); /* the device has 300 */
+    real_malloc_async = sim->malloc_async;
+    sim->malloc_async = held_malloc_async;
+    /* A and B on two CPUs where there are two: the window is a few instructions of each */
+    cpu_set_t was, one, other;
+    bool pinned = pthread_getaffinity_np(pthread_self(), sizeof(was), &was) == 0 &&
+                  CPU_COUNT(&was) >= 2;
+    int first = -1, second = -1;
+    for (int c = 0; pinned && c < CPU_SETSIZE && second < 0; c++)
+        if (CPU_ISSET(c, &was)) {
+            if (first < 0)
+                first = c;
+            else
+                second = c;
+        }
+    CPU_ZERO(&one);
+    CPU_ZERO(&other);
+    if (pinned) {
+        CPU_SET(first, &one);
+        CPU_SET(second, &other);
+        pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+    }
+    int refused = 0;
+    for (int i = 0; i < 200; i++) {
+        race_phase = 0;
+        pthread_t b;
+        pthread_create(&b, NULL, thread_b, NULL);
+        if (pinned)
+            pthread_setaffinity_np(b, sizeof(other), &other);
+        void *p = NULL;
+        expect_status(cca_malloc(&p, 400 * MiB, S1), CCA_ERR_OUT_OF_MEMORY);
+        pthread_join(b, NULL);
+        refused += race_b_status != CCA_OK;
+    }
+    if (pinned)
+        pthread_setaffinity_np(pthread_self(), sizeof(was), &was);
+    sim->malloc_async = real_malloc_async;
+    expect_eq_i64(refused, 0);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+/*
+ * A driver call that takes long (a pool growing on a real device, a thread
+ * preempted) is waited for however long it takes, as under PyTorch's mutex:
+ * B, whose 200 MiB fit once A's refused 400 MiB are given back, was refused
+ * after a bounded number of tries while A's call was still under way.
+ */
+static cca_status_t slow_malloc_async(void *ctx, int device, size_t size, cca_stream_t stream,
+                                      void **ptr)
+{
+    if (size == 400 * MiB) {
+        size_t waits = async_test_charge_waits();
+        pthread_mutex_lock(&race_mu);
+        race_phase = 1;
+        pthread_cond_broadcast(&race_cv);
+        pthread_mutex_unlock(&race_mu);
+        while (async_test_charge_waits() == waits) /* B waits for this call ... */
+            sched_yield();
+        for (int i = 0; i < 50000; i++) /* ... which takes long */
+            sched_yield();
+    }
+    return real_malloc_async(ctx, device, size, stream, ptr);
+}
+
+TEST(slow_driver_call_is_waited_for)
+{
+    setup("backend:cudaMallocAsync");
+    race_phase = 0;
+    expect_ok(cca_set_memory_fraction(0.5, 0));   /* 512 MiB */
+    expect_ok(cca_sim_set_cap(sim, 0, 300 * MiB)); /* the device has 300 */
+    real_malloc_async = sim->malloc_async;
+    sim->malloc_async = slow_malloc_async;
+    pthread_t b;
+    pthread_create(&b, NULL, thread_b, NULL);
+    void *p = NULL;
+    expect_status(cca_malloc(&p, 400 * MiB, S1), CCA_ERR_OUT_OF_MEMORY); /* the device refuses */
+    pthread_join(b, NULL);
+    sim->malloc_async = real_malloc_async;
+    expect_ok(race_b_status);
+    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+/*
+ * A request that the bytes allocated already leave no room for is refused at
+ * once, as under PyTorch's mutex, without waiting for another thread's
+ * driver call under way: B's 200 MiB never fit beside the 400 MiB allocated
+ * under a 512 MiB limit, whatever A's 50 MiB call in flight does.
+ */
+static bool b_finished_first;
+
+static cca_status_t busy_malloc_async(void *ctx, int device, size_t size, cca_stream_t stream,
+                                      void **ptr)
+{
+    if (size == 50 * MiB) {
+        pthread_mutex_lock(&race_mu);
+        race_phase = 1;
+        pthread_cond_broadcast(&race_cv);
+        pthread_mutex_unlock(&race_mu);
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        do { /* until B is done, or for 5 s */
+            pthread_mutex_lock(&race_mu);
+            b_finished_first = race_phase == 2;
+            pthread_mutex_unlock(&race_mu);
+            sched_yield();
+            clock_gettime(CLOCK_MONOTONIC, &now);
+        } while (!b_finished_first && now.tv_sec - start.tv_sec < 5);
+    }
+    return real_malloc_async(ctx, device, size, stream, ptr);
+}
+
+TEST(allocation_without_room_refused_at_once)
+{
+    setup("backend:cudaMallocAsync");
+    race_phase = 0;
+    b_finished_first = false;
+    expect_ok(cca_set_memory_fraction(0.5, 0)); /* 512 MiB */
+    void *big = NULL, *p = NULL;
+    expect_ok(cca_malloc(&big, 400 * MiB, S1));
+    real_malloc_async = sim->malloc_async;
+    sim->malloc_async = busy_malloc_async;
+    pthread_t b;
+    pthread_create(&b, NULL, thread_b, NULL);
+    expect_ok(cca_malloc(&p, 50 * MiB, S1));
+    pthread_join(b, NULL);
+    sim->malloc_async = real_malloc_async;
+    expect_status(race_b_status, CCA_ERR_OUT_OF_MEMORY);
+    expect_true(b_finished_first);
+    expect_ok(cca_free(p));
+    expect_ok(cca_free(big));
+}
+
 /* Out-of-memory observers and history are refused with PyTorch's errors for this backend (they
  * were accepted, and then nothing was observed or recorded); turning history off is no error. */
 static void never_observer(int device, size_t alloc_size, size_t device_total, size_t device_free,
@@ -708,6 +854,9 @@ int main(void)
     RUN(run_time_fraction_is_enforced);
     RUN(run_time_fraction_zero_lifts_the_limit);
     RUN(refused_allocation_in_flight_blocks_no_other);
+    RUN(refused_allocation_finishing_meanwhile_blocks_no_other);
+    RUN(slow_driver_call_is_waited_for);
+    RUN(allocation_without_room_refused_at_once);
     RUN(observers_and_history_refused);
     RUN(orphan_event_of_an_unused_device);
     return harness_done();
