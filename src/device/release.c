@@ -526,7 +526,16 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_memory_stats_extra: out must hold %d entries",
                          CCA_MEMORY_STATS_EXTRA_COUNT);
     size_t cached = 0, largest = 0;
-    cca_status_t st = cca_cache_info(device, &cached, &largest);
+    cca_status_t st;
+    if (async_enabled() && device >= 0 && device < cca_state->device_count) {
+        /* the pool's figures, not cache_info's trial allocation, which would leave the pool
+         * holding the device's free memory and raise the peaks; the pool does not say how
+         * its free memory is split, so its largest free piece is taken as all of it */
+        st = async_cached_bytes(device, &cached);
+        largest = cached;
+    } else {
+        st = cca_cache_info(device, &cached, &largest);
+    }
     if (st != CCA_OK)
         return st;
     uint64_t moves = 0, moved = 0, pending = 0, syncs = 0, aliased = 0;

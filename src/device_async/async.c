@@ -743,6 +743,25 @@ cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_
     return CCA_OK;
 }
 
+cca_status_t async_cached_bytes(int device, size_t *cached)
+{
+    cca_backend_t *be = cca_state->backend;
+    async_device_t *ad = &AS->devices[device];
+    uint64_t reserved = 0, in_use = 0;
+    if (atomic_load_explicit(&ad->ready, memory_order_acquire)) {
+        pthread_rwlock_wrlock(&ad->pool_lock); /* one consistent picture */
+        cca_status_t st =
+            be->mempool_get_attr(be->ctx, device, CCA_MEMPOOL_RESERVED_CURRENT, &reserved);
+        if (st == CCA_OK)
+            st = be->mempool_get_attr(be->ctx, device, CCA_MEMPOOL_USED_CURRENT, &in_use);
+        pthread_rwlock_unlock(&ad->pool_lock);
+        if (st != CCA_OK)
+            return st;
+    }
+    *cached = reserved > in_use ? (size_t)(reserved - in_use) : 0;
+    return CCA_OK;
+}
+
 cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size)
 {
     uintptr_t p = (uintptr_t)ptr;

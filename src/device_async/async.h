@@ -29,6 +29,8 @@ cca_status_t async_free(void *ptr);
 cca_status_t async_record_stream(void *ptr, cca_stream_t stream);
 cca_status_t async_empty_cache(void);
 cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_block);
+/* The pool's reserved minus used bytes, without cache_info's trial allocation (0: not set up). */
+cca_status_t async_cached_bytes(int device, size_t *cached);
 cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size);
 cca_status_t async_set_memory_fraction(double fraction, int device);
 /* The fraction in force on device (1.0: none set). */

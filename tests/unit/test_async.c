@@ -271,6 +271,37 @@ TEST(queries)
     expect_ok(cca_free(p));
 }
 
+/* cca's extra statistics read the pool's figures: no trial allocation (cache_info's), which
+ * left the pool holding the whole device and the peaks at the device's size. */
+TEST(extra_statistics_change_nothing)
+{
+    setup("backend:cudaMallocAsync");
+    void *p = NULL, *q = NULL;
+    expect_ok(cca_malloc(&p, 10 * MiB, S1));
+    expect_ok(cca_malloc(&q, 6 * MiB, S1));
+    expect_ok(cca_free(q));
+    cca_device_stats_t before = stats(0);
+    uint64_t mallocs = cca_sim_call_count(sim, CCA_OP_MALLOC_ASYNC);
+    cca_stat_entry_t e[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, e, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_MALLOC_ASYNC), mallocs);
+    cca_device_stats_t after = stats(0);
+    int64_t reserved = before.reserved_bytes[CCA_STAT_ALL].current;
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].current, reserved);
+    expect_eq_i64(after.reserved_bytes[CCA_STAT_ALL].peak, before.reserved_bytes[CCA_STAT_ALL].peak);
+    expect_eq_i64(after.allocated_bytes[CCA_STAT_ALL].peak, 16 * MiB);
+    for (size_t i = 0; i < CCA_MEMORY_STATS_EXTRA_COUNT; i++)
+        if (!strcmp(e[i].key, "cca.cached_free_bytes") ||
+            !strcmp(e[i].key, "cca.largest_free_bytes"))
+            expect_eq_i64(e[i].value, reserved - 10 * (int64_t)MiB);
+    /* a device not used yet: zeros, its pool not set up */
+    expect_ok(cca_memory_stats_extra(1, e, CCA_MEMORY_STATS_EXTRA_COUNT));
+    for (size_t i = 0; i < CCA_MEMORY_STATS_EXTRA_COUNT; i++)
+        expect_eq_i64(e[i].value, 0);
+    expect_eq_u64(attr(1, CCA_MEMPOOL_RELEASE_THRESHOLD), 0);
+    expect_ok(cca_free(p));
+}
+
 TEST(misuse)
 {
     setup("backend:cudaMallocAsync");
@@ -843,6 +874,7 @@ int main(void)
     RUN(memory_fraction_is_a_hard_limit);
     RUN(device_out_of_memory);
     RUN(queries);
+    RUN(extra_statistics_change_nothing);
     RUN(misuse);
     RUN(faults_leave_nothing_behind);
     RUN(graph_capture_as_pytorch);
