@@ -956,14 +956,16 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         r->last_step_segment_allocs = r->segment_allocs - r->last_step_segment_allocs;
         r->last_step_segment_frees = r->segment_frees - r->last_step_segment_frees;
     }
-    size_t cached_free = 0, largest_free = 0;
-    cca_cache_info(0, &cached_free, &largest_free);
-    r->cached_free_bytes = cached_free;
-    r->largest_free_bytes = largest_free;
+    /* the cache's free figures from the extra statistics: with backend:cudaMallocAsync,
+     * cca_cache_info's trial allocation would grow the pool and the peaks read below */
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
     if (cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT) == CCA_OK) {
         for (size_t k = 0; k < CCA_MEMORY_STATS_EXTRA_COUNT; k++) {
-            if (!strcmp(extra[k].key, "cca.compact_moves"))
+            if (!strcmp(extra[k].key, "cca.cached_free_bytes"))
+                r->cached_free_bytes = (uint64_t)extra[k].value;
+            else if (!strcmp(extra[k].key, "cca.largest_free_bytes"))
+                r->largest_free_bytes = (uint64_t)extra[k].value;
+            else if (!strcmp(extra[k].key, "cca.compact_moves"))
                 r->compact_moves = (uint64_t)extra[k].value;
             else if (!strcmp(extra[k].key, "cca.compact_pending_growths"))
                 r->compact_pending_growths = (uint64_t)extra[k].value;

@@ -225,6 +225,33 @@ TEST(errors)
     expect_false(cca_is_initialized());
 }
 
+/* The figures at the end of a replay on backend:cudaMallocAsync are the replay's: reading the
+ * cache's free figures made cache_info's trial allocation, which grew the pool to the device's
+ * free memory, raised memory_stats' peaks to it and reported it all as cached. */
+static int64_t stat_value(const cca_replay_result_t *r, const char *key)
+{
+    for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++)
+        if (!strcmp(r->memory_stats[i].key, key))
+            return r->memory_stats[i].value;
+    return -1;
+}
+
+TEST(async_backend_end_figures)
+{
+    cca_replay_options_t opt = {0};
+    opt.settings = "backend:cudaMallocAsync";
+    opt.total_memory = (size_t)32 << 30;
+    cca_replay_result_t r;
+    expect_ok(cca_replay_file("tests/data/traces/gpt2_train_default.pickle.gz", &opt, &r));
+    expect_eq_u64(r.allocs, r.expected_allocs);
+    expect_eq_i64(stat_value(&r, "allocated_bytes.all.peak"), r.peak_allocated_bytes);
+    expect_eq_i64(stat_value(&r, "reserved_bytes.all.peak"), r.peak_reserved_bytes);
+    expect_true(r.cached_free_bytes <= (uint64_t)r.peak_reserved_bytes);
+    expect_true(r.cached_free_bytes <= (uint64_t)stat_value(&r, "reserved_bytes.all.current"));
+    expect_true(r.largest_free_bytes <= r.cached_free_bytes);
+    cca_replay_result_free(&r);
+}
+
 /* A trace over 300 streams (the loader maps stream handles to indices through a
  * table that grows several times): each stream allocates and frees 1 MiB, and
  * since blocks never move between streams each stream needs a segment of its own. */
@@ -274,6 +301,7 @@ int main(void)
     RUN(all_traces_exact);
     RUN(fresh_addresses);
     RUN(settings_override_changes_outcome);
+    RUN(async_backend_end_figures);
     RUN(compact_event_lag);
     RUN(compact_long_loops_settle);
     RUN(compact_within_two_percent);
