@@ -426,9 +426,10 @@ cca_status_t alloc_take_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t *
 
 /*
  * use_on_oom: an allocation of the default pools (sp, the request's kind)
- * that found no memory may take a free block of a pool marked use_on_oom, as
- * PyTorch's try_mempool_fallback (device lock and sp's lock held). Returns
- * the block (out of its bin, in *pool_out's pool) or NULL.
+ * that found no memory, even after the release of cached blocks, may take a
+ * free block of a pool marked use_on_oom, as PyTorch's try_mempool_fallback
+ * (device lock and sp's lock held). Returns the block (out of its bin, in
+ * *pool_out's pool) or NULL.
  */
 static cca_block_t *oom_fallback(cca_device_t *dev, cca_stream_pool_t *sp, bool is_small, size_t size,
                                 cca_pool_t **pool_out)
@@ -484,7 +485,15 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
         if (dev->set_fraction && s->garbage_collection_threshold > 0.0)
             release_garbage_collect(dev, sp);
         st = alloc_block(dev, pool, size, alloc_size, false, &block);
-        /* memory of pools marked use_on_oom, before any release (PyTorch's try_mempool_fallback) */
+        if (st == CCA_ERR_OUT_OF_MEMORY && release_available_cached_blocks(dev, pool, size))
+            st = alloc_block(dev, pool, size, alloc_size, false, &block);
+        /* no release of every cached block while a route (a capture) is active */
+        if (st == CCA_ERR_OUT_OF_MEMORY && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+            cca_status_t rs = release_cached_blocks_locked(dev, sp);
+            st = rs == CCA_OK ? alloc_block(dev, pool, size, alloc_size, true, &block) : rs;
+        }
+        /* memory of pools marked use_on_oom, the last resort once the releases above did not
+         * make room (PyTorch's try_mempool_fallback, after its release of cached blocks) */
         if (st == CCA_ERR_OUT_OF_MEMORY && !sp->private_pool && dev->private_pools) {
             cca_pool_t *fallback = NULL;
             block = oom_fallback(dev, sp, pool->is_small, size, &fallback);
@@ -498,13 +507,6 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
                 *out = block;
                 return st;
             }
-        }
-        if (st == CCA_ERR_OUT_OF_MEMORY && release_available_cached_blocks(dev, pool, size))
-            st = alloc_block(dev, pool, size, alloc_size, false, &block);
-        /* no release of every cached block while a route (a capture) is active */
-        if (st == CCA_ERR_OUT_OF_MEMORY && !atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
-            cca_status_t rs = release_cached_blocks_locked(dev, sp);
-            st = rs == CCA_OK ? alloc_block(dev, pool, size, alloc_size, true, &block) : rs;
         }
         if (st != CCA_OK) {
             cca_spin_unlock(&sp->lock);

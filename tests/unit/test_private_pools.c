@@ -548,6 +548,50 @@ TEST(use_on_oom_and_no_split)
     cca_shutdown();
 }
 
+/*
+ * A pool marked use_on_oom is PyTorch's last resort (try_mempool_fallback
+ * after the out-of-memory sequence): a default-pool allocation that finds no
+ * memory first releases the cached blocks and retries, and takes a free block
+ * of the pool only if that fails too. Before, the pool's block was taken at
+ * the first failure, where releasing the default pools' cache served the
+ * request in PyTorch (the statistics and the block's pool differed).
+ */
+TEST(use_on_oom_is_the_last_resort)
+{
+    setup(40 * MiB, false);
+    expect_ok(cca_pool_create(0, M1));
+    expect_ok(cca_pool_set_use_on_oom(0, M1, true));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, M1));
+    void *m = xmalloc(20 * MiB, NULL); /* a 20 MiB segment of the pool */
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1)); /* the end of use_mem_pool */
+    expect_ok(cca_free(m));             /* cached in the pool */
+    expect_ok(cca_free(xmalloc(12 * MiB, NULL))); /* a cached 12 MiB default segment */
+    /* 8 MiB free: 16 MiB fit once the default pools' 12 MiB segment is released */
+    void *r = xmalloc(16 * MiB, NULL);
+    cca_mempool_id_t owner = segment_pool_of(r);
+    expect_true(r != NULL && owner.first == 0 && owner.second == 0);
+    cca_device_stats_t s = stats(0);
+    expect_eq_i64(s.num_alloc_retries, 1);
+    expect_eq_i64(s.num_ooms, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, (int64_t)(36 * MiB));
+    expect_valid();
+    /* 4 MiB free and nothing cached in the default pools: the pool's block serves */
+    void *t = xmalloc(16 * MiB, NULL);
+    expect_true(t != NULL && segment_pool_of(t).second == 1);
+    s = stats(0);
+    expect_eq_i64(s.num_alloc_retries, 2);
+    expect_eq_i64(s.num_ooms, 0);
+    expect_valid();
+    expect_ok(cca_free(t));
+    expect_ok(cca_free(r));
+    expect_ok(cca_release_pool(0, M1)); /* ~MemPool */
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
 TEST(checkpoint_restore)
 {
     setup(0, false);
@@ -1189,6 +1233,7 @@ int main(void)
     RUN(oom_during_capture_keeps_cache);
     RUN(oom_retry_completes_a_set_aside_free_of_its_pool);
     RUN(use_on_oom_and_no_split);
+    RUN(use_on_oom_is_the_last_resort);
     RUN(checkpoint_restore);
     RUN(checkpoint_refuses_changed_segments);
     RUN(checkpoint_refuses_blocks_shared_by_ipc);
