@@ -465,7 +465,8 @@ typedef bool (*cca_stream_filter_fn)(cca_stream_t stream, void *arg);
  * if it does not exist, else its use count grows by one, as PyTorch's
  * beginAllocateToPool): from now until cca_end_allocate_to_pool, every
  * allocation on device for which filter(stream, arg) is true goes to the
- * pool. With several routes active the newest matching one wins. filter is
+ * pool. With several routes active the oldest matching one wins (PyTorch's
+ * order: a route begun later takes only what the older ones do not). filter is
  * called inside cca's device lock and must not call cca; arg must live until
  * the route ends. Three forms:
  *  - cca_begin_allocate_to_pool: any filter (PyTorch's graph capture filter

@@ -274,26 +274,65 @@ static bool filter_s2(cca_stream_t stream, void *arg)
     return stream == S2;
 }
 
-TEST(filter_route_and_newest_wins)
+/*
+ * With several routes active the oldest matching one takes the allocation, as
+ * PyTorch's get_pool walks captures_underway in begin order (and beginAllocateToPool
+ * appends); a route begun later takes only what the older ones do not. Before,
+ * the newest matching route won, so nested routes put blocks in another pool
+ * than PyTorch's.
+ */
+TEST(filter_route_and_oldest_wins)
 {
     setup(0, false);
     int calls = 0;
     expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S2));
     expect_ok(cca_begin_allocate_to_pool(0, G2, filter_s2, &calls));
     void *p = xmalloc(MiB, S2);
-    expect_true(calls > 0);
-    expect_true(segment_pool_of(p).first == 2); /* the newest matching route */
+    expect_true(segment_pool_of(p).first == 1); /* the oldest matching route */
     void *q = xmalloc(MiB, S1);
     expect_true(segment_pool_of(q).first == 0);
-    expect_ok(cca_end_allocate_to_pool(0, G2));
-    void *r = xmalloc(MiB, S2);
-    expect_true(segment_pool_of(r).first == 1);
+    expect_true(calls > 0); /* (asked for S1, which the older route does not take) */
     expect_ok(cca_end_allocate_to_pool(0, G1));
+    void *r = xmalloc(MiB, S2);
+    expect_true(segment_pool_of(r).first == 2); /* the older route is over */
+    expect_ok(cca_end_allocate_to_pool(0, G2));
     expect_ok(cca_free(p));
     expect_ok(cca_free(q));
     expect_ok(cca_free(r));
     expect_ok(cca_release_pool(0, G1));
     expect_ok(cca_release_pool(0, G2));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+/*
+ * A graph captured inside use_mem_pool: the thread's MemPool route began
+ * first, so (as in PyTorch) the capturing thread's allocations on the capture
+ * stream still go to the MemPool, and those of another thread to the graph's pool.
+ */
+TEST(capture_inside_use_mem_pool)
+{
+    setup(0, false);
+    expect_ok(cca_pool_create(0, M1));                   /* MemPool() */
+    expect_ok(cca_begin_allocate_thread_to_pool(0, M1)); /* use_mem_pool */
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1)); /* the capture */
+    void *mine = xmalloc(MiB, S1);
+    thread_arg_t t = {NULL, S1};
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread, &t);
+    pthread_join(th, NULL);
+    cca_mempool_id_t a = segment_pool_of(mine), b = segment_pool_of(t.ptr);
+    expect_true(a.first == 0 && a.second == 1);
+    expect_true(b.first == 1 && b.second == 0);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_free(mine));
+    expect_ok(cca_free(t.ptr));
+    expect_ok(cca_release_pool(0, G1)); /* the graph */
+    expect_ok(cca_release_pool(0, M1)); /* the end of use_mem_pool */
+    expect_ok(cca_release_pool(0, M1)); /* ~MemPool */
     expect_ok(cca_empty_cache());
     expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
     expect_valid();
@@ -1226,7 +1265,8 @@ int main(void)
     RUN(live_block_keeps_freeable_pool);
     RUN(two_graphs_share_a_pool);
     RUN(thread_route_takes_only_its_thread);
-    RUN(filter_route_and_newest_wins);
+    RUN(filter_route_and_oldest_wins);
+    RUN(capture_inside_use_mem_pool);
     RUN(frees_set_aside_during_capture);
     RUN(sim_capture_model);
     RUN(record_stream_reuse_in_capture);
