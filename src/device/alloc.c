@@ -957,12 +957,13 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
         d[OPS_OVERSIZE] = -(int64_t)block->oversize;
         static const int8_t sign[OPS_COUNT] = {-1, -1, 0, 0, 0, 0, 0, 0};
         ops_apply(sp, type, d, sign);
-        if (atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+        if (!events_enter(dev)) {
             events_defer_free(dev, block); /* no event during a capture */
         } else {
             if (atomic_load_explicit(&dev->capture_uses_present, memory_order_relaxed))
                 events_forget_capture_uses(dev, block, false);
             st = events_insert(dev, block);
+            events_leave(dev);
             if (block->event_count == 0)
                 pool_free_block(dev, block, false);
         }

@@ -362,6 +362,9 @@ typedef struct cca_device {
     pthread_mutex_t events_lock;
     cca_pending_event_t *events_head, *events_tail;
     _Atomic size_t pending_event_count;
+    /* callers recording or querying stream events without the device lock, in flight
+     * (events_enter): a route's begin waits for them */
+    _Atomic uint32_t event_callers;
     /* private pools (private_pools.c): routes and pools under the device lock;
      * route_count is read without it on the allocation path */
     _Atomic uint32_t route_count;
@@ -1313,9 +1316,34 @@ cca_status_t alloc_free(void *ptr);
 
 /* ---- events.c: record_stream events ------------------------------------------- */
 
+/*
+ * Enter a stretch that records, queries or synchronises stream events without
+ * the device lock; false (nothing entered) while a route is active. Each
+ * side's store comes before its load (sequentially consistent): either the
+ * caller sees the route, or the route's begin sees the caller and waits for
+ * events_leave (events_wait_callers), so no event call of it overlaps a
+ * capture begun once the route is in place (PyTorch's mutex orders them).
+ */
+static inline bool events_enter(cca_device_t *dev)
+{
+    atomic_fetch_add_explicit(&dev->event_callers, 1, memory_order_seq_cst);
+    if (!atomic_load_explicit(&dev->route_count, memory_order_seq_cst))
+        return true;
+    atomic_fetch_sub_explicit(&dev->event_callers, 1, memory_order_release);
+    return false;
+}
+
+static inline void events_leave(cca_device_t *dev)
+{
+    atomic_fetch_sub_explicit(&dev->event_callers, 1, memory_order_release);
+}
+
+/* Wait until the stretches entered before the route just published are over (device lock
+ * held; they take no device lock). */
+void events_wait_callers(cca_device_t *dev);
 /* Record an event on every stream that used the block (stream pool lock held). */
 cca_status_t events_insert(cca_device_t *dev, cca_block_t *block);
-/* Reclaim blocks whose events completed (no stream pool lock held). */
+/* Reclaim blocks whose events completed (no stream pool lock held; none while a route is active). */
 cca_status_t events_process(cca_device_t *dev);
 /* Wait for every pending event (of blocks of private pool only, if set) and reclaim the
  * blocks; held: the pool lock the caller holds. */

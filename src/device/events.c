@@ -134,13 +134,22 @@ static void event_done(cca_device_t *dev, cca_block_t *block, cca_stream_pool_t 
         cca_spin_unlock(&sp->lock);
 }
 
+void events_wait_callers(cca_device_t *dev)
+{
+    for (unsigned spins = 0; atomic_load_explicit(&dev->event_callers, memory_order_seq_cst); spins++)
+        cca_spin_backoff(spins);
+}
+
 /*
  * Reclaim blocks whose events completed: per stream, in recording order, up
  * to the first event not yet complete (PyTorch's events_process). Called
- * with no stream pool lock held.
+ * with no stream pool lock held. Nothing is queried while a route is active
+ * (the caller's check of the route count may be older than a route's begin).
  */
 cca_status_t events_process(cca_device_t *dev)
 {
+    if (!events_enter(dev))
+        return CCA_OK;
     cca_backend_t *be = cca_state->backend;
     cca_status_t result = CCA_OK;
     cca_pending_event_t *done = NULL, **done_tail = &done;
@@ -177,6 +186,7 @@ cca_status_t events_process(cca_device_t *dev)
     }
     dev->events_tail = last;
     pthread_mutex_unlock(&dev->events_lock);
+    events_leave(dev);
     while (done) {
         cca_pending_event_t *pe = done;
         done = pe->next;

@@ -329,7 +329,10 @@ static cca_status_t route_begin(const char *what, int device, cca_mempool_id_t i
     route.id = id;
     route.pool = pp;
     dev->routes[n] = route;
-    atomic_store_explicit(&dev->route_count, (uint32_t)(n + 1), memory_order_release);
+    atomic_store_explicit(&dev->route_count, (uint32_t)(n + 1), memory_order_seq_cst);
+    /* the frees and event processing of other threads that read no route before this store
+     * finish their event calls first: the caller may begin a capture once this returns */
+    events_wait_callers(dev);
 out_unlock:
     pthread_mutex_unlock(&dev->lock);
     return st;

@@ -8,6 +8,7 @@
  * The invariant checker runs after every scenario.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +372,117 @@ TEST(frees_set_aside_during_capture)
     expect_ok(cca_free(more));
     expect_ok(cca_free(next));
     expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+/*
+ * A backend over the simulated one whose next event query or record, once
+ * armed, waits (half a second at most) for the test to say that a capture
+ * has begun, and notes whether it was still under way then.
+ */
+static cca_backend_t slow_events;
+static cca_status_t (*real_query)(void *, int, cca_event_t);
+static cca_status_t (*real_record)(void *, int, cca_event_t, cca_stream_t);
+static atomic_int slow_armed, slow_inside, slow_begun, slow_overlap;
+
+static void slow_wait(void)
+{
+    if (!atomic_exchange(&slow_armed, 0))
+        return;
+    atomic_store(&slow_inside, 1);
+    for (int i = 0; i < 500 && !atomic_load(&slow_begun); i++)
+        usleep(1000);
+    if (atomic_load(&slow_begun))
+        atomic_store(&slow_overlap, 1);
+}
+
+static cca_status_t slow_query(void *ctx, int device, cca_event_t event)
+{
+    slow_wait();
+    return real_query(ctx, device, event);
+}
+
+static cca_status_t slow_record(void *ctx, int device, cca_event_t event, cca_stream_t stream)
+{
+    slow_wait();
+    return real_record(ctx, device, event, stream);
+}
+
+static void *malloc_on_s1(void *arg)
+{
+    *(void **)arg = xmalloc(512, S1);
+    return NULL;
+}
+
+static void *free_it(void *arg)
+{
+    expect_ok(cca_free(arg));
+    return NULL;
+}
+
+/* Run fn(arg) on another thread until its event call waits, begin a route on S2 to id, and
+ * say the capture has begun once that returns: the call must have been over by then. */
+static void begin_route_beside(void *(*fn)(void *), void *arg, cca_mempool_id_t id)
+{
+    atomic_store(&slow_inside, 0);
+    atomic_store(&slow_begun, 0);
+    atomic_store(&slow_overlap, 0);
+    atomic_store(&slow_armed, 1);
+    pthread_t th;
+    expect_eq_i64(pthread_create(&th, NULL, fn, arg), 0);
+    for (int i = 0; i < 50000 && !atomic_load(&slow_inside); i++)
+        usleep(100);
+    expect_true(atomic_load(&slow_inside));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, id, S2));
+    atomic_store(&slow_begun, 1); /* cudaStreamBeginCapture(S2) */
+    pthread_join(th, NULL);
+    atomic_store(&slow_armed, 0);
+    expect_eq_i64(atomic_load(&slow_overlap), 0);
+}
+
+/*
+ * No event is queried or recorded once a route has begun: an allocation
+ * processing finished events (no lock held) and a free recording the events
+ * of a block used on other streams, both on another thread, are over before
+ * cca_begin_allocate_*_to_pool returns, so a capture begun then sees no event
+ * call (PyTorch's mutex orders them). Before, each read the route count once
+ * and went on querying or recording while the capture ran.
+ */
+TEST(route_begin_waits_for_event_calls_in_flight)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = 8ull << 30;
+    cfg.manual_events = true;
+    cca_shutdown();
+    expect_ok(cca_sim_create(&cfg, &sim));
+    slow_events = *sim;
+    real_query = sim->event_query;
+    real_record = sim->event_record;
+    slow_events.event_query = slow_query;
+    slow_events.event_record = slow_record;
+    sim = &slow_events; /* (the simulated backend's controls take the copy too) */
+    expect_ok(cca_init_with_backend(&slow_events, ""));
+    /* an allocation on another thread queries the pending event of a */
+    void *a = xmalloc(512, S1);
+    expect_ok(cca_record_stream(a, S2));
+    expect_ok(cca_free(a));
+    void *p = NULL;
+    begin_route_beside(malloc_on_s1, &p, G1);
+    expect_true(p != NULL);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    /* a free on another thread records the event of b, used on S2 */
+    void *b = xmalloc(512, S1);
+    expect_ok(cca_record_stream(b, S2));
+    begin_route_beside(free_it, b, G2);
+    expect_ok(cca_end_allocate_to_pool(0, G2));
+    expect_ok(cca_free(p));
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_release_pool(0, G2));
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
     expect_ok(cca_empty_cache());
     expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
     expect_valid();
@@ -1268,6 +1380,7 @@ int main(void)
     RUN(filter_route_and_oldest_wins);
     RUN(capture_inside_use_mem_pool);
     RUN(frees_set_aside_during_capture);
+    RUN(route_begin_waits_for_event_calls_in_flight);
     RUN(sim_capture_model);
     RUN(record_stream_reuse_in_capture);
     RUN(oom_during_capture_keeps_cache);
