@@ -237,6 +237,20 @@ bool cca_parse_bytes(const char *text, size_t *bytes);
 bool cca_zarray_grow(void **data, size_t *bytes, size_t need);
 void cca_zarray_free(void *data, size_t bytes);
 
+/*
+ * A test countdown: set to n, the n-th call of cca_countdown_hit from then on
+ * returns true (once), as the n-th host allocation failing would; 0: never.
+ * Used by the failure hooks of the tests.
+ */
+static inline bool cca_countdown_hit(_Atomic long *countdown)
+{
+    long n = atomic_load_explicit(countdown, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(countdown, &n, n - 1, memory_order_relaxed,
+                                                           memory_order_relaxed))
+        ;
+    return n == 1;
+}
+
 /* Monotonic time in nanoseconds; wall-clock time in microseconds. */
 uint64_t cca_now_ns(void);
 int64_t cca_wall_us(void);

@@ -26,11 +26,7 @@ void pool_test_fail_host_alloc(long n)
 
 bool pool_host_alloc_fails(void)
 {
-    long n = atomic_load_explicit(&host_alloc_countdown, memory_order_relaxed);
-    while (n > 0 && !atomic_compare_exchange_weak_explicit(&host_alloc_countdown, &n, n - 1,
-                                                           memory_order_relaxed, memory_order_relaxed))
-        ;
-    return n == 1;
+    return cca_countdown_hit(&host_alloc_countdown);
 }
 
 /* A block struct of the heap, for pool_block_new when the stream pool has no spare. */

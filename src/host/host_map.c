@@ -26,11 +26,7 @@ void host_test_fail_records(long n)
 
 bool host_records_alloc_fails(void)
 {
-    long n = atomic_load_explicit(&records_countdown, memory_order_relaxed);
-    while (n > 0 && !atomic_compare_exchange_weak_explicit(&records_countdown, &n, n - 1,
-                                                           memory_order_relaxed, memory_order_relaxed))
-        ;
-    return n == 1;
+    return cca_countdown_hit(&records_countdown);
 }
 
 /* Double the bucket array; best effort (chains grow on failure). Lock held. */

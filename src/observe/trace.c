@@ -194,15 +194,6 @@ void trace_test_fail_copies(long n)
     atomic_store_explicit(&copies_countdown, n, memory_order_relaxed);
 }
 
-static bool copy_fails(void)
-{
-    long n = atomic_load_explicit(&copies_countdown, memory_order_relaxed);
-    while (n > 0 && !atomic_compare_exchange_weak_explicit(&copies_countdown, &n, n - 1,
-                                                           memory_order_relaxed, memory_order_relaxed))
-        ;
-    return n == 1;
-}
-
 bool trace_block_context(int device, uintptr_t addr, char **out)
 {
     char *copy = NULL;
@@ -210,7 +201,7 @@ bool trace_block_context(int device, uintptr_t addr, char **out)
     pthread_mutex_lock(&trace_lock);
     live_ctx_t *l = *live_find_locked(device, addr);
     if (l && l->context) {
-        copy = copy_fails() ? NULL : strdup(l->context->text);
+        copy = cca_countdown_hit(&copies_countdown) ? NULL : strdup(l->context->text);
         ok = copy != NULL; /* a block with a context never reads as one without */
     }
     pthread_mutex_unlock(&trace_lock);

@@ -643,14 +643,16 @@ static void *thread_b(void *arg)
     return NULL;
 }
 
-TEST(refused_allocation_in_flight_blocks_no_other)
+/* One race: A's 400 MiB through the driver hook (which the device refuses), B's 200 MiB
+ * beside it on another thread; B must get its memory. */
+static void race_once(cca_status_t (*hook)(void *, int, size_t, cca_stream_t, void **))
 {
     setup("backend:cudaMallocAsync");
     race_phase = 0;
     expect_ok(cca_set_memory_fraction(0.5, 0));   /* 512 MiB */
     expect_ok(cca_sim_set_cap(sim, 0, 300 * MiB)); /* the device has 300 */
     real_malloc_async = sim->malloc_async;
-    sim->malloc_async = held_malloc_async;
+    sim->malloc_async = hook;
     pthread_t b;
     pthread_create(&b, NULL, thread_b, NULL);
     void *p = NULL;
@@ -659,6 +661,11 @@ TEST(refused_allocation_in_flight_blocks_no_other)
     sim->malloc_async = real_malloc_async;
     expect_ok(race_b_status);
     expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+}
+
+TEST(refused_allocation_in_flight_blocks_no_other)
+{
+    race_once(held_malloc_async);
 }
 
 /*
@@ -737,20 +744,7 @@ static cca_status_t slow_malloc_async(void *ctx, int device, size_t size, cca_st
 
 TEST(slow_driver_call_is_waited_for)
 {
-    setup("backend:cudaMallocAsync");
-    race_phase = 0;
-    expect_ok(cca_set_memory_fraction(0.5, 0));   /* 512 MiB */
-    expect_ok(cca_sim_set_cap(sim, 0, 300 * MiB)); /* the device has 300 */
-    real_malloc_async = sim->malloc_async;
-    sim->malloc_async = slow_malloc_async;
-    pthread_t b;
-    pthread_create(&b, NULL, thread_b, NULL);
-    void *p = NULL;
-    expect_status(cca_malloc(&p, 400 * MiB, S1), CCA_ERR_OUT_OF_MEMORY); /* the device refuses */
-    pthread_join(b, NULL);
-    sim->malloc_async = real_malloc_async;
-    expect_ok(race_b_status);
-    expect_eq_i64(stats(0).allocated_bytes[CCA_STAT_ALL].current, 0);
+    race_once(slow_malloc_async);
 }
 
 /*
