@@ -5,7 +5,9 @@ Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
 cca with compact_memory:True (its moves of free granules and waits for a
 stream's event counted over the whole run).
-Workloads: ResNet-50 training (batch 64, SGD), GPT-2 small training (8 x 512,
+Workloads: ResNet-50 training (batch 64, SGD), then its inference on batches
+drawn from 1 to 256 (in the same process, after the training's optimizer is
+gone and the cache emptied), GPT-2 small training (8 x 512,
 AdamW), GPT-2 generation (batch 1, 32-token prompt, 128 new tokens, greedy),
 BERT base training at a sequence length drawn each step (16 x 64-512, AdamW)
 and ViT-B/16 training at a batch drawn each step (8-128, SGD), the same
@@ -120,7 +122,18 @@ def worker(mode):
     if mode == "cca-compact":  # the loop's own moves: after warm-up, a steady loop makes none
         steady_moves(torch, resnet_step, 10, "resnet50", out)
     model_peaks(torch, "resnet50_train", out, start)
-    del model, opt, x, y
+    del opt, x, y
+    start = fresh_peaks(torch, mode)
+    model.eval()
+    draws = torch.Generator().manual_seed(1)
+    batches = [int(torch.randint(1, 257, (1,), generator=draws)) for _ in range(8)]
+
+    def infer(b):
+        with torch.no_grad():
+            model(torch.randn(b, 3, 224, 224, device="cuda")).argmax(1)
+    out["resnet50_infer_ms"] = drawn_steps(torch, infer, batches, 2) * 1e3
+    model_peaks(torch, "resnet50_infer", out, start)
+    del model
     start = fresh_peaks(torch, mode)
 
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
@@ -325,6 +338,7 @@ def main():
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
             "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
             "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
+            "resnet50_infer_ms", "resnet50_infer_peak_reserved_bytes", "resnet50_infer_reserved_over_requested",
             "gpt2_train_peak_reserved_bytes", "gpt2_train_reserved_over_requested",
             "gpt2_generate_peak_reserved_bytes", "gpt2_generate_reserved_over_requested",
             "gpt2_generate_start_unused_bytes", "bert_varlen_train_ms", "bert_varlen_train_peak_reserved_bytes",
@@ -338,7 +352,8 @@ def main():
                 print("RESULT torch-%s %s value=%g" % (m, k, med[m][k]))
     print("| workload | unit | PyTorch native | PyTorch expandable | cca | cca compact | cca / native |")
     print("|---|---|---|---|---|---|---|")
-    units = {"resnet50_train_ms": "ms/step", "gpt2_train_ms": "ms/step", "gpt2_generate_ms": "ms/call",
+    units = {"resnet50_train_ms": "ms/step", "resnet50_infer_ms": "ms/batch", "gpt2_train_ms": "ms/step",
+             "gpt2_generate_ms": "ms/call",
              "bert_varlen_train_ms": "ms/step", "vit_varbatch_train_ms": "ms/step",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
              "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
@@ -365,8 +380,8 @@ def main():
           + ", ".join("%s %s moves (%.0f MiB aliased), started with %.0f MiB reserved unused"
                       % (m, last.get(m + "_moves", "?"), last.get(m + "_aliased_mib", 0),
                          last.get(m + "_start_unused_bytes", 0) / 2**20)
-                      for m in ("resnet50_train", "gpt2_train", "gpt2_generate", "bert_varlen_train",
-                                "vit_varbatch_train")))
+                      for m in ("resnet50_train", "resnet50_infer", "gpt2_train", "gpt2_generate",
+                                "bert_varlen_train", "vit_varbatch_train")))
 
 
 if __name__ == "__main__":

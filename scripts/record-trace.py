@@ -7,8 +7,12 @@ WORKLOAD is gpt2_train (GPT-2 small, batch 8 x 512, AdamW), resnet50_train
 (torchvision ResNet-50, batch 64, SGD with momentum), bert_train_varlen (BERT
 base, masked LM, batch 16, a sequence length drawn each step from 64 to 512 in
 steps of 8, AdamW) or vit_train_varbatch (torchvision ViT-B/16, a batch drawn
-each step from 8 to 128, SGD with momentum); the draws are seeded, so a
-recording repeats. Runs on device 0 with
+each step from 8 to 128, SGD with momentum) or gpt2_train_generate (GPT-2
+small trained STEPS steps, then the cache emptied, the peaks reset and 3
+generations of 128 tokens in the same process; the two operations are noted in
+`cca_meta["pool_events"]`) or resnet50_train_infer (ResNet-50 trained STEPS
+steps, then the same two operations and inference on 8 batches drawn from 1 to
+256); the draws are seeded, so a recording repeats. Runs on device 0 with
 PyTorch's own allocator, recording from before the first allocation
 (`torch.cuda.memory._record_memory_history(enabled="all", context=None)`),
 and writes the snapshot with `cca_meta` (the settings string, the device's
@@ -87,8 +91,76 @@ def vit_train_varbatch(steps):
         del loss, x, y
 
 
+POOL_EVENTS = []
+
+
+def marker(op):
+    """Note a program operation for the replay (cca_meta["pool_events"]): taking a snapshot
+    records a `snapshot` event, and `at` counts the events up to it."""
+    # the snapshot records its own `snapshot` event after the list it returns: event at - 1
+    POOL_EVENTS.append({"at": len(torch.cuda.memory._snapshot()["device_traces"][0]) + 1, "op": op})
+
+
+def gpt2_train_generate(steps):
+    """GPT-2 small trained (batch 8 x 512, AdamW, gradients kept after the last step), then,
+    the optimizer deleted, the cache emptied and the peaks reset, 3 greedy generations of
+    128 tokens from a 32-token prompt in the same process: what a model's memory looks like
+    when one program trains and then serves it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+    del opt
+    torch.cuda.synchronize()
+    marker("empty_cache")
+    torch.cuda.empty_cache()
+    marker("reset_peaks")
+    torch.cuda.reset_peak_memory_stats()
+    model.eval()
+    prompt = ids[:1, :32]
+    with torch.no_grad():
+        for _ in range(3):
+            model.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
+
+
+def resnet50_train_infer(steps):
+    """ResNet-50 trained (batch 64, SGD with momentum, gradients kept after the last step),
+    then, the optimizer deleted, the cache emptied and the peaks reset, inference without
+    gradients on 8 batches drawn from 1 to 256 in the same process."""
+    import torchvision
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = torchvision.models.resnet50().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x = torch.randn(64, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (64,), device="cuda")
+        lossf(model(x), y).backward()
+        opt.step()
+        del x, y
+    del opt
+    torch.cuda.synchronize()
+    marker("empty_cache")
+    torch.cuda.empty_cache()
+    marker("reset_peaks")
+    torch.cuda.reset_peak_memory_stats()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(8):
+            b = int(torch.randint(1, 257, (1,), generator=draws))
+            model(torch.randn(b, 3, 224, 224, device="cuda")).argmax(1)
+
+
 WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
-             "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch}
+             "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch,
+             "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer}
 
 
 def main():
@@ -112,6 +184,8 @@ def main():
         "device_name": props.name,
         "torch": str(torch.__version__),
     }
+    if POOL_EVENTS:
+        snap["cca_meta"]["pool_events"] = POOL_EVENTS
     with gzip.open(out, "wb") as f:
         pickle.dump(snap, f, protocol=4)
     ev = snap["device_traces"][0]

@@ -452,6 +452,36 @@ static cca_block_t *oom_fallback(cca_device_t *dev, cca_stream_pool_t *sp, bool 
     return NULL;
 }
 
+/*
+ * compact_memory: a small request the small pool cannot serve without
+ * growing takes a free piece of the same stream's large pool that holds no
+ * whole granule (the rest of a granule a live large block keeps mapped),
+ * which no growth could take either: the smallest such piece that fits.
+ * Returns it out of its bin, or NULL (sp's lock held; device lock held).
+ */
+static cca_block_t *residue_fit(const cca_device_t *dev, cca_stream_pool_t *sp, const cca_pool_t *pool,
+                                size_t size)
+{
+    if (!pool->is_small || !cca_state->settings.compact_memory || sp->private_pool ||
+        atomic_load_explicit(&dev->route_count, memory_order_relaxed))
+        return NULL;
+    cca_pool_t *large = &sp->large;
+    for (cca_block_t *b = bins_best_fit(&large->bins, size); b; b = bins_next(&large->bins, b)) {
+        const cca_segment_t *seg = b->segment;
+        if (!seg->es || !seg->es->compact)
+            continue;
+        size_t g = seg->es->granule;
+        if (b->size >= 2 * g)
+            return NULL; /* every piece from here on holds a whole granule */
+        uintptr_t first = seg->base + (b->addr - seg->base + g - 1) / g * g;
+        if (first + g > b->addr + b->size) {
+            bins_remove(&large->bins, b);
+            return b;
+        }
+    }
+    return NULL;
+}
+
 /* The slow path: the stream pool had no fitting block. */
 static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_pool_t *pool,
                                 size_t size, size_t orig_size, cca_block_t **out)
@@ -480,7 +510,9 @@ static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_po
     pool_lock(sp);
     /* Another thread may have freed into this pool meanwhile. */
     block = get_free_block(dev, pool, size, false);
-    if (!block) {
+    if (!block && (block = residue_fit(dev, sp, pool, size))) {
+        pool = &sp->large;
+    } else if (!block) {
         size_t alloc_size = alloc_segment_size(s, size);
         if (dev->set_fraction && s->garbage_collection_threshold > 0.0)
             release_garbage_collect(dev, sp);

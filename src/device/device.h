@@ -345,7 +345,10 @@ typedef struct cca_device {
     size_t compact_high;        /* the most reserved bytes after any expandable growth, plus
                                    the bytes aliased since and an eighth of those moved
                                    (expandable.c: compact_limit) */
-    size_t compact_requested;   /* the most requested bytes seen at a growth that could alias */
+    size_t compact_requested;   /* the most requested bytes seen at a growth that could alias,
+                                   since the last cca_empty_cache */
+    int64_t compact_stale_peak; /* requested_bytes' peak at the last cca_empty_cache (0: none):
+                                   while the peak is still that one, it is not this phase's */
     bool compact_held_back;     /* the growth under way left free granules in place (the limit) */
     bool compact_unlimited;     /* the growth under way moves free granules whatever the limit */
 
@@ -1463,6 +1466,9 @@ cca_status_t expandable_release_orphans(cca_device_t *dev);
 cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait);
 /* compact_memory: destroy the streams' readiness events (empty_cache; device lock held). */
 cca_status_t expandable_destroy_ready_events(cca_device_t *dev);
+/* compact_memory: the growth limit starts again from the bytes held now (empty_cache; device
+ * lock held). */
+void expandable_restart_limit(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
 cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
 /* Free memory the cache holds in the device's segments and the largest free block

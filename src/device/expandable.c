@@ -1001,7 +1001,10 @@ cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *hel
  * within 2% of the program's peak wherever free granules can move; a loop
  * that needs more than that to settle moves granules at every step (the
  * short GPT-2 training trace at a lag: 1.020, a map a step, against 1.064
- * and none). Device lock and held's lock held.
+ * and none). cca_empty_cache starts both figures again from what the
+ * program holds then (expandable_restart_limit); until the requested peak
+ * changes after it, only the current requested bytes count. Device lock and
+ * held's lock held.
  */
 static _Atomic bool limit_off; /* tests (expandable_test_limit) */
 
@@ -1019,9 +1022,11 @@ static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held)
     cca_device_stats_t now;
     stats_read_held(dev, &now, held);
     const cca_stat_t *req = &now.requested_bytes[CCA_STAT_ALL];
-    size_t peak = (size_t)(req->peak > req->current ? req->peak : req->current);
+    size_t peak = (size_t)req->current;
+    if (req->peak != dev->compact_stale_peak && (size_t)req->peak > peak)
+        peak = (size_t)req->peak;
     if (peak > dev->compact_requested)
-        dev->compact_requested = peak; /* kept across cca_reset_peak_stats */
+        dev->compact_requested = peak; /* kept across cca_reset_peak_stats, not cca_empty_cache */
     size_t part = dev->compact_requested / 10000;
     size_t limit = dev->compact_requested + part * COMPACT_ALIAS_SLACK;
     size_t cap = part * COMPACT_LIMIT_CAP;
@@ -1031,6 +1036,24 @@ static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held)
     if (dev->compact_high > limit)
         limit = dev->compact_high;
     return limit < cap ? limit : cap;
+}
+
+/*
+ * cca_empty_cache: the program gave its cache back, so the limit starts
+ * again from what it holds now; a phase that needs less than the one before
+ * (inference after training) is not given the earlier phase's reserve to
+ * grow into. Device lock held.
+ */
+void expandable_restart_limit(cca_device_t *dev)
+{
+    if (!cca_state->settings.compact_memory)
+        return;
+    cca_device_stats_t now;
+    stats_read_held(dev, &now, NULL);
+    const cca_stat_t *req = &now.requested_bytes[CCA_STAT_ALL];
+    dev->compact_stale_peak = req->peak;
+    dev->compact_requested = (size_t)req->current;
+    dev->compact_high = dev->total_allocated_memory;
 }
 
 /*
@@ -1208,6 +1231,8 @@ static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t 
         st = find_expandable_block(dev, pool, size, c);
         if (st != CCA_OK)
             return st;
+        if (dev->lent_count == before && granules_needed(*c, size) > need)
+            continue; /* settled aliases opened a lower run that needs more: lend for it */
         if (dev->lent_count == before)
             break;
     }

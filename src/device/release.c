@@ -447,6 +447,8 @@ cca_status_t cca_empty_cache(void)
         pthread_mutex_lock(&dev->lock);
         st = release_cached_blocks_locked(dev, NULL);
         if (st == CCA_OK)
+            expandable_restart_limit(dev);
+        if (st == CCA_OK)
             st = events_destroy_pooled(dev);
         if (st == CCA_OK)
             st = expandable_destroy_ready_events(dev);

@@ -11,11 +11,12 @@
  * block returns to its pool; oom -> the allocation is attempted and must
  * fail. Segment events are PyTorch's record, compared at the end. The
  * program's private-pool operations (cca_meta["pool_events"]: graph captures,
- * MemPool use, their release, empty_cache) are applied before the event they
- * precede. A graph capture begins as PyTorch's capture_begin does: when no
- * other graph is alive, the default CUDA generator first allocates its seed
- * and offset (8 bytes each, on the capture stream, in the default pools),
- * and only then are allocations routed to the graph's pool.
+ * MemPool use, their release, empty_cache, a reset of the peaks) are applied
+ * before the event they precede. A graph capture begins as PyTorch's
+ * capture_begin does: when no other graph is alive, the default CUDA
+ * generator first allocates its seed and offset (8 bytes each, on the
+ * capture stream, in the default pools), and only then are allocations
+ * routed to the graph's pool.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ typedef enum pool_op_kind {
     POOL_MEMPOOL_END,       /* end of use_mem_pool: end the route, release the pool */
     POOL_MEMPOOL_DELETE,    /* the MemPool is gone: release its pool, empty its cache */
     POOL_EMPTY_CACHE,       /* torch.cuda.empty_cache() */
+    POOL_RESET_PEAKS,       /* torch.cuda.reset_peak_memory_stats() */
 } pool_op_kind_t;
 
 typedef struct pool_op {
@@ -150,7 +152,7 @@ static cca_status_t decode_pool_ops(const pv_node_t *root, pool_op_t **out, size
         {"graph_capture", POOL_GRAPH_CAPTURE},   {"graph_capture_end", POOL_GRAPH_CAPTURE_END},
         {"graph_delete", POOL_GRAPH_DELETE},     {"mempool_begin", POOL_MEMPOOL_BEGIN},
         {"mempool_end", POOL_MEMPOOL_END},       {"mempool_delete", POOL_MEMPOOL_DELETE},
-        {"empty_cache", POOL_EMPTY_CACHE},
+        {"empty_cache", POOL_EMPTY_CACHE},       {"reset_peaks", POOL_RESET_PEAKS},
     };
     *out = NULL;
     *count = 0;
@@ -177,7 +179,7 @@ static cca_status_t decode_pool_ops(const pv_node_t *root, pool_op_t **out, size
         }
         ops[i].kind = names[k].kind;
         const pv_node_t *pool = pv_dict_get(e, "pool");
-        if (ops[i].kind != POOL_EMPTY_CACHE) {
+        if (ops[i].kind != POOL_EMPTY_CACHE && ops[i].kind != POOL_RESET_PEAKS) {
             if (!pool || pv_len(pool) != 2 || !pv_get_u64(pv_at(pool, 0), &ops[i].id.first) ||
                 !pv_get_u64(pv_at(pool, 1), &ops[i].id.second)) {
                 free(ops);
@@ -257,6 +259,7 @@ static cca_status_t apply_pool_op(const pool_op_t *op, size_t index, graph_state
             st = cca_empty_cache_pool(op->id);
         break;
     case POOL_EMPTY_CACHE: st = cca_empty_cache(); break;
+    case POOL_RESET_PEAKS: st = cca_reset_peak_stats(0); break;
     }
     if (st != CCA_OK)
         return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s",

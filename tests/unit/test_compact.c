@@ -107,12 +107,71 @@ TEST(compact_setting_implies_expandable)
 TEST(compact_granules_are_the_device_granularity)
 {
     setup_with("compact_memory:True", 0);
-    void *a = xmalloc(3 * MiB, NULL); /* PyTorch's expandable mode maps a 20 MiB granule here */
+    void *a = xmalloc(3 * MiB + 512 * 1024, NULL); /* PyTorch's expandable mode maps 20 MiB */
     expect_true(a != NULL);
     expect_eq_i64(reserved(), (int64_t)(4 * MiB));
+    void *b = xmalloc(1 * MiB, NULL); /* small pool: the large piece left is only 512 KiB */
+    expect_eq_i64(reserved(), (int64_t)(6 * MiB));
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_SMALL_POOL].current, (int64_t)(2 * MiB));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(b);
+    cca_shutdown();
+}
+
+/*
+ * A small request the small pool cannot serve without mapping takes a free
+ * piece of its stream's large pool that holds no whole granule (the rest of
+ * a granule a live large block keeps mapped): nothing is mapped, the block
+ * counts in the large pool's statistics, and its free gives the piece back
+ * whole. A piece with a whole granule in it is left to growth; other streams'
+ * pieces are not taken; without the mode the small pool maps as PyTorch's.
+ */
+TEST(compact_small_requests_take_the_rest_of_a_large_granule)
+{
+    setup_with("compact_memory:True", 0);
+    void *a = xmalloc(3 * MiB, NULL); /* a 4 MiB run: 1 MiB of its last granule free */
+    cca_device_stats_t before = stats();
     void *b = xmalloc(1000, NULL);
+    expect_true(b != NULL);
+    expect_eq_i64(reserved(), (int64_t)(4 * MiB));
+    expect_true((uintptr_t)b >= (uintptr_t)a + 3 * MiB && (uintptr_t)b < (uintptr_t)a + 4 * MiB);
+    cca_device_stats_t after = stats();
+    expect_eq_i64(after.allocation[CCA_STAT_LARGE_POOL].current -
+                      before.allocation[CCA_STAT_LARGE_POOL].current, 1);
+    expect_eq_i64(after.allocation[CCA_STAT_SMALL_POOL].current, 0);
+    expect_eq_i64(after.requested_bytes[CCA_STAT_ALL].current, (int64_t)(3 * MiB + 1000));
+    void *c = xmalloc(1000, S1); /* another stream: its own small pool maps */
     expect_eq_i64(reserved(), (int64_t)(6 * MiB));
     expect_true(invariants_hold());
+    cca_free(b);
+    size_t cached = 0, largest = 0;
+    expect_ok(cca_cache_info(0, &cached, &largest));
+    expect_eq_u64(largest, 2 * MiB - 1024); /* c's granule, less c */
+    expect_eq_u64(cached, 1 * MiB + 2 * MiB - 1024); /* and a's piece, whole again */
+    cca_free(a);
+    cca_free(c);
+    expect_true(invariants_hold());
+    cca_shutdown();
+    /* a free piece holding a whole granule is growth's to move, never taken */
+    setup_with("compact_memory:True", 0);
+    void *d = xmalloc(3 * MiB, NULL), *e = xmalloc(5 * MiB, NULL); /* 8 MiB, no free tail */
+    cca_free(d); /* [0, 3 MiB) free: granule 0 whole */
+    void *g = xmalloc(1000, NULL);
+    expect_true((uintptr_t)g < (uintptr_t)d || (uintptr_t)g >= (uintptr_t)d + 3 * MiB);
+    expect_eq_i64(stats().allocation[CCA_STAT_SMALL_POOL].current, 1);
+    expect_eq_i64(reserved(), (int64_t)(8 * MiB)); /* granule 0 moved to the small pool */
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_true(invariants_hold());
+    cca_free(e);
+    cca_free(g);
+    cca_shutdown();
+    /* without the mode (expandable segments alone), the small pool maps its own */
+    setup_with("expandable_segments:True", 0);
+    a = xmalloc(3 * MiB, NULL);
+    b = xmalloc(1000, NULL);
+    expect_eq_i64(stats().allocation[CCA_STAT_SMALL_POOL].current, 1);
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_SMALL_POOL].current, (int64_t)(2 * MiB));
     cca_free(a);
     cca_free(b);
     cca_shutdown();
@@ -561,6 +620,7 @@ TEST(compact_aliases_only_past_the_alias_limit)
     cca_free(x);
     expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
     expect_ok(cca_empty_cache());
+    dev->compact_requested = dev->compact_high = 20 * MiB; /* as before empty_cache restarted them */
     expect_eq_i64(reserved(), 0);
     void *a = xmalloc(4 * MiB, S1), *b = xmalloc(4 * MiB, S1), *c = xmalloc(4 * MiB, S1);
     cca_free(b); /* pending on S1 */
@@ -615,6 +675,7 @@ TEST(compact_moves_only_past_the_limit)
     void *x = xmalloc(20 * MiB, NULL); /* the program's peak so far: 20 MiB */
     cca_free(x);
     expect_ok(cca_empty_cache());
+    dev->compact_requested = dev->compact_high = 20 * MiB; /* as before empty_cache restarted them */
     expect_eq_i64(reserved(), 0);
     void *a = xmalloc(4 * MiB, NULL), *b = xmalloc(4 * MiB, NULL), *c = xmalloc(4 * MiB, NULL);
     cca_free(b); /* two free granules, known done at once */
@@ -643,6 +704,39 @@ TEST(compact_moves_only_past_the_limit)
 }
 
 /*
+ * cca_empty_cache starts the limit again from what the program holds: a
+ * phase after it that needs less than the one before (inference after
+ * training) is held to its own needs and not given the earlier phase's
+ * reserve to grow into; until the requested peak changes, the earlier peak
+ * does not count. Before (the limit kept across empty_cache), the same
+ * sequence mapped d's 6 MiB new and reserved 18 MiB.
+ */
+TEST(compact_empty_cache_restarts_the_limit)
+{
+    setup_with("compact_memory:True", 0);
+    void *x = xmalloc(20 * MiB, NULL); /* an earlier phase's peak: 20 MiB */
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    void *a = xmalloc(4 * MiB, NULL), *b = xmalloc(4 * MiB, NULL), *c = xmalloc(4 * MiB, NULL);
+    cca_free(b); /* two free granules, known done at once */
+    uint64_t creates = calls(CCA_OP_VMM_CREATE);
+    void *d = xmalloc(6 * MiB, NULL); /* 12 + 6 MiB passes the phase's 12 MiB: b's granules move */
+    expect_true(d != NULL);
+    expect_eq_i64(reserved(), (int64_t)(14 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 1);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(4 * MiB));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(c);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * However far aliases and moves have raised the limit, it stays within 2% of
  * the most bytes requested (or six granules, where more): past that, free
  * granules known done move rather than new memory being mapped.
@@ -654,6 +748,7 @@ TEST(compact_limit_stays_within_two_percent_of_the_requested_peak)
     void *x = xmalloc(400 * MiB, NULL); /* the program's peak so far: 400 MiB */
     cca_free(x);
     expect_ok(cca_empty_cache());
+    dev->compact_requested = dev->compact_high = 400 * MiB; /* as before empty_cache restarted them */
     void *a = xmalloc(200 * MiB, NULL), *b = xmalloc(200 * MiB, NULL);
     cca_free(a); /* 100 free granules, known done at once */
     dev->compact_high = 1000 * MiB; /* as earlier needs that did not come back would leave it */
@@ -674,6 +769,7 @@ TEST(compact_limit_stays_within_two_percent_of_the_requested_peak)
     x = xmalloc(20 * MiB, NULL);
     cca_free(x);
     expect_ok(cca_empty_cache());
+    dev->compact_requested = dev->compact_high = 20 * MiB; /* as before empty_cache restarted them */
     void *d = xmalloc(4 * MiB, NULL), *e = xmalloc(8 * MiB, NULL), *f = xmalloc(4 * MiB, NULL);
     cca_free(e); /* four free granules, known done */
     dev->compact_high = 1000 * MiB;
@@ -916,6 +1012,7 @@ int main(void)
     cca_register_output(NULL, NULL);
     RUN(compact_setting_implies_expandable);
     RUN(compact_granules_are_the_device_granularity);
+    RUN(compact_small_requests_take_the_rest_of_a_large_granule);
     RUN(compact_lends_a_hole_to_other_streams_and_kinds);
     RUN(compact_keeps_the_growing_run);
     RUN(compact_steady_loop_stays_bounded);
@@ -929,6 +1026,7 @@ int main(void)
     RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_moves_only_past_the_limit);
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
+    RUN(compact_empty_cache_restarts_the_limit);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_fraction_counts_the_granules_mapped);
     RUN(compact_lends_no_handle_it_cannot_give_back);
