@@ -108,6 +108,25 @@ def worker(mode):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
 
+    models(torch, torchvision, transformers, mode, out)
+    out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
+    out["backend"] = cca.torch.installed() or "pytorch"
+    if mode == "cca-compact":
+        out.update(compact_counts())
+    return out
+
+
+# Set by scripts/record-trace.py (its torch_bench workload): called with "empty_cache" and
+# "reset_peaks" just before fresh_peaks does each, so that a trace of the models' process
+# records where they came.
+MARK = None
+
+
+def models(torch, torchvision, transformers, mode, out):
+    """The models, one after the other in this process, each from fresh_peaks: ResNet-50
+    training, then its inference on drawn batches, GPT-2 training, then generation, and the two
+    loops whose shapes change at every step. Mode "record" runs the steps cca-compact runs (the
+    steady steps included) without asking cca for anything."""
     start = fresh_peaks(torch, mode)
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -119,7 +138,7 @@ def worker(mode):
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     out["resnet50_train_ms"] = timed_steps(torch, resnet_step, 5, 30) * 1e3
-    if mode == "cca-compact":  # the loop's own moves: after warm-up, a steady loop makes none
+    if mode in ("cca-compact", "record"):  # the loop's own moves: after warm-up, none
         steady_moves(torch, resnet_step, 10, "resnet50", out)
     model_peaks(torch, "resnet50_train", out, start)
     del opt, x, y
@@ -145,7 +164,7 @@ def worker(mode):
         gpt(input_ids=ids, labels=ids).loss.backward()
         gopt.step()
     out["gpt2_train_ms"] = timed_steps(torch, gpt_step, 3, 15) * 1e3
-    if mode == "cca-compact":
+    if mode in ("cca-compact", "record"):
         steady_moves(torch, gpt_step, 5, "gpt2_train", out)
     model_peaks(torch, "gpt2_train", out, start)
     del gopt
@@ -163,11 +182,6 @@ def worker(mode):
     model_peaks(torch, "gpt2_generate", out, start)
     del gpt, ids, prompt
     varying_models(torch, torchvision, transformers, mode, out)
-    out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
-    out["backend"] = cca.torch.installed() or "pytorch"
-    if mode == "cca-compact":
-        out.update(compact_counts())
-    return out
 
 
 def generate_alone(torch, transformers, mode, out):
@@ -237,7 +251,11 @@ def fresh_peaks(torch, mode):
     model's live tensors, in the granules or segments they keep mapped), and under cca's
     compact mode its move counts so far."""
     torch.cuda.synchronize()
+    if MARK:
+        MARK("empty_cache")
     torch.cuda.empty_cache()
+    if MARK:
+        MARK("reset_peaks")
     torch.cuda.reset_peak_memory_stats()
     stats = torch.cuda.memory_stats()
     start = {"reserved": stats["reserved_bytes.all.current"], "allocated": stats["allocated_bytes.all.current"]}
@@ -264,10 +282,12 @@ def model_peaks(torch, name, out, start):
 
 def steady_moves(torch, step, steps, name, out):
     """cca's moves (and the bytes aliased) over steps more steps of a warmed-up loop."""
-    before = compact_counts()
+    before = compact_counts() if MARK is None else {}
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
+    if MARK is not None:
+        return
     after = compact_counts()
     out[name + "_steady_moves"] = after["compact_moves"] - before["compact_moves"]
     out[name + "_steady_aliased_mib"] = (after["compact_aliased_bytes"]

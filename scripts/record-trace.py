@@ -12,7 +12,9 @@ small trained STEPS steps, then the cache emptied, the peaks reset and 3
 generations of 128 tokens in the same process; the two operations are noted in
 `cca_meta["pool_events"]`) or resnet50_train_infer (ResNet-50 trained STEPS
 steps, then the same two operations and inference on 8 batches drawn from 1 to
-256); the draws are seeded, so a recording repeats. Runs on device 0 with
+256) or torch_bench (the models of bench/torch_bench.py in one process, as its
+cca-compact worker runs them, with each model's two operations; STEPS unused);
+the draws are seeded, so a recording repeats. Runs on device 0 with
 PyTorch's own allocator, recording from before the first allocation
 (`torch.cuda.memory._record_memory_history(enabled="all", context=None)`),
 and writes the snapshot with `cca_meta` (the settings string, the device's
@@ -158,9 +160,28 @@ def resnet50_train_infer(steps):
             model(torch.randn(b, 3, 224, 224, device="cuda")).argmax(1)
 
 
+def torch_bench(steps):
+    """The models of bench/torch_bench.py, in one process as its cca-compact worker runs them
+    (STEPS is not used), with each model's empty_cache and reset of the peaks noted: a trace
+    of the benchmark's own process, to replay what it measured on the GPU."""
+    import importlib.util
+    import torchvision
+    import transformers
+    transformers.logging.set_verbosity_error()
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "torch_bench", os.path.join(here, "..", "bench", "torch_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.MARK = marker
+    torch.manual_seed(0)
+    bench.models(torch, torchvision, transformers, "record", {})
+
+
 WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
              "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch,
-             "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer}
+             "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer,
+             "torch_bench": torch_bench}
 
 
 def main():

@@ -1119,8 +1119,16 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
             for (cca_block_t *b = seg->head; b && st == CCA_OK && dev->lent_count < target;) {
                 size_t begin = granule_ceil(seg, b->addr);
                 size_t end = granule_floor(seg, b->addr + b->size);
-                if (!b->mapped || !allocatable(b) || begin >= end ||
-                    (seg == keep_seg && b->addr < keep_hi && b->addr + b->size > keep_lo)) {
+                bool kept = seg == keep_seg && b->addr < keep_hi && b->addr + b->size > keep_lo;
+                if (kept && b->addr >= keep_lo) {
+                    /* a free block the growth's run starts in: only its granules above the run
+                     * (ResNet-50 inference after training, lag 10: 490 free granules there,
+                     * all left, and the growth mapped 428 MiB new: 1.153) */
+                    size_t above = granule_ceil(seg, keep_hi);
+                    begin = begin > above ? begin : above;
+                    kept = false;
+                }
+                if (!b->mapped || !allocatable(b) || begin >= end || kept) {
                     b = b->next;
                     continue;
                 }

@@ -704,6 +704,73 @@ TEST(compact_moves_only_past_the_limit)
 }
 
 /*
+ * A block that would take one granule more at the start of its free block
+ * than it needs starts at the next granule, where the bytes skipped are at
+ * most a quarter granule and the free block is at least twice what the
+ * block and they take: once its neighbours are gone it keeps only its own
+ * granules mapped. Without the shift (or where the free block is too
+ * small for it) a 4 MiB block at 1.75 MiB keeps three granules.
+ */
+TEST(compact_block_starts_at_a_granule_where_that_saves_one)
+{
+    for (int big = 0; big < 2; big++) {
+        setup_with("compact_memory:True", 0);
+        void *x = xmalloc(1792 * 1024, NULL); /* [0, 1.75 MiB) */
+        void *y = xmalloc(12 * MiB, NULL);    /* [1.75, 13.75 MiB) */
+        cca_free(y);                          /* [1.75, 14 MiB) free */
+        size_t zsize = big ? 6 * MiB : 4 * MiB; /* 6: 2 x (0.25 + 6) passes 12.25, no shift */
+        void *z = xmalloc(zsize, NULL);
+        expect_true(z != NULL);
+        expect_eq_u64((uintptr_t)z - (uintptr_t)x, big ? 1792 * 1024 : 2 * MiB);
+        expect_true(invariants_hold());
+        cca_free(x); /* x and the bytes skipped: granule 0 free whole */
+        expect_ok(cca_empty_cache());
+        expect_eq_i64(reserved(), (int64_t)(big ? 8 * MiB : 4 * MiB)); /* z's granules */
+        expect_true(invariants_hold());
+        cca_free(z);
+        expect_ok(cca_empty_cache());
+        expect_eq_i64(reserved(), 0);
+        cca_shutdown();
+    }
+}
+
+/*
+ * A growth's run that starts in a free block and runs into another one
+ * (free block, unmapped hole, free block) keeps only the bytes it grows
+ * into: the granules of the second free block above the run are lent to
+ * it, and the hole is filled from them (reserved bytes unchanged). Before,
+ * a free block the run touched was left whole and the hole mapped new
+ * memory.
+ */
+TEST(compact_lends_the_granules_above_the_growths_run)
+{
+    setup_with("compact_memory:True", 0);
+    expandable_test_limit(true); /* every growth moves the free granules known done */
+    void *a = xmalloc(2 * MiB, NULL), *f = xmalloc(20 * MiB, NULL), *h = xmalloc(4 * MiB, NULL);
+    void *g = xmalloc(20 * MiB, NULL), *b = xmalloc(2 * MiB, NULL);
+    cca_free(h);
+    expect_ok(cca_empty_cache()); /* h's two granules unmapped: a hole between f and g */
+    cca_free(f);
+    cca_free(g);
+    expect_eq_i64(reserved(), (int64_t)(44 * MiB));
+    uint64_t creates = calls(CCA_OP_VMM_CREATE);
+    void *c = xmalloc(30 * MiB, NULL); /* from f's start, over the hole, into g */
+    expect_true(c == f);
+    expect_eq_i64(reserved(), (int64_t)(44 * MiB));
+    expect_eq_u64(calls(CCA_OP_VMM_CREATE) - creates, 0);
+    expect_eq_i64(extra_stat("cca.compact_moves"), 1);
+    expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(4 * MiB));
+    expect_true(invariants_hold());
+    expandable_test_limit(false);
+    cca_free(a);
+    cca_free(b);
+    cca_free(c);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * cca_empty_cache starts the limit again from what the program holds: a
  * phase after it that needs less than the one before (inference after
  * training) is held to its own needs and not given the earlier phase's
@@ -1027,6 +1094,8 @@ int main(void)
     RUN(compact_moves_only_past_the_limit);
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
     RUN(compact_empty_cache_restarts_the_limit);
+    RUN(compact_block_starts_at_a_granule_where_that_saves_one);
+    RUN(compact_lends_the_granules_above_the_growths_run);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_fraction_counts_the_granules_mapped);
     RUN(compact_lends_no_handle_it_cannot_give_back);
