@@ -103,6 +103,16 @@ def marker(op):
     POOL_EVENTS.append({"at": len(torch.cuda.memory._snapshot()["device_traces"][0]) + 1, "op": op})
 
 
+def next_phase():
+    """Between a model's training and its use: the cache emptied and the peaks reset, both
+    noted, so that a replay's figures are the second phase's."""
+    torch.cuda.synchronize()
+    marker("empty_cache")
+    torch.cuda.empty_cache()
+    marker("reset_peaks")
+    torch.cuda.reset_peak_memory_stats()
+
+
 def gpt2_train_generate(steps):
     """GPT-2 small trained (batch 8 x 512, AdamW, gradients kept after the last step), then,
     the optimizer deleted, the cache emptied and the peaks reset, 3 greedy generations of
@@ -118,11 +128,7 @@ def gpt2_train_generate(steps):
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
     del opt
-    torch.cuda.synchronize()
-    marker("empty_cache")
-    torch.cuda.empty_cache()
-    marker("reset_peaks")
-    torch.cuda.reset_peak_memory_stats()
+    next_phase()
     model.eval()
     prompt = ids[:1, :32]
     with torch.no_grad():
@@ -148,11 +154,7 @@ def resnet50_train_infer(steps):
         opt.step()
         del x, y
     del opt
-    torch.cuda.synchronize()
-    marker("empty_cache")
-    torch.cuda.empty_cache()
-    marker("reset_peaks")
-    torch.cuda.reset_peak_memory_stats()
+    next_phase()
     model.eval()
     with torch.no_grad():
         for _ in range(8):

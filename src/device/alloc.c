@@ -272,13 +272,7 @@ static __attribute__((noinline)) cca_block_t *compact_unpad(cca_pool_t *pool, cc
 {
     cca_block_t *b = pad->next;
     bins_remove(&pool->bins, pad);
-    b->addr = pad->addr;
-    b->size += pad->size;
-    b->prev = pad->prev;
-    if (b->prev)
-        b->prev->next = b;
-    else
-        b->segment->head = b;
+    pool_absorb_neighbour(b, pad);
     pool_block_delete(pad);
     return b;
 }
@@ -323,13 +317,7 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
         /* undo: rejoin the split and return the block to its bin */
         block->allocated = false;
         if (remaining) {
-            remaining->addr = block->addr;
-            remaining->size += block->size;
-            remaining->prev = block->prev;
-            if (remaining->prev)
-                remaining->prev->next = remaining;
-            else
-                remaining->segment->head = remaining;
+            pool_absorb_neighbour(remaining, block);
             pool_block_delete(block);
             block = remaining;
         }
