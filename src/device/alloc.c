@@ -243,6 +243,8 @@ static inline size_t granules_touched(uintptr_t base, size_t g, uintptr_t addr, 
 static __attribute__((noinline)) cca_block_t *compact_pad(cca_pool_t *pool, cca_block_t *b, size_t size)
 {
     const cca_segment_t *seg = b->segment;
+    if (!seg->es || !seg->es->compact)
+        return NULL;
     size_t g = seg->es->granule;
     size_t pad = (g - (b->addr - seg->base) % g) % g;
     if (pool->owner->private_pool || !pad || pad > g / 4 || 2 * (pad + size) > b->size ||
@@ -284,16 +286,15 @@ static __attribute__((noinline)) cca_block_t *compact_unpad(cca_pool_t *pool, cc
  */
 static inline __attribute__((always_inline)) cca_status_t
 alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **blockp, size_t size,
-                         size_t orig_size, int split)
+                         size_t orig_size, int split, bool may_pad)
 {
     cca_block_t *block = *blockp;
     const cca_settings_t *s = &cca_state->settings;
     bool already_split = block_is_split(block);
     cca_block_t *remaining = NULL, *pad = NULL;
-    if (__builtin_expect(s->compact_memory, 0) && split < 0 && block->segment->es &&
-        block->segment->es->compact && (pad = compact_pad(pool, block, size)))
-        block = pad->next;
     if (split < 0 ? should_split(s, pool, block->size, size) : split > 0) {
+        if (may_pad && s->compact_memory && split < 0 && (pad = compact_pad(pool, block, size)))
+            block = pad->next; /* (it leaves the rest of block worth splitting) */
         cca_block_t *front = pool_block_new(pool, block->segment, block->addr, size);
         if (!front) {
             bins_insert(&pool->bins, pad ? compact_unpad(pool, pad) : block);
@@ -338,7 +339,7 @@ static __attribute__((noinline)) cca_status_t alloc_found_block(cca_device_t *de
                                                                 cca_block_t **blockp, size_t size,
                                                                 size_t orig_size, int split)
 {
-    return alloc_found_block_inline(dev, pool, blockp, size, orig_size, split);
+    return alloc_found_block_inline(dev, pool, blockp, size, orig_size, split, true);
 }
 
 /*
@@ -678,7 +679,10 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
         pool_flush(sp);
     cca_block_t *block = get_free_block(dev, pool, rsize, true);
     if (block) {
-        st = alloc_found_block_inline(dev, pool, &block, rsize, size, -1);
+        /* compact_memory's placement out of line: the common case's split stays as short */
+        st = __builtin_expect(cca_state->settings.compact_memory, 0)
+                 ? alloc_found_block(dev, pool, &block, rsize, size, -1)
+                 : alloc_found_block_inline(dev, pool, &block, rsize, size, -1, false);
         cca_spin_unlock(&sp->lock);
     } else {
         cca_spin_unlock(&sp->lock);
