@@ -296,8 +296,15 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
         if (may_pad && s->compact_memory && split < 0 && (pad = compact_pad(pool, block, size)))
             block = pad->next; /* (it leaves the rest of block worth splitting) */
         cca_block_t *front = pool_block_new(pool, block->segment, block->addr, size);
+        if (!front && pad) {
+            /* the shift took the struct the split needed (the pool's last spare): the block
+             * stays where it was, as without the shift, and the split gets that struct back */
+            block = compact_unpad(pool, pad);
+            pad = NULL;
+            front = pool_block_new(pool, block->segment, block->addr, size);
+        }
         if (!front) {
-            bins_insert(&pool->bins, pad ? compact_unpad(pool, pad) : block);
+            bins_insert(&pool->bins, block);
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
         }
         remaining = block;

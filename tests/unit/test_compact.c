@@ -735,6 +735,33 @@ TEST(compact_block_starts_at_a_granule_where_that_saves_one)
 }
 
 /*
+ * The shift is an optimisation only: where the block struct it takes for
+ * the skipped bytes was the one the split needed (the stream pool's last
+ * spare) and the host has no other, the block is placed where it was, not
+ * refused. Before, the allocation failed with out of host memory although
+ * it needed no more structs than without the shift.
+ */
+TEST(compact_shift_never_costs_an_allocation_its_host_memory)
+{
+    setup_with("compact_memory:True", 0);
+    void *x = xmalloc(1792 * 1024, NULL); /* [0, 1.75 MiB) */
+    void *y = xmalloc(12 * MiB, NULL);    /* [1.75, 13.75 MiB) */
+    cca_free(y);                          /* merged with the rest: its struct now a spare */
+    pool_test_fail_host_alloc(1);         /* no struct beyond the spares */
+    void *z = NULL;
+    cca_status_t st = cca_malloc(&z, 4 * MiB, NULL);
+    pool_test_fail_host_alloc(0);
+    expect_ok(st);
+    expect_eq_u64((uintptr_t)z - (uintptr_t)x, 1792 * 1024); /* unshifted */
+    expect_true(invariants_hold());
+    cca_free(z);
+    cca_free(x);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * A growth's run that starts in a free block and runs into another one
  * (free block, unmapped hole, free block) keeps only the bytes it grows
  * into: the granules of the second free block above the run are lent to
@@ -1095,6 +1122,7 @@ int main(void)
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);
     RUN(compact_empty_cache_restarts_the_limit);
     RUN(compact_block_starts_at_a_granule_where_that_saves_one);
+    RUN(compact_shift_never_costs_an_allocation_its_host_memory);
     RUN(compact_lends_the_granules_above_the_growths_run);
     RUN(compact_moves_under_the_limit_when_the_device_is_full);
     RUN(compact_fraction_counts_the_granules_mapped);
