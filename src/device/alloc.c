@@ -529,7 +529,12 @@ static cca_block_t *residue_fit(const cca_device_t *dev, cca_stream_pool_t *sp, 
         atomic_load_explicit(&dev->route_count, memory_order_relaxed))
         return NULL;
     cca_pool_t *large = &sp->large;
+    size_t max_split = cca_state->settings.max_split_size;
     for (cca_block_t *b = bins_best_fit(&large->bins, size); b; b = bins_next(&large->bins, b)) {
+        /* get_free_block's oversize rule: a small request never splits such a piece (a granule
+         * larger than 2 MiB leaves rests that big), kept whole for a request of its size */
+        if (b->size >= max_split)
+            return NULL; /* (in size order: so is every piece from here on) */
         const cca_segment_t *seg = b->segment;
         if (!seg->es || !seg->es->compact)
             continue;

@@ -120,6 +120,38 @@ TEST(compact_granules_are_the_device_granularity)
 }
 
 /*
+ * The rest of a granule is taken under get_free_block's oversize rule: a
+ * piece of at least max_split_size (possible where the device's granule is
+ * larger than 2 MiB) is kept whole for a request of that size, as best fit
+ * keeps it, and the small pool maps its own. Before, the small request
+ * split the 54 MiB piece.
+ */
+TEST(compact_small_requests_leave_oversize_rests_whole)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    cfg.granularity = 64 * MiB;
+    cca_shutdown();
+    expect_ok(cca_sim_create(&cfg, &sim));
+    expect_ok(cca_init_with_backend(sim, "compact_memory:True,max_split_size_mb:40"));
+    void *a = xmalloc(10 * MiB, NULL); /* one 64 MiB granule: [10, 64 MiB) free, no whole granule */
+    void *b = xmalloc(1000, NULL);
+    expect_true(b != NULL);
+    expect_true((uintptr_t)b < (uintptr_t)a || (uintptr_t)b >= (uintptr_t)a + 64 * MiB);
+    expect_eq_i64(stats().allocation[CCA_STAT_SMALL_POOL].current, 1);
+    void *c = xmalloc(50 * MiB, NULL); /* an oversize request takes the piece whole */
+    expect_eq_u64((uintptr_t)c - (uintptr_t)a, 10 * MiB);
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(b);
+    cca_free(c);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
+/*
  * A small request the small pool cannot serve without mapping takes a free
  * piece of its stream's large pool that holds no whole granule (the rest of
  * a granule a live large block keeps mapped): nothing is mapped, the block
@@ -1107,6 +1139,7 @@ int main(void)
     RUN(compact_setting_implies_expandable);
     RUN(compact_granules_are_the_device_granularity);
     RUN(compact_small_requests_take_the_rest_of_a_large_granule);
+    RUN(compact_small_requests_leave_oversize_rests_whole);
     RUN(compact_lends_a_hole_to_other_streams_and_kinds);
     RUN(compact_keeps_the_growing_run);
     RUN(compact_steady_loop_stays_bounded);
