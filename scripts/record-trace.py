@@ -12,7 +12,10 @@ small trained STEPS steps, then the cache emptied, the peaks reset and 3
 generations of 128 tokens in the same process; the two operations are noted in
 `cca_meta["pool_events"]`) or resnet50_train_infer (ResNet-50 trained STEPS
 steps, then the same two operations and inference on 8 batches drawn from 1 to
-256) or torch_bench (the models of bench/torch_bench.py in one process, as its
+256), resnet50_train_eval / gpt2_train_eval (training with an evaluation pass
+without gradients at a larger batch after every third step: ResNet-50 at 64 and
+256, GPT-2 at 8 x 512 and 32 x 512), or torch_bench (the models of
+bench/torch_bench.py in one process, as its
 cca-compact worker runs them, with each model's two operations; STEPS unused);
 the draws are seeded, so a recording repeats. Runs on device 0 with
 PyTorch's own allocator, recording from before the first allocation
@@ -162,6 +165,51 @@ def resnet50_train_infer(steps):
             model(torch.randn(b, 3, 224, 224, device="cuda")).argmax(1)
 
 
+def resnet50_train_eval(steps):
+    """ResNet-50 trained at batch 64 (SGD with momentum), with an evaluation pass without
+    gradients at batch 256 after every third step: a loop that switches between two memory
+    layouts, with no empty_cache between them."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    for step in range(steps):
+        model.train()
+        x = torch.randn(64, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (64,), device="cuda")
+        lossf(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, y
+        if step % 3 == 2:
+            model.eval()
+            with torch.no_grad():
+                model(torch.randn(256, 3, 224, 224, device="cuda")).argmax(1)
+
+
+def gpt2_train_eval(steps):
+    """GPT-2 small trained at 8 x 512 (AdamW), with an evaluation loss without gradients at
+    32 x 512 after every third step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(steps):
+        model.train()
+        ids = torch.randint(0, 50257, (8, 512), device="cuda")
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del ids
+        if step % 3 == 2:
+            model.eval()
+            with torch.no_grad():
+                ids = torch.randint(0, 50257, (32, 512), device="cuda")
+                float(model(input_ids=ids, labels=ids).loss)
+                del ids
+
+
 def torch_bench(steps):
     """The models of bench/torch_bench.py, in one process as its cca-compact worker runs them
     (STEPS is not used), with each model's empty_cache and reset of the peaks noted: a trace
@@ -183,6 +231,7 @@ def torch_bench(steps):
 WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
              "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch,
              "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer,
+             "resnet50_train_eval": resnet50_train_eval, "gpt2_train_eval": gpt2_train_eval,
              "torch_bench": torch_bench}
 
 

@@ -32,7 +32,8 @@ static const char *const traces[] = {
     "gpt2_train20_expandable", "resnet50_train16_default", "resnet50_train16_expandable",
     "bert_train_varlen24_default", "bert_train_varlen24_expandable", "vit_train_varbatch24_default",
     "vit_train_varbatch24_expandable", "gpt2_train_generate6_default", "gpt2_train_generate6_expandable",
-    "resnet50_train_infer8_default", "resnet50_train_infer8_expandable",
+    "resnet50_train_infer8_default", "resnet50_train_infer8_expandable", "resnet50_train_eval12_default",
+    "resnet50_train_eval12_expandable", "gpt2_train_eval12_default", "gpt2_train_eval12_expandable",
 };
 
 /* Load bytes; expect success and return the doc. */
