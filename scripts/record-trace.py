@@ -14,7 +14,8 @@ generations of 128 tokens in the same process; the two operations are noted in
 steps, then the same two operations and inference on 8 batches drawn from 1 to
 256), resnet50_train_eval / gpt2_train_eval (training with an evaluation pass
 without gradients at a larger batch after every third step: ResNet-50 at 64 and
-256, GPT-2 at 8 x 512 and 32 x 512), or torch_bench (the models of
+256, GPT-2 at 8 x 512 and 32 x 512), gpt2_train_ckpt_bf16 (GPT-2 small at 16 x
+1024 under bf16 autocast with activation checkpointing, AdamW), or torch_bench (the models of
 bench/torch_bench.py in one process, as its
 cca-compact worker runs them, with each model's two operations; STEPS unused);
 the draws are seeded, so a recording repeats. Runs on device 0 with
@@ -210,6 +211,26 @@ def gpt2_train_eval(steps):
                 del ids
 
 
+def gpt2_train_ckpt_bf16(steps):
+    """GPT-2 small trained at 16 x 1024 under bf16 autocast with activation checkpointing
+    (transformers' gradient_checkpointing_enable, AdamW): the blocks' activations recomputed
+    in the backward pass, in the mixed precision large models train with."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        ids = torch.randint(0, 50257, (16, 1024), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss, ids
+
+
 def torch_bench(steps):
     """The models of bench/torch_bench.py, in one process as its cca-compact worker runs them
     (STEPS is not used), with each model's empty_cache and reset of the peaks noted: a trace
@@ -232,6 +253,7 @@ WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
              "bert_train_varlen": bert_train_varlen, "vit_train_varbatch": vit_train_varbatch,
              "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer,
              "resnet50_train_eval": resnet50_train_eval, "gpt2_train_eval": gpt2_train_eval,
+             "gpt2_train_ckpt_bf16": gpt2_train_ckpt_bf16,
              "torch_bench": torch_bench}
 
 

@@ -75,7 +75,7 @@ TEST(all_traces_exact)
         checked++;
     }
     closedir(dir);
-    expect_eq_i64(checked, 29);
+    expect_eq_i64(checked, 31);
 }
 
 TEST(fresh_addresses)
@@ -212,6 +212,7 @@ TEST(compact_within_two_percent)
         {"resnet50_train_infer8_default", 10},  {"resnet50_train_infer8_default", 1000},
         {"resnet50_train_eval12_default", 0},   {"resnet50_train_eval12_default", 1000},
         {"gpt2_train_eval12_default", 0},       {"gpt2_train_eval12_default", 1000},
+        {"gpt2_train_ckpt_bf16_12_default", 0}, {"gpt2_train_ckpt_bf16_12_default", 1000},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         cca_replay_result_t r;

@@ -34,6 +34,7 @@ static const char *const traces[] = {
     "vit_train_varbatch24_expandable", "gpt2_train_generate6_default", "gpt2_train_generate6_expandable",
     "resnet50_train_infer8_default", "resnet50_train_infer8_expandable", "resnet50_train_eval12_default",
     "resnet50_train_eval12_expandable", "gpt2_train_eval12_default", "gpt2_train_eval12_expandable",
+    "gpt2_train_ckpt_bf16_12_default", "gpt2_train_ckpt_bf16_12_expandable",
 };
 
 /* Load bytes; expect success and return the doc. */
