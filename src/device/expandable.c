@@ -1239,9 +1239,8 @@ static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t 
         st = find_expandable_block(dev, pool, size, c);
         if (st != CCA_OK)
             return st;
-        if (dev->lent_count == before && granules_needed(*c, size) > need)
-            continue; /* settled aliases opened a lower run that needs more: lend for it */
-        if (dev->lent_count == before)
+        /* nothing lent: done, unless settled aliases opened a lower run that needs more */
+        if (dev->lent_count == before && granules_needed(*c, size) <= need)
             break;
     }
     if (pending && granules_needed(*c, size) > dev->lent_count)

@@ -605,15 +605,22 @@ static int race_phase; /* 1: A in the driver; 2: B done */
 static cca_status_t race_b_status;
 static cca_status_t (*real_malloc_async)(void *, int, size_t, cca_stream_t, void **);
 
+/* A's driver call has begun (phase 1, B told); returns the charge's waits so far. */
+static size_t race_a_in_driver(void)
+{
+    size_t waits = async_test_charge_waits();
+    pthread_mutex_lock(&race_mu);
+    race_phase = 1;
+    pthread_cond_broadcast(&race_cv);
+    pthread_mutex_unlock(&race_mu);
+    return waits;
+}
+
 static cca_status_t held_malloc_async(void *ctx, int device, size_t size, cca_stream_t stream,
                                       void **ptr)
 {
     if (size == 400 * MiB) {
-        size_t waits = async_test_charge_waits();
-        pthread_mutex_lock(&race_mu);
-        race_phase = 1;
-        pthread_cond_broadcast(&race_cv);
-        pthread_mutex_unlock(&race_mu);
+        size_t waits = race_a_in_driver();
         for (;;) { /* until B waits for this call, or has finished without waiting */
             pthread_mutex_lock(&race_mu);
             bool done = race_phase == 2;
@@ -729,11 +736,7 @@ static cca_status_t slow_malloc_async(void *ctx, int device, size_t size, cca_st
                                       void **ptr)
 {
     if (size == 400 * MiB) {
-        size_t waits = async_test_charge_waits();
-        pthread_mutex_lock(&race_mu);
-        race_phase = 1;
-        pthread_cond_broadcast(&race_cv);
-        pthread_mutex_unlock(&race_mu);
+        size_t waits = race_a_in_driver();
         while (async_test_charge_waits() == waits) /* B waits for this call ... */
             sched_yield();
         for (int i = 0; i < 50000; i++) /* ... which takes long */

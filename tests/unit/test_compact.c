@@ -56,6 +56,14 @@ static int64_t reserved(void)
     return stats().reserved_bytes[CCA_STAT_ALL].current;
 }
 
+/* The end of a test whose blocks are all freed: empty_cache gives back every byte, then shutdown. */
+static void ends_empty(void)
+{
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
 static void *xmalloc(size_t size, cca_stream_t stream)
 {
     void *p = NULL;
@@ -146,9 +154,7 @@ TEST(compact_small_requests_leave_oversize_rests_whole)
     cca_free(a);
     cca_free(b);
     cca_free(c);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -406,9 +412,7 @@ TEST(compact_growth_outlives_its_released_segment)
     expect_true(invariants_hold());
     cca_free(d);
     cca_free(e);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 static uint64_t calls(cca_backend_op_t op)
@@ -730,9 +734,7 @@ TEST(compact_moves_only_past_the_limit)
     void *ptrs[] = {a, c, d, e};
     for (size_t i = 0; i < 4; i++)
         cca_free(ptrs[i]);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -788,9 +790,7 @@ TEST(compact_shift_never_costs_an_allocation_its_host_memory)
     expect_true(invariants_hold());
     cca_free(z);
     cca_free(x);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -824,9 +824,7 @@ TEST(compact_lends_the_granules_above_the_growths_run)
     cca_free(a);
     cca_free(b);
     cca_free(c);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -857,9 +855,7 @@ TEST(compact_empty_cache_restarts_the_limit)
     cca_free(a);
     cca_free(c);
     cca_free(d);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -910,9 +906,7 @@ TEST(compact_limit_stays_within_two_percent_of_the_requested_peak)
     void *ptrs[] = {d, f, g, h};
     for (size_t i = 0; i < 4; i++)
         cca_free(ptrs[i]);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -942,9 +936,7 @@ TEST(compact_fraction_counts_the_granules_mapped)
     expect_true(invariants_hold());
     cca_free(a);
     cca_free(d);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -993,9 +985,7 @@ TEST(compact_lends_no_handle_it_cannot_give_back)
     for (int i = 0; i < 7; i++)
         if (i != 2 && i != 4)
             cca_free(p[i]);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
@@ -1022,9 +1012,7 @@ TEST(compact_moves_under_the_limit_when_the_device_is_full)
     void *ptrs[] = {a, c, d};
     for (size_t i = 0; i < 3; i++)
         cca_free(ptrs[i]);
-    expect_ok(cca_empty_cache());
-    expect_eq_i64(reserved(), 0);
-    cca_shutdown();
+    ends_empty();
 }
 
 /*
