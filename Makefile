@@ -24,6 +24,7 @@ bench: build
 	@./build/bench/bench_host
 	@./build/bench/bench_replay
 	@./build/bench/bench_stats_merge
+	@./build/bench/bench_plan_loops
 
 fuzz:
 	@sh scripts/fuzz.sh

@@ -301,13 +301,14 @@ def compact_counts():
     class Entry(ctypes.Structure):
         _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_int64)]
     lib = ctypes.CDLL(os.environ["CCA_LIBRARY"])
-    entries = (Entry * 8)()
-    if lib.cca_memory_stats_extra(0, entries, 8) != 0:
+    entries = (Entry * 16)()
+    if lib.cca_memory_stats_extra(0, entries, 16) != 0:
         return {}
     keys = {b"cca.compact_moves": "compact_moves", b"cca.compact_moved_bytes": "compact_moved_bytes",
             b"cca.compact_aliased_bytes": "compact_aliased_bytes",
             b"cca.compact_pending_growths": "compact_pending_growths",
-            b"cca.compact_syncs": "compact_syncs"}
+            b"cca.compact_syncs": "compact_syncs", b"cca.compact_plans": "compact_plans",
+            b"cca.compact_planned_allocations": "compact_planned_allocations"}
     return {keys[e.key]: e.value for e in entries if e.key in keys}
 
 
@@ -389,9 +390,11 @@ def main():
     print("rounds:", repeat, "backend of the cca runs:", results["cca"][0]["backend"])
     last = results["cca-compact"][-1]
     print("cca compact, last round: %s moves of free granules (%.0f MiB), %s growths took new memory "
-          "past granules still pending, %s stream synchronisations after a failed event call"
+          "past granules still pending, %s stream synchronisations after a failed event call, "
+          "%s planned placements (%s requests served at their place)"
           % (last.get("compact_moves", "?"), last.get("compact_moved_bytes", 0) / 2**20,
-             last.get("compact_pending_growths", "?"), last.get("compact_syncs", "?")))
+             last.get("compact_pending_growths", "?"), last.get("compact_syncs", "?"),
+             last.get("compact_plans", "?"), last.get("compact_planned_allocations", "?")))
     print("cca compact, last round, after warm-up: ResNet-50 %s moves in 10 steps (%.0f MiB aliased), "
           "GPT-2 training %s moves in 5 steps (%.0f MiB aliased)"
           % (last.get("resnet50_steady_moves", "?"), last.get("resnet50_steady_aliased_mib", 0),

@@ -638,7 +638,7 @@ typedef struct cca_stat_entry {
 cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
 
 /** Number of entries cca_memory_stats_extra writes. */
-#define CCA_MEMORY_STATS_EXTRA_COUNT 7
+#define CCA_MEMORY_STATS_EXTRA_COUNT 10
 
 /**
  * cca's own keys beside PyTorch's (not in torch.cuda.memory_stats()), sorted:
@@ -649,7 +649,11 @@ cca_status_t cca_memory_stats(int device, cca_stat_entry_t *out, size_t count);
  * re-mapped for a growth under compact_memory, and the growths that did it),
  * "cca.compact_pending_growths" (growths that mapped new memory because free
  * granules were left in place, their stream's work not yet known done by an
- * event; the growth path never waits for it), "cca.compact_syncs" (times a
+ * event; the growth path never waits for it), "cca.compact_plan_misses",
+ * "cca.compact_planned_allocations" and "cca.compact_plans" (compact_memory's
+ * planned placement of a loop that keeps moving granules: requests that did
+ * not find their planned place, requests served at it, plans made),
+ * "cca.compact_syncs" (times a
  * failed event call made the growth path synchronise the stream instead: 0
  * unless the backend fails), "cca.largest_free_bytes" (the largest free block: the biggest request the
  * cache could serve without a backend call). out must hold

@@ -541,6 +541,9 @@ static cca_block_t *residue_fit(const cca_device_t *dev, cca_stream_pool_t *sp, 
         size_t g = seg->es->granule;
         if (b->size >= 2 * g)
             return NULL; /* every piece from here on holds a whole granule */
+        uintptr_t plan_lo, plan_hi;
+        if (plan_range(large, seg, &plan_lo, &plan_hi) && b->addr < plan_hi && b->addr + b->size > plan_lo)
+            continue; /* a planned place (plan.c) */
         uintptr_t first = seg->base + (b->addr - seg->base + g - 1) / g * g;
         if (first + g > b->addr + b->size) {
             bins_remove(&large->bins, b);
@@ -675,6 +678,47 @@ static inline __attribute__((always_inline)) cca_status_t malloc_done(cca_stream
 }
 
 /*
+ * malloc_locked under compact_memory: a large request of a default pool is
+ * first offered to its pool's plan (plan.c), then goes by best fit or the
+ * slow path; either way it is recorded for the plan, and the pool holds no
+ * block back (every request of it passes here). sp's lock held on entry,
+ * released.
+ */
+static __attribute__((noinline)) cca_status_t malloc_compact(cca_device_t *dev, cca_stream_pool_t *sp,
+                                                             cca_pool_t *pool, size_t rsize, size_t size,
+                                                             cca_block_t **out)
+{
+    bool planned = !pool->is_small && !sp->private_pool &&
+                   !atomic_load_explicit(&dev->route_count, memory_order_relaxed);
+    cca_block_t *block = NULL;
+    cca_status_t st = planned ? plan_place(dev, pool, rsize, size, &block) : CCA_OK;
+    if (!block && st == CCA_OK) {
+        block = get_free_block(dev, pool, rsize, true);
+        if (block) {
+            st = alloc_found_block(dev, pool, &block, rsize, size, -1);
+        } else {
+            cca_spin_unlock(&sp->lock);
+            st = malloc_slow(dev, sp, pool, rsize, size, &block);
+            if (st == CCA_OK && planned && block->pool == pool)
+                pool_lock(sp); /* to record it */
+            else
+                planned = false;
+            if (!planned) {
+                *out = block;
+                return st;
+            }
+        }
+    }
+    if (st == CCA_OK && planned) {
+        plan_note_alloc(dev, pool, block, rsize);
+        pool->last_alloc = NULL; /* never held back: its next request must pass here */
+    }
+    cca_spin_unlock(&sp->lock);
+    *out = block;
+    return st;
+}
+
+/*
  * The rest of an allocation from sp past its held-back block: best fit in
  * the pool (held blocks merged first), else the slow path; sp's lock held on
  * entry, released; unpins a private pool's sp, releases the trace context.
@@ -689,12 +733,15 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
     cca_status_t st;
     if (sp->small.held || sp->large.held)
         pool_flush(sp);
-    cca_block_t *block = get_free_block(dev, pool, rsize, true);
+    cca_block_t *block;
+    /* compact_memory's placement out of line: the common case's split stays as short */
+    if (__builtin_expect(cca_state->settings.compact_memory, 0)) {
+        st = malloc_compact(dev, sp, pool, rsize, size, &block);
+        return malloc_done(sp, context, st, block, ptr);
+    }
+    block = get_free_block(dev, pool, rsize, true);
     if (block) {
-        /* compact_memory's placement out of line: the common case's split stays as short */
-        st = __builtin_expect(cca_state->settings.compact_memory, 0)
-                 ? alloc_found_block(dev, pool, &block, rsize, size, -1)
-                 : alloc_found_block_inline(dev, pool, &block, rsize, size, -1, false);
+        st = alloc_found_block_inline(dev, pool, &block, rsize, size, -1, false);
         cca_spin_unlock(&sp->lock);
     } else {
         cca_spin_unlock(&sp->lock);
@@ -1047,6 +1094,8 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
         block->pool->held_in_map = true; /* held below; not allocated: found by no lookup */
     }
     block->allocated = false;
+    if (__builtin_expect(block->plan_serial != 0, 0))
+        plan_note_free(block);
     trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
     if (!block->stream_use_count) {
         if (plain)

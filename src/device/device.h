@@ -67,6 +67,8 @@ typedef struct cca_block {
                                    kept in the backend until its stream's work on them is done;
                                    in the device's aliased list (bin links), in no other list;
                                    address space nothing maps or allocates meanwhile */
+    uint32_t plan_serial;       /* compact_memory: 1 + its serial in its pool's plan record
+                                   (plan.c) while allocated, 0: not recorded */
     uint32_t stream_use_count;  /* streams recorded with record_stream */
     uint32_t stream_use_cap;
     cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
@@ -170,6 +172,7 @@ typedef struct cca_pool {
      * the express pair's (cca_malloc) check; written at every hold */
     _Atomic(const struct cca_block *) express; /* read without the lock as a hint */
     cca_bins_t bins;
+    struct cca_plan *plan;        /* compact_memory: the large pool's planned placement (plan.c) */
 } cca_pool_t;
 
 typedef struct cca_stream_pool {
@@ -350,6 +353,7 @@ typedef struct cca_device {
     int64_t compact_stale_peak; /* requested_bytes' peak at the last cca_empty_cache (0: none):
                                    while the peak is still that one, it is not this phase's */
     bool compact_held_back;     /* the growth under way left free granules in place (the limit) */
+    bool compact_capped;        /* the growth under way met the limit at its cap */
     bool compact_unlimited;     /* the growth under way moves free granules whatever the limit */
 
     /* memory fraction */
@@ -401,6 +405,8 @@ typedef struct cca_device {
      * its access (peer.c; bits only added, under the device lock) */
     _Atomic uint64_t peer_mask;
 } cca_device_t;
+
+#include "plan.h" /* compact_memory's planned placement */
 
 /* The allocator, one per process. */
 typedef struct cca_state {
@@ -1034,6 +1040,7 @@ static inline cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, 
     b->oversize = false;
     b->mapped = true;
     b->aliased = false;
+    b->plan_serial = 0;
     b->stream_use_count = 0;
     b->stream_use_cap = CCA_INLINE_STREAMS;
     b->stream_uses = b->stream_uses_inline;
@@ -1453,6 +1460,17 @@ static inline cca_mempool_id_t pools_id_of(const cca_stream_pool_t *sp)
 /* Grow the pool's expandable segment to hold size bytes (PyTorch's
  * try_allocate_expandable_block); *out leaves its bin. CCA_ERR_OUT_OF_MEMORY: device full. */
 cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out);
+/* compact_memory's planned placement: map every granule of [addr, addr + size), free address
+ * space of pool's segment from c (the block holding addr) on, free granules moved there
+ * first as for a growth; within_limit: only the granules from addr on that moved granules
+ * and the room under the limit cover (device lock and the pool's lock held). */
+cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block_t *c, uintptr_t addr,
+                                  size_t size, bool within_limit);
+/* compact_memory's planned placement: address space for a plan of size bytes, free and
+ * unmapped: the top of one of pool's compact segments, else a new segment's start (device
+ * lock and the pool's lock held). */
+cca_status_t expandable_plan_range(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_segment_t **seg,
+                                   uintptr_t *base);
 /* get_free_block's step for an expandable best fit b: the block to use, or NULL. */
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b);
 /* Unmap the whole granules of a free expandable block; free an empty reservation. */

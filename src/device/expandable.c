@@ -549,6 +549,7 @@ static cca_status_t segment_release(cca_device_t *dev, cca_block_t *block)
     pool->expandable_segments--;
     if (pool->owner->private_pool)
         pool->owner->private_pool->segment_count--;
+    plan_segment_gone(pool, seg); /* a plan's range there goes with it */
     free(seg->es->handles);
     free(seg->es);
     free(seg);
@@ -1017,7 +1018,7 @@ void expandable_test_limit(bool off)
 #define COMPACT_MOVE_RAISE 8    /* the limit rises by 1/8 of each byte moved */
 #define COMPACT_LIMIT_CAP 200   /* parts in 10000: at most 2% over the most requested, */
 #define COMPACT_CAP_GRANULES 6  /* or at most this many granules over it, if more */
-static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held)
+static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held, bool *capped)
 {
     cca_device_stats_t now;
     stats_read_held(dev, &now, held);
@@ -1035,6 +1036,7 @@ static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held)
     cap += dev->compact_requested;
     if (dev->compact_high > limit)
         limit = dev->compact_high;
+    *capped = limit >= cap;
     return limit < cap ? limit : cap;
 }
 
@@ -1094,15 +1096,20 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
          * after warm-up; with the limit on aliases only, 20, a map and an unmap a step) */
         size_t g = dev->vmm_granularity;
         size_t after = dev->total_allocated_memory + target * g; /* lent ones map again */
-        size_t limit = compact_limit(dev, held);
+        size_t limit = compact_limit(dev, held, &dev->compact_capped);
         size_t excess = after > limit ? (after - limit + g - 1) / g : 0;
         if (dev->lent_count + excess < target) {
             target = dev->lent_count + excess;
             dev->compact_held_back = true;
         }
     }
+    /* last, the free granules of planned ranges (plan.c), as above: a growth the rest of
+     * the cache cannot cover takes them rather than new memory past the limit (the plan maps
+     * them again when their places come round) */
+    if (!held->private_pool)
+        passes += 4;
     for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
-        bool same_kind = pass % 2 == 0, alias = pass >= 2;
+        bool same_kind = pass % 2 == 0, alias = pass % 4 >= 2, in_plans = pass >= 4;
         cca_segment_t *seg = dev->segments;
         while (seg && st == CCA_OK && dev->lent_count < target) {
             cca_segment_t *next_seg = seg->next_seg;
@@ -1127,6 +1134,23 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
                     size_t above = granule_ceil(seg, keep_hi);
                     begin = begin > above ? begin : above;
                     kept = false;
+                } else if (kept) {
+                    /* a free block a planned place starts in (expandable_map_range): only its
+                     * granules below the place */
+                    size_t below = granule_floor(seg, keep_lo);
+                    end = end < below ? end : below;
+                    kept = false;
+                }
+                uintptr_t plan_lo, plan_hi;
+                if (!in_plans && plan_range(es->pool, seg, &plan_lo, &plan_hi) && b->addr < plan_hi &&
+                    b->addr + b->size > plan_lo) {
+                    /* a plan's range stays mapped (its places come round every step): only the
+                     * block's granules below it, or else above it */
+                    size_t pb = granule_floor(seg, plan_lo), pe = granule_ceil(seg, plan_hi);
+                    if (begin < pb)
+                        end = end < pb ? end : pb;
+                    else
+                        begin = begin > pe ? begin : pe;
                 }
                 if (!b->mapped || !allocatable(b) || begin >= end || kept) {
                     b = b->next;
@@ -1267,6 +1291,8 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
         if (dev->lent_count) {
             dev->compact_moves++;
             dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
+            if (dev->compact_capped) /* a need the limit could not grow to (plan.c) */
+                plan_note_moved(pool);
         }
     }
     /* under compact_memory the memory fraction is checked here (alloc_block does not): the
@@ -1295,6 +1321,130 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
     return CCA_OK;
 }
 
+/* The block of seg holding addr. */
+static cca_block_t *block_at(const cca_segment_t *seg, uintptr_t addr)
+{
+    cca_block_t *b = seg->head;
+    while (b && b->addr + b->size <= addr)
+        b = b->next;
+    return b;
+}
+
+cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block_t *c, uintptr_t addr,
+                                  size_t size, bool within_limit)
+{
+    cca_segment_t *seg = c->segment;
+    size_t g = seg->es->granule;
+    size_t lo = granule_floor(seg, addr), hi = granule_ceil(seg, addr + size);
+    uintptr_t lo_addr = granule_addr(seg, lo), hi_addr = granule_addr(seg, hi);
+    size_t need = 0;
+    for (const cca_block_t *b = c; b && b->addr < hi_addr; b = b->next)
+        if (!b->mapped) {
+            size_t b0 = granule_floor(seg, b->addr), b1 = granule_ceil(seg, b->addr + b->size);
+            need += (b1 < hi ? b1 : hi) - (b0 > lo ? b0 : lo);
+        }
+    if (!need)
+        return CCA_OK;
+    cca_status_t st = CCA_OK;
+    if (!atomic_load_explicit(&dev->route_count, memory_order_relaxed)) {
+        bool pending = false;
+        st = lend_free_granules(dev, pool->owner, need, seg, lo_addr, hi_addr, &pending);
+        if (pending && dev->lent_count < need)
+            dev->compact_pending_growths++;
+        if (dev->lent_count) {
+            dev->compact_moves++;
+            dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
+        }
+    }
+    /* every other granule of the range's segment may have been lent, the segment released */
+    bool here = false;
+    for (const cca_segment_t *s = dev->segments; s && !here; s = s->next_seg)
+        here = s == seg;
+    if (!here) {
+        if (dev->lent_count)
+            lent_release(dev, pool->owner, true);
+        return st != CCA_OK ? st : cca_raise(CCA_ERR_INTERNAL, "compact_memory: the plan's segment is gone");
+    }
+    if (within_limit && st == CCA_OK) {
+        /* as much of the range as the room under the limit maps (the granules lent are out
+         * of the reserved bytes until they are mapped again: inside that room) */
+        bool capped;
+        size_t limit = compact_limit(dev, pool->owner, &capped);
+        size_t room = limit > dev->total_allocated_memory ? (limit - dev->total_allocated_memory) / g : 0;
+        if (room < need) {
+            hi = lo + room;
+            hi_addr = granule_addr(seg, hi);
+            need = room;
+        }
+    }
+    if (st == CCA_OK && dev->set_fraction &&
+        dev->total_allocated_memory + (need - (need < dev->lent_count ? need : dev->lent_count)) * g >
+            dev->allowed_memory_maximum)
+        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "compact_memory: the memory fraction leaves no room");
+    /* lending may have split the blocks around the range (never those in it): from the start */
+    cca_block_t *b = st == CCA_OK ? block_at(seg, lo_addr) : NULL;
+    while (st == CCA_OK && b && b->addr < hi_addr) {
+        if (b->mapped) {
+            b = b->next;
+            continue;
+        }
+        cca_block_t *below = NULL;
+        if (b->addr < lo_addr) { /* the range's granules apart from the rest of b */
+            below = pool_block_new(pool, seg, b->addr, lo_addr - b->addr);
+            if (!below) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
+                break;
+            }
+            unmapped_remove(pool, b);
+            below->mapped = false;
+            splice(below, b->prev, b);
+            b->addr = lo_addr;
+            b->size -= below->size;
+            unmapped_insert(pool, below);
+            unmapped_insert(pool, b);
+        }
+        size_t n = hi_addr - b->addr < b->size ? hi_addr - b->addr : b->size;
+        cca_block_t *m = NULL;
+        st = map_block(dev, b, n, &m);
+        if (st == CCA_OK)
+            b = m->next;
+        else if (below)
+            merge_unmapped(pool, b, below); /* b unmapped as it was: one block again */
+    }
+    if (dev->lent_count)
+        lent_release(dev, pool->owner, true);
+    if (dev->total_allocated_memory > dev->compact_high)
+        dev->compact_high = dev->total_allocated_memory;
+    return st;
+}
+
+cca_status_t expandable_plan_range(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_segment_t **seg,
+                                   uintptr_t *base)
+{
+    for (cca_segment_t *s = dev->segments; s; s = s->next_seg) {
+        if (!s->es || !s->es->compact || s->es->pool != pool)
+            continue;
+        cca_block_t *top = s->head;
+        while (top->next)
+            top = top->next;
+        uintptr_t start = granule_addr(s, granule_ceil(s, top->addr));
+        if (!top->mapped && allocatable(top) && start + size <= top->addr + top->size) {
+            *seg = s;
+            *base = start;
+            return CCA_OK;
+        }
+    }
+    cca_block_t *block = NULL;
+    cca_status_t st = segment_create(dev, pool, &block);
+    if (st != CCA_OK)
+        return st;
+    if (size > block->size)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "compact_memory: a plan larger than a segment");
+    *seg = block->segment;
+    *base = block->addr;
+    return CCA_OK;
+}
+
 /*
  * The growth (expandable_try). With compact_memory, a growth under the limit
  * maps new memory rather than move free granules; where the device has no
@@ -1305,6 +1455,7 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
 cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out)
 {
     dev->compact_held_back = false;
+    dev->compact_capped = false;
     cca_status_t st = expandable_try(dev, pool, size, out);
     if (st == CCA_ERR_OUT_OF_MEMORY && dev->compact_held_back) {
         dev->compact_unlimited = true;

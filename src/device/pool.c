@@ -117,6 +117,7 @@ void pool_stream_pool_delete(cca_stream_pool_t *sp)
     if (cca_state->ptrmap)
         ptrmap_pool_gone(cca_state->ptrmap, &sp->lock);
     stats_log_release(sp);
+    plan_delete(&sp->large);
     free(sp);
 }
 

@@ -433,6 +433,20 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     return st;
 }
 
+static void for_each_pool_locked(cca_device_t *dev, void (*fn)(cca_stream_pool_t *, void *), void *arg);
+
+static void plan_reset_pool(cca_stream_pool_t *sp, void *arg)
+{
+    (void)arg;
+    plan_reset(&sp->large);
+}
+
+static void plan_count_pool(cca_stream_pool_t *sp, void *arg)
+{
+    uint64_t *n = arg;
+    plan_count(&sp->large, &n[0], &n[1], &n[2]);
+}
+
 cca_status_t cca_empty_cache(void)
 {
     cca_status_t st = state_ensure();
@@ -448,6 +462,8 @@ cca_status_t cca_empty_cache(void)
         st = release_cached_blocks_locked(dev, NULL);
         if (st == CCA_OK)
             expandable_restart_limit(dev);
+        if (st == CCA_OK)
+            for_each_pool_locked(dev, plan_reset_pool, NULL); /* a new phase */
         if (st == CCA_OK)
             st = events_destroy_pooled(dev);
         if (st == CCA_OK)
@@ -541,6 +557,7 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
     if (st != CCA_OK)
         return st;
     uint64_t moves = 0, moved = 0, pending = 0, syncs = 0, aliased = 0;
+    uint64_t plans[3] = {0, 0, 0}; /* plans made, requests placed, requests that missed */
     if (!async_enabled()) {
         cca_device_t *dev = &cca_state->devices[device];
         pthread_mutex_lock(&dev->lock);
@@ -549,6 +566,7 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
         pending = dev->compact_pending_growths;
         syncs = dev->compact_syncs;
         aliased = dev->compact_aliased_bytes;
+        for_each_pool_locked(dev, plan_count_pool, plans);
         pthread_mutex_unlock(&dev->lock);
     }
     out[0] = (cca_stat_entry_t){"cca.cached_free_bytes", (int64_t)cached};
@@ -556,8 +574,11 @@ cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t co
     out[2] = (cca_stat_entry_t){"cca.compact_moved_bytes", (int64_t)moved};
     out[3] = (cca_stat_entry_t){"cca.compact_moves", (int64_t)moves};
     out[4] = (cca_stat_entry_t){"cca.compact_pending_growths", (int64_t)pending};
-    out[5] = (cca_stat_entry_t){"cca.compact_syncs", (int64_t)syncs};
-    out[6] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
+    out[5] = (cca_stat_entry_t){"cca.compact_plan_misses", (int64_t)plans[2]};
+    out[6] = (cca_stat_entry_t){"cca.compact_planned_allocations", (int64_t)plans[1]};
+    out[7] = (cca_stat_entry_t){"cca.compact_plans", (int64_t)plans[0]};
+    out[8] = (cca_stat_entry_t){"cca.compact_syncs", (int64_t)syncs};
+    out[9] = (cca_stat_entry_t){"cca.largest_free_bytes", (int64_t)largest};
     return CCA_OK;
 }
 

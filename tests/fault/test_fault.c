@@ -20,6 +20,7 @@
 #include "async.h"
 #include "device.h"
 #include "harness.h"
+#include "plan_loop.h"
 
 #define MiB ((size_t)1 << 20)
 #define S1 ((cca_stream_t)(uintptr_t)0x1000)
@@ -566,6 +567,36 @@ static void scenario_compact_alias(void)
     do_malloc(100 * MiB, 0, S1);     /* beyond the cap: aliases, releases, or OOM */
 }
 
+/* compact_memory's planned placement (plans forced: on this device the six-granule cap never
+ * leaves a loop moving at it): a loop of 32 large requests (tests/plan_loop.h, seed 4, sizes
+ * a 32nd) repeated 8 times on one stream, planned after its second period, its range mapped at
+ * the start and then a place at a time, the old layout's granules lent; each request checked
+ * (a failed one leaves its block missing), the stream's events completed at each step's end. */
+static void scenario_compact_plan(void)
+{
+    plan_test_force(true);
+    plan_loop_t l;
+    plan_loop_init(&l, 4, 32, 32, NULL);
+    for (int step = 0; step < 8; step++) {
+        for (int j = 0; j < l.n; j++, l.t++) {
+            for (int k = 0; k < 2 * l.n; k++)
+                if (l.live[k] && l.dies[k] <= l.t) {
+                    step_check(cca_free(l.live[k]), "cca_free");
+                    l.live[k] = NULL;
+                }
+            int slot = (int)(l.t % (2 * l.n));
+            cca_status_t st = cca_malloc(&l.live[slot], l.size[j], NULL);
+            if (st != CCA_OK)
+                l.live[slot] = NULL;
+            step_check(st, "cca_malloc");
+            l.dies[slot] = l.t + l.life[j];
+        }
+        step_check(cca_sim_complete_stream(sim, 0, NULL, false), "complete the stream");
+    }
+    plan_loop_end(&l);
+    plan_test_force(false);
+}
+
 typedef struct scenario {
     const char *name;
     void (*run)(void);
@@ -590,6 +621,7 @@ static const scenario_t scenarios[] = {
     {"compact", scenario_compact, "compact_memory:True", 120 * MiB},
     {"pools_allocator", scenario_pools_allocator, "", 0},
     {"compact_alias", scenario_compact_alias, "compact_memory:True", 120 * MiB},
+    {"compact_plan", scenario_compact_plan, "compact_memory:True", 120 * MiB},
 };
 
 static void setup(const scenario_t *sc)
@@ -740,6 +772,7 @@ TEST(fault_pools_reuse) { fault_loops(&scenarios[12]); }
 TEST(fault_compact) { fault_loops(&scenarios[13]); }
 TEST(fault_pools_allocator) { fault_loops(&scenarios[14]); }
 TEST(fault_compact_alias) { fault_loops(&scenarios[15]); }
+TEST(fault_compact_plan) { fault_loops(&scenarios[16]); }
 
 int main(void)
 {
@@ -760,6 +793,7 @@ int main(void)
     RUN(fault_compact);
     RUN(fault_pools_allocator);
     RUN(fault_compact_alias);
+    RUN(fault_compact_plan);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

@@ -11,7 +11,8 @@
  *    at once, an allocator of the pool's own (the backend's memory through
  *    the user's functions), each status checked against the pool's use count, the
  *    simulated capture graph driven for graph_capture_record_stream_reuse,
- *    on with bit 3 of the first byte); after
+ *    on with bit 3 of the first byte), loops of large requests repeated a few
+ *    times (planned under compact_memory, plan.c); after
  *    every operation the invariant checker must pass;
  *    when the first byte's second bit is set too, the same operations run
  *    with backend:cudaMallocAsync (its routes are PyTorch's graph captures
@@ -39,6 +40,7 @@
 #include "check.h"
 #include "runtime.h"
 #include "device.h"
+#include "plan.h"
 
 #define MiB ((size_t)1 << 20)
 #define DEVICE_MEMORY (256 * MiB)
@@ -523,10 +525,47 @@ static void release_pools(bool async)
         }
 }
 
+/* A loop of 16 to 31 large requests (sizes and lifetimes from the input, each block freed by
+ * the loop's end) repeated 3 to 6 times on one stream: under compact_memory its pool plans it
+ * (plan_test_force) and serves its later rounds at the planned places. */
+static const char *loop_op(reader_t *r)
+{
+    uint8_t b = next_byte(r);
+    int n = 16 + b % 16, rounds = 3 + (b >> 4) % 4;
+    int device = (b >> 6) & 1;
+    cca_stream_t stream = streams[(b >> 7) * 2];
+    size_t sizes[31];
+    long life[31];
+    for (int k = 0; k < n; k++) {
+        sizes[k] = MiB + 1 + (size_t)next_byte(r) * 64 * 1024;
+        life[k] = 1 + next_byte(r) % (n - k);
+    }
+    void *held[62] = {NULL};
+    long dies[62] = {0}, t = 0;
+    for (int round = 0; round < rounds; round++)
+        for (int j = 0; j < n; j++, t++) {
+            for (int k = 0; k < 2 * n; k++)
+                if (held[k] && dies[k] <= t) {
+                    CHECK(cca_free(held[k]) == CCA_OK, "loop free: %s", cca_last_error()->message);
+                    held[k] = NULL;
+                }
+            int slot = (int)(t % (2 * n));
+            cca_status_t st = cca_malloc_device(&held[slot], sizes[j], device, stream);
+            CHECK(st == CCA_OK || st == CCA_ERR_OUT_OF_MEMORY, "loop malloc: %s", cca_last_error()->message);
+            if (st != CCA_OK)
+                held[slot] = NULL;
+            dies[slot] = t + life[j];
+        }
+    for (int k = 0; k < 2 * n; k++)
+        if (held[k])
+            CHECK(cca_free(held[k]) == CCA_OK, "loop free: %s", cca_last_error()->message);
+    return "a repeated loop";
+}
+
 static void run_general(reader_t *r, bool async)
 {
     for (int op = 0; op < MAX_OPS && r->pos < r->size; op++) {
-        uint8_t code = next_byte(r) % 14;
+        uint8_t code = next_byte(r) % 15;
         const char *what = "?";
         if (code < 4 || nlive == 0) {
             what = "cca_malloc";
@@ -569,6 +608,8 @@ static void run_general(reader_t *r, bool async)
             size_t n = 0;
             CHECK(cca_peer_access_list(peer, peers, 2, &n) == CCA_OK && n == 1 && peers[0] == device,
                   "peer list of %d", peer);
+        } else if (code == 14) {
+            what = loop_op(r);
         } else if (code >= 12) {
             what = pool_op(next_byte(r), async);
         } else if (code == 11) {
@@ -660,6 +701,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                           : !model_mode ? general[((data[0] >> 2) & 1) | ((data[0] >> 2) & 2)]
                                         : "";
     CHECK(cca_init_with_backend(sim, initial) == CCA_OK, "init: %s", cca_last_error()->message);
+    plan_test_force(true); /* (loop_op's loops planned whether they moved granules or not) */
     nlive = 0;
     nhandles = 0;
     memset(routed, 0, sizeof(routed));

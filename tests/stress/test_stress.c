@@ -24,6 +24,12 @@
  * 64 MiB of its memory: at most a large granule short). An OOM while no
  * route was active at any point of the call fails the test, as does one of
  * the 64 GiB plain-segment run.
+ * A last run gives each of 8 threads a loop of its own stream repeated every
+ * step (tests/plan_loop.h) under compact_memory, plans made for them
+ * (plan_test_force): planned placements, their maps and the lending between
+ * the threads' segments meet under the locks, blocks patterned as above,
+ * while another thread reads the statistics and empties the cache (which
+ * forgets the plans).
  * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread,
  * STRESS_MEMORY_MB the memory of the 8 GiB devices (a small one makes OOMs
  * under routes frequent).
@@ -39,6 +45,8 @@
 #include "runtime.h"
 #include "device.h"
 #include "harness.h"
+#include "plan.h"
+#include "plan_loop.h"
 
 #define THREADS 16
 #define STREAMS 16
@@ -325,13 +333,13 @@ static void run_stress(const char *settings, size_t total_memory)
         cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
         expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
         expect_eq_str(extra[4].key, "cca.compact_pending_growths");
-        expect_eq_str(extra[5].key, "cca.compact_syncs");
+        expect_eq_str(extra[8].key, "cca.compact_syncs");
         printf("stress %s: %lld growths moved %lld MiB of free granules, %lld took new memory "
                "past granules still pending\n", settings, (long long)extra[3].value,
                (long long)(extra[2].value >> 20), (long long)extra[4].value);
         if (moving_expected)
             expect_true(extra[3].value > 0);
-        expect_eq_i64(extra[5].value, 0);
+        expect_eq_i64(extra[8].value, 0);
     }
     cca_shutdown();
 }
@@ -351,11 +359,124 @@ TEST(threads_streams_events_compact_moving)
     expandable_test_limit(false);
 }
 
+/* ---- planned placement under threads ------------------------------------------------- */
+
+#define PLAN_THREADS 8
+#define PLAN_STEPS 40
+static atomic_bool plan_workers_done;
+
+/* One thread's loop (plan_loop's requests and frees, each block patterned). */
+static void *plan_worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    static const unsigned seeds[PLAN_THREADS] = {1, 3, 4, 7, 8, 9, 10, 12};
+    plan_loop_t l;
+    plan_loop_init(&l, seeds[id], 48, 16, streams[id + 1]);
+    item_t live[2 * PLAN_LOOP_MAX] = {{0}};
+    long dies[2 * PLAN_LOOP_MAX] = {0};
+    uint64_t rng = 0x91a0000ull + (uint64_t)id;
+    for (int step = 0; step < PLAN_STEPS; step++) {
+        for (int j = 0; j < l.n; j++, l.t++) {
+            for (int k = 0; k < 2 * l.n; k++)
+                if (live[k].ptr && dies[k] <= l.t) {
+                    check_and_free(&live[k], &rng);
+                    live[k].ptr = NULL;
+                }
+            int slot = (int)(l.t % (2 * l.n));
+            item_t it = {NULL, l.size[j], rng_next(&rng)};
+            if (cca_malloc((void **)&it.ptr, it.size, l.stream) != CCA_OK) {
+                atomic_fetch_add(&errors, 1);
+                printf("  plan loop %d: malloc(%zu) failed: %s\n", id, it.size, cca_last_error()->message);
+                continue;
+            }
+            pattern(&it, true, NULL);
+            live[slot] = it;
+            dies[slot] = l.t + l.life[j];
+        }
+    }
+    for (int k = 0; k < 2 * l.n; k++)
+        if (live[k].ptr)
+            check_and_free(&live[k], &rng);
+    return NULL;
+}
+
+/* Reads the statistics and, now and then, empties the cache while the loops run. */
+static void *plan_reader(void *arg)
+{
+    (void)arg;
+    uint64_t rng = 0x7ead;
+    while (!atomic_load(&plan_workers_done)) {
+        cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+        cca_device_stats_t s;
+        if (cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT) != CCA_OK ||
+            cca_get_device_stats(0, &s) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+        if (rng_next(&rng) % 64 == 0 && cca_empty_cache() != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+        cca_sim_complete_stream(sim, 0, streams[1 + rng_next(&rng) % PLAN_THREADS], false);
+        sched_yield();
+    }
+    return NULL;
+}
+
+TEST(threads_planned_loops)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    cfg.backed = true;
+    cfg.manual_events = true;
+    for (int i = 0; i < STREAMS; i++)
+        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
+    atomic_store(&bad_patterns, 0);
+    atomic_store(&errors, 0);
+    atomic_store(&plan_workers_done, false);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "compact_memory:True") != CCA_OK) {
+        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+        return;
+    }
+    plan_test_force(true);
+    pthread_t workers[PLAN_THREADS], reader;
+    pthread_create(&reader, NULL, plan_reader, NULL);
+    for (int i = 0; i < PLAN_THREADS; i++)
+        pthread_create(&workers[i], NULL, plan_worker, (void *)(intptr_t)i);
+    for (int i = 0; i < PLAN_THREADS; i++)
+        pthread_join(workers[i], NULL);
+    atomic_store(&plan_workers_done, true);
+    pthread_join(reader, NULL);
+    plan_test_force(false);
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("after the threads: %s", why);
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    expect_eq_str(extra[6].key, "cca.compact_planned_allocations");
+    expect_eq_str(extra[7].key, "cca.compact_plans");
+    printf("stress planned loops: %d threads, %lld plans, %lld requests placed by them, %lld missed\n",
+           PLAN_THREADS, (long long)extra[7].value, (long long)extra[6].value, (long long)extra[5].value);
+    expect_true(extra[7].value >= PLAN_THREADS / 2);
+    expect_true(extra[6].value > 0);
+    expect_ok(cca_sim_complete_stream(sim, 0, NULL, true));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.allocated_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    cca_sim_usage_t u;
+    expect_ok(cca_sim_usage(sim, &u));
+    expect_eq_u64(u.device_bytes[0], 0);
+    expect_eq_u64(u.live_handles, 0);
+    expect_eq_u64(atomic_load(&bad_patterns), 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(threads_streams_events);
     RUN(threads_streams_events_expandable);
     RUN(threads_streams_events_compact);
     RUN(threads_streams_events_compact_moving);
+    RUN(threads_planned_loops);
     return harness_done();
 }

@@ -4,8 +4,9 @@
  * for both pools, free granules in the middle of a segment lent to the
  * growth of another stream's and of the other kind's segment (reserved
  * memory does not grow), a steady loop whose peak stays after its first
- * steps, the same sequences without the mode as the control, and
- * the fragmentation figures of cca_cache_info and the out-of-memory message.
+ * steps, the same sequences without the mode as the control,
+ * the fragmentation figures of cca_cache_info and the out-of-memory message,
+ * and the planned placement of a loop that keeps moving granules (plan.c).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,6 +15,8 @@
 #include "check.h"
 #include "device.h"
 #include "harness.h"
+#include "plan.h"
+#include "plan_loop.h"
 #include "runtime.h"
 
 #define MiB ((size_t)1 << 20)
@@ -337,6 +340,103 @@ TEST(compact_steady_loop_stays_bounded)
     cca_shutdown();
 }
 
+/* Maps of steps [from, to) of a plan_loop of seed 4 (48 requests, a quiet phase), with plans
+ * made or not; *ratio: peak reserved / peak requested at the end. */
+static int64_t loop_maps(bool plans, int from, int to, double *ratio)
+{
+    setup_with("compact_memory:True", 16ull << 30);
+    plan_test_off(!plans);
+    plan_loop_t l;
+    plan_loop_init(&l, 4, 48, 1, NULL);
+    int64_t maps = 0;
+    for (int step = 0; step < to; step++) {
+        int64_t before = stats().num_device_alloc;
+        expect_ok(plan_loop_step(&l));
+        if (step >= from)
+            maps += stats().num_device_alloc - before;
+    }
+    cca_device_stats_t s = stats();
+    *ratio = (double)s.reserved_bytes[CCA_STAT_ALL].peak / (double)s.requested_bytes[CCA_STAT_ALL].peak;
+    expect_true(invariants_hold());
+    plan_loop_end(&l);
+    plan_test_off(false);
+    return maps;
+}
+
+TEST(compact_plan_settles_a_loop_that_keeps_moving)
+{
+    /* the control: best fit at the limit's cap moves granules at every step */
+    double control = 0, planned = 0;
+    int64_t moving = loop_maps(false, 15, 30, &control);
+    expect_true(moving >= 15);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 0);
+    cca_shutdown();
+    /* planned: one plan, every later step served at its places, nothing mapped */
+    int64_t settled = loop_maps(true, 15, 30, &planned);
+    expect_eq_i64(settled, 0);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    expect_true(extra_stat("cca.compact_planned_allocations") >= 15 * 48);
+    expect_eq_i64(extra_stat("cca.compact_plan_misses"), 0);
+    expect_true(planned <= control + 0.001); /* and no more memory than moving took */
+    expect_true(planned <= 1.0201);
+    ends_empty();
+}
+
+TEST(compact_plan_drops_when_the_loop_changes)
+{
+    double ratio;
+    loop_maps(true, 0, 12, &ratio);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    int64_t placed = extra_stat("cca.compact_planned_allocations");
+    expect_true(placed > 0);
+    /* another loop on the same stream: its sizes miss their phases, the plan goes after a
+     * period and nothing is placed at the old places from then on */
+    plan_loop_t other;
+    plan_loop_init(&other, 9, 48, 1, NULL);
+    for (int step = 0; step < 3; step++)
+        expect_ok(plan_loop_step(&other));
+    int64_t missed = extra_stat("cca.compact_plan_misses");
+    expect_true(missed > 48 / 8);
+    int64_t after_drop = extra_stat("cca.compact_planned_allocations");
+    expect_true(after_drop - placed <= 48);
+    expect_ok(plan_loop_step(&other));
+    expect_eq_i64(extra_stat("cca.compact_planned_allocations"), after_drop);
+    expect_eq_i64(extra_stat("cca.compact_plan_misses"), missed);
+    expect_true(invariants_hold());
+    plan_loop_end(&other);
+    ends_empty();
+}
+
+TEST(compact_plan_forgotten_at_empty_cache)
+{
+    double ratio;
+    loop_maps(true, 0, 12, &ratio);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    plan_loop_t l;
+    plan_loop_init(&l, 4, 48, 1, NULL);
+    expect_ok(cca_empty_cache()); /* a new phase: the plan and its record go */
+    int64_t placed = extra_stat("cca.compact_planned_allocations");
+    for (int step = 0; step < 2; step++)
+        expect_ok(plan_loop_step(&l));
+    expect_eq_i64(extra_stat("cca.compact_planned_allocations"), placed);
+    expect_true(invariants_hold());
+    plan_loop_end(&l);
+    ends_empty();
+}
+
+TEST(compact_plan_only_for_the_default_pools_large_requests)
+{
+    /* the same loop scaled under 1 MiB (small requests) never gets a plan */
+    setup_with("compact_memory:True", 16ull << 30);
+    plan_loop_t l;
+    plan_loop_init(&l, 4, 48, 1024, NULL);
+    for (int step = 0; step < 20; step++)
+        expect_ok(plan_loop_step(&l));
+    expect_eq_i64(extra_stat("cca.compact_plans"), 0);
+    plan_loop_end(&l);
+    ends_empty();
+}
+
 TEST(compact_fragmentation_in_oom_message)
 {
     setup_with("compact_memory:True", 64 * MiB);
@@ -351,8 +451,8 @@ TEST(compact_fragmentation_in_oom_message)
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
     expect_eq_str(extra[0].key, "cca.cached_free_bytes");
     expect_eq_i64(extra[0].value, (int64_t)cached);
-    expect_eq_str(extra[6].key, "cca.largest_free_bytes");
-    expect_eq_i64(extra[6].value, (int64_t)largest);
+    expect_eq_str(extra[9].key, "cca.largest_free_bytes");
+    expect_eq_i64(extra[9].value, (int64_t)largest);
     expect_status(cca_memory_stats_extra(0, extra, 2), CCA_ERR_INVALID_ARGUMENT);
     void *d = NULL;
     expect_status(cca_malloc(&d, 100 * MiB, NULL), CCA_ERR_OUT_OF_MEMORY);
@@ -1131,6 +1231,10 @@ int main(void)
     RUN(compact_lends_a_hole_to_other_streams_and_kinds);
     RUN(compact_keeps_the_growing_run);
     RUN(compact_steady_loop_stays_bounded);
+    RUN(compact_plan_settles_a_loop_that_keeps_moving);
+    RUN(compact_plan_drops_when_the_loop_changes);
+    RUN(compact_plan_forgotten_at_empty_cache);
+    RUN(compact_plan_only_for_the_default_pools_large_requests);
     RUN(compact_fragmentation_in_oom_message);
     RUN(compact_takes_the_growths_own_kind_first);
     RUN(compact_growth_outlives_its_released_segment);
