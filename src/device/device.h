@@ -759,21 +759,40 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
                                                                  const int64_t d[OPS_COUNT],
                                                                  const int8_t sign[OPS_COUNT])
 {
+    if (mode == OPS_LOCKED) {
+        /* type's rows and the other kind's values, addressed once: indexed through the
+         * table at every statistic, the row's address was computed anew for each (a row
+         * is 64 or 128 bytes, more than an address's scale) */
+        int64_t *cur = t->cur[type], *peak = t->peak[type];
+        ops_count_t *n = t->n[type];
+        const int64_t *other = t->cur[CCA_STAT_SMALL_POOL + CCA_STAT_LARGE_POOL - type];
+#pragma GCC unroll 8
+        for (int k = 0; k < OPS_OVERSIZE; k++) {
+            if (!sign[k] && !d[k]) /* a known sign: the update runs even for 0, a no-op */
+                continue;
+            int64_t c = cur[k] + d[k]; /* one writer at a time, every reader behind the same lock */
+            cur[k] = c;
+            if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
+                if (c > peak[k])
+                    peak[k] = c;
+                n[k].allocated += d[k];
+                /* the ALL entry is the two kinds' sum (stats_fill_ops); only its peak is
+                 * kept, raised from the sum this update produced */
+                int64_t all = c + other[k];
+                if (all > t->peak[CCA_STAT_ALL][k])
+                    t->peak[CCA_STAT_ALL][k] = all;
+            } else {
+                n[k].freed -= d[k];
+            }
+        }
+        if (sign[OPS_OVERSIZE] || d[OPS_OVERSIZE])
+            ops_add(t, own, mode, OPS_OVERSIZE, CCA_STAT_ALL, d[OPS_OVERSIZE], sign[OPS_OVERSIZE]);
+        return;
+    }
 #pragma GCC unroll 8
     for (int k = 0; k < OPS_COUNT; k++) {
         if (!sign[k] && !d[k]) /* a known sign: the update runs even for 0, a no-op */
             continue;
-        if (mode == OPS_LOCKED && k != OPS_OVERSIZE) {
-            /* locked: the ALL entry is the two kinds' sum (stats_fill_ops); only its
-             * peak is kept, raised from the sum this update produced */
-            ops_add(t, own, mode, k, type, d[k], sign[k]);
-            if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
-                int64_t all = t->cur[CCA_STAT_SMALL_POOL][k] + t->cur[CCA_STAT_LARGE_POOL][k];
-                if (all > t->peak[CCA_STAT_ALL][k])
-                    t->peak[CCA_STAT_ALL][k] = all;
-            }
-            continue;
-        }
         ops_add(t, own, mode, k, CCA_STAT_ALL, d[k], sign[k]);
         if (k != OPS_OVERSIZE)
             ops_add(t, own, mode, k, type, d[k], sign[k]);
