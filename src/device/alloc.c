@@ -1054,14 +1054,8 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
         cca_stream_pool_t *only = pool_of_lock(solo);
         if (only->small.held || only->large.held)
             pool_flush(only); /* first: the decision below is then pool_free_block's */
-        block = pair_block(only, (uintptr_t)ptr);
-        if (block) { /* the cached pair's free: held back, left in the map, as below */
-            hold_returned(only->device, block, false);
-            cca_spin_unlock(solo);
-            if (context)
-                trace_context_release();
-            return CCA_OK;
-        }
+        /* (no pair_block first: the cached pair's frees come through the express paths, and
+         * a block it would find is found here and held back below, with the same steps) */
         link = ptrmap_find_link_solo(S->ptrmap, (uintptr_t)ptr);
         block = link ? *link : NULL;
     } else {
