@@ -170,16 +170,25 @@ static inline __attribute__((always_inline)) void cca_spin_leave(cca_spinlock_t 
     atomic_store_explicit(entered == CCA_SPIN_BIASED ? &l->busy : &l->locked, 0, memory_order_release);
 }
 
-static inline __attribute__((always_inline)) void cca_spin_lock(cca_spinlock_t *l)
+/* cca_spin_lock that says how it entered (CCA_SPIN_BIASED or CCA_SPIN_WORD): a caller that
+ * keeps the answer leaves with cca_spin_leave, without cca_spin_unlock's questions (the
+ * owner, the thread's token, busy). */
+static inline __attribute__((always_inline)) int cca_spin_enter(cca_spinlock_t *l)
 {
     const void *owner = atomic_load_explicit(&l->owner, memory_order_relaxed);
     if (owner && owner == &cca_thread_token && cca_spin_bias_enter(l))
-        return;
+        return CCA_SPIN_BIASED;
     if (atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
         cca_spin_lock_slow(l);
     /* once revoked, the revoker waited for the owner under this lock word: nobody is inside */
     if (owner && !atomic_load_explicit(&l->revoked, memory_order_relaxed))
         cca_spin_bias_take(l);
+    return CCA_SPIN_WORD;
+}
+
+static inline __attribute__((always_inline)) void cca_spin_lock(cca_spinlock_t *l)
+{
+    (void)cca_spin_enter(l);
 }
 
 static inline __attribute__((always_inline)) bool cca_spin_trylock(cca_spinlock_t *l)

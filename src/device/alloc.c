@@ -721,14 +721,15 @@ static __attribute__((noinline)) cca_status_t malloc_compact(cca_device_t *dev, 
 /*
  * The rest of an allocation from sp past its held-back block: best fit in
  * the pool (held blocks merged first), else the slow path; sp's lock held on
- * entry, released; unpins a private pool's sp, releases the trace context.
+ * entry (entered: how, cca_spin_enter), released; unpins a private pool's
+ * sp, releases the trace context.
  * Inline in malloc_general, which is out of line: the express path stays short.
  */
 static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_device_t *dev,
                                                                        cca_stream_pool_t *sp,
-                                                                       cca_pool_t *pool, size_t rsize,
-                                                                       size_t size, bool context,
-                                                                       void **ptr)
+                                                                       int entered, cca_pool_t *pool,
+                                                                       size_t rsize, size_t size,
+                                                                       bool context, void **ptr)
 {
     cca_status_t st;
     if (sp->small.held || sp->large.held)
@@ -742,9 +743,9 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
     block = get_free_block(dev, pool, rsize, true);
     if (block) {
         st = alloc_found_block_inline(dev, pool, &block, rsize, size, -1, false);
-        cca_spin_unlock(&sp->lock);
+        cca_spin_leave(&sp->lock, entered);
     } else {
-        cca_spin_unlock(&sp->lock);
+        cca_spin_leave(&sp->lock, entered);
         st = malloc_slow(dev, sp, pool, rsize, size, &block);
     }
     return malloc_done(sp, context, st, block, ptr);
@@ -841,14 +842,14 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     size_t rsize = round_size(&S->settings, size);
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
-    cca_spin_lock(&sp->lock);
+    int entered = cca_spin_enter(&sp->lock); /* (nothing below leaves it and enters it again) */
     cca_block_t *block = pool->held ? held_fit(pool, rsize) : NULL;
     if (block) { /* the cached pair's */
         st = alloc_held_block(dev, pool, block, size);
-        cca_spin_unlock(&sp->lock);
+        cca_spin_leave(&sp->lock, entered);
         return malloc_done(sp, context, st, block, ptr);
     }
-    return malloc_locked(dev, sp, pool, rsize, size, context, ptr);
+    return malloc_locked(dev, sp, entered, pool, rsize, size, context, ptr);
 }
 
 /* cca_malloc past its express path, on the backend's current device: out of line, so that
@@ -1048,7 +1049,8 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_ALL); /* outside the locks */
     /* solo mode (one stream pool in the process): its lock guards the map too, and the
      * block is taken out of the map below, unless it is held back (pool_may_hold) */
-    cca_spinlock_t *solo = ptrmap_solo_lock(S->ptrmap);
+    int entered = 0; /* how the lock held was entered (cca_spin_enter) */
+    cca_spinlock_t *solo = ptrmap_solo_enter(S->ptrmap, &entered);
     cca_block_t **link = NULL, *block;
     if (solo) {
         cca_stream_pool_t *only = pool_of_lock(solo);
@@ -1065,7 +1067,7 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
         if (block && solo) /* (no stream pool is made in the uncached mode: cannot be) */
             ptrmap_unlink_solo(S->ptrmap, link);
         if (solo)
-            cca_spin_unlock(solo);
+            cca_spin_leave(solo, entered);
         if (context)
             trace_context_release();
         return block ? uncached_free(block) : pool_invalid_pointer("cca_free", ptr);
@@ -1077,10 +1079,10 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
     bool plain = false;
     if (solo && solo != &sp->lock) { /* cannot be: solo mode's pool is the only one */
         ptrmap_unlink_solo(S->ptrmap, link);
-        cca_spin_unlock(solo);
-        cca_spin_lock(&sp->lock);
+        cca_spin_leave(solo, entered);
+        entered = cca_spin_enter(&sp->lock);
     } else if (!solo) { /* the shards' mode */
-        cca_spin_lock(&sp->lock);
+        entered = cca_spin_enter(&sp->lock);
     } else if (block->stream_use_count || !pool_may_hold(block->pool, block)) {
         ptrmap_unlink_solo(S->ptrmap, link);
         plain = true; /* its pool's held blocks flushed above, pool_may_hold said no */
@@ -1114,7 +1116,7 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
                 pool_free_block(dev, block, false);
         }
     }
-    cca_spin_unlock(&sp->lock);
+    cca_spin_leave(&sp->lock, entered); /* (nothing above leaves it and enters it again) */
     if (context)
         trace_context_release();
     return st;

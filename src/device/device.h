@@ -444,18 +444,25 @@ struct cca_ptrmap_head {
     _Atomic(cca_spinlock_t *) solo; /* the only stream pool's lock; NULL: the shards' */
 };
 /* In solo mode, the only stream pool's lock, taken (then no shard lock is needed while it
- * is held); else NULL, nothing taken. */
-static inline cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
+ * is held), *entered how (cca_spin_enter); else NULL, nothing taken. */
+static inline __attribute__((always_inline)) cca_spinlock_t *ptrmap_solo_enter(struct cca_ptrmap *m,
+                                                                               int *entered)
 {
     struct cca_ptrmap_head *h = (struct cca_ptrmap_head *)(void *)m;
     cca_spinlock_t *solo = atomic_load_explicit(&h->solo, memory_order_acquire);
     if (!solo)
         return NULL;
-    cca_spin_lock(solo);
+    *entered = cca_spin_enter(solo);
     if (atomic_load_explicit(&h->solo, memory_order_relaxed) == solo)
         return solo;
-    cca_spin_unlock(solo); /* solo mode ended meanwhile */
+    cca_spin_leave(solo, *entered); /* solo mode ended meanwhile */
     return NULL;
+}
+/* ptrmap_solo_enter for a caller that leaves with cca_spin_unlock. */
+static inline cca_spinlock_t *ptrmap_solo_lock(struct cca_ptrmap *m)
+{
+    int entered;
+    return ptrmap_solo_enter(m, &entered);
 }
 /* The solo mode's lock, not taken (for a caller holding every stream pool lock), or NULL. */
 cca_spinlock_t *ptrmap_solo(struct cca_ptrmap *m);
