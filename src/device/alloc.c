@@ -751,26 +751,35 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
     return malloc_done(sp, context, st, block, ptr);
 }
 
-/*
- * The express pair's allocation, tried first: a request of size bytes on the
- * thread's last stream pool (pool_cache) whose held block is ready for the
- * again update (pool->express: set where the free held it, cleared by any
- * other use of the pool), taken as alloc_held_block's again branch takes it,
- * with malloc_on's conditions for that branch checked at once (history being
- * recorded, with a context or without, sends it back: cca_trace_active, under
- * the lock). False: nothing done, malloc_on decides.
- */
-static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, int device, void **ptr,
-                                                                 size_t size, cca_stream_t stream)
+/* Whether the thread's last stream pool (pool_cache) is the one of (device, stream), the one
+ * pool_stream_get would give. */
+static inline __attribute__((always_inline)) bool pool_cache_has(int device, cca_stream_t stream)
 {
     /* (a device index the cache holds is valid while the state's generation is its own; the
      * asynchronous backend and the uncached mode, fixed for a state's life, never fill the
      * cache: malloc_on leaves before pool_stream_get) */
-    if (pool_cache.device_index != device || pool_cache.stream != stream ||
-        pool_cache.generation != atomic_load_explicit(&state_generation, memory_order_relaxed))
-        return false;
+    return pool_cache.device_index == device && pool_cache.stream == stream &&
+           pool_cache.generation == atomic_load_explicit(&state_generation, memory_order_relaxed);
+}
+
+/*
+ * The express pair's allocation, tried first where pool_cache_has said yes: a
+ * request of size bytes on the thread's last stream pool whose held block is
+ * ready for the again update (pool->express: set where the free held it,
+ * cleared by any other use of the pool), taken as alloc_held_block's again
+ * branch takes it, with malloc_on's conditions for that branch checked at
+ * once (history being recorded, with a context or without, sends it back:
+ * cca_trace_active, under the lock). False: nothing done, malloc_on decides,
+ * given that pool (*cached), so that the cache is not asked twice. The caller
+ * asks pool_cache_has itself and calls malloc_general at once for a no: with
+ * one call for both, the express path carried a NULL pool in a register.
+ */
+static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S, void **ptr, size_t size,
+                                                                 cca_stream_pool_t **cached)
+{
     cca_device_t *dev = pool_cache.device;
     cca_stream_pool_t *sp = pool_cache.pool;
+    *cached = sp;
     cca_pool_t *pool = size <= CCA_SMALL_SIZE ? &sp->small : &sp->large; /* (rounding keeps the side) */
     if (!atomic_load_explicit(&pool->express, memory_order_relaxed) || !ptr ||
         (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
@@ -804,9 +813,10 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
     return true;
 }
 
-/* cca_malloc_device once the allocator is up and device is valid. */
+/* cca_malloc_device once the allocator is up and device is valid; cached: the stream pool
+ * of (device, stream) if malloc_express found it in the thread's cache, else NULL. */
 static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, int device,
-                                     cca_stream_t stream)
+                                     cca_stream_t stream, cca_stream_pool_t *cached)
 {
     cca_status_t st;
     if (!ptr)
@@ -835,8 +845,8 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
         if (st != CCA_OK)
             return st;
     }
-    if (!sp)
-        sp = pool_stream_get(dev, stream);
+    if (!sp) /* (nothing since malloc_express has changed the thread's cache) */
+        sp = cached ? cached : pool_stream_get(dev, stream);
     if (!sp)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
     size_t rsize = round_size(&S->settings, size);
@@ -855,13 +865,13 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
 /* cca_malloc past its express path, on the backend's current device: out of line, so that
  * the express path saves only the registers the device question needs. */
 static __attribute__((noinline)) cca_status_t malloc_general(void **ptr, size_t size, int device,
-                                                             cca_stream_t stream)
+                                                             cca_stream_t stream, cca_stream_pool_t *cached)
 {
     cca_state_t *S = cca_state;
     if (device < 0 || device >= S->device_count) /* the backend's answer, checked once */
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
                          device, S->device_count);
-    return malloc_on(S, ptr, size, device, stream);
+    return malloc_on(S, ptr, size, device, stream, cached);
 }
 
 cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t stream)
@@ -875,9 +885,12 @@ cca_status_t cca_malloc_device(void **ptr, size_t size, int device, cca_stream_t
     if (device < 0 || device >= S->device_count)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_malloc: device %d is out of range (%d devices)",
                          device, S->device_count);
-    if (malloc_express(S, device, ptr, size, stream))
+    if (!pool_cache_has(device, stream))
+        return malloc_general(ptr, size, device, stream, NULL);
+    cca_stream_pool_t *cached;
+    if (malloc_express(S, ptr, size, &cached))
         return CCA_OK;
-    return malloc_general(ptr, size, device, stream);
+    return malloc_general(ptr, size, device, stream, cached);
 }
 
 cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
@@ -891,9 +904,12 @@ cca_status_t cca_malloc(void **ptr, size_t size, cca_stream_t stream)
     st = be->get_device(be->ctx, &device);
     if (st != CCA_OK)
         return st;
-    if (malloc_express(S, device, ptr, size, stream)) /* (malloc_general checks the device) */
+    if (!pool_cache_has(device, stream)) /* (malloc_general checks the device) */
+        return malloc_general(ptr, size, device, stream, NULL);
+    cca_stream_pool_t *cached;
+    if (malloc_express(S, ptr, size, &cached))
         return CCA_OK;
-    return malloc_general(ptr, size, device, stream);
+    return malloc_general(ptr, size, device, stream, cached);
 }
 
 /*
