@@ -1201,6 +1201,10 @@ static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *
 
 /* The signs of a block's return's statistics where known (pool_return_block, pool.c). */
 static const int8_t pool_free_sign[OPS_COUNT] = {0, 0, -1, -1, -1, 0, 0, 0};
+/* The same with the program's free in it (allocation and allocated_bytes known to fall: a
+ * block's size is never 0), so that the update asks neither amount's sign nor whether it
+ * is 0. Oversize stays unknown: mostly 0, skipped then. */
+static const int8_t pool_program_free_sign[OPS_COUNT] = {-1, -1, -1, -1, -1, 0, 0, 0};
 
 /* dst takes in src, its neighbour in the segment, taken out of every list before: src's
  * bytes and its place in the segment's block list (the caller gives src's struct back). */
@@ -1276,7 +1280,7 @@ static inline __attribute__((always_inline)) void pool_return_block(cca_device_t
     d[OPS_ACTIVE] = -1;
     d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
     d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
-    ops_apply(pool->owner, type, d, pool_free_sign);
+    ops_apply(pool->owner, type, d, program_free ? pool_program_free_sign : pool_free_sign);
 }
 
 /*
