@@ -295,12 +295,14 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
     if (split < 0 ? should_split(s, pool, block->size, size) : split > 0) {
         if (may_pad && s->compact_memory && split < 0 && (pad = compact_pad(pool, block, size)))
             block = pad->next; /* (it leaves the rest of block worth splitting) */
+        cca_block_t *before = block->prev; /* (read first: the stores below cannot change it) */
         cca_block_t *front = pool_block_new(pool, block->segment, block->addr, size);
         if (!front && pad) {
             /* the shift took the struct the split needed (the pool's last spare): the block
              * stays where it was, as without the shift, and the split gets that struct back */
             block = compact_unpad(pool, pad);
             pad = NULL;
+            before = block->prev;
             front = pool_block_new(pool, block->segment, block->addr, size);
         }
         if (!front) {
@@ -308,15 +310,15 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for allocator bookkeeping");
         }
         remaining = block;
-        front->prev = remaining->prev;
-        if (front->prev)
-            front->prev->next = front;
+        front->prev = before;
+        if (before)
+            before->next = front;
+        else
+            front->segment->head = front;
         front->next = remaining;
         remaining->prev = front;
         remaining->addr += size;
         remaining->size -= size;
-        if (!front->prev)
-            front->segment->head = front;
         block = front;
     }
     block->allocated = true;
