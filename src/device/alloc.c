@@ -190,7 +190,6 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
                                                                 bool already_split, size_t orig_size)
 {
     const cca_settings_t *s = &cca_state->settings;
-    int type = pool_stat_type(pool->is_small);
     int64_t d[OPS_COUNT] = {0};
     if (pool->expandable_segments && block->segment->es) {
         /* PyTorch keeps expandable blocks out of inactive_split */
@@ -213,7 +212,7 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
     block->oversize = block->size >= s->max_split_size;
     d[OPS_OVERSIZE] = block->oversize;
     static const int8_t sign[OPS_COUNT] = {1, 1, 1, 1, 1, 0, 0, 0};
-    ops_apply(pool->owner, type, d, sign);
+    ops_apply(pool, d, sign);
     pool->last_alloc = block;
     atomic_store_explicit(&pool->owner->last_addr, block->addr, memory_order_relaxed);
     trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
@@ -1092,7 +1091,6 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
     }
     cca_stream_pool_t *sp = block->pool->owner;
     cca_device_t *dev = sp->device;
-    int type = pool_stat_type(block->pool->is_small);
     cca_status_t st = CCA_OK;
     bool plain = false;
     if (solo && solo != &sp->lock) { /* cannot be: solo mode's pool is the only one */
@@ -1122,7 +1120,7 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
         d[OPS_ALLOCATED_BYTES] = -(int64_t)block->size;
         d[OPS_OVERSIZE] = -(int64_t)block->oversize;
         static const int8_t sign[OPS_COUNT] = {-1, -1, 0, 0, 0, 0, 0, 0};
-        ops_apply(sp, type, d, sign);
+        ops_apply(block->pool, d, sign);
         if (!events_enter(dev)) {
             events_defer_free(dev, block); /* no event during a capture */
         } else {

@@ -134,6 +134,12 @@ typedef struct cca_pool {
     struct cca_stream_pool *owner;
     bool is_small;
     _Atomic int64_t *gc_calls;    /* the device's count of garbage collector calls of this kind */
+    /* its kind's rows of the device's ops table, for ops_apply's locked mode (set with the
+     * pool, the table living as long): current values, peaks, counts, and the other kind's
+     * current values */
+    int64_t *ops_cur, *ops_peak;
+    struct ops_count *ops_n;
+    const int64_t *ops_other;
     uint32_t expandable_segments; /* live expandable segments of this pool */
     struct cca_block *unmapped;   /* their unmapped blocks, by address */
     /* A freed block whose merge with its free upper neighbour is put off
@@ -751,6 +757,42 @@ static inline __attribute__((always_inline)) void ops_add(ops_table_t *t, cca_de
 }
 
 /*
+ * The locked mode's update (ops_apply_mode) with the rows of the pool's kind
+ * given: its current values, peaks and counts, and the other kind's current
+ * values. Indexed through the table at every statistic, a row's address was
+ * computed anew for each (a row is 64 or 128 bytes, more than an address's
+ * scale); a pool keeps its rows (ops_cur ...), so ops_apply reads them.
+ */
+static inline __attribute__((always_inline)) void ops_apply_rows(ops_table_t *t, int64_t *cur,
+                                                                 int64_t *peak, ops_count_t *n,
+                                                                 const int64_t *other,
+                                                                 const int64_t d[OPS_COUNT],
+                                                                 const int8_t sign[OPS_COUNT])
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < OPS_OVERSIZE; k++) {
+        if (!sign[k] && !d[k]) /* a known sign: the update runs even for 0, a no-op */
+            continue;
+        int64_t c = cur[k] + d[k]; /* one writer at a time, every reader behind the same lock */
+        cur[k] = c;
+        if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
+            if (c > peak[k])
+                peak[k] = c;
+            n[k].allocated += d[k];
+            /* the ALL entry is the two kinds' sum (stats_fill_ops); only its peak is
+             * kept, raised from the sum this update produced */
+            int64_t all = c + other[k];
+            if (all > t->peak[CCA_STAT_ALL][k])
+                t->peak[CCA_STAT_ALL][k] = all;
+        } else {
+            n[k].freed -= d[k];
+        }
+    }
+    if (sign[OPS_OVERSIZE] || d[OPS_OVERSIZE])
+        ops_add(t, NULL, OPS_LOCKED, OPS_OVERSIZE, CCA_STAT_ALL, d[OPS_OVERSIZE], sign[OPS_OVERSIZE]);
+}
+
+/*
  * d[k] added to statistic k of type's entry and of the ALL entry (the relaxed
  * mode: own's; the locked mode: the table's). sign[k]: d[k]'s sign where the
  * caller knows it, else 0 (ops_apply); a known sign updates even for 0, and
@@ -767,33 +809,8 @@ static inline __attribute__((always_inline)) void ops_apply_mode(ops_table_t *t,
                                                                  const int8_t sign[OPS_COUNT])
 {
     if (mode == OPS_LOCKED) {
-        /* type's rows and the other kind's values, addressed once: indexed through the
-         * table at every statistic, the row's address was computed anew for each (a row
-         * is 64 or 128 bytes, more than an address's scale) */
-        int64_t *cur = t->cur[type], *peak = t->peak[type];
-        ops_count_t *n = t->n[type];
-        const int64_t *other = t->cur[CCA_STAT_SMALL_POOL + CCA_STAT_LARGE_POOL - type];
-#pragma GCC unroll 8
-        for (int k = 0; k < OPS_OVERSIZE; k++) {
-            if (!sign[k] && !d[k]) /* a known sign: the update runs even for 0, a no-op */
-                continue;
-            int64_t c = cur[k] + d[k]; /* one writer at a time, every reader behind the same lock */
-            cur[k] = c;
-            if (sign[k] > 0 || (sign[k] == 0 && d[k] > 0)) {
-                if (c > peak[k])
-                    peak[k] = c;
-                n[k].allocated += d[k];
-                /* the ALL entry is the two kinds' sum (stats_fill_ops); only its peak is
-                 * kept, raised from the sum this update produced */
-                int64_t all = c + other[k];
-                if (all > t->peak[CCA_STAT_ALL][k])
-                    t->peak[CCA_STAT_ALL][k] = all;
-            } else {
-                n[k].freed -= d[k];
-            }
-        }
-        if (sign[OPS_OVERSIZE] || d[OPS_OVERSIZE])
-            ops_add(t, own, mode, OPS_OVERSIZE, CCA_STAT_ALL, d[OPS_OVERSIZE], sign[OPS_OVERSIZE]);
+        ops_apply_rows(t, t->cur[type], t->peak[type], t->n[type],
+                       t->cur[CCA_STAT_SMALL_POOL + CCA_STAT_LARGE_POOL - type], d, sign);
         return;
     }
 #pragma GCC unroll 8
@@ -836,19 +853,20 @@ void stats_log_append(cca_stream_pool_t *sp, int type, ops_delta_t d, const int8
 
 /*
  * One operation's statistics: d[k] added to statistic k (OPS_*), in the ALL
- * entry and in the entry of type (the pool's kind), in one update (stream
- * pool lock held, so one pool's updates land in its lock order). sign[k]: d[k]'s
- * sign where the caller knows it (a constant array), else 0.
+ * entry and in the entry of the pool's kind, in one update (stream pool lock
+ * held, so one pool's updates land in its lock order). sign[k]: d[k]'s sign
+ * where the caller knows it (a constant array), else 0.
  */
-static inline __attribute__((always_inline)) void ops_apply(cca_stream_pool_t *sp, int type,
-                                                            const int64_t d[OPS_COUNT],
+static inline __attribute__((always_inline)) void ops_apply(cca_pool_t *pool, const int64_t d[OPS_COUNT],
                                                             const int8_t sign[OPS_COUNT])
 {
+    cca_stream_pool_t *sp = pool->owner;
+    int type = pool_stat_type(pool->is_small);
     int mode = op_stats_mode(sp);
     cca_device_t *dev = sp->device;
     sp->again_pool = NULL;
     if (mode == OPS_LOCKED) {
-        ops_apply_mode(dev->ops, NULL, OPS_LOCKED, type, d, sign);
+        ops_apply_rows(dev->ops, pool->ops_cur, pool->ops_peak, pool->ops_n, pool->ops_other, d, sign);
     } else if (mode == OPS_LOGGED) {
         if (!sp->log && atomic_load_explicit(&dev->ops->log_count, memory_order_acquire) == 0 &&
             stats_try_lock(dev)) {
@@ -1177,7 +1195,7 @@ static inline void pool_unlock_unless_held(cca_stream_pool_t *sp, const cca_stre
 /* Return a block to its pool: merge, bin, statistics (stream pool lock held). */
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free);
 /* The statistics of a held-back return applied now (pool_hold_block; pool.c). */
-void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free);
+void pool_hold_stats(cca_block_t *block, bool program_free);
 
 /* What every return of a block starts with: the trace (pool_free_begin), the garbage
  * collector's age, the tick compact_memory's readiness goes by (pool_free_mark; stream pool
@@ -1250,7 +1268,6 @@ static inline __attribute__((always_inline)) void pool_return_block(cca_device_t
     cca_pool_t *pool = block->pool;
     size_t original_size = block->size;
     size_t requested = block->requested_size;
-    int type = pool_stat_type(pool->is_small);
     bool expandable = pool_free_begin(dev, block);
     int64_t net_blocks = 0, net_bytes = 0;
     cca_block_t *candidates[2] = {block->prev, block->next};
@@ -1280,7 +1297,7 @@ static inline __attribute__((always_inline)) void pool_return_block(cca_device_t
     d[OPS_ACTIVE] = -1;
     d[OPS_ACTIVE_BYTES] = -(int64_t)original_size;
     d[OPS_REQUESTED_BYTES] = -(int64_t)requested;
-    ops_apply(pool->owner, type, d, program_free ? pool_program_free_sign : pool_free_sign);
+    ops_apply(pool, d, program_free ? pool_program_free_sign : pool_free_sign);
 }
 
 /*
@@ -1323,7 +1340,7 @@ static inline __attribute__((always_inline)) void pool_hold(cca_device_t *dev, c
     }
     pool->held = block;
     atomic_store_explicit(&pool->express, NULL, memory_order_relaxed);
-    pool_hold_stats(pool->owner, block, program_free); /* the merge's with the upper neighbour, put off */
+    pool_hold_stats(block, program_free); /* the merge's with the upper neighbour, put off */
 }
 
 /* Hold a block returned to its pool back from merging, pool_may_hold said yes (stream pool

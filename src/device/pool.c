@@ -98,6 +98,14 @@ cca_stream_pool_t *pool_stream_pool_new(cca_device_t *dev, cca_stream_t stream)
     sp->large.owner = sp;
     sp->large.is_small = false;
     sp->large.gc_calls = &dev->gc_calls_large;
+    for (int kind = 0; kind < 2; kind++) { /* (ops_apply's rows: the table lives as long) */
+        cca_pool_t *pool = kind ? &sp->large : &sp->small;
+        int type = pool_stat_type(pool->is_small);
+        pool->ops_cur = dev->ops->cur[type];
+        pool->ops_peak = dev->ops->peak[type];
+        pool->ops_n = dev->ops->n[type];
+        pool->ops_other = dev->ops->cur[CCA_STAT_SMALL_POOL + CCA_STAT_LARGE_POOL - type];
+    }
     sp->log_slot = -1;
     return sp;
 }
@@ -290,7 +298,7 @@ void pool_flush(cca_stream_pool_t *sp)
             pool->held_stats = false;
             int64_t d[OPS_COUNT];
             held_free_deltas(h, d);
-            ops_apply(sp, pool_stat_type(pool->is_small), d, pool_free_sign);
+            ops_apply(pool, d, pool_free_sign);
         }
         pool_try_merge_blocks(h, h->next, &pool->bins); /* its gc_count_base: the free's */
         bins_insert(&pool->bins, h);
@@ -298,13 +306,13 @@ void pool_flush(cca_stream_pool_t *sp)
 }
 
 
-void pool_hold_stats(cca_stream_pool_t *sp, cca_block_t *block, bool program_free)
+void pool_hold_stats(cca_block_t *block, bool program_free)
 {
     int64_t d[OPS_COUNT];
     held_free_deltas(block, d);
     if (!program_free) /* returned by its last event: the program's free was counted then */
         d[OPS_ALLOCATION] = d[OPS_ALLOCATED_BYTES] = d[OPS_OVERSIZE] = 0;
-    ops_apply(sp, pool_stat_type(block->pool->is_small), d, pool_free_sign);
+    ops_apply(block->pool, d, pool_free_sign);
 }
 
 void pool_free_block(cca_device_t *dev, cca_block_t *block, bool program_free)
