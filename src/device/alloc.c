@@ -837,10 +837,14 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
     cca_stream_pool_t *sp = NULL;
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed) |
         atomic_load_explicit(&dev->deferred_count, memory_order_relaxed)) {
-        /* routes to private pools, or frees set aside during them (private_pools.c) */
-        st = malloc_prepare_routed(dev, stream, &sp);
+        /* routes to private pools, or frees set aside during them (private_pools.c); the
+         * pool comes by a variable of its own: sp, its address taken nowhere, stays in a
+         * register */
+        cca_stream_pool_t *routed;
+        st = malloc_prepare_routed(dev, stream, &routed);
         if (st != CCA_OK)
             return st;
+        sp = routed;
     } else if (atomic_load_explicit(&dev->pending_event_count, memory_order_acquire)) {
         st = events_process(dev);
         if (st != CCA_OK)
