@@ -1,6 +1,6 @@
 """PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
 
-Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone]
+Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone] [--ckpt]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
 cca with compact_memory:True (its moves of free granules and waits for a
@@ -15,7 +15,10 @@ seeded draws for every allocator,
 each model's peak reserved bytes and their ratio to its peak requested bytes
 (the cache emptied and the peaks reset before each model; the whole run's
 peak reserved is the largest model's; with --generate-alone, GPT-2 generation
-alone in a process of its own, and nothing else), and torch.empty(1 MiB) + free from
+alone in a process of its own, and nothing else; with --ckpt, GPT-2 small at 16 x 1024 in
+bf16 with activation checkpointing, 16 steps in a process of its own, and nothing else: step
+time, peak reserved / requested, the maps of its last 8 steps, compact_memory's plans), and
+torch.empty(1 MiB) + free from
 Python, broken down: torch.empty(0) + free
 (PyTorch's own cost: the allocator is asked for nothing), the allocate + free
 pair through PyTorch's CUDAAllocator interface timed in C++ (the allocator's
@@ -107,6 +110,10 @@ def worker(mode):
         generate_alone(torch, transformers, mode, out)
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
+    if os.environ.get("CCA_BENCH_CKPT"):
+        ckpt_loop(torch, transformers, mode, out)
+        out["backend"] = cca.torch.installed() or "pytorch"
+        return out
 
     models(torch, torchvision, transformers, mode, out)
     out["peak_reserved_bytes"] = max(out[k] for k in out if k.endswith("_peak_reserved_bytes"))
@@ -196,6 +203,38 @@ def generate_alone(torch, transformers, mode, out):
             gpt.generate(prompt, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0)
     out["gpt2_generate_alone_ms"] = timed_steps(torch, gen, 1, 5) * 1e3
     model_peaks(torch, "gpt2_generate_alone", out, start)
+
+
+def ckpt_loop(torch, transformers, mode, out):
+    """GPT-2 small at 16 x 1024 under bf16 autocast with activation checkpointing (AdamW), 16
+    steps in a process of its own, as scripts/record-trace.py's gpt2_train_ckpt_bf16 records
+    it: its step time over steps 9 to 16, peak reserved / requested from the model's load on,
+    the backend maps (num_device_alloc) in steps 9 to 16, and under compact mode the plans."""
+    start = fresh_peaks(torch, mode)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        ids = torch.randint(0, 50257, (16, 1024), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(8):
+        step()
+    torch.cuda.synchronize()
+    maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
+    out["gpt2_ckpt_train_ms"] = timed_steps(torch, step, 0, 8) * 1e3
+    out["gpt2_ckpt_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+    model_peaks(torch, "gpt2_ckpt_train", out, start)
+    if mode == "cca-compact":
+        now = compact_counts()
+        out["gpt2_ckpt_plans"] = now.get("compact_plans", 0)
+        out["gpt2_ckpt_planned_allocations"] = now.get("compact_planned_allocations", 0)
 
 
 def varying_models(torch, torchvision, transformers, mode, out):
@@ -322,6 +361,8 @@ def main():
         os.environ["CCA_BENCH_PAIRS_ONLY"] = "1"
     if "--generate-alone" in sys.argv:  # GPT-2 generation in a process of its own, no training
         os.environ["CCA_BENCH_GENERATE_ALONE"] = "1"
+    if "--ckpt" in sys.argv:  # GPT-2 in bf16 with activation checkpointing, in a process of its own
+        os.environ["CCA_BENCH_CKPT"] = "1"
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch
@@ -345,6 +386,19 @@ def main():
             results[mode].append(json.loads(lines[-1]))
             print("round %d %s: %s" % (r, mode, " ".join("%s=%.4g" % (k, v) for k, v in
                                                           results[mode][-1].items() if k != "backend")))
+    if os.environ.get("CCA_BENCH_CKPT"):
+        keys = ["gpt2_ckpt_train_ms", "gpt2_ckpt_train_reserved_over_requested", "gpt2_ckpt_late_maps",
+                "gpt2_ckpt_train_peak_reserved_bytes"]
+        print("| GPT-2 bf16, activation checkpointing | %s |" % " | ".join(MODES))
+        print("|---|%s" % ("---|" * len(MODES)))
+        for k in keys:
+            div = 2**20 if k.endswith("_bytes") else 1
+            print("| %s | %s |" % (k, " | ".join("%.3f" % (results[m][-1][k] / div) for m in MODES)))
+        last = results["cca-compact"][-1]
+        print("cca compact: %s plans, %s requests served at their place, %s moves in the model's run"
+              % (last.get("gpt2_ckpt_plans", "?"), last.get("gpt2_ckpt_planned_allocations", "?"),
+                 last.get("gpt2_ckpt_train_moves", "?")))
+        return
     if os.environ.get("CCA_BENCH_GENERATE_ALONE"):
         for m in MODES:
             r = results[m][-1]
