@@ -250,20 +250,8 @@ static __attribute__((noinline)) cca_block_t *compact_pad(cca_pool_t *pool, cca_
         granules_touched(seg->base, g, b->addr + pad, size) >= granules_touched(seg->base, g, b->addr, size))
         return NULL;
     cca_block_t *front = pool_block_new(pool, b->segment, b->addr, pad);
-    if (!front)
-        return NULL;
-    front->prev = b->prev;
-    if (front->prev)
-        front->prev->next = front;
-    else
-        front->segment->head = front;
-    front->next = b;
-    b->prev = front;
-    b->addr += pad;
-    b->size -= pad;
-    front->free_tick = b->free_tick;
-    front->gc_count_base = b->gc_count_base;
-    bins_insert(&pool->bins, front);
+    if (front)
+        pool_split_front(pool, front, b);
     return front;
 }
 
@@ -271,11 +259,7 @@ static __attribute__((noinline)) cca_block_t *compact_pad(cca_pool_t *pool, cca_
  * returned out of its bin. */
 static __attribute__((noinline)) cca_block_t *compact_unpad(cca_pool_t *pool, cca_block_t *pad)
 {
-    cca_block_t *b = pad->next;
-    bins_remove(&pool->bins, pad);
-    pool_absorb_neighbour(b, pad);
-    pool_block_delete(pad);
-    return b;
+    return pool_join_front(pool, pad);
 }
 
 /*
@@ -689,10 +673,10 @@ static __attribute__((noinline)) cca_status_t malloc_compact(cca_device_t *dev, 
                                                              cca_pool_t *pool, size_t rsize, size_t size,
                                                              cca_block_t **out)
 {
-    bool planned = !pool->is_small && !sp->private_pool &&
+    bool recorded = !pool->is_small && !sp->private_pool &&
                    !atomic_load_explicit(&dev->route_count, memory_order_relaxed);
     cca_block_t *block = NULL;
-    cca_status_t st = planned ? plan_place(dev, pool, rsize, size, &block) : CCA_OK;
+    cca_status_t st = recorded ? plan_place(dev, pool, rsize, size, &block) : CCA_OK;
     if (!block && st == CCA_OK) {
         block = get_free_block(dev, pool, rsize, true);
         if (block) {
@@ -700,17 +684,17 @@ static __attribute__((noinline)) cca_status_t malloc_compact(cca_device_t *dev, 
         } else {
             cca_spin_unlock(&sp->lock);
             st = malloc_slow(dev, sp, pool, rsize, size, &block);
-            if (st == CCA_OK && planned && block->pool == pool)
+            if (st == CCA_OK && recorded && block->pool == pool)
                 pool_lock(sp); /* to record it */
             else
-                planned = false;
-            if (!planned) {
+                recorded = false;
+            if (!recorded) {
                 *out = block;
                 return st;
             }
         }
     }
-    if (st == CCA_OK && planned) {
+    if (st == CCA_OK && recorded) {
         plan_note_alloc(dev, pool, block, rsize);
         pool->last_alloc = NULL; /* never held back: its next request must pass here */
     }

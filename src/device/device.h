@@ -1244,6 +1244,37 @@ static inline __attribute__((always_inline)) void pool_absorb_neighbour(cca_bloc
     dst->size += src->size;
 }
 
+/* Link front, a new struct for the first front->size bytes of the free block b (out of its
+ * bin), before b, which keeps the rest; front takes b's return tick and cache count and goes
+ * into the bin (compact_memory: a block shifted to its granule, a planned place). Pool lock
+ * held. */
+static inline void pool_split_front(cca_pool_t *pool, cca_block_t *front, cca_block_t *b)
+{
+    front->prev = b->prev;
+    if (front->prev)
+        front->prev->next = front;
+    else
+        front->segment->head = front;
+    front->next = b;
+    b->prev = front;
+    b->addr += front->size;
+    b->size -= front->size;
+    front->free_tick = b->free_tick;
+    front->gc_count_base = b->gc_count_base;
+    bins_insert(&pool->bins, front);
+}
+
+/* Undo pool_split_front: front (in its bin) and its next, out of its bin, one block again,
+ * returned out of its bin. */
+static inline cca_block_t *pool_join_front(cca_pool_t *pool, cca_block_t *front)
+{
+    cca_block_t *b = front->next;
+    bins_remove(&pool->bins, front);
+    pool_absorb_neighbour(b, front);
+    pool_block_delete(front);
+    return b;
+}
+
 /* Merge src into dst if src is free; returns the bytes subsumed (pool lock held). */
 static inline __attribute__((always_inline)) size_t pool_merge_blocks(cca_block_t *dst, cca_block_t *src,
                                                                      cca_bins_t *bins)

@@ -519,35 +519,6 @@ static bool range_free(const cca_block_t *c, uintptr_t addr, size_t size, bool *
     return false;
 }
 
-/* Split front (a new struct: c's first bytes) off the free block c (out of its bin); front
- * goes into the bin. */
-static void split_front(cca_pool_t *pool, cca_block_t *front, cca_block_t *c)
-{
-    front->prev = c->prev;
-    if (front->prev)
-        front->prev->next = front;
-    else
-        front->segment->head = front;
-    front->next = c;
-    c->prev = front;
-    c->addr += front->size;
-    c->size -= front->size;
-    front->free_tick = c->free_tick;
-    front->gc_count_base = c->gc_count_base;
-    bins_insert(&pool->bins, front);
-}
-
-/* Undo split_front once its block is back in its bin. */
-static void join_front(cca_pool_t *pool, cca_block_t *front)
-{
-    cca_block_t *c = front->next;
-    bins_remove(&pool->bins, c);
-    bins_remove(&pool->bins, front);
-    pool_absorb_neighbour(c, front);
-    pool_block_delete(front);
-    bins_insert(&pool->bins, c);
-}
-
 static void plan_miss(cca_plan_t *p)
 {
     p->misses++;
@@ -646,12 +617,14 @@ cca_status_t plan_place(cca_device_t *dev, cca_pool_t *pool, size_t rsize, size_
             plan_miss(p);
             return CCA_OK; /* (best fit needs no struct for an exact fit; else it fails too) */
         }
-        split_front(pool, front, c);
+        pool_split_front(pool, front, c);
     }
     cca_status_t st = alloc_take_block(dev, pool, &c, rsize, size, c->size > rsize ? 1 : 0);
     if (st != CCA_OK) {
-        if (front) /* c is back in its bin: one free block again */
-            join_front(pool, front);
+        if (front) { /* c is back in its bin: one free block again */
+            bins_remove(&pool->bins, c);
+            bins_insert(&pool->bins, pool_join_front(pool, front));
+        }
         return st;
     }
     p->placed++;
