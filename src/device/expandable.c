@@ -1381,8 +1381,11 @@ cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block
         dev->total_allocated_memory + (need - (need < dev->lent_count ? need : dev->lent_count)) * g >
             dev->allowed_memory_maximum)
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "compact_memory: the memory fraction leaves no room");
-    /* lending may have split the blocks around the range (never those in it): from the start */
-    cca_block_t *b = st == CCA_OK ? block_at(seg, lo_addr) : NULL;
+    /* lending may have split the blocks around the range (never those in it), or joined the
+     * run it unmapped below to the range's unmapped block: from the start. No room, nothing
+     * to map: that block, starting below the range, would otherwise be given a map of no
+     * granules, which the backend refuses (CUDA too) */
+    cca_block_t *b = st == CCA_OK && hi > lo ? block_at(seg, lo_addr) : NULL;
     while (st == CCA_OK && b && b->addr < hi_addr) {
         if (b->mapped) {
             b = b->next;

@@ -77,6 +77,7 @@ static void *xmalloc(size_t size, cca_stream_t stream)
 }
 
 static int64_t extra_stat(const char *key);
+static uint64_t calls(cca_backend_op_t op);
 
 static bool invariants_hold(void)
 {
@@ -434,6 +435,48 @@ TEST(compact_plan_only_for_the_default_pools_large_requests)
         expect_ok(plan_loop_step(&l));
     expect_eq_i64(extra_stat("cca.compact_plans"), 0);
     plan_loop_end(&l);
+    ends_empty();
+}
+
+/*
+ * The plan's start maps its range as far as the room under the limit goes. Where the
+ * reserved bytes are past the limit (here small pools of many streams, a granule each for a
+ * few bytes), the room is none once the granules below the range are lent to it, and the
+ * unmapped run they leave joins the range's unmapped block: nothing is mapped then. Before,
+ * that block, starting below the range, was given a map of no granules, which the backend
+ * refuses (an invalid argument left as the thread's last error by a request that worked).
+ */
+TEST(compact_plan_start_without_room_maps_nothing)
+{
+    setup_with("compact_memory:True", 0);
+    plan_test_force(true);
+    enum { STREAMS = 40, N = 16 };
+    void *small[STREAMS];
+    for (int i = 0; i < STREAMS; i++)
+        small[i] = xmalloc(512, (cca_stream_t)(uintptr_t)(0x10000 + 0x100 * (size_t)i));
+    void *a = xmalloc(4 * MiB, NULL); /* below the loop: its segment stays */
+    void *live = NULL;
+    for (int t = 0; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
+        cca_free(live);
+        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
+        expect_true(live != NULL);
+    }
+    plan_test_force(false);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    /* the plan starts at the next request (every phase as quiet): another size */
+    cca_free(live);
+    cca_clear_error();
+    uint64_t access = calls(CCA_OP_VMM_SET_ACCESS);
+    live = xmalloc(3 * MiB + 512 * 1024, NULL);
+    expect_true(live != NULL);
+    expect_eq_i64(cca_last_error()->status, CCA_OK); /* no backend call failed on the way */
+    expect_eq_u64(calls(CCA_OP_VMM_SET_ACCESS) - access, 1); /* the request's own growth */
+    expect_eq_i64(extra_stat("cca.compact_plan_misses"), 1);
+    expect_true(invariants_hold());
+    cca_free(live);
+    cca_free(a);
+    for (int i = 0; i < STREAMS; i++)
+        cca_free(small[i]);
     ends_empty();
 }
 
@@ -1235,6 +1278,7 @@ int main(void)
     RUN(compact_plan_drops_when_the_loop_changes);
     RUN(compact_plan_forgotten_at_empty_cache);
     RUN(compact_plan_only_for_the_default_pools_large_requests);
+    RUN(compact_plan_start_without_room_maps_nothing);
     RUN(compact_fragmentation_in_oom_message);
     RUN(compact_takes_the_growths_own_kind_first);
     RUN(compact_growth_outlives_its_released_segment);
