@@ -586,6 +586,9 @@ cca_status_t plan_place(cca_device_t *dev, cca_pool_t *pool, size_t rsize, size_
     }
     if (p->off[k] == PLAN_NONE)
         return CCA_OK;
+    if (!p->seg)
+        return CCA_OK; /* another thread of the stream is finding the range (with_device_lock,
+                        * this lock released while it waits for the device lock): best fit */
     uintptr_t addr = p->base + p->off[k];
     bool unmapped;
     if (!range_free(plan_find(p, addr), addr, rsize, &unmapped)) {

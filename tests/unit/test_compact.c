@@ -8,9 +8,12 @@
  * the fragmentation figures of cca_cache_info and the out-of-memory message,
  * and the planned placement of a loop that keeps moving granules (plan.c).
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "device.h"
@@ -477,6 +480,69 @@ TEST(compact_plan_start_without_room_maps_nothing)
     cca_free(a);
     for (int i = 0; i < STREAMS; i++)
         cca_free(small[i]);
+    ends_empty();
+}
+
+/* A request of the loop's start phase on its own thread (the plan's start: its range found
+ * and mapped under the device lock). */
+typedef struct plan_request {
+    size_t size;
+    void *ptr;
+    cca_status_t st;
+    _Atomic bool done;
+} plan_request_t;
+
+static void *plan_request(void *arg)
+{
+    plan_request_t *r = arg;
+    r->st = cca_malloc(&r->ptr, r->size, NULL);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+/*
+ * The plan's start finds its range under the device lock, the stream pool's lock released
+ * while it waits for it. A request of the same stream on another thread meanwhile finds the
+ * plan started but its range not yet there: it goes by best fit. Before, it looked for its
+ * place in the range's segment, still NULL (a crash).
+ */
+TEST(compact_plan_range_not_yet_found_goes_by_best_fit)
+{
+    setup_with("compact_memory:True", 0);
+    plan_test_force(true);
+    enum { N = 16 };
+    void *a = xmalloc(4 * MiB, NULL);
+    void *live = NULL;
+    int t = 0;
+    for (; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
+        cca_free(live);
+        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
+    }
+    plan_test_force(false);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    cca_free(live);
+    /* the plan starts at the next request (every phase as quiet), held at the device lock */
+    cca_device_t *dev = &cca_state->devices[0];
+    plan_request_t first = {.size = (size_t)(2 + t % N) * MiB}, second = first;
+    pthread_t ta, tb;
+    pthread_mutex_lock(&dev->lock);
+    pthread_create(&ta, NULL, plan_request, &first);
+    for (int i = 0; i < 200 && !atomic_load(&first.done); i++)
+        usleep(1000);
+    expect_true(!atomic_load(&first.done)); /* waiting for the device lock */
+    pthread_create(&tb, NULL, plan_request, &second);
+    for (int i = 0; i < 2000 && !atomic_load(&second.done); i++)
+        usleep(1000);
+    expect_true(atomic_load(&second.done)); /* served from the cache, no wait */
+    pthread_mutex_unlock(&dev->lock);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    expect_ok(first.st);
+    expect_ok(second.st);
+    expect_true(invariants_hold());
+    cca_free(first.ptr);
+    cca_free(second.ptr);
+    cca_free(a);
     ends_empty();
 }
 
@@ -1279,6 +1345,7 @@ int main(void)
     RUN(compact_plan_forgotten_at_empty_cache);
     RUN(compact_plan_only_for_the_default_pools_large_requests);
     RUN(compact_plan_start_without_room_maps_nothing);
+    RUN(compact_plan_range_not_yet_found_goes_by_best_fit);
     RUN(compact_fragmentation_in_oom_message);
     RUN(compact_takes_the_growths_own_kind_first);
     RUN(compact_growth_outlives_its_released_segment);
