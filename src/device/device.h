@@ -360,6 +360,7 @@ typedef struct cca_device {
                                    while the peak is still that one, it is not this phase's */
     bool compact_held_back;     /* the growth under way left free granules in place (the limit) */
     bool compact_capped;        /* the growth under way met the limit at its cap */
+    bool compact_planned;       /* a plan has started on the device (plan.c; device lock) */
     bool compact_unlimited;     /* the growth under way moves free granules whatever the limit */
 
     /* memory fraction */

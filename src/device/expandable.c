@@ -1106,7 +1106,7 @@ static cca_status_t lend_free_granules(cca_device_t *dev, cca_stream_pool_t *hel
     /* last, the free granules of planned ranges (plan.c), as above: a growth the rest of
      * the cache cannot cover takes them rather than new memory past the limit (the plan maps
      * them again when their places come round) */
-    if (!held->private_pool)
+    if (!held->private_pool && dev->compact_planned)
         passes += 4;
     for (int pass = 0; pass < passes && st == CCA_OK && dev->lent_count < target; pass++) {
         bool same_kind = pass % 2 == 0, alias = pass % 4 >= 2, in_plans = pass >= 4;
@@ -1424,6 +1424,7 @@ cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block
 cca_status_t expandable_plan_range(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_segment_t **seg,
                                    uintptr_t *base)
 {
+    dev->compact_planned = true; /* (lend_free_granules' passes over planned ranges from now) */
     for (cca_segment_t *s = dev->segments; s; s = s->next_seg) {
         if (!s->es || !s->es->compact || s->es->pool != pool)
             continue;

@@ -253,16 +253,6 @@ static int by_life(const void *a, const void *b)
     return by_size(a, b);
 }
 
-typedef struct plan_span {
-    size_t lo, hi;
-} plan_span_t;
-
-static int by_lo(const void *a, const void *b)
-{
-    const plan_span_t *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
 /* Whether two blocks' lifetimes, taken round a period of n requests, meet. */
 static bool lives_meet(const plan_item_t *a, const plan_item_t *b, uint32_t n)
 {
@@ -270,24 +260,31 @@ static bool lives_meet(const plan_item_t *a, const plan_item_t *b, uint32_t n)
     return d < a->life || (n - d) % n < b->life;
 }
 
-/* Offsets for items in their order, each the lowest free over its lifetime (spans: room for
- * count). Returns the height. */
-static size_t place_in_order(plan_item_t *items, size_t count, uint32_t n, plan_span_t *spans)
+/* Offsets for items in their order, each the lowest free over its lifetime (by: room for
+ * count indices, the items placed so far kept in the order of their offsets, so that each
+ * item is one pass over them). Returns the height. */
+static size_t place_in_order(plan_item_t *items, size_t count, uint32_t n, size_t *by)
 {
     size_t height = 0;
     for (size_t i = 0; i < count; i++) {
-        size_t m = 0;
-        for (size_t j = 0; j < i; j++)
-            if (lives_meet(&items[i], &items[j], n))
-                spans[m++] = (plan_span_t){items[j].off, items[j].off + items[j].size};
-        qsort(spans, m, sizeof(*spans), by_lo);
         size_t off = 0;
-        for (size_t j = 0; j < m && spans[j].lo < off + items[i].size; j++)
-            if (spans[j].hi > off)
-                off = spans[j].hi;
+        for (size_t j = 0; j < i; j++) {
+            const plan_item_t *q = &items[by[j]];
+            if (!lives_meet(&items[i], q, n))
+                continue;
+            if (q->off >= off + items[i].size)
+                break; /* a gap below it */
+            if (q->off + q->size > off)
+                off = q->off + q->size;
+        }
         items[i].off = off;
         if (off + items[i].size > height)
             height = off + items[i].size;
+        size_t at = i; /* (after those at its offset or below) */
+        while (at > 0 && items[by[at - 1]].off > off)
+            at--;
+        memmove(by + at + 1, by + at, (i - at) * sizeof(*by));
+        by[at] = i;
     }
     return height;
 }
@@ -299,12 +296,12 @@ static size_t place_in_order(plan_item_t *items, size_t count, uint32_t n, plan_
 static size_t place_items(plan_item_t *items, size_t count, uint32_t n)
 {
     static int (*const orders[])(const void *, const void *) = {by_size, by_area, by_life};
-    plan_span_t *spans = malloc((count ? count : 1) * sizeof(*spans));
+    size_t *by = malloc((count ? count : 1) * sizeof(*by));
     plan_item_t *best = malloc((count ? count : 1) * sizeof(*best));
     size_t height = 0;
-    for (size_t o = 0; spans && best && count && o < sizeof(orders) / sizeof(orders[0]); o++) {
+    for (size_t o = 0; by && best && count && o < sizeof(orders) / sizeof(orders[0]); o++) {
         qsort(items, count, sizeof(*items), orders[o]);
-        size_t h = place_in_order(items, count, n, spans);
+        size_t h = place_in_order(items, count, n, by);
         if (!height || h < height) {
             height = h;
             memcpy(best, items, count * sizeof(*items));
@@ -312,7 +309,7 @@ static size_t place_items(plan_item_t *items, size_t count, uint32_t n)
     }
     if (height)
         memcpy(items, best, count * sizeof(*items));
-    free(spans);
+    free(by);
     free(best);
     return height;
 }
@@ -537,8 +534,10 @@ static cca_status_t with_device_lock(cca_device_t *dev, cca_pool_t *pool, cca_pl
     bool unmapped;
     if (p->active && !p->seg) {
         /* the plan's start: the unmapped top of one of the pool's segments, or a new one */
-        if (expandable_plan_range(dev, pool, size, &p->seg, &p->base) != CCA_OK)
-            plan_drop(p);
+        if (expandable_plan_range(dev, pool, size, &p->seg, &p->base) != CCA_OK) {
+            plan_drop(p); /* (no address space: not again at once) */
+            p->retry_at = p->serial + PLAN_RETRY_PERIODS * p->len;
+        }
         addr = p->base;
     }
     cca_block_t *c = p->active ? plan_find(p, addr) : NULL;
