@@ -1272,6 +1272,17 @@ static cca_status_t compact_prepare(cca_device_t *dev, cca_pool_t *pool, size_t 
     return CCA_OK;
 }
 
+/* Count the move of the granules lent to the growth or planned place under way, if any
+ * (cca.compact_moves, cca.compact_moved_bytes); true if there were. */
+static bool count_moves(cca_device_t *dev)
+{
+    if (!dev->lent_count)
+        return false;
+    dev->compact_moves++;
+    dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
+    return true;
+}
+
 /*
  * PyTorch's try_allocate_expandable_block. On CCA_OK *out is a mapped block
  * of at least size bytes, out of its bin (the caller splits it). On failure
@@ -1288,12 +1299,8 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
         return st;
     if (c->segment->es->compact && cca_state->settings.compact_memory) {
         st = compact_prepare(dev, pool, size, &c);
-        if (dev->lent_count) {
-            dev->compact_moves++;
-            dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
-            if (dev->compact_capped) /* a need the limit could not grow to (plan.c) */
-                plan_note_moved(pool);
-        }
+        if (count_moves(dev) && dev->compact_capped) /* a need the limit could not grow to */
+            plan_note_moved(pool);
     }
     /* under compact_memory the memory fraction is checked here (alloc_block does not): the
      * reserved bytes once the growth has mapped its granules, lent ones included (their bytes
@@ -1351,10 +1358,7 @@ cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block
         st = lend_free_granules(dev, pool->owner, need, seg, lo_addr, hi_addr, &pending);
         if (pending && dev->lent_count < need)
             dev->compact_pending_growths++;
-        if (dev->lent_count) {
-            dev->compact_moves++;
-            dev->compact_moved_bytes += dev->lent_count * dev->vmm_granularity;
-        }
+        count_moves(dev);
     }
     /* every other granule of the range's segment may have been lent, the segment released */
     bool here = false;
