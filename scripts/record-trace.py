@@ -15,7 +15,12 @@ steps, then the same two operations and inference on 8 batches drawn from 1 to
 256), resnet50_train_eval / gpt2_train_eval (training with an evaluation pass
 without gradients at a larger batch after every third step: ResNet-50 at 64 and
 256, GPT-2 at 8 x 512 and 32 x 512), gpt2_train_ckpt_bf16 (GPT-2 small at 16 x
-1024 under bf16 autocast with activation checkpointing, AdamW), or torch_bench (the models of
+1024 under bf16 autocast with activation checkpointing, AdamW), llama_train_accum (a
+Llama-style decoder under bf16 autocast, gradients accumulated over 4 micro-batches),
+t5_train_varlen (T5 with drawn encoder and decoder lengths), llama_generate (batched greedy
+generation with a growing key-value cache, drawn batches and prompt lengths),
+deeplab_train_amp_varsize (DeepLabV3 under fp16 autocast and a gradient scaler, drawn image
+sizes), or torch_bench (the models of
 bench/torch_bench.py in one process, as its
 cca-compact worker runs them, with each model's two operations; STEPS unused);
 the draws are seeded, so a recording repeats. Runs on device 0 with
@@ -231,6 +236,95 @@ def gpt2_train_ckpt_bf16(steps):
         del loss, ids
 
 
+def llama_train_accum(steps):
+    """A Llama-style decoder (8 layers, hidden 1024, grouped-query attention with 4 key-value
+    heads, vocabulary 32000; random weights) trained under bf16 autocast at 4 x 1024 tokens a
+    micro-batch, gradients accumulated over 4 micro-batches a step, AdamW."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                      max_position_embeddings=2048)
+    model = LlamaForCausalLM(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        for _ in range(4):
+            ids = torch.randint(0, 32000, (4, 1024), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss / 4
+            loss.backward()
+            del loss, ids
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def t5_train_varlen(steps):
+    """A T5 encoder-decoder (t5-small's shape, random weights) trained at batch 16 with an
+    encoder length drawn each step from 64 to 512 and a decoder length from 16 to 128 (in
+    steps of 8), AdamW."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = T5ForConditionalGeneration(T5Config(decoder_start_token_id=0)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        n = 8 * int(torch.randint(8, 65, (1,), generator=draws))
+        m = 8 * int(torch.randint(2, 17, (1,), generator=draws))
+        src = torch.randint(0, 32128, (16, n), device="cuda")
+        tgt = torch.randint(0, 32128, (16, m), device="cuda")
+        loss = model(input_ids=src, labels=tgt).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss, src, tgt
+
+
+def llama_generate(steps):
+    """The Llama-style decoder of llama_train_accum in bf16 serving STEPS batched greedy
+    generations: a batch drawn from 1 to 16 prompts, a prompt length from 32 to 512, 64 new
+    tokens each (the key-value cache growing token by token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                      max_position_embeddings=2048)
+    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for _ in range(steps):
+            b = int(torch.randint(1, 17, (1,), generator=draws))
+            n = int(torch.randint(32, 513, (1,), generator=draws))
+            ids = torch.randint(1, 32000, (b, n), device="cuda")
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+                           min_new_tokens=64, do_sample=False, pad_token_id=0)
+            del ids
+
+
+def deeplab_train_amp_varsize(steps):
+    """torchvision's DeepLabV3 (ResNet-50 backbone, 21 classes) trained under fp16 autocast
+    with a gradient scaler, batch 8, a square image side drawn each step from 320 to 512 in
+    steps of 32, SGD with momentum."""
+    import torchvision
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=21, aux_loss=False).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    lossf = torch.nn.CrossEntropyLoss()
+    for _ in range(steps):
+        side = 32 * int(torch.randint(10, 17, (1,), generator=draws))
+        x = torch.randn(8, 3, side, side, device="cuda")
+        y = torch.randint(0, 21, (8, side, side), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = lossf(model(x)["out"], y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        del loss, x, y
+
+
 def torch_bench(steps):
     """The models of bench/torch_bench.py, in one process as its cca-compact worker runs them
     (STEPS is not used), with each model's empty_cache and reset of the peaks noted: a trace
@@ -254,6 +348,8 @@ WORKLOADS = {"gpt2_train": gpt2_train, "resnet50_train": resnet50_train,
              "gpt2_train_generate": gpt2_train_generate, "resnet50_train_infer": resnet50_train_infer,
              "resnet50_train_eval": resnet50_train_eval, "gpt2_train_eval": gpt2_train_eval,
              "gpt2_train_ckpt_bf16": gpt2_train_ckpt_bf16,
+             "llama_train_accum": llama_train_accum, "t5_train_varlen": t5_train_varlen,
+             "llama_generate": llama_generate, "deeplab_train_amp_varsize": deeplab_train_amp_varsize,
              "torch_bench": torch_bench}
 
 

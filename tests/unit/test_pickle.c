@@ -35,6 +35,9 @@ static const char *const traces[] = {
     "resnet50_train_infer8_default", "resnet50_train_infer8_expandable", "resnet50_train_eval12_default",
     "resnet50_train_eval12_expandable", "gpt2_train_eval12_default", "gpt2_train_eval12_expandable",
     "gpt2_train_ckpt_bf16_12_default", "gpt2_train_ckpt_bf16_12_expandable",
+    "llama_train_accum8_default", "llama_train_accum8_expandable", "t5_train_varlen24_default",
+    "t5_train_varlen24_expandable", "llama_generate8_default", "llama_generate8_expandable",
+    "deeplab_train_amp_varsize24_default", "deeplab_train_amp_varsize24_expandable",
 };
 
 /* Load bytes; expect success and return the doc. */
