@@ -1,6 +1,6 @@
 """PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
 
-Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone] [--ckpt]
+Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone] [--ckpt] [--llama]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
 cca with compact_memory:True (its moves of free granules and waits for a
@@ -17,7 +17,9 @@ each model's peak reserved bytes and their ratio to its peak requested bytes
 peak reserved is the largest model's; with --generate-alone, GPT-2 generation
 alone in a process of its own, and nothing else; with --ckpt, GPT-2 small at 16 x 1024 in
 bf16 with activation checkpointing, 16 steps in a process of its own, and nothing else: step
-time, peak reserved / requested, the maps of its last 8 steps, compact_memory's plans), and
+time, peak reserved / requested, the maps of its last 8 steps, compact_memory's plans; with
+--llama, a Llama-style decoder generating and then training, in a process of its own, as
+scripts/record-trace.py's llama_generate and llama_train_accum record them), and
 torch.empty(1 MiB) + free from
 Python, broken down: torch.empty(0) + free
 (PyTorch's own cost: the allocator is asked for nothing), the allocate + free
@@ -112,6 +114,10 @@ def worker(mode):
         return out
     if os.environ.get("CCA_BENCH_CKPT"):
         ckpt_loop(torch, transformers, mode, out)
+        out["backend"] = cca.torch.installed() or "pytorch"
+        return out
+    if os.environ.get("CCA_BENCH_LLAMA"):
+        llama_loops(torch, transformers, mode, out)
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
 
@@ -235,6 +241,64 @@ def ckpt_loop(torch, transformers, mode, out):
         now = compact_counts()
         out["gpt2_ckpt_plans"] = now.get("compact_plans", 0)
         out["gpt2_ckpt_planned_allocations"] = now.get("compact_planned_allocations", 0)
+
+
+def llama_loops(torch, transformers, mode, out):
+    """A Llama-style decoder (8 layers, hidden 1024, grouped-query attention, random weights)
+    as scripts/record-trace.py's llama_generate and llama_train_accum record it, in a process
+    of its own: first 8 greedy generations in bf16 (a batch drawn from 1 to 16, a prompt from
+    32 to 512 tokens, 64 new tokens; the same draws as the recording), timed per call; then,
+    that model gone, the cache emptied and the peaks reset, 6 training steps under bf16
+    autocast with gradients accumulated over 4 micro-batches of 4 x 1024, timed over steps 3
+    to 6. Each phase's peaks, and the maps (num_device_alloc) of its second half."""
+    cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                                   max_position_embeddings=2048)
+    start = fresh_peaks(torch, mode)
+    torch.manual_seed(0)
+    draws = torch.Generator().manual_seed(1)
+    model = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    calls = []
+    for _ in range(8):
+        b = int(torch.randint(1, 17, (1,), generator=draws))
+        n = int(torch.randint(32, 513, (1,), generator=draws))
+        calls.append(torch.randint(1, 32000, (b, n), device="cuda"))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    maps = None
+    with torch.no_grad():
+        for i, ids in enumerate(calls):
+            if i == 4:
+                torch.cuda.synchronize()
+                maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+                           min_new_tokens=64, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    out["llama_generate_ms"] = (time.perf_counter() - t0) / len(calls) * 1e3
+    out["llama_generate_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+    model_peaks(torch, "llama_generate", out, start)
+    del model, calls, ids
+    start = fresh_peaks(torch, mode)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        for _ in range(4):
+            ids = torch.randint(0, 32000, (4, 1024), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss / 4
+            loss.backward()
+            del loss, ids
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
+    out["llama_train_ms"] = timed_steps(torch, step, 0, 4) * 1e3
+    out["llama_train_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+    model_peaks(torch, "llama_train", out, start)
 
 
 def varying_models(torch, torchvision, transformers, mode, out):
@@ -363,6 +427,8 @@ def main():
         os.environ["CCA_BENCH_GENERATE_ALONE"] = "1"
     if "--ckpt" in sys.argv:  # GPT-2 in bf16 with activation checkpointing, in a process of its own
         os.environ["CCA_BENCH_CKPT"] = "1"
+    if "--llama" in sys.argv:  # a Llama-style decoder generating, then training, in a process of its own
+        os.environ["CCA_BENCH_LLAMA"] = "1"
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch
@@ -398,6 +464,19 @@ def main():
         print("cca compact: %s plans, %s requests served at their place, %s moves in the model's run"
               % (last.get("gpt2_ckpt_plans", "?"), last.get("gpt2_ckpt_planned_allocations", "?"),
                  last.get("gpt2_ckpt_train_moves", "?")))
+        return
+    if os.environ.get("CCA_BENCH_LLAMA"):
+        keys = ["llama_generate_ms", "llama_generate_reserved_over_requested", "llama_generate_late_maps",
+                "llama_generate_peak_reserved_bytes", "llama_train_ms", "llama_train_reserved_over_requested",
+                "llama_train_late_maps", "llama_train_peak_reserved_bytes"]
+        print("| Llama-style decoder | %s |" % " | ".join(MODES))
+        print("|---|%s" % ("---|" * len(MODES)))
+        for k in keys:
+            div = 2**20 if k.endswith("_bytes") else 1
+            print("| %s | %s |" % (k, " | ".join("%.3f" % (results[m][-1][k] / div) for m in MODES)))
+        last = results["cca-compact"][-1]
+        print("cca compact: %s moves in generation, %s in training"
+              % (last.get("llama_generate_moves", "?"), last.get("llama_train_moves", "?")))
         return
     if os.environ.get("CCA_BENCH_GENERATE_ALONE"):
         for m in MODES:
