@@ -250,7 +250,7 @@ def llama_loops(torch, transformers, mode, out):
     32 to 512 tokens, 64 new tokens; the same draws as the recording), timed per call; then,
     that model gone, the cache emptied and the peaks reset, 6 training steps under bf16
     autocast with gradients accumulated over 4 micro-batches of 4 x 1024, timed over steps 3
-    to 6. Each phase's peaks, and the maps (num_device_alloc) of its second half."""
+    to 6. Each phase's peaks, and the maps (num_device_alloc) of the last 4 calls and steps."""
     cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                                    num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
                                    max_position_embeddings=2048)
