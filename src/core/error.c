@@ -44,6 +44,11 @@ void cca_clear_error(void)
     memset(&last_error, 0, sizeof(last_error));
 }
 
+void cca_error_restore(const cca_error_t *saved)
+{
+    last_error = *saved;
+}
+
 cca_status_t cca_raise_vat(const char *file, int line, cca_status_t status, long backend_code,
                            const char *fmt, va_list ap)
 {

@@ -37,6 +37,11 @@ cca_status_t cca_raise_vat(const char *file, int line, cca_status_t status, long
 #define cca_raise_backend(status, code, ...) \
     cca_raise_at(__FILE__, __LINE__, (status), (code), __VA_ARGS__)
 
+/* Put the calling thread's last-error record back as saved (a copy of *cca_last_error()):
+ * for a path that meets a failure it recovers from, so that the caller's call, which
+ * succeeds, leaves the record as it found it. */
+void cca_error_restore(const cca_error_t *saved);
+
 /* Write text to the registered output sink. */
 void cca_output(const char *text);
 void cca_outputf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -522,11 +522,14 @@ static void plan_miss(cca_plan_t *p)
     p->missed++;
 }
 
-/* Run map under the device lock, taken first (sp's lock released and taken again). */
+/* Run map under the device lock, taken first (sp's lock released and taken again). A
+ * failure is the plan's, which the request then goes on from by best fit: the thread's
+ * last-error record is left as it was. */
 static cca_status_t with_device_lock(cca_device_t *dev, cca_pool_t *pool, cca_plan_t *p, uintptr_t addr,
                                      size_t size, bool within_limit)
 {
     cca_stream_pool_t *sp = pool->owner;
+    const cca_error_t saved = *cca_last_error();
     cca_spin_unlock(&sp->lock);
     pthread_mutex_lock(&dev->lock);
     pool_lock(sp);
@@ -548,6 +551,8 @@ static cca_status_t with_device_lock(cca_device_t *dev, cca_pool_t *pool, cca_pl
         stats_read_held(dev, &sample, sp);
     }
     pthread_mutex_unlock(&dev->lock);
+    if (st != CCA_OK)
+        cca_error_restore(&saved);
     return st;
 }
 

@@ -483,6 +483,42 @@ TEST(compact_plan_start_without_room_maps_nothing)
     ends_empty();
 }
 
+/*
+ * The plan's start maps its range at once; where that map fails, the request goes by best
+ * fit and succeeds, and the failure the plan met is not the caller's: the thread's last
+ * error record is left as it was. Before, the allocation succeeded with the map's failure
+ * in the record.
+ */
+TEST(compact_plan_failed_map_leaves_no_error)
+{
+    setup_with("compact_memory:True", 0);
+    plan_test_force(true);
+    enum { N = 16 };
+    void *a = xmalloc(4 * MiB, NULL); /* below the loop: its segment stays */
+    void *live = NULL;
+    for (int t = 0; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
+        cca_free(live);
+        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
+        expect_true(live != NULL);
+    }
+    plan_test_force(false);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    cca_free(live);
+    /* the plan starts at the next request: its first map fails */
+    cca_clear_error();
+    uint64_t maps = calls(CCA_OP_VMM_MAP);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_MAP, 1, false, CCA_ERR_BACKEND));
+    live = xmalloc(3 * MiB + 512 * 1024, NULL);
+    expect_true(live != NULL);
+    expect_true(calls(CCA_OP_VMM_MAP) - maps >= 2); /* the plan's, failed; the request's own */
+    expect_eq_i64(cca_last_error()->status, CCA_OK);
+    expect_true(invariants_hold());
+    cca_sim_clear_faults(sim);
+    cca_free(live);
+    cca_free(a);
+    ends_empty();
+}
+
 /* A request of the loop's start phase on its own thread (the plan's start: its range found
  * and mapped under the device lock). */
 typedef struct plan_request {
@@ -1346,6 +1382,7 @@ int main(void)
     RUN(compact_plan_only_for_the_default_pools_large_requests);
     RUN(compact_plan_start_without_room_maps_nothing);
     RUN(compact_plan_range_not_yet_found_goes_by_best_fit);
+    RUN(compact_plan_failed_map_leaves_no_error);
     RUN(compact_fragmentation_in_oom_message);
     RUN(compact_takes_the_growths_own_kind_first);
     RUN(compact_growth_outlives_its_released_segment);
