@@ -17,6 +17,12 @@ Reads a PyTorch memory snapshot (its device_traces) and prints, in MiB:
   one period placed greedily by size with their lifetimes taken modulo the
   period, so the same placement serves the next period and the next.
 
+- for a trace with a CUDA graph capture (`cca_meta["pool_events"]`): the graph
+  pool floor, the least any allocator can reserve at its peak while the graph's
+  memory stays where the capture put it (a graph replays into the addresses it
+  captured): from the capture's end to the graph's deletion its private pool
+  holds at least the capture's peak of live bytes, beside the other live blocks.
+
 A placement that repeats needs no map and no unmap once it is made, and its
 height over the peak of live bytes is what it reserves beyond the physical
 limit. The placement is computed from the whole trace (it knows every block's
@@ -30,6 +36,8 @@ import sys
 
 
 def load_events(path, device):
+    """The trace's allocations and frees, each with its index among all the trace's events
+    (as `cca_meta["pool_events"]` counts them), and the program's pool operations."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
@@ -44,7 +52,58 @@ def load_events(path, device):
     ev = traces[device]
     completed = any(e["action"] == "free_completed" for e in ev)
     free_action = "free_completed" if completed else "free_requested"
-    return [e for e in ev if e["action"] in ("alloc", free_action)]
+    kept = [(i, e) for i, e in enumerate(ev) if e["action"] in ("alloc", free_action)]
+    pool_ops = (snap.get("cca_meta") or {}).get("pool_events") or []
+    return [e for _, e in kept], [i for i, _ in kept], pool_ops
+
+
+def graph_pool_floor(events, index, pool_ops):
+    """The least any allocator can reserve at its peak while it leaves a CUDA graph's memory
+    where the capture put it (a graph replays into the addresses it captured): from a
+    graph_capture to its graph_delete, the graph's private pool holds at least the peak of
+    live bytes of the blocks allocated on the capture stream during the capture (its
+    kernels write each of them at every replay), beside the other blocks live at each
+    moment. The highest such sum over the trace, or None for a trace with no capture."""
+    captures = []  # [stream, begin, end, delete]
+    for op in pool_ops:
+        if op.get("op") == "graph_capture":
+            captures.append([op.get("stream"), op["at"], None, None, tuple(op.get("pool", ()))])
+        elif op.get("op") in ("graph_capture_end", "graph_delete"):
+            for c in captures:
+                if c[4] == tuple(op.get("pool", ())):
+                    if op["op"] == "graph_capture_end" and c[2] is None:
+                        c[2] = op["at"]
+                    elif op["op"] == "graph_delete" and c[3] is None:
+                        c[3] = op["at"]
+    if not captures:
+        return None
+    live = {}
+    owner = {}  # addr -> capture number, for blocks allocated in a capture
+    pool_live = [0] * len(captures)
+    pool_peak = [0] * len(captures)
+    total = best = 0
+    for e, i in zip(events, index):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            total += e["size"]
+            for k, (stream, begin, end, _, _) in enumerate(captures):
+                if begin <= i and (end is None or i < end) and e["stream"] == stream:
+                    owner[e["addr"]] = k
+                    pool_live[k] += e["size"]
+                    pool_peak[k] = max(pool_peak[k], pool_live[k])
+                    break
+        else:
+            size = live.pop(e["addr"], 0)
+            total -= size
+            k = owner.pop(e["addr"], None)
+            if k is not None:
+                pool_live[k] -= size
+        need = total
+        for k, (_, begin, end, delete, _) in enumerate(captures):
+            if end is not None and end <= i and (delete is None or i < delete):
+                need += pool_peak[k] - pool_live[k]  # its capture's peak, kept mapped
+        best = max(best, need)
+    return best
 
 
 def blocks_of(events):
@@ -131,7 +190,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args()
-    events = load_events(args.trace, args.device)
+    events, index, pool_ops = load_events(args.trace, args.device)
     blocks, sizes, times, peak = blocks_of(events)
     mib = 1024.0 * 1024.0
     print("trace                 %s" % args.trace)
@@ -139,6 +198,9 @@ def main():
     print("peak live             %.1f MiB" % (peak / mib))
     if not peak:
         return
+    floor = graph_pool_floor(events, index, pool_ops)
+    if floor is not None:
+        print("graph pool floor      %.1f MiB  (%.4f of the peak)" % (floor / mib, floor / peak))
     whole = place([(s, a, f - a) for s, a, f, _ in blocks],
                   lambda a, n, b, m: a < b + m and b < a + n)
     print("offline placement     %.1f MiB  (%.4f of the peak)" % (whole / mib, whole / peak))

@@ -86,6 +86,39 @@ class PlanBound(unittest.TestCase):
         r = run(snapshot(events))
         self.assertEqual(r["period"], "none found (no repeating sequence of allocations)")
 
+    def test_a_graphs_pool_keeps_its_captures_peak(self):
+        # A (10 MiB) lives throughout; a capture on stream 7 allocates P1 (8) and P2 (4)
+        # and frees P1: the graph's pool peaks at 12 MiB. After the capture B (20 MiB)
+        # comes and goes while P2 lives: 34 MiB live, but the pool keeps its 12: 42. Once
+        # the graph is deleted C (30 MiB): 40 MiB live, the trace's peak.
+        def on(stream, e):
+            e["stream"] = stream
+            return e
+        events = [ev("alloc", 1, 10 * MiB),
+                  on(7, ev("alloc", 2, 8 * MiB)), on(7, ev("alloc", 3, 4 * MiB)),
+                  on(7, ev("free_completed", 2, 8 * MiB)),
+                  ev("alloc", 4, 20 * MiB), ev("free_completed", 4, 20 * MiB),
+                  on(7, ev("free_completed", 3, 4 * MiB)),
+                  ev("alloc", 5, 30 * MiB), ev("free_completed", 5, 30 * MiB),
+                  ev("free_completed", 1, 10 * MiB)]
+        snap = snapshot(events)
+        snap["cca_meta"] = {"pool_events": [
+            {"at": 1, "op": "graph_capture", "pool": [1, 0], "stream": 7},
+            {"at": 4, "op": "graph_capture_end", "pool": [1, 0]},
+            {"at": 7, "op": "graph_delete", "pool": [1, 0]}]}
+        r = run(snap)
+        self.assertEqual(r["peak live"], "40.0 MiB")
+        self.assertEqual(r["graph pool floor"], "42.0 MiB  (1.0500 of the peak)")
+        # without the capture noted, no floor line
+        self.assertNotIn("graph pool floor", run(snapshot(events)))
+
+    def test_the_bundled_graph_trace_cannot_go_below_1092(self):
+        path = os.path.join(ROOT, "tests", "data", "traces", "graph_mlp_default.pickle.gz")
+        out = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True,
+                             check=True).stdout
+        r = {line[:22].strip(): line[22:].strip() for line in out.splitlines()}
+        self.assertEqual(r["graph pool floor"], "497.1 MiB  (1.0924 of the peak)")
+
     def test_a_file_that_is_not_a_snapshot_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
             for name, data in (("list.pickle", pickle.dumps([1, 2])), ("junk.pickle", b"junk")):
