@@ -132,6 +132,7 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
     seg->size = alloc_size;
     seg->stream = pool->owner->stream;
     seg->is_small = pool->is_small;
+    seg->private_pool = pool->owner->private_pool;
     if (pool->owner->private_pool)
         pool->owner->private_pool->segment_count++;
     seg->next_seg = dev->segments;

@@ -195,6 +195,9 @@ static void check_segments(check_ctx_t *c, cca_device_t *dev, expected_stats_t *
                  dev->index, seg->base);
             break;
         }
+        if (b->pool && b->pool->owner->private_pool != seg->private_pool)
+            fail(c, "device %d: segment 0x%" PRIxPTR " names another private pool than its blocks'",
+                 dev->index, seg->base);
         bool split = b->next != NULL && !seg->es;
         uintptr_t expect_addr = seg->base;
         size_t total = 0;

@@ -110,6 +110,9 @@ typedef struct cca_segment {
     bool is_small;              /* small-pool segment */
     bool oversize;              /* counted in oversize_segments (max_split_size may change) */
     struct cca_block *head;     /* its first block */
+    const struct cca_private_pool *private_pool; /* its blocks' private pool, NULL: the
+                                   default pools (fixed for its life: read without its pool's
+                                   lock) */
     cca_expandable_t *es;       /* non-NULL: an expandable segment (base, size: the reservation) */
     cca_pool_free_fn user_free; /* non-NULL: from its private pool's own allocator, goes back there */
     void *user_ctx;

@@ -385,6 +385,7 @@ static cca_status_t segment_create(cca_device_t *dev, cca_pool_t *pool, cca_bloc
     seg->size = granule * max_handles;
     seg->stream = pool->owner->stream;
     seg->is_small = pool->is_small;
+    seg->private_pool = pool->owner->private_pool;
     seg->head = block;
     block->addr = seg->base;
     block->mapped = false;

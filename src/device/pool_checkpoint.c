@@ -28,9 +28,13 @@ static void lock_pool(cca_private_pool_t *pp, bool lock)
     }
 }
 
+/* Whether seg is one of pp's segments: from the segment itself, fixed for its life, so that
+ * the walks over the device's segments (device lock held, pp's pools locked) read nothing
+ * another stream pool's lock guards (a segment's head block changes with merges under its
+ * own pool's lock). */
 static inline bool segment_in_pool(const cca_segment_t *seg, const cca_private_pool_t *pp)
 {
-    return seg->head && seg->head->pool->owner->private_pool == pp;
+    return seg->private_pool == pp;
 }
 
 static int by_address(const void *a, const void *b)

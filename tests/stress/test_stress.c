@@ -30,6 +30,9 @@
  * the threads' segments meet under the locks, blocks patterned as above,
  * while another thread reads the statistics and empties the cache (which
  * forgets the plans).
+ * Another takes checkpoints of a graph's private pool, and checks its live
+ * blocks, while two threads allocate on other streams (the checkpoint's walk
+ * over the device's segments must read nothing the other pools' locks guard).
  * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread,
  * STRESS_MEMORY_MB the memory of the 8 GiB devices (a small one makes OOMs
  * under routes frequent).
@@ -471,6 +474,103 @@ TEST(threads_planned_loops)
     cca_shutdown();
 }
 
+/* ---- checkpoints of a private pool beside other streams' allocations ------------------ */
+
+enum { CKPT_WORKERS = 2, CKPT_ROUNDS = 3000 };
+static _Atomic bool ckpt_workers_done;
+
+/* Allocations and frees on a stream of the default pools: the first block of each of its
+ * segments splits and merges, so the segment's head block changes under the pool's lock. */
+static void *ckpt_worker(void *arg)
+{
+    cca_stream_t stream = streams[2 + (int)(intptr_t)arg];
+    uint64_t rng = 0xc4e7 + (uint64_t)(intptr_t)arg;
+    void *held[8] = {0};
+    for (int i = 0; i < CKPT_ROUNDS; i++) {
+        int k = (int)(rng_next(&rng) % 8);
+        if (held[k]) {
+            if (cca_free(held[k]) != CCA_OK)
+                atomic_fetch_add(&errors, 1);
+            held[k] = NULL;
+        } else if (cca_malloc(&held[k], (size_t)(1 + rng_next(&rng) % 64) * 64 * KiB, stream) != CCA_OK) {
+            atomic_fetch_add(&errors, 1);
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (held[k] && cca_free(held[k]) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+    return NULL;
+}
+
+/*
+ * A checkpoint of a graph's private pool taken, and its live blocks checked, again and
+ * again while two threads allocate on other streams. The checkpoint walks the device's
+ * segments (device lock held, the private pool's streams locked) and must tell the pool's
+ * own from the others without reading what the other pools' locks guard: it read each
+ * segment's head block, which the other threads' splits and merges rewrite (a data race
+ * under TSan, and a read of a block struct that a merge may hand back meanwhile). Now the
+ * segment says which private pool it is of, fixed for its life.
+ */
+TEST(threads_checkpoints_beside_other_streams)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    for (int i = 0; i < STREAMS; i++)
+        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
+    atomic_store(&errors, 0);
+    atomic_store(&ckpt_workers_done, false);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+        return;
+    }
+    const cca_mempool_id_t g = {1, 0};
+    void *in_pool[2] = {NULL, NULL};
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, streams[1]));
+    expect_ok(cca_malloc(&in_pool[0], 2 * MiB, streams[1]));
+    expect_ok(cca_malloc(&in_pool[1], 3 * MiB, streams[1]));
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    cca_pool_state_t *first = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, g, &first));
+    size_t pool_segments = first ? cca_pool_state_segments(first) : 0;
+    cca_pool_state_free(first);
+    expect_true(pool_segments >= 1);
+    pthread_t workers[CKPT_WORKERS];
+    for (int i = 0; i < CKPT_WORKERS; i++)
+        pthread_create(&workers[i], NULL, ckpt_worker, (void *)(intptr_t)i);
+    int checkpoints = 0, mismatches = 0;
+    for (int r = 0; r < 200; r++) {
+        cca_pool_state_t *state = NULL;
+        if (cca_pool_get_checkpoint(0, g, &state) != CCA_OK) {
+            atomic_fetch_add(&errors, 1);
+            break;
+        }
+        checkpoints += cca_pool_state_segments(state) == pool_segments;
+        cca_pool_state_free(state);
+        bool ok = false;
+        if (cca_pool_check_live_allocations(0, g, in_pool, 2, &ok) != CCA_OK || !ok)
+            mismatches++;
+    }
+    for (int i = 0; i < CKPT_WORKERS; i++)
+        pthread_join(workers[i], NULL);
+    printf("stress checkpoints: 200 taken beside %d threads, %d with the pool's %zu segment(s), %d "
+           "mismatches of its live blocks\n", CKPT_WORKERS, checkpoints, pool_segments, mismatches);
+    expect_eq_i64(checkpoints, 200);
+    expect_eq_i64(mismatches, 0);
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("after the threads: %s", why);
+    expect_ok(cca_free(in_pool[0]));
+    expect_ok(cca_free(in_pool[1]));
+    expect_ok(cca_release_pool(0, g));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(threads_streams_events);
@@ -478,5 +578,6 @@ int main(void)
     RUN(threads_streams_events_compact);
     RUN(threads_streams_events_compact_moving);
     RUN(threads_planned_loops);
+    RUN(threads_checkpoints_beside_other_streams);
     return harness_done();
 }
