@@ -441,6 +441,23 @@ TEST(compact_plan_only_for_the_default_pools_large_requests)
     ends_empty();
 }
 
+/* One live block at a time on the default stream, its size going round 2 to 17 MiB, plans
+ * forced, until one is made (a sixth round at most); returns the last block, still live. */
+static void *planned_sizes_loop(void)
+{
+    enum { N = 16 };
+    plan_test_force(true);
+    void *live = NULL;
+    for (int t = 0; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
+        cca_free(live);
+        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
+        expect_true(live != NULL);
+    }
+    plan_test_force(false);
+    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    return live;
+}
+
 /*
  * The plan's start maps its range as far as the room under the limit goes. Where the
  * reserved bytes are past the limit (here small pools of many streams, a granule each for a
@@ -452,20 +469,12 @@ TEST(compact_plan_only_for_the_default_pools_large_requests)
 TEST(compact_plan_start_without_room_maps_nothing)
 {
     setup_with("compact_memory:True", 0);
-    plan_test_force(true);
-    enum { STREAMS = 40, N = 16 };
+    enum { STREAMS = 40 };
     void *small[STREAMS];
     for (int i = 0; i < STREAMS; i++)
         small[i] = xmalloc(512, (cca_stream_t)(uintptr_t)(0x10000 + 0x100 * (size_t)i));
     void *a = xmalloc(4 * MiB, NULL); /* below the loop: its segment stays */
-    void *live = NULL;
-    for (int t = 0; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
-        cca_free(live);
-        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
-        expect_true(live != NULL);
-    }
-    plan_test_force(false);
-    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    void *live = planned_sizes_loop();
     /* the plan starts at the next request (every phase as quiet): another size */
     cca_free(live);
     cca_clear_error();
@@ -492,17 +501,8 @@ TEST(compact_plan_start_without_room_maps_nothing)
 TEST(compact_plan_failed_map_leaves_no_error)
 {
     setup_with("compact_memory:True", 0);
-    plan_test_force(true);
-    enum { N = 16 };
     void *a = xmalloc(4 * MiB, NULL); /* below the loop: its segment stays */
-    void *live = NULL;
-    for (int t = 0; t < 6 * N && extra_stat("cca.compact_plans") == 0; t++) {
-        cca_free(live);
-        live = xmalloc((size_t)(2 + t % N) * MiB, NULL);
-        expect_true(live != NULL);
-    }
-    plan_test_force(false);
-    expect_eq_i64(extra_stat("cca.compact_plans"), 1);
+    void *live = planned_sizes_loop();
     cca_free(live);
     /* the plan starts at the next request: its first map fails */
     cca_clear_error();
