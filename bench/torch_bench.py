@@ -56,6 +56,17 @@ def timed_steps(torch, step, warmup, steps):
     return (time.perf_counter() - t0) / steps
 
 
+def timed_late_steps(torch, step, warmup, steps):
+    """ms a step over `steps` steps after `warmup`, and the backend maps (num_device_alloc)
+    those later steps made."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
+    ms = timed_steps(torch, step, 0, steps) * 1e3
+    return ms, torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+
+
 def best_pair_us(fn, n, blocks=5):
     """The fastest of `blocks` timed blocks of n / blocks calls, in us per call: a block that
     another process or an interrupt slowed is not the allocator's figure."""
@@ -230,12 +241,7 @@ def ckpt_loop(torch, transformers, mode, out):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    for _ in range(8):
-        step()
-    torch.cuda.synchronize()
-    maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
-    out["gpt2_ckpt_train_ms"] = timed_steps(torch, step, 0, 8) * 1e3
-    out["gpt2_ckpt_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+    out["gpt2_ckpt_train_ms"], out["gpt2_ckpt_late_maps"] = timed_late_steps(torch, step, 8, 8)
     model_peaks(torch, "gpt2_ckpt_train", out, start)
     if mode == "cca-compact":
         now = compact_counts()
@@ -292,12 +298,7 @@ def llama_loops(torch, transformers, mode, out):
             del loss, ids
         opt.step()
         opt.zero_grad(set_to_none=True)
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
-    out["llama_train_ms"] = timed_steps(torch, step, 0, 4) * 1e3
-    out["llama_train_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
+    out["llama_train_ms"], out["llama_train_late_maps"] = timed_late_steps(torch, step, 2, 4)
     model_peaks(torch, "llama_train", out, start)
 
 

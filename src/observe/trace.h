@@ -23,7 +23,7 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
  * Record one event if history recording is on. A macro, so that the event's
  * fields are read only then: GCC moves no load past the atomic test, and an
  * inline function's arguments were read on every call, recording or not (a
- * few loads at each of the hot paths' events, BENCHMARKS "Twentieth round").
+ * few loads at each of the hot paths' events, BENCHMARKS "Twenty-first round").
  */
 #define trace_record(device, action, addr, size, stream)                                  \
     do {                                                                                  \
