@@ -10,6 +10,10 @@
  *    the block is deferred until it closes it, then collected;
  *  - peer access between GPU 0 and GPU 1 and copies between them
  *    (cca_memcpy_peer_async and a plain device-to-device cudaMemcpy);
+ *  - peer access to expandable segments and compact_memory's moved
+ *    granules: the driver's access flags for the peer on ranges mapped
+ *    before and after peer access was enabled and on granules a move mapped
+ *    again, and the peer's copy engine reading and writing them;
  *  - backend:cudaMallocAsync: round trips on streams, record_stream,
  *    statistics from the pool, empty_cache trimming, a memory fraction,
  *    threads on every GPU at once;
@@ -27,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cuda.h> /* (types only: the driver's functions come through the runtime) */
 #include <cuda_runtime_api.h>
 
 #include "harness.h"
@@ -325,6 +330,171 @@ TEST(peer_copies_cuda_malloc_async)
     peer_round("backend:cudaMallocAsync");
 }
 
+/* ---- peer access to expandable segments ------------------------------------------- */
+
+typedef CUresult (*mem_get_access_fn)(unsigned long long *flags, const CUmemLocation *location,
+                                      CUdeviceptr ptr);
+
+/* The driver's cuMemGetAccess, or NULL. */
+static mem_get_access_fn mem_get_access(void)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAccess", &fn, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuMemGetAccess", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+        return NULL;
+    mem_get_access_fn f = NULL;
+    memcpy(&f, &fn, sizeof(fn));
+    return f;
+}
+
+/* Whether device may read and write the virtual memory mapping at p (cuMemGetAccess). */
+static bool device_has_access(mem_get_access_fn get, const void *p, int device)
+{
+    unsigned long long flags = 0;
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device};
+    return get(&flags, &where, (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
+           flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+/* Bytes of [p, p + size) that differ from value, read on the host through p's own device. */
+static size_t mismatches_on(const void *p, int value, size_t size, int device)
+{
+    expect_true(cudaSetDevice(device) == cudaSuccess);
+    return device_mismatches(p, value, size);
+}
+
+/*
+ * GPU 1's copy engine reads p (on GPU 0) into its own buffer and writes
+ * value into p: both go through the peer mapping. Returns whether both
+ * copies completed with the right bytes.
+ */
+static bool peer_round_trip(void *p, int value, size_t size, void *scratch1, cudaStream_t s1)
+{
+    expect_true(cudaSetDevice(1) == cudaSuccess);
+    bool ok = cudaMemcpyAsync(scratch1, p, size, cudaMemcpyDeviceToDevice, s1) == cudaSuccess &&
+              cudaStreamSynchronize(s1) == cudaSuccess;
+    ok = ok && cudaMemsetAsync(scratch1, value, size, s1) == cudaSuccess &&
+         cudaMemcpyAsync(p, scratch1, size, cudaMemcpyDeviceToDevice, s1) == cudaSuccess &&
+         cudaStreamSynchronize(s1) == cudaSuccess;
+    return ok && mismatches_on(p, value, size, 0) == 0;
+}
+
+/* cca.compact_moves (cca_memory_stats_extra). */
+static int64_t compact_moves(int device)
+{
+    cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
+    expect_ok(cca_memory_stats_extra(device, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
+    for (size_t i = 0; i < CCA_MEMORY_STATS_EXTRA_COUNT; i++)
+        if (!strcmp(extra[i].key, "cca.compact_moves"))
+            return extra[i].value;
+    HARNESS_FAIL("no cca.compact_moves key");
+    return -1;
+}
+
+/*
+ * GPU 0's expandable segments under peer access from GPU 1: a block mapped
+ * before cca_enable_peer_access(1, 0) gets GPU 1's access then (PyTorch's
+ * addPeer), one mapped after gets it at its map, and, with compact_memory,
+ * granules a growth moved from a hole of another stream's segment get it at
+ * their new address. The driver's access flags say so, and GPU 1's copy
+ * engine reads and writes each block through the peer mapping.
+ */
+static void peer_expandable_round(const char *settings, bool compact)
+{
+    if (gpus < 2) {
+        printf("  (one GPU: peer access not tested)\n");
+        return;
+    }
+    mem_get_access_fn get = mem_get_access();
+    if (!get) {
+        HARNESS_FAIL("no cuMemGetAccess from the driver");
+        return;
+    }
+    if (!setup(settings))
+        return;
+    bool can10 = false;
+    expect_ok(cca_can_access_peer(1, 0, &can10));
+    if (!can10) {
+        printf("  (GPU 1 cannot access GPU 0: not tested)\n");
+        teardown();
+        return;
+    }
+    const size_t size = 10 * MiB;
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    cudaStream_t a0 = NULL, b0 = NULL, s1 = NULL;
+    expect_true(cudaStreamCreateWithFlags(&a0, cudaStreamNonBlocking) == cudaSuccess);
+    expect_true(cudaStreamCreateWithFlags(&b0, cudaStreamNonBlocking) == cudaSuccess);
+    char *before = NULL, *hole = NULL, *after = NULL, *moved = NULL;
+    void *scratch1 = NULL;
+    expect_ok(cca_malloc_device((void **)&before, size, 0, (cca_stream_t)a0));
+    expect_ok(cca_malloc_device((void **)&hole, size, 0, (cca_stream_t)a0));
+    expect_true(before && hole);
+    if (!before || !hole)
+        goto out;
+    expect_false(device_has_access(get, before, 1)); /* no peer yet */
+    expect_ok(cca_enable_peer_access(1, 0));
+    expect_true(device_has_access(get, before, 1));
+    expect_true(device_has_access(get, hole, 1));
+    expect_ok(cca_malloc_device((void **)&after, size, 0, (cca_stream_t)a0));
+    expect_true(after && device_has_access(get, after, 1));
+    expect_true(device_has_access(get, after, 0));
+    /* compact_memory: the hole's granules move to another stream's growth */
+    int64_t moves0 = compact_moves(0);
+    expect_true(cudaStreamSynchronize(a0) == cudaSuccess);
+    expect_ok(cca_free(hole));
+    hole = NULL;
+    expect_ok(cca_malloc_device((void **)&moved, 8 * MiB, 0, (cca_stream_t)b0));
+    expect_true(moved != NULL);
+    if (compact)
+        expect_true(compact_moves(0) > moves0);
+    else
+        expect_eq_i64(compact_moves(0), moves0);
+    expect_true(moved && device_has_access(get, moved, 1) && device_has_access(get, moved, 0));
+    expect_true(cudaSetDevice(1) == cudaSuccess);
+    expect_true(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    expect_ok(cca_malloc_device(&scratch1, size, 1, (cca_stream_t)s1));
+    if (!scratch1 || !after || !moved)
+        goto out;
+    expect_true(peer_round_trip(before, 0x31, size, scratch1, s1));
+    expect_true(peer_round_trip(after, 0x32, size, scratch1, s1));
+    expect_true(peer_round_trip(moved, 0x33, 8 * MiB, scratch1, s1));
+    /* the blocks beside the moved granules kept their bytes */
+    expect_eq_u64(mismatches_on(before, 0x31, size, 0), 0);
+    expect_eq_u64(mismatches_on(after, 0x32, size, 0), 0);
+out:
+    expect_true(cudaSetDevice(0) == cudaSuccess);
+    expect_true(cudaDeviceSynchronize() == cudaSuccess);
+    expect_ok(cca_free(before));
+    expect_ok(cca_free(hole));
+    expect_ok(cca_free(after));
+    expect_ok(cca_free(moved));
+    expect_ok(cca_free(scratch1));
+    expect_ok(cca_empty_cache());
+    cudaStreamDestroy(a0);
+    cudaStreamDestroy(b0);
+    if (s1) {
+        expect_true(cudaSetDevice(1) == cudaSuccess);
+        cudaStreamDestroy(s1);
+        expect_true(cudaSetDevice(0) == cudaSuccess);
+    }
+    teardown();
+}
+
+TEST(peer_access_expandable_segments)
+{
+    peer_expandable_round("expandable_segments:True", false);
+}
+
+TEST(peer_access_compact_moves)
+{
+    peer_expandable_round("compact_memory:True", true);
+}
+
 /* ---- backend:cudaMallocAsync ------------------------------------------------------ */
 
 TEST(cuda_malloc_async_backend)
@@ -514,6 +684,8 @@ int main(void)
     RUN(two_processes_share_both_ways);
     RUN(peer_copies_native);
     RUN(peer_copies_cuda_malloc_async);
+    RUN(peer_access_expandable_segments);
+    RUN(peer_access_compact_moves);
     RUN(cuda_malloc_async_backend);
     RUN(threads_on_every_gpu_native);
     RUN(threads_on_every_gpu_cuda_malloc_async);
