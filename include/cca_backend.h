@@ -303,6 +303,14 @@ cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, u
 /** Remove every injected fault. */
 void cca_sim_clear_faults(cca_backend_t *backend);
 
+/**
+ * Whether device was given access (vmm_set_access) to the virtual memory
+ * mapping of a simulated backend at addr: false where addr is not mapped,
+ * and again after the mapping is unmapped. Returns CCA_OK, or
+ * CCA_ERR_INVALID_ARGUMENT (not a simulated backend, has NULL).
+ */
+cca_status_t cca_sim_vmm_has_access(cca_backend_t *backend, const void *addr, int device, bool *has);
+
 /** Number of calls of op so far (successful or not). */
 uint64_t cca_sim_call_count(cca_backend_t *backend, cca_backend_op_t op);
 

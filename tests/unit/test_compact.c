@@ -885,6 +885,82 @@ TEST(compact_aliases_pending_granules_of_its_own_stream)
     cca_shutdown();
 }
 
+/* Two simulated devices under compact_memory (manual: events complete only when told). */
+static void setup_two_devices(bool manual_events)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 2;
+    cfg.total_memory = 1ull << 30;
+    cfg.manual_events = manual_events;
+    cca_shutdown();
+    if (cca_sim_create(&cfg, &sim) != CCA_OK ||
+        cca_init_with_backend(sim, "compact_memory:True") != CCA_OK) {
+        printf("cannot set up: %s\n", cca_last_error()->message);
+        exit(1);
+    }
+}
+
+/* Whether device may access every granule of [p, p + size) (the simulator's access bits). */
+static bool access_all(const void *p, size_t size, int device)
+{
+    for (size_t at = 0; at < size; at += 2 * MiB) {
+        bool has = false;
+        if (cca_sim_vmm_has_access(sim, (const char *)p + at, device, &has) != CCA_OK || !has)
+            return false;
+    }
+    return true;
+}
+
+/*
+ * Device 1 may access device 0's memory (cca_enable_peer_access(1, 0)): the
+ * granules a growth moves from another stream's hole, and those it aliases
+ * from its own stream's pending ones, are mapped at their new address with
+ * access for device 1 too, as every other growth's (PyTorch's addPeer covers
+ * the ranges mapped before, each map the ones after).
+ */
+TEST(compact_moved_and_aliased_granules_keep_peer_access)
+{
+    /* a move: the hole's work is done (events complete at once) */
+    setup_two_devices(false);
+    void *a = xmalloc(10 * MiB, NULL), *b = xmalloc(10 * MiB, NULL), *c = xmalloc(10 * MiB, NULL);
+    expect_true(access_all(a, 10 * MiB, 0));
+    expect_false(access_all(a, 10 * MiB, 1)); /* no peer yet */
+    expect_ok(cca_enable_peer_access(1, 0));
+    expect_true(access_all(a, 10 * MiB, 1) && access_all(c, 10 * MiB, 1));
+    cca_free(b);
+    void *d = xmalloc(6 * MiB, S1); /* another stream: the hole's granules move there */
+    expect_true(d != NULL);
+    expect_true(extra_stat("cca.compact_moves") >= 1);
+    expect_true(access_all(d, 6 * MiB, 0) && access_all(d, 6 * MiB, 1));
+    expect_true(invariants_hold());
+    cca_free(a);
+    cca_free(c);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+
+    /* an alias: S1's own pending granules mapped again at its growth */
+    setup_two_devices(true);
+    cca_device_t *dev = &cca_state->devices[0];
+    expect_ok(cca_enable_peer_access(1, 0));
+    a = xmalloc(4 * MiB, S1);
+    b = xmalloc(4 * MiB, S1);
+    c = xmalloc(4 * MiB, S1);
+    cca_free(b); /* S1's work on it pending */
+    d = xmalloc(6 * MiB, S1);
+    expect_true(d != NULL);
+    expect_eq_u64((uint64_t)dev->aliased_bytes, 4 * MiB);
+    expect_true(access_all(d, 6 * MiB, 0) && access_all(d, 6 * MiB, 1));
+    expect_true(invariants_hold());
+    expect_ok(cca_sim_complete_stream(sim, 0, S1, false));
+    cca_free(a);
+    cca_free(c);
+    cca_free(d);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(reserved(), 0);
+    cca_shutdown();
+}
+
 /*
  * Below the alias limit (the most reserved after a growth plus the bytes
  * aliased since, or 1 % over peak requested) a growth takes new memory
@@ -1390,6 +1466,7 @@ int main(void)
     RUN(compact_later_frees_are_not_covered_by_an_older_event);
     RUN(compact_synchronises_the_stream_only_when_an_event_call_fails);
     RUN(compact_aliases_pending_granules_of_its_own_stream);
+    RUN(compact_moved_and_aliased_granules_keep_peer_access);
     RUN(compact_aliases_only_past_the_alias_limit);
     RUN(compact_moves_only_past_the_limit);
     RUN(compact_limit_stays_within_two_percent_of_the_requested_peak);

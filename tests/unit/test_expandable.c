@@ -354,15 +354,25 @@ TEST(peers_get_access_to_mapped_ranges)
 {
     setup_with("expandable_segments:True", 1ull << 30, false, 2);
     void *a = xmalloc(30 * MiB, NULL);
+    bool has = true;
+    expect_ok(cca_sim_vmm_has_access(sim, (char *)a + 29 * MiB, 1, &has));
+    expect_false(has);
     uint64_t before = cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS);
     /* device 1 may access device 0's memory: the range mapped so far gets its access */
     expect_ok(cca_enable_peer_access(1, 0));
     expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 1);
+    expect_ok(cca_sim_vmm_has_access(sim, (char *)a + 29 * MiB, 1, &has));
+    expect_true(has);
     expect_ok(cca_enable_peer_access(1, 0)); /* already enabled: nothing more */
     expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 1);
     /* a later growth sets access for the device and the peer */
     void *b = xmalloc(30 * MiB, NULL);
     expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS), before + 3);
+    for (int d = 0; d < 2; d++) {
+        has = false;
+        expect_ok(cca_sim_vmm_has_access(sim, (char *)b + 29 * MiB, d, &has));
+        expect_true(has);
+    }
     cca_free(a);
     cca_free(b);
     cca_shutdown();

@@ -33,6 +33,7 @@ typedef struct sim_range {
     uint32_t prio;    /* heap priority */
     int kind;         /* SIM_RANGE_* */
     void *data;       /* record of the live range, if any */
+    uint64_t access;  /* a mapping: the devices given access to it (bit per device) */
     struct sim_range *left, *right;
 } sim_range_t;
 

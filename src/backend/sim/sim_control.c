@@ -50,6 +50,19 @@ cca_status_t cca_sim_inject_fault(cca_backend_t *backend, cca_backend_op_t op, u
     return CCA_OK;
 }
 
+cca_status_t cca_sim_vmm_has_access(cca_backend_t *backend, const void *addr, int device, bool *has)
+{
+    sim_ctx_t *c = sim_of(backend);
+    if (!c)
+        return not_sim(__func__);
+    if (!has)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_sim_vmm_has_access: has is NULL");
+    pthread_mutex_lock(&c->lock);
+    *has = sim_vmm_access_of(c, (uint64_t)(uintptr_t)addr, device);
+    pthread_mutex_unlock(&c->lock);
+    return CCA_OK;
+}
+
 void cca_sim_clear_faults(cca_backend_t *backend)
 {
     sim_ctx_t *c = sim_of(backend);

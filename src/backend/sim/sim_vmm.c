@@ -377,14 +377,29 @@ static cca_status_t sim_vmm_set_access(void *ctx, int device, void *addr, size_t
     uint64_t at = start, end = start + size;
     while (m && m->start <= at && m->start + m->len > at) {
         at = m->start + m->len;
-        if (at >= end)
+        if (at >= end) {
+            /* all mapped: the device may access every mapping the range touches */
+            for (m = simrange_find_le(r->mapped, start); m && m->start < end;
+                 m = simrange_find_ge(r->mapped, m->start + m->len))
+                m->access |= 1ull << device;
             goto out_unlock;
+        }
         m = simrange_find_ge(r->mapped, at);
     }
     st = vmm_invalid(CCA_OP_VMM_SET_ACCESS, "the range is not entirely mapped", addr, size);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+/* Whether device was given access (set_access) to the mapping holding addr; false where addr
+ * is not mapped (c locked). */
+bool sim_vmm_access_of(sim_ctx_t *c, uint64_t addr, int device)
+{
+    sim_resv_t *r = find_resv(c, -1, addr, 1);
+    sim_range_t *m = r ? simrange_find_le(r->mapped, addr) : NULL;
+    return m && addr < m->start + m->len && device >= 0 && device < SIM_MAX_DEVICES &&
+           (m->access >> device & 1);
 }
 
 /* The memory file of a live, shareable handle (ipc_shared mode). Returns

@@ -179,6 +179,8 @@ sim_range_t *sim_spare_take(sim_ctx_t *c, uint64_t start, uint64_t len, int kind
 void sim_spare_give(sim_ctx_t *c, sim_range_t *r);
 /* Spares any single placement or release may need. */
 size_t sim_spare_need(const sim_ctx_t *c);
+/* Whether device was given access to the virtual memory mapping at addr (c locked). */
+bool sim_vmm_access_of(sim_ctx_t *c, uint64_t addr, int device);
 /*
  * Choose the address of a new live range of size bytes on device (address-only
  * mode) and insert its live node (kind, data); see sim.c. sim_spare_need()
