@@ -802,19 +802,26 @@ TEST(compact_synchronises_the_stream_only_when_an_event_call_fails)
 
 /* A compact device whose physical handles are shared memory (ipc_shared): a
  * handle mapped at two addresses shows the same bytes at both. */
-static void setup_shared(void)
+/* devices simulated devices of 1 GiB under compact_memory (manual_events: events complete only
+ * when told; ipc_shared: backed by shareable memory files). */
+static void setup_devices(int devices, bool manual_events, bool ipc_shared)
 {
     cca_sim_config_t cfg = {0};
-    cfg.devices = 1;
+    cfg.devices = devices;
     cfg.total_memory = 1ull << 30;
-    cfg.manual_events = true;
-    cfg.ipc_shared = true;
+    cfg.manual_events = manual_events;
+    cfg.ipc_shared = ipc_shared;
     cca_shutdown();
     if (cca_sim_create(&cfg, &sim) != CCA_OK ||
         cca_init_with_backend(sim, "compact_memory:True") != CCA_OK) {
         printf("cannot set up: %s\n", cca_last_error()->message);
         exit(1);
     }
+}
+
+static void setup_shared(void)
+{
+    setup_devices(1, true, true);
 }
 
 static bool all_bytes(const unsigned char *p, size_t n, unsigned char v)
@@ -885,21 +892,6 @@ TEST(compact_aliases_pending_granules_of_its_own_stream)
     cca_shutdown();
 }
 
-/* Two simulated devices under compact_memory (manual: events complete only when told). */
-static void setup_two_devices(bool manual_events)
-{
-    cca_sim_config_t cfg = {0};
-    cfg.devices = 2;
-    cfg.total_memory = 1ull << 30;
-    cfg.manual_events = manual_events;
-    cca_shutdown();
-    if (cca_sim_create(&cfg, &sim) != CCA_OK ||
-        cca_init_with_backend(sim, "compact_memory:True") != CCA_OK) {
-        printf("cannot set up: %s\n", cca_last_error()->message);
-        exit(1);
-    }
-}
-
 /* Whether device may access every granule of [p, p + size) (the simulator's access bits). */
 static bool access_all(const void *p, size_t size, int device)
 {
@@ -921,7 +913,7 @@ static bool access_all(const void *p, size_t size, int device)
 TEST(compact_moved_and_aliased_granules_keep_peer_access)
 {
     /* a move: the hole's work is done (events complete at once) */
-    setup_two_devices(false);
+    setup_devices(2, false, false);
     void *a = xmalloc(10 * MiB, NULL), *b = xmalloc(10 * MiB, NULL), *c = xmalloc(10 * MiB, NULL);
     expect_true(access_all(a, 10 * MiB, 0));
     expect_false(access_all(a, 10 * MiB, 1)); /* no peer yet */
@@ -940,7 +932,7 @@ TEST(compact_moved_and_aliased_granules_keep_peer_access)
     expect_eq_i64(reserved(), 0);
 
     /* an alias: S1's own pending granules mapped again at its growth */
-    setup_two_devices(true);
+    setup_devices(2, true, false);
     cca_device_t *dev = &cca_state->devices[0];
     expect_ok(cca_enable_peer_access(1, 0));
     a = xmalloc(4 * MiB, S1);
