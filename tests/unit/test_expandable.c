@@ -357,6 +357,8 @@ TEST(peers_get_access_to_mapped_ranges)
     bool has = true;
     expect_ok(cca_sim_vmm_has_access(sim, (char *)a + 29 * MiB, 1, &has));
     expect_false(has);
+    expect_status(cca_sim_vmm_has_access(sim, a, 1, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_sim_vmm_has_access(NULL, a, 1, &has), CCA_ERR_INVALID_ARGUMENT);
     uint64_t before = cca_sim_call_count(sim, CCA_OP_VMM_SET_ACCESS);
     /* device 1 may access device 0's memory: the range mapped so far gets its access */
     expect_ok(cca_enable_peer_access(1, 0));
