@@ -416,6 +416,15 @@ def compact_counts():
     return {keys[e.key]: e.value for e in entries if e.key in keys}
 
 
+def print_last_round(title, keys, results):
+    """A table of the last round's figures under keys, a column per mode (bytes in MiB)."""
+    print("| %s | %s |" % (title, " | ".join(MODES)))
+    print("|---|%s" % ("---|" * len(MODES)))
+    for k in keys:
+        div = 2**20 if k.endswith("_bytes") else 1
+        print("| %s | %s |" % (k, " | ".join("%.3f" % (results[m][-1][k] / div) for m in MODES)))
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     repeat = 2
@@ -456,11 +465,7 @@ def main():
     if os.environ.get("CCA_BENCH_CKPT"):
         keys = ["gpt2_ckpt_train_ms", "gpt2_ckpt_train_reserved_over_requested", "gpt2_ckpt_late_maps",
                 "gpt2_ckpt_train_peak_reserved_bytes"]
-        print("| GPT-2 bf16, activation checkpointing | %s |" % " | ".join(MODES))
-        print("|---|%s" % ("---|" * len(MODES)))
-        for k in keys:
-            div = 2**20 if k.endswith("_bytes") else 1
-            print("| %s | %s |" % (k, " | ".join("%.3f" % (results[m][-1][k] / div) for m in MODES)))
+        print_last_round("GPT-2 bf16, activation checkpointing", keys, results)
         last = results["cca-compact"][-1]
         print("cca compact: %s plans, %s requests served at their place, %s moves in the model's run"
               % (last.get("gpt2_ckpt_plans", "?"), last.get("gpt2_ckpt_planned_allocations", "?"),
@@ -470,11 +475,7 @@ def main():
         keys = ["llama_generate_ms", "llama_generate_reserved_over_requested", "llama_generate_late_maps",
                 "llama_generate_peak_reserved_bytes", "llama_train_ms", "llama_train_reserved_over_requested",
                 "llama_train_late_maps", "llama_train_peak_reserved_bytes"]
-        print("| Llama-style decoder | %s |" % " | ".join(MODES))
-        print("|---|%s" % ("---|" * len(MODES)))
-        for k in keys:
-            div = 2**20 if k.endswith("_bytes") else 1
-            print("| %s | %s |" % (k, " | ".join("%.3f" % (results[m][-1][k] / div) for m in MODES)))
+        print_last_round("Llama-style decoder", keys, results)
         last = results["cca-compact"][-1]
         print("cca compact: %s moves in generation, %s in training"
               % (last.get("llama_generate_moves", "?"), last.get("llama_train_moves", "?")))
