@@ -34,31 +34,38 @@
 #define CCA_BIN_COUNT (64 << CCA_BIN_SUB_BITS)
 #define CCA_BIN_WORDS (CCA_BIN_COUNT / 64)
 
-/* Inline capacity of a block's set of using streams (record_stream). */
-#define CCA_INLINE_STREAMS 2
-
 struct cca_pool;
 struct cca_segment;
 struct cca_private_pool;
 
 typedef struct cca_block {
+    /* first cache line: what best fit, the bins, the pointer map and a free's merge read */
     uintptr_t addr;             /* device address */
     size_t size;                /* bytes */
-    size_t requested_size;      /* bytes the caller asked for (last allocation) */
     struct cca_block *prev;     /* neighbour below in the segment, NULL at its start */
     struct cca_block *next;     /* neighbour above, NULL at its end */
     struct cca_block *bin_prev; /* links in a free bin (or in the pending list) */
     struct cca_block *bin_next;
     struct cca_block *map_next; /* chain in the pointer map */
-    struct cca_pool *pool;      /* stream pool (and kind) it belongs to */
-    struct cca_segment *segment;/* the segment it tiles */
-    int64_t gc_count_base;      /* pool's get_free_block count when it was cached */
-    uint64_t free_tick;         /* its stream pool's free_tick when it was last returned (free) */
-    uint32_t event_count;       /* outstanding record_stream events */
     uint16_t bin;               /* bin index while free */
-    int16_t device;             /* device index (uncached mode) */
     bool allocated;             /* handed out to the caller */
     bool in_bin;                /* sitting in a free bin */
+    uint32_t stream_use_count;  /* streams recorded with record_stream */
+    /* second line */
+    struct cca_pool *pool;      /* stream pool (and kind) it belongs to; NULL: uncached */
+    struct cca_segment *segment;/* the segment it tiles */
+    size_t requested_size;      /* bytes the caller asked for (last allocation) */
+    int64_t gc_count_base;      /* pool's get_free_block count when it was cached */
+    uint64_t free_tick;         /* its stream pool's free_tick when it was last returned (free) */
+    cca_stream_t *stream_uses;  /* the streams recorded (heap, stream_use_cap of them), NULL
+                                   before the first record_stream */
+    uint32_t stream_use_cap;
+    uint32_t event_count;       /* outstanding record_stream events */
+    union {
+        uint32_t plan_serial;   /* compact_memory: 1 + its serial in its pool's plan record
+                                   (plan.c) while allocated, 0: not recorded */
+        int32_t device;         /* uncached mode (no pool): its device index */
+    };
     bool oversize;              /* counted in oversize_allocations (max_split_size may change) */
     bool mapped;                /* false: unmapped address space of an expandable segment,
                                    in its pool's unmapped list (bin links), never in a bin */
@@ -67,13 +74,11 @@ typedef struct cca_block {
                                    kept in the backend until its stream's work on them is done;
                                    in the device's aliased list (bin links), in no other list;
                                    address space nothing maps or allocates meanwhile */
-    uint32_t plan_serial;       /* compact_memory: 1 + its serial in its pool's plan record
-                                   (plan.c) while allocated, 0: not recorded */
-    uint32_t stream_use_count;  /* streams recorded with record_stream */
-    uint32_t stream_use_cap;
-    cca_stream_t stream_uses_inline[CCA_INLINE_STREAMS];
-    cca_stream_t *stream_uses;  /* inline array or heap array when more */
 } cca_block_t;
+
+/* Two cache lines, the hot fields in the first (pool_block_struct aligns them). */
+_Static_assert(sizeof(cca_block_t) == 128, "a block struct is two cache lines");
+_Static_assert(offsetof(cca_block_t, pool) == 64, "the hot fields fill the first line");
 
 /* One granule of an expandable segment's address space. */
 typedef struct cca_vmm_granule {
@@ -1039,8 +1044,9 @@ void ops_again_counts(cca_stream_pool_t *sp, int type, uint64_t n, int64_t size,
 /* A block struct of the heap (pool_block_new's, when the pool has no spare); NULL: none. */
 cca_block_t *pool_block_struct(void);
 /* Tests: the n-th host allocation from now among the stream pools' block structs, the
- * pointer map's buckets and a checkpoint restore's lists fails (0: none), as it would with
- * the host out of memory; pool_host_alloc_fails asks before each. */
+ * pointer map's buckets, a block's record_stream streams and a checkpoint restore's lists
+ * fails (0: none), as it would with the host out of memory; pool_host_alloc_fails asks
+ * before each. */
 void pool_test_fail_host_alloc(long n);
 /* Tests: with off, compact_memory's growths move free granules known done whatever the limit
  * (expandable.c: lend_free_granules), so a threaded test moves granules at every growth. */
@@ -1082,7 +1088,6 @@ static inline cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, 
     b->free_tick = 0;
     b->event_count = 0;
     b->bin = 0;
-    b->device = 0;
     b->allocated = false;
     b->in_bin = false;
     b->oversize = false;
@@ -1090,8 +1095,8 @@ static inline cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, 
     b->aliased = false;
     b->plan_serial = 0;
     b->stream_use_count = 0;
-    b->stream_use_cap = CCA_INLINE_STREAMS;
-    b->stream_uses = b->stream_uses_inline;
+    b->stream_use_cap = 0;
+    b->stream_uses = NULL;
     return b;
 }
 
@@ -1099,8 +1104,10 @@ static inline cca_block_t *pool_block_new(cca_pool_t *pool, cca_segment_t *seg, 
  * merge gives one back). */
 static inline void pool_block_delete(cca_block_t *b)
 {
-    if (b->stream_uses != b->stream_uses_inline)
+    if (b->stream_uses) {
         free(b->stream_uses);
+        b->stream_uses = NULL;
+    }
     cca_stream_pool_t *sp = b->pool->owner;
     if (b->pool->last_alloc == b)
         b->pool->last_alloc = NULL;

@@ -663,15 +663,15 @@ cca_status_t cca_record_stream(void *ptr, cca_stream_t stream)
         present = block->stream_uses[i] == stream;
     if (!present) {
         if (block->stream_use_count == block->stream_use_cap) {
-            uint32_t cap = block->stream_use_cap * 2;
-            cca_stream_t *uses = malloc(cap * sizeof(*uses));
+            uint32_t cap = block->stream_use_cap ? block->stream_use_cap * 2 : 2;
+            cca_stream_t *uses = pool_host_alloc_fails() ? NULL : malloc(cap * sizeof(*uses));
             if (!uses) {
                 st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in cca_record_stream");
                 goto out_unlock;
             }
-            memcpy(uses, block->stream_uses, block->stream_use_count * sizeof(*uses));
-            if (block->stream_uses != block->stream_uses_inline)
-                free(block->stream_uses);
+            if (block->stream_use_count)
+                memcpy(uses, block->stream_uses, block->stream_use_count * sizeof(*uses));
+            free(block->stream_uses);
             block->stream_uses = uses;
             block->stream_use_cap = cap;
         }

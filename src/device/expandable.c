@@ -1595,8 +1595,7 @@ void expandable_device_shutdown(cca_device_t *dev)
         dev->segment_count--;
         for (cca_block_t *b = seg->head; b;) {
             cca_block_t *nb = b->next;
-            if (b->stream_uses != b->stream_uses_inline)
-                free(b->stream_uses);
+            free(b->stream_uses);
             free(b);
             b = nb;
         }

@@ -29,10 +29,11 @@ bool pool_host_alloc_fails(void)
     return cca_countdown_hit(&host_alloc_countdown);
 }
 
-/* A block struct of the heap, for pool_block_new when the stream pool has no spare. */
+/* A block struct of the heap, for pool_block_new when the stream pool has no spare: on a
+ * cache line of its own, so that its hot fields take one line. */
 cca_block_t *pool_block_struct(void)
 {
-    return pool_host_alloc_fails() ? NULL : malloc(sizeof(cca_block_t));
+    return pool_host_alloc_fails() ? NULL : aligned_alloc(64, sizeof(cca_block_t));
 }
 
 bool pool_spares_reserve(cca_stream_pool_t *sp, size_t n)
@@ -406,8 +407,7 @@ void pool_device_shutdown(cca_device_t *dev)
         cca_block_t *b = seg->head;
         while (b) {
             cca_block_t *nb = b->next;
-            if (b->stream_uses != b->stream_uses_inline)
-                free(b->stream_uses);
+            free(b->stream_uses);
             free(b);
             b = nb;
         }

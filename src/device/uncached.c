@@ -34,7 +34,6 @@ cca_status_t uncached_malloc(cca_device_t *dev, size_t size, cca_stream_t stream
     block->size = size;
     block->requested_size = size;
     block->allocated = true;
-    block->stream_uses = block->stream_uses_inline;
     block->device = dev->index;
     if (!ptrmap_insert(cca_state->ptrmap, block)) {
         be->free(be->ctx, dev->index, p);

@@ -1604,6 +1604,39 @@ TEST(free_keeps_block_back_when_record_and_sync_fail)
     expect_valid();
 }
 
+/* A block's recorded streams take host memory from its first record_stream on, and
+ * again as they outgrow it: refused for want of it, the call records nothing, and the
+ * block is freed as if it had never been called (no event); the streams recorded before a
+ * refused growth keep their events. */
+TEST(record_stream_out_of_host_memory)
+{
+    setup(NULL, 0, true);
+    cca_stream_t s3 = (cca_stream_t)(uintptr_t)0x3000;
+    char *a = xmalloc(4 * KiB, S1);
+    pool_test_fail_host_alloc(1);
+    expect_status(cca_record_stream(a, S2), CCA_ERR_OUT_OF_MEMORY);
+    pool_test_fail_host_alloc(0);
+    expect_eq_u64(((cca_block_t *)ptrmap_find(cca_state->ptrmap, (uintptr_t)a, false))->stream_use_count, 0);
+    expect_ok(cca_free(a)); /* no stream to wait for: free at once */
+    expect_eq_u64(cca_sim_pending_events(sim), 0);
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    char *b = xmalloc(4 * KiB, S1);
+    expect_ok(cca_record_stream(b, S2));
+    expect_ok(cca_record_stream(b, s3)); /* two fit the first array */
+    cca_stream_t s4 = (cca_stream_t)(uintptr_t)0x4000;
+    pool_test_fail_host_alloc(1);
+    expect_status(cca_record_stream(b, s4), CCA_ERR_OUT_OF_MEMORY);
+    pool_test_fail_host_alloc(0);
+    expect_ok(cca_free(b));
+    expect_eq_u64(cca_sim_pending_events(sim), 2); /* S2's and s3's, not s4's */
+    expect_ok(cca_sim_complete_stream(sim, 0, S2, false));
+    expect_ok(cca_sim_complete_stream(sim, 0, s3, false));
+    expect_ok(alloc_process_events());
+    expect_eq_i64(stats(0).active[CCA_STAT_ALL].current, 0);
+    expect_valid();
+}
+
 int main(void)
 {
     RUN(rounding_default);
@@ -1630,6 +1663,7 @@ int main(void)
     RUN(large_split_rule);
     RUN(oversize_rules);
     RUN(record_stream_events);
+    RUN(record_stream_out_of_host_memory);
     RUN(events_complete_out_of_order);
     RUN(empty_cache_returns_everything);
     RUN(empty_cache_keeps_split_segments);
