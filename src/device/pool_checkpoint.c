@@ -149,23 +149,33 @@ static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, 
     if (atomic_load_explicit(&dev->route_count, memory_order_relaxed))
         return cca_raise(CCA_ERR_BUSY, "%s: a route to a private pool is active on device %d", what,
                          dev->index);
+    /* an allocation routed to the pool before its route ended may still be under way on
+     * another thread (pinned under this lock, which no new one can take: no route is
+     * active): it would change the pool under the walks and the restore */
+    if (atomic_load_explicit(&pp->pins, memory_order_acquire))
+        return cca_raise(CCA_ERR_BUSY, "%s: an allocation routed to private pool (%" PRIu64 ", %" PRIu64
+                         ") has not returned yet on another thread; call again once it has",
+                         what, id.first, id.second);
     cca_status_t st = events_insert_deferred_locked(dev, NULL);
     if (st != CCA_OK)
         return st;
-    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
+    lock_pool(pp, true); /* frees of the pool's blocks on other threads wait */
+    for (const cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
         if (seg->es) /* PyTorch's checkpointing does not support expandable segments either */
-            return cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pool (%" PRIu64 ", %" PRIu64 ") "
-                             "holds expandable segments; checkpoints need expandable_segments:False",
-                             what, id.first, id.second);
-        for (const cca_block_t *b = seg->head; b; b = b->next)
+            st = cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pool (%" PRIu64 ", %" PRIu64 ") "
+                           "holds expandable segments; checkpoints need expandable_segments:False",
+                           what, id.first, id.second);
+        for (const cca_block_t *b = seg->head; b && st == CCA_OK; b = b->next)
             if (b->event_count || (!b->allocated && !b->in_bin))
-                return cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool waits for stream "
-                                 "events; synchronize first", what, b->addr);
+                st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool waits for stream "
+                               "events; synchronize first", what, b->addr);
     }
-    *out = pp;
-    return CCA_OK;
+    lock_pool(pp, false);
+    if (st == CCA_OK)
+        *out = pp;
+    return st;
 }
 
 cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_state_t **state)
@@ -285,10 +295,12 @@ static cca_status_t checkpoint_reserve(cca_device_t *dev, cca_private_pool_t *pp
                                        size_t *freed_cap, size_t *allocated_cap)
 {
     size_t live = 0, kept = 0, blocks = 0;
+    lock_pool(pp, true);
     for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
         if (segment_in_pool(seg, pp))
             for (const cca_block_t *b = seg->head; b; b = b->next)
                 live += b->allocated;
+    lock_pool(pp, false);
     for (size_t i = 0; i < state->segment_count; i++) {
         blocks += state->segments[i].block_count;
         for (size_t j = 0; j < state->segments[i].block_count; j++)
@@ -374,33 +386,33 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     st = checkpoint_pool_locked(what, dev, state->id, &pp);
     if (st != CCA_OK)
         goto out_unlock;
+    /* the checks walk the pool's blocks with its stream pools locked: a free on another
+     * thread comes before them or after */
+    lock_pool(pp, true);
     /* a block another process maps cannot be freed now (its free would be deferred) */
-    for (cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg) {
+    for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
-        for (cca_block_t *b = seg->head; b; b = b->next) {
-            if (b->allocated && shared_holds(b->addr)) {
+        for (cca_block_t *b = seg->head; b && st == CCA_OK; b = b->next) {
+            if (b->allocated && shared_holds(b->addr))
                 st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is mapped by "
                                "another process (IPC); it cannot be freed now", what, b->addr);
-                goto out_unlock;
-            }
             /* nor one used on other streams: its free would wait for their events, and
              * the restore would hand it out again while it waits (PyTorch fails then) */
-            if (b->allocated && b->stream_use_count) {
+            else if (b->allocated && b->stream_use_count)
                 st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is in use on "
                                "other streams (record_stream); free it, or restore once it is "
                                "freed and its streams are done", what, b->addr);
-                goto out_unlock;
-            }
         }
     }
     /* every segment of the checkpoint must still be the pool's, as it was */
-    for (size_t i = 0; i < state->segment_count; i++)
-        if (!checkpoint_segment_locked(dev, pp, &state->segments[i])) {
+    for (size_t i = 0; i < state->segment_count && st == CCA_OK; i++)
+        if (!checkpoint_segment_locked(dev, pp, &state->segments[i]))
             st = cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: segment 0x%" PRIxPTR " of the checkpoint is "
                            "no longer in the pool", what, state->segments[i].base);
-            goto out_unlock;
-        }
+    lock_pool(pp, false);
+    if (st != CCA_OK)
+        goto out_unlock;
     st = checkpoint_reserve(dev, pp, state, &d, &freed_cap, &allocated_cap);
     if (st != CCA_OK)
         goto out_unlock;
@@ -410,12 +422,14 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
         if (!segment_in_pool(seg, pp))
             continue;
         for (;;) {
+            lock_pool(pp, true); /* the walk; the free below locks its own pool */
             cca_block_t *b = seg->head;
             while (b && !b->allocated)
                 b = b->next;
-            if (!b)
+            void *p = b ? (void *)b->addr : NULL;
+            lock_pool(pp, false);
+            if (!p)
                 break;
-            void *p = (void *)b->addr;
             if (!list_push(&d.freed, &d.freed_count, &freed_cap, p)) {
                 st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
                 break;

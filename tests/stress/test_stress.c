@@ -571,6 +571,90 @@ TEST(threads_checkpoints_beside_other_streams)
     cca_shutdown();
 }
 
+enum { POOL_FREES = 256 };
+static void *pool_blocks[POOL_FREES];
+
+/* Frees the private pool's blocks one by one, in an order that splits and merges them. */
+static void *pool_freer(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < POOL_FREES; i++) {
+        int k = (i * 7) % POOL_FREES; /* 7 and 256 are coprime: each once */
+        if (cca_free(pool_blocks[k]) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+        if (i % 8 == 0)
+            sched_yield();
+    }
+    atomic_store(&ckpt_workers_done, true);
+    return NULL;
+}
+
+/*
+ * Checkpoints of a private pool taken while another thread frees that pool's own blocks
+ * (the program's, allocated in the pool before its route ended, on another of its streams):
+ * each checkpoint walks the pool's segments, and each free merges blocks of them under its
+ * stream pool's lock. The checkpoint's checks of the pool's blocks (events pending, blocks
+ * in use) walked them with the device lock only (a data race under TSan); every walk now
+ * holds the pool's stream pools' locks, so each free comes before a walk or after it.
+ */
+TEST(threads_checkpoints_beside_frees_of_the_pool)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    for (int i = 0; i < STREAMS; i++)
+        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
+    atomic_store(&errors, 0);
+    atomic_store(&ckpt_workers_done, false);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+        return;
+    }
+    const cca_mempool_id_t g = {1, 0};
+    void *kept = NULL;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, streams[1]));
+    expect_ok(cca_malloc(&kept, 2 * MiB, streams[1]));
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, streams[2]));
+    for (int i = 0; i < POOL_FREES; i++)
+        expect_ok(cca_malloc(&pool_blocks[i], (size_t)(1 + i % 16) * 16 * KiB, streams[2]));
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    pthread_t freer;
+    pthread_create(&freer, NULL, pool_freer, NULL);
+    int checkpoints = 0, refused = 0;
+    while (!atomic_load(&ckpt_workers_done)) {
+        cca_pool_state_t *state = NULL;
+        if (cca_pool_get_checkpoint(0, g, &state) == CCA_OK)
+            checkpoints++;
+        else
+            refused++;
+        cca_pool_state_free(state);
+        bool same = true; /* kept alone is live once the freer is done, not before */
+        if (cca_pool_check_live_allocations(0, g, &kept, 1, &same) != CCA_OK)
+            refused++;
+    }
+    pthread_join(freer, NULL);
+    printf("stress checkpoints: %d taken while another thread freed %d blocks of the pool, %d "
+           "refused\n", checkpoints, POOL_FREES, refused);
+    expect_true(checkpoints >= 1);
+    expect_eq_i64(refused, 0);
+    bool ok = false;
+    expect_ok(cca_pool_check_live_allocations(0, g, &kept, 1, &ok));
+    expect_true(ok); /* every other block of the pool is freed */
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("after the threads: %s", why);
+    expect_ok(cca_free(kept));
+    expect_ok(cca_release_pool(0, g)); /* one release for each of the two routes */
+    expect_ok(cca_release_pool(0, g));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(threads_streams_events);
@@ -579,5 +663,6 @@ int main(void)
     RUN(threads_streams_events_compact_moving);
     RUN(threads_planned_loops);
     RUN(threads_checkpoints_beside_other_streams);
+    RUN(threads_checkpoints_beside_frees_of_the_pool);
     return harness_done();
 }

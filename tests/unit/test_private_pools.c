@@ -8,6 +8,7 @@
  * The invariant checker runs after every scenario.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -912,6 +913,76 @@ TEST(checkpoint_refuses_blocks_used_on_other_streams)
  * such a failure freed the program's blocks and left others allocated that
  * nobody held.
  */
+/* A free-memory callback that holds the allocation that called it until the test opens the
+ * gate: an allocation routed to a pool, under way on another thread with no lock held. */
+typedef struct gate {
+    atomic_int inside, open;
+} gate_t;
+
+static bool gate_callback(void *arg)
+{
+    gate_t *g = arg;
+    atomic_store(&g->inside, 1);
+    while (!atomic_load(&g->open))
+        sched_yield();
+    return false;
+}
+
+static void *routed_malloc(void *arg)
+{
+    (void)arg;
+    return xmalloc(30 * MiB, S1); /* no fitting block: the slow path, callbacks first */
+}
+
+/* A checkpoint is neither taken nor restored while an allocation routed to the pool before
+ * its route ended has not returned (on another thread): it would change the pool under the
+ * walks; refused with CCA_ERR_BUSY, nothing changed, and both go through once it returns. */
+TEST(checkpoint_waits_for_routed_allocations_in_flight)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *a = xmalloc(2 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+    static gate_t g;
+    atomic_store(&g.inside, 0);
+    atomic_store(&g.open, 0);
+    expect_ok(cca_register_free_memory_callback(gate_callback, &g));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    pthread_t t;
+    expect_true(pthread_create(&t, NULL, routed_malloc, NULL) == 0);
+    while (!atomic_load(&g.inside))
+        sched_yield();
+    expect_ok(cca_end_allocate_to_pool(0, G1)); /* the allocation is routed already */
+    cca_pool_state_t *other = NULL;
+    expect_status(cca_pool_get_checkpoint(0, G1, &other), CCA_ERR_BUSY);
+    expect_true(strstr(cca_last_error()->message, "has not returned") != NULL);
+    expect_true(other == NULL);
+    cca_checkpoint_delta_t delta;
+    memset(&delta, 0, sizeof(delta));
+    expect_status(cca_pool_set_checkpoint(0, state, &delta), CCA_ERR_BUSY);
+    expect_eq_u64(delta.freed_count, 0);
+    atomic_store(&g.open, 1);
+    void *b = NULL;
+    expect_true(pthread_join(t, &b) == 0);
+    expect_true(b != NULL);
+    expect_true(segment_pool_of(b).first == G1.first); /* it went to the pool */
+    expect_valid();
+    /* returned: both go through; the restore frees b, keeps a */
+    expect_ok(cca_pool_get_checkpoint(0, G1, &other));
+    cca_pool_state_free(other);
+    expect_ok(cca_pool_set_checkpoint(0, state, &delta));
+    expect_eq_u64(delta.freed_count, 2);
+    expect_eq_u64(delta.allocated_count, 1);
+    expect_eq_ptr(delta.allocated[0], a);
+    cca_checkpoint_delta_free(&delta);
+    cca_pool_state_free(state);
+    expect_valid();
+    expect_ok(cca_free(a));
+    cca_shutdown();
+}
+
 TEST(checkpoint_restore_out_of_host_memory_changes_nothing)
 {
     bool restored = false;
@@ -1388,6 +1459,7 @@ int main(void)
     RUN(use_on_oom_and_no_split);
     RUN(use_on_oom_is_the_last_resort);
     RUN(checkpoint_restore);
+    RUN(checkpoint_waits_for_routed_allocations_in_flight);
     RUN(checkpoint_refuses_changed_segments);
     RUN(checkpoint_refuses_blocks_shared_by_ipc);
     RUN(checkpoint_refuses_blocks_used_on_other_streams);
