@@ -502,6 +502,37 @@ static void *ckpt_worker(void *arg)
     return NULL;
 }
 
+/* The checkpoint tests' set-up: one simulated device, the streams, the counters. */
+static bool ckpt_setup(void)
+{
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cfg.total_memory = 8ull << 30;
+    for (int i = 0; i < STREAMS; i++)
+        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
+    atomic_store(&errors, 0);
+    atomic_store(&ckpt_workers_done, false);
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+        return false;
+    }
+    return true;
+}
+
+/* Their end, every block freed: the pool released once per route, the cache emptied,
+ * nothing reserved, no thread's error. */
+static void ckpt_teardown(cca_mempool_id_t g, int releases)
+{
+    for (int i = 0; i < releases; i++)
+        expect_ok(cca_release_pool(0, g));
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    cca_shutdown();
+}
+
 /*
  * A checkpoint of a graph's private pool taken, and its live blocks checked, again and
  * again while two threads allocate on other streams. The checkpoint walks the device's
@@ -513,17 +544,8 @@ static void *ckpt_worker(void *arg)
  */
 TEST(threads_checkpoints_beside_other_streams)
 {
-    cca_sim_config_t cfg = {0};
-    cfg.devices = 1;
-    cfg.total_memory = 8ull << 30;
-    for (int i = 0; i < STREAMS; i++)
-        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
-    atomic_store(&errors, 0);
-    atomic_store(&ckpt_workers_done, false);
-    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
-        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+    if (!ckpt_setup())
         return;
-    }
     const cca_mempool_id_t g = {1, 0};
     void *in_pool[2] = {NULL, NULL};
     expect_ok(cca_begin_allocate_stream_to_pool(0, g, streams[1]));
@@ -562,13 +584,7 @@ TEST(threads_checkpoints_beside_other_streams)
         HARNESS_FAIL("after the threads: %s", why);
     expect_ok(cca_free(in_pool[0]));
     expect_ok(cca_free(in_pool[1]));
-    expect_ok(cca_release_pool(0, g));
-    expect_ok(cca_empty_cache());
-    cca_device_stats_t s;
-    expect_ok(cca_get_device_stats(0, &s));
-    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
-    expect_eq_u64(atomic_load(&errors), 0);
-    cca_shutdown();
+    ckpt_teardown(g, 1);
 }
 
 enum { POOL_FREES = 256 };
@@ -599,17 +615,8 @@ static void *pool_freer(void *arg)
  */
 TEST(threads_checkpoints_beside_frees_of_the_pool)
 {
-    cca_sim_config_t cfg = {0};
-    cfg.devices = 1;
-    cfg.total_memory = 8ull << 30;
-    for (int i = 0; i < STREAMS; i++)
-        streams[i] = i == 0 ? NULL : (cca_stream_t)(uintptr_t)(0x10000 * (size_t)i);
-    atomic_store(&errors, 0);
-    atomic_store(&ckpt_workers_done, false);
-    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
-        HARNESS_FAIL("setup: %s", cca_last_error()->message);
+    if (!ckpt_setup())
         return;
-    }
     const cca_mempool_id_t g = {1, 0};
     void *kept = NULL;
     expect_ok(cca_begin_allocate_stream_to_pool(0, g, streams[1]));
@@ -645,14 +652,7 @@ TEST(threads_checkpoints_beside_frees_of_the_pool)
     if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
         HARNESS_FAIL("after the threads: %s", why);
     expect_ok(cca_free(kept));
-    expect_ok(cca_release_pool(0, g)); /* one release for each of the two routes */
-    expect_ok(cca_release_pool(0, g));
-    expect_ok(cca_empty_cache());
-    cca_device_stats_t s;
-    expect_ok(cca_get_device_stats(0, &s));
-    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
-    expect_eq_u64(atomic_load(&errors), 0);
-    cca_shutdown();
+    ckpt_teardown(g, 2); /* one release for each of the two routes */
 }
 
 int main(void)
