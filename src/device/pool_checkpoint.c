@@ -284,23 +284,18 @@ static bool list_reserve(void ***list, size_t *cap, size_t n)
 
 /*
  * Before a restore changes anything (device lock held; every checkpoint
- * segment found in the pool), what it could otherwise fail for halfway for
- * want of host memory: room in the delta's lists, block structs for the
+ * segment found in the pool; live: the pool's allocated blocks), what it could
+ * otherwise fail for halfway for want of host memory: room in the delta's lists, block structs for the
  * checkpoint segments' splits (their stream pools' spares), buckets for the
  * pointer map's inserts. Returns CCA_OK, or CCA_ERR_OUT_OF_MEMORY with the
  * pool unchanged.
  */
 static cca_status_t checkpoint_reserve(cca_device_t *dev, cca_private_pool_t *pp,
-                                       const cca_pool_state_t *state, cca_checkpoint_delta_t *d,
-                                       size_t *freed_cap, size_t *allocated_cap)
+                                       const cca_pool_state_t *state, size_t live,
+                                       cca_checkpoint_delta_t *d, size_t *freed_cap,
+                                       size_t *allocated_cap)
 {
-    size_t live = 0, kept = 0, blocks = 0;
-    lock_pool(pp, true);
-    for (const cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
-        if (segment_in_pool(seg, pp))
-            for (const cca_block_t *b = seg->head; b; b = b->next)
-                live += b->allocated;
-    lock_pool(pp, false);
+    size_t kept = 0, blocks = 0;
     for (size_t i = 0; i < state->segment_count; i++) {
         blocks += state->segments[i].block_count;
         for (size_t j = 0; j < state->segments[i].block_count; j++)
@@ -389,11 +384,13 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     /* the checks walk the pool's blocks with its stream pools locked: a free on another
      * thread comes before them or after */
     lock_pool(pp, true);
+    size_t live = 0; /* allocated blocks: the delta's freed list at most */
     /* a block another process maps cannot be freed now (its free would be deferred) */
     for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
         for (cca_block_t *b = seg->head; b && st == CCA_OK; b = b->next) {
+            live += b->allocated;
             if (b->allocated && shared_holds(b->addr))
                 st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool is mapped by "
                                "another process (IPC); it cannot be freed now", what, b->addr);
@@ -413,32 +410,20 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     lock_pool(pp, false);
     if (st != CCA_OK)
         goto out_unlock;
-    st = checkpoint_reserve(dev, pp, state, &d, &freed_cap, &allocated_cap);
+    st = checkpoint_reserve(dev, pp, state, live, &d, &freed_cap, &allocated_cap);
     if (st != CCA_OK)
         goto out_unlock;
-    /* free every block of the pool allocated now (PyTorch's freeBlocksAllocatedToPool);
-     * a free merges neighbours, so each segment is walked again from its head */
-    for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
-        if (!segment_in_pool(seg, pp))
-            continue;
-        for (;;) {
-            lock_pool(pp, true); /* the walk; the free below locks its own pool */
-            cca_block_t *b = seg->head;
-            while (b && !b->allocated)
-                b = b->next;
-            void *p = b ? (void *)b->addr : NULL;
-            lock_pool(pp, false);
-            if (!p)
-                break;
-            if (!list_push(&d.freed, &d.freed_count, &freed_cap, p)) {
+    /* free every block of the pool allocated now (PyTorch's freeBlocksAllocatedToPool):
+     * listed in one walk (the list has room for them all: no routed allocation can add
+     * one), then freed, each free locking its own pool */
+    lock_pool(pp, true);
+    for (cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg)
+        for (cca_block_t *b = segment_in_pool(seg, pp) ? seg->head : NULL; b && st == CCA_OK; b = b->next)
+            if (b->allocated && !list_push(&d.freed, &d.freed_count, &freed_cap, (void *)b->addr))
                 st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
-                break;
-            }
-            st = alloc_free(p);
-            if (st != CCA_OK)
-                break;
-        }
-    }
+    lock_pool(pp, false);
+    for (size_t i = 0; i < d.freed_count && st == CCA_OK; i++)
+        st = alloc_free(d.freed[i]);
     for (size_t i = 0; i < state->segment_count && st == CCA_OK; i++) {
         const ckpt_segment_t *cs = &state->segments[i];
         st = checkpoint_restore_segment(dev, checkpoint_segment_locked(dev, pp, cs), cs, &d,
