@@ -28,6 +28,10 @@
 #     two-GPU machine: build the library and those tests (Release), run
 #     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
 #     then the two-rank NCCL run (torch_ddp.py); about 2-4 minutes.
+#   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
+#     build the library (Release, and Release with the checker after every
+#     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
+#     through the adapter against native, then on the checked library).
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -131,6 +135,19 @@ run_torch_ipc() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_ipc.py" "$root/build-gpu-release/libcca.so"
 }
+# torch.compile(mode="reduce-overhead"): CUDA graph trees' checkpoints through the adapter,
+# against native; the cca side again on a library whose checker runs after every call.
+build_checked() {
+    cmake -S "$root" -B "$root/build-gpu-checked" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF \
+        -DCCA_WERROR=OFF -DCCA_DEBUG_LEVEL=3 &&
+        cmake --build "$root/build-gpu-checked" -j "$jobs" --target cca_shared
+}
+run_torch_compile() {
+    local checked=()
+    [ -f "$root/build-gpu-checked/libcca.so" ] && checked=(--checked "$root/build-gpu-checked/libcca.so")
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}"
+}
 run_torch_bench() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1
@@ -190,7 +207,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_compile run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -226,6 +243,22 @@ multigpu)
     echo "gpu-check: all steps passed"
     exit 0
     ;;
+torch-compile)
+    run_step build-release "$(left 300)" build_release
+    run_step build-checked "$(left 240)" build_checked
+    run_step torch-compile "$(left 0)" run_torch_compile
+    echo
+    echo "Steps (GPU_CHECK_ONLY=torch-compile):"
+    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
+    echo "logs: $logs  (total $((SECONDS - start))s)"
+    if [ ${#failed_steps[@]} -gt 0 ]; then
+        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
+        exit 1
+    fi
+    echo "gpu-check: all steps passed"
+    exit 0
+    ;;
 compact)
     run_step build-compact "$(left 200)" build_compact
     run_step ctest-compact "$(left 150)" run_ctest_compact
@@ -245,7 +278,7 @@ compact)
     exit 0
     ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile)" >&2
     exit 2
     ;;
 esac
@@ -278,6 +311,7 @@ fi
 run_step torch-pluggable "$(left 220)" run_torch
 run_step torch-adapter "$(left 150)" run_torch_adapter
 run_step torch-ipc "$(left 140)" run_torch_ipc
+run_step torch-compile "$(left 130)" run_torch_compile
 gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "${gpu_count:-0}" -ge 2 ]; then
     run_step torch-ddp-2gpu "$(left 150)" run_torch_ddp
