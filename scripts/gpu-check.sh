@@ -27,7 +27,8 @@
 #   GPU_CHECK_ONLY=multigpu  the multi-GPU and multi-process parts only, for a
 #     two-GPU machine: build the library and those tests (Release), run
 #     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
-#     then the two-rank NCCL run (torch_ddp.py); about 2-4 minutes.
+#     then the two-rank NCCL run (torch_ddp.py) and peer access through
+#     PyTorch's copies and CuPy kernels (torch_peer.py); about 3-5 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
@@ -148,6 +149,11 @@ run_torch_compile() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}"
 }
+# Peer access through PyTorch's copies and direct kernel reads, cca and native; needs 2 GPUs.
+run_torch_peer() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_peer.py" "$root/build-gpu-release/libcca.so"
+}
 run_torch_bench() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1
@@ -207,7 +213,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_compile run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -223,7 +229,8 @@ multigpu)
     run_step build-multigpu "$(left 200)" build_multigpu
     run_step ctest-multigpu "$(left 120)" run_ctest_multigpu
     if [ "${gpu_count:-0}" -ge 2 ]; then
-        run_step torch-ddp-2gpu "$(left 0)" run_torch_ddp
+        run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
+        run_step torch-peer-2gpu "$(left 0)" run_torch_peer
     else
         echo "== torch-ddp-2gpu: needs two GPUs (${gpu_count:-0} here)"
         step_lines+=("$(printf '%-28s FAIL  needs two GPUs, %s here' torch-ddp-2gpu "${gpu_count:-0}")")
@@ -235,6 +242,7 @@ multigpu)
     # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
     echo "logs: $logs  (total $((SECONDS - start))s)"
     if [ ${#failed_steps[@]} -gt 0 ]; then
         echo "gpu-check: FAILED steps: ${failed_steps[*]}"
@@ -315,6 +323,7 @@ run_step torch-compile "$(left 130)" run_torch_compile
 gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "${gpu_count:-0}" -ge 2 ]; then
     run_step torch-ddp-2gpu "$(left 150)" run_torch_ddp
+    run_step torch-peer-2gpu "$(left 140)" run_torch_peer
 else
     echo "== torch-ddp-2gpu: skipped (${gpu_count:-0} GPU)"
 fi
