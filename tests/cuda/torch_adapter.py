@@ -5,7 +5,8 @@ figures. Exits 77 when torch or a GPU is missing.
 Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
   build/libcca.so). --job runs only the named parts (any of functions,
-  train-resnet50, train-gpt2, train-resnet50-expandable; all by default).
+  free-memory-callbacks, train-resnet50, train-gpt2, train-resnet50-expandable;
+  all by default).
   Each check runs in a fresh process (the allocator is chosen once per
   process): --worker native|cca train-resnet50|train-gpt2|functions prints
   one JSON line.
@@ -394,6 +395,77 @@ long test_bytes(void) { return bytes; }
 """
 
 
+FREE_CALLBACK = r"""
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cstdint>
+/* A free-memory callback in PyTorch's registry that frees a reserve held through the current
+ * allocator, as a framework's own cache would be dropped. */
+namespace {
+c10::DataPtr reserve;
+int calls = 0;
+struct ReleaseReserve : public c10::FreeMemoryCallback {
+    bool Execute() override
+    {
+        ++calls;
+        if (!reserve.get())
+            return false;
+        reserve.clear(); /* freed through the allocator */
+        return true;
+    }
+};
+}
+namespace c10 { /* (the macro names the registry unqualified) */
+REGISTER_FREE_MEMORY_CALLBACK("cca_test_release_reserve", ReleaseReserve);
+}
+extern "C" __attribute__((visibility("default"))) unsigned long long test_hold_reserve(size_t n)
+{
+    reserve = c10::cuda::CUDACachingAllocator::get()->allocate(n);
+    return (unsigned long long)(uintptr_t)reserve.get();
+}
+extern "C" __attribute__((visibility("default"))) int test_callback_calls() { return calls; }
+extern "C" __attribute__((visibility("default"))) int test_reserve_held() { return reserve.get() != nullptr; }
+"""
+
+
+def build_free_callback():
+    """FREE_CALLBACK built as the adapter is (its compiler command, another source)."""
+    import cca.torch
+    out_dir = tempfile.mkdtemp(prefix="cca-test-callback-")
+    src = os.path.join(out_dir, "free_callback.cpp")
+    lib = os.path.join(out_dir, "free_callback.so")
+    with open(src, "w") as f:
+        f.write(FREE_CALLBACK)
+    cmd = cca.torch.adapter_command(lib)
+    cmd = [src if a.endswith("torch_adapter.cpp") else a for a in cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit("FAIL building the free-memory callback:\n%s\n%s" % (" ".join(cmd),
+                                                                             (proc.stdout + proc.stderr)[-4000:]))
+    return lib
+
+
+def worker_free_callbacks(mode):
+    """PyTorch's free-memory callbacks run where the cache has no block for a request, before
+    new device memory is asked for: the reserve the test's callback frees serves the request."""
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    ext = ctypes.CDLL(os.environ["CCA_TEST_FREE_CALLBACK"], mode=ctypes.RTLD_GLOBAL)
+    ext.test_hold_reserve.restype = ctypes.c_ulonglong
+    ext.test_hold_reserve.argtypes = [ctypes.c_size_t]
+    torch.empty(1, device="cuda")  # the allocator set up
+    reserve = ext.test_hold_reserve(64 * MiB)
+    reserved0 = torch.cuda.memory_reserved()
+    calls0 = ext.test_callback_calls()
+    x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    return {"reserve": reserve, "ptr": x.data_ptr(), "calls_before": calls0, "calls": ext.test_callback_calls(),
+            "held": ext.test_reserve_held(), "reserved_before": reserved0,
+            "reserved_after": torch.cuda.memory_reserved(), "backend": mode}
+
+
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
@@ -441,7 +513,7 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "train-resnet50", "train-gpt2", "train-resnet50-expandable")
+    parts = ("functions", "free-memory-callbacks", "train-resnet50", "train-gpt2", "train-resnet50-expandable")
     unknown = [j for j in only if j not in parts]
     if unknown:
         print("FAIL torch adapter: unknown --job %s (one of %s)" % (unknown, ", ".join(parts)))
@@ -458,6 +530,20 @@ def main():
         for c in f["checks"]:
             print("%s %s%s" % ("PASS" if c["ok"] else "FAIL", c["name"], "" if c["ok"] else ": " + c["detail"]))
             failed += not c["ok"]
+    if not only or "free-memory-callbacks" in only:
+        os.environ["CCA_TEST_FREE_CALLBACK"] = build_free_callback()
+        for mode in ("native", "cca"):
+            r = run_worker(mode, "free-memory-callbacks", lib)
+            # every request the cache cannot serve runs the callbacks first (the process's first
+            # two did, the reserve not yet held): the 64 MiB request runs them once more
+            ok = (r["calls"] == r["calls_before"] + 1 and not r["held"] and r["ptr"] == r["reserve"] and
+                  r["reserved_after"] == r["reserved_before"])
+            print("%s free-memory callbacks (%s): called %d time(s) before, once more where the cache had no "
+                  "64 MiB block (%d), the reserve it freed serves the request (%s), reserved %d -> %d" % (
+                      "PASS" if ok else "FAIL", mode, r["calls_before"], r["calls"],
+                      "same address" if r["ptr"] == r["reserve"] else "%#x against %#x" % (r["ptr"], r["reserve"]),
+                      r["reserved_before"], r["reserved_after"]))
+            failed += not ok
     for job, settings in (("train-resnet50", ""), ("train-gpt2", ""),
                           ("train-resnet50", "expandable_segments:True")):
         if only and (job + ("-expandable" if settings else "")) not in only:
@@ -499,7 +585,12 @@ def main():
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         mode, job = sys.argv[2], sys.argv[3]
-        result = worker_functions() if job == "functions" else worker_train(mode, job)
+        if job == "functions":
+            result = worker_functions()
+        elif job == "free-memory-callbacks":
+            result = worker_free_callbacks(mode)
+        else:
+            result = worker_train(mode, job)
         print(json.dumps(result))
         sys.exit(0)
     sys.exit(main())
