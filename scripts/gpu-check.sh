@@ -14,7 +14,9 @@
 #      bench_host, and bench_replay (the replay against Python's unpickler);
 #   5. run PyTorch on cca: the pluggable path, the C++ adapter
 #      (tests/cuda/torch_adapter.py), CUDA tensors shared between processes
-#      through it (tests/cuda/torch_ipc.py) and bench/torch_bench.py;
+#      through it (tests/cuda/torch_ipc.py), torch.compile's CUDA graph trees
+#      (tests/cuda/torch_compile.py; only with GPU_CHECK_BUDGET >= 600), with
+#      two GPUs peer access (tests/cuda/torch_peer.py), and bench/torch_bench.py;
 #   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
