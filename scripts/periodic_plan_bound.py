@@ -31,6 +31,7 @@ Frees are taken at free_completed (free_requested where a trace has none).
 """
 import argparse
 import gzip
+import itertools
 import pickle
 import sys
 
@@ -131,33 +132,115 @@ def blocks_of(events):
     return blocks, sizes, times, peak
 
 
-def place(items, overlaps):
-    """Greedy by size: items (size, start, length); returns the height."""
+def place(items, overlaps, shifts=(0,)):
+    """Greedy by size: items (size, start, length); returns the height. Two items overlap
+    where overlaps(start, length, start, length) holds, which it may only where their
+    spans [start, start + length) meet with the second one moved by one of the shifts.
+
+    The items placed are indexed by time: a tree over the time line holds each of them
+    at the nodes that cover its span (those containing a time are found from its leaf
+    up), and buckets hold them by their start. The items a span meets are those that
+    contain its start and those that start after it, before its end; a shifted copy of
+    the span is looked up for each shift, and overlaps decides among what is found."""
     placed = []
     height = 0
+    if not items:
+        return height
+    first = min(a for _, a, _ in items)
+    last = max(max(a, a + n) for _, a, n in items)
+    size_t = 1
+    while size_t < last - first:
+        size_t *= 2
+    tree = [None] * (2 * size_t)  # node -> the items placed whose span it covers
+    width = 16
+    starts = [[] for _ in range((last - first) // width + 1)]  # by start, width at a time
     for size, a, n in sorted(items, key=lambda x: (-x[0], x[1])):
-        taken = sorted((off, off + s) for off, s, b, m in placed if overlaps(a, n, b, m))
+        found = []
+        for shift in shifts:
+            q = a - shift - first  # the span shifted, on the index's time line
+            if 0 <= q < size_t:
+                node = q + size_t
+                while node:
+                    if tree[node]:
+                        found.extend(tree[node])
+                    node >>= 1
+            after, before = max(q + 1, 0), min(q + n, last - first + 1)  # starts in (q, q + n)
+            if after < before:
+                for bucket in starts[after // width:(before - 1) // width + 1]:
+                    found.extend(k for k in bucket if after <= placed[k][2] - first < before)
+        if len(shifts) > 1:
+            found = set(found)
+        taken = sorted((off, off + s) for off, s, b, m in map(placed.__getitem__, found)
+                       if overlaps(a, n, b, m))
         off = 0
         for lo, hi in taken:
             if off + size <= lo:
                 break
             off = max(off, hi)
+        k = len(placed)
         placed.append((off, size, a, n))
         height = max(height, off + size)
+        lo, hi = a - first + size_t, min(a - first + n, size_t) + size_t
+        while lo < hi:
+            if lo & 1:
+                if tree[lo] is None:
+                    tree[lo] = []
+                tree[lo].append(k)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                if tree[hi] is None:
+                    tree[hi] = []
+                tree[hi].append(k)
+            lo >>= 1
+            hi >>= 1
+        starts[(a - first) // width].append(k)
     return height
 
 
 def find_period(sizes):
     """(shift, share alike): the shift at which the last two thirds of the sizes repeat
-    best (the shortest of equals), 90% alike or more; None if none is."""
+    best (the shortest of equals), 90% alike or more; None if none is.
+
+    The sizes are compared many at a time: numbered by value, their numbers' bytes
+    laid out as big integers, XORed, and the zero bytes counted. A shift is given up
+    once it has more unlike sizes than would let it be chosen."""
     n = len(sizes)
     lo = n // 3
     best = None
+    numbers = {}
+    numbered = [numbers.setdefault(s, len(numbers)) for s in sizes]
+    planes = [bytes((c >> (8 * k)) & 255 for c in numbered)
+              for k in range(max(1, ((len(numbers) - 1).bit_length() + 7) // 8))]
+
+    def alike(p, i, j):
+        """How many of the sizes i to j are those p further."""
+        x = 0
+        for plane in planes:
+            x |= (int.from_bytes(plane[i:j], "little")
+                  ^ int.from_bytes(plane[i + p:j + p], "little"))
+        return x.to_bytes(j - i, "little").count(0)
+
     for p in range(2, n // 2):
         span = n - p - lo
         if span < 8:
             break
-        same = sum(sizes[i] == sizes[i + p] for i in range(lo, n - p))
+        least = 0.9 if best is None else max(0.9, best[1] + 1e-9)
+        need = max(int(least * span) - 2, 0)  # the fewest alike sizes that can be chosen
+        while need <= span and not (need / span >= 0.9 and
+                                    (best is None or need / span > best[1] + 1e-9)):
+            need += 1
+        if need > span:
+            continue
+        unlike = 0
+        i = lo
+        while i < n - p and unlike <= span - need:
+            j = min(n - p, i + max(span - need - unlike + 1, 4096))
+            unlike += (j - i) - alike(p, i, j)
+            i = j
+        if unlike > span - need:
+            continue
+        same = span - unlike
         score = same / span
         if score >= 0.9 and (best is None or score > best[1] + 1e-9):
             best = (p, score)
@@ -171,13 +254,18 @@ def repeating_window(blocks, times, p):
     shorter one, starting at the allocation, in the periods before the last, at which
     the fewest bytes are live: (w, its first and end times, its blocks as (size, start
     in the window, lifetime)); None if the trace holds no such window."""
+    change = [0] * (max((f for _, _, f, _ in blocks), default=0) + 2)
+    for s, a, f, _ in blocks:
+        if a < f:
+            change[a + 1] += s
+            change[f + 1] -= s
+    live = list(itertools.accumulate(change))  # at t: the sizes of the blocks with a < t <= f
     for mult in (1, 2, 3, 4):
         w = mult * p
         first = len(times) - w - p
         if first < 0:
             return None
-        k0 = min(range(first, first + p),
-                 key=lambda k: (sum(s for s, a, f, _ in blocks if a < times[k] <= f), k))
+        k0 = min(range(first, first + p), key=lambda k: (live[times[k]], k))
         t0, t1 = times[k0], times[k0 + w]
         period = [(s, a - t0, f - a) for s, a, f, k in blocks if k0 <= k < k0 + w]
         if max(n for _, _, n in period) < t1 - t0:
@@ -222,11 +310,14 @@ def main():
     def overlaps_mod(a, n, b, m):
         return any(a < b + s + m and b + s < a + n for s in (-span, 0, span))
 
-    height = place(period, overlaps_mod)
+    height = place(period, overlaps_mod, (-span, 0, span))
     print("period                %d allocations (%.0f%% alike); placement repeated every %d, "
           "%d blocks (%.1f MiB) live through it" % (p, 100 * score, w, len(through), base / mib))
     print("repeating placement   %.1f MiB  (%.4f of the peak)" % ((base + height) / mib,
                                                                  (base + height) / peak))
+    if base + height < peak:
+        print("                      (under the peak live: the trace's peak is outside the "
+              "repeating window; this bounds the loop, not the trace)")
 
 
 if __name__ == "__main__":
