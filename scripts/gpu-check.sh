@@ -224,6 +224,23 @@ export -f keep_going build_release build_debug build_checked run_ctest memcheck 
     nvcc --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1
 } | tee "$logs/environment.log"
 
+# A GPU_CHECK_ONLY run's end: only_steps lists its steps; the caller then prints the lines
+# of its logs that say what was checked, and only_finish the time and the exit status.
+only_steps() {
+    echo
+    echo "Steps (GPU_CHECK_ONLY=$GPU_CHECK_ONLY):"
+    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+}
+only_finish() {
+    echo "logs: $logs  (total $((SECONDS - start))s)"
+    if [ ${#failed_steps[@]} -gt 0 ]; then
+        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
+        exit 1
+    fi
+    echo "gpu-check: all steps passed"
+    exit 0
+}
+
 case "${GPU_CHECK_ONLY:-}" in
 "") ;;
 multigpu)
@@ -238,54 +255,30 @@ multigpu)
         step_lines+=("$(printf '%-28s FAIL  needs two GPUs, %s here' torch-ddp-2gpu "${gpu_count:-0}")")
         failed_steps+=(torch-ddp-2gpu)
     fi
-    echo
-    echo "Steps (GPU_CHECK_ONLY=multigpu):"
-    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    only_steps
     # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
     grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
-    echo "logs: $logs  (total $((SECONDS - start))s)"
-    if [ ${#failed_steps[@]} -gt 0 ]; then
-        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
-        exit 1
-    fi
-    echo "gpu-check: all steps passed"
-    exit 0
+    only_finish
     ;;
 torch-compile)
     run_step build-release "$(left 300)" build_release
     run_step build-checked "$(left 240)" build_checked
     run_step torch-compile "$(left 0)" run_torch_compile
-    echo
-    echo "Steps (GPU_CHECK_ONLY=torch-compile):"
-    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    only_steps
     grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
-    echo "logs: $logs  (total $((SECONDS - start))s)"
-    if [ ${#failed_steps[@]} -gt 0 ]; then
-        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
-        exit 1
-    fi
-    echo "gpu-check: all steps passed"
-    exit 0
+    only_finish
     ;;
 compact)
     run_step build-compact "$(left 200)" build_compact
     run_step ctest-compact "$(left 150)" run_ctest_compact
     run_step torch-bench "$(left 0)" run_torch_bench
-    echo
-    echo "Steps (GPU_CHECK_ONLY=compact):"
-    printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
+    only_steps
     grep -E '^[0-9]+: (ok |FAIL|  busy stream|  idle stream|[0-9]+ passed)' "$logs/ctest-compact.log" 2>/dev/null |
         sed 's/^/  /'
     grep -E '^\| |^cca compact' "$logs/torch-bench.log" 2>/dev/null | sed 's/^/  /'
-    echo "logs: $logs  (total $((SECONDS - start))s)"
-    if [ ${#failed_steps[@]} -gt 0 ]; then
-        echo "gpu-check: FAILED steps: ${failed_steps[*]}"
-        exit 1
-    fi
-    echo "gpu-check: all steps passed"
-    exit 0
+    only_finish
     ;;
 *)
     echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile)" >&2

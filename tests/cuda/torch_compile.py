@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from torch_common import skip_reason
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -173,13 +175,9 @@ def compare(label, native, ours):
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("SKIPPED: no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIPPED: no GPU")
+    why = skip_reason()
+    if why:
+        print("SKIPPED: " + why)
         return 77
     args = sys.argv[1:]
     checked = None

@@ -30,6 +30,8 @@ import os
 import subprocess
 import sys
 
+from torch_common import skip_reason
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -217,13 +219,9 @@ def producer(mode, settings):
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("SKIPPED: no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIPPED: no GPU")
+    why = skip_reason()
+    if why:
+        print("SKIPPED: " + why)
         return 77
     args = [a for a in sys.argv[1:] if a != "--cca-only"]
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))

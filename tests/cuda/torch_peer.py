@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from torch_common import skip_reason
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -113,14 +115,9 @@ def run_worker(mode, lib, settings):
 
 
 def main():
-    try:
-        import torch
-        import cupy  # noqa: F401
-    except ImportError as e:
-        print("SKIPPED: %s" % e)
-        return 77
-    if torch.cuda.device_count() < 2:
-        print("SKIPPED: %d GPU" % torch.cuda.device_count())
+    why = skip_reason(gpus=2, modules=("cupy",))
+    if why:
+        print("SKIPPED: " + why)
         return 77
     lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
