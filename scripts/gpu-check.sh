@@ -224,14 +224,14 @@ export -f keep_going build_release build_debug build_checked run_ctest memcheck 
     nvcc --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1
 } | tee "$logs/environment.log"
 
-# A GPU_CHECK_ONLY run's end: only_steps lists its steps; the caller then prints the lines
-# of its logs that say what was checked, and only_finish the time and the exit status.
+# A run's end: only_steps lists a GPU_CHECK_ONLY run's steps; the caller then prints the
+# lines of its logs that say what was checked, and finish_run the time and the exit status.
 only_steps() {
     echo
     echo "Steps (GPU_CHECK_ONLY=$GPU_CHECK_ONLY):"
     printf '  %s\n' "${step_lines[@]}" | tee "$logs/steps.txt"
 }
-only_finish() {
+finish_run() {
     echo "logs: $logs  (total $((SECONDS - start))s)"
     if [ ${#failed_steps[@]} -gt 0 ]; then
         echo "gpu-check: FAILED steps: ${failed_steps[*]}"
@@ -260,7 +260,7 @@ multigpu)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
     grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
-    only_finish
+    finish_run
     ;;
 torch-compile)
     run_step build-release "$(left 300)" build_release
@@ -268,7 +268,7 @@ torch-compile)
     run_step torch-compile "$(left 0)" run_torch_compile
     only_steps
     grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
-    only_finish
+    finish_run
     ;;
 compact)
     run_step build-compact "$(left 200)" build_compact
@@ -278,7 +278,7 @@ compact)
     grep -E '^[0-9]+: (ok |FAIL|  busy stream|  idle stream|[0-9]+ passed)' "$logs/ctest-compact.log" 2>/dev/null |
         sed 's/^/  /'
     grep -E '^\| |^cca compact' "$logs/torch-bench.log" 2>/dev/null | sed 's/^/  /'
-    only_finish
+    finish_run
     ;;
 *)
     echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile)" >&2
@@ -424,10 +424,4 @@ if [ -f "$logs/bench-replay.log" ]; then
     cat "$logs/bench-replay.log"
 fi
 echo
-echo "logs: $logs  (total $((SECONDS - start))s)"
-if [ ${#failed_steps[@]} -gt 0 ]; then
-    echo "gpu-check: FAILED steps: ${failed_steps[*]}"
-    exit 1
-fi
-echo "gpu-check: all steps passed"
-exit 0
+finish_run

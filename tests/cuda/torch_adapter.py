@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from torch_common import skip_reason
+from torch_common import run_json_worker, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -488,15 +488,9 @@ def run_worker(mode, job, lib, settings=""):
     env.pop("CCA_ALLOC_CONF", None)
     if settings:  # both allocators read it (cca.torch.install() takes it when given no settings)
         env["PYTORCH_CUDA_ALLOC_CONF"] = settings
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode, job],
-                          capture_output=True, text=True, env=env, timeout=400)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not line:
-        print(proc.stdout[-3000:], proc.stderr[-5000:])
-        raise SystemExit("FAIL worker %s %s exited %d" % (mode, job, proc.returncode))
-    r = json.loads(line[-1])
-    r["seconds"] = time.time() - t0
+    r = run_json_worker(os.path.abspath(__file__), [mode, job], env, 400)
+    if r is None:
+        raise SystemExit("FAIL worker %s %s" % (mode, job))
     return r
 
 

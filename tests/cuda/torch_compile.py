@@ -15,12 +15,11 @@ Usage: python3 tests/cuda/torch_compile.py [LIBCCA_SO] [--checked LIBCCA_SO]
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-from torch_common import skip_reason
+from torch_common import run_json_worker, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -131,15 +130,9 @@ def run_worker(mode, lib, cache):
                TRITON_CACHE_DIR=os.path.join(cache, "triton"))
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("CCA_ALLOC_CONF", None)
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode],
-                          capture_output=True, text=True, env=env, timeout=500)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not line:
-        print(proc.stdout[-3000:], proc.stderr[-6000:])
-        raise SystemExit("FAIL worker %s (%s) exited %d" % (mode, lib, proc.returncode))
-    r = json.loads(line[-1])
-    r["seconds"] = time.time() - t0
+    r = run_json_worker(os.path.abspath(__file__), [mode], env, 500)
+    if r is None:
+        raise SystemExit("FAIL worker %s (%s)" % (mode, lib))
     return r
 
 

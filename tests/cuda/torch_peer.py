@@ -11,11 +11,9 @@ Usage: python3 tests/cuda/torch_peer.py [LIBCCA_SO]
 import ctypes
 import json
 import os
-import subprocess
 import sys
-import time
 
-from torch_common import skip_reason
+from torch_common import run_json_worker, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -101,16 +99,9 @@ def run_worker(mode, lib, settings):
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if settings:  # native reads it; cca.torch.install is given it
         env["PYTORCH_CUDA_ALLOC_CONF"] = settings
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode, settings],
-                          capture_output=True, text=True, env=env, timeout=300)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not line:
-        print(proc.stdout[-3000:], proc.stderr[-6000:])
-        return {"checks": [{"name": "worker %s %r exited %d" % (mode, settings, proc.returncode),
-                            "ok": False, "detail": ""}], "seconds": time.time() - t0}
-    r = json.loads(line[-1])
-    r["seconds"] = time.time() - t0
+    r = run_json_worker(os.path.abspath(__file__), [mode, settings], env, 300)
+    if r is None:
+        return {"checks": [{"name": "worker %s %r failed" % (mode, settings), "ok": False, "detail": ""}]}
     return r
 
 
