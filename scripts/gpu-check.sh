@@ -145,9 +145,10 @@ build_checked() {
         -DCCA_WERROR=OFF -DCCA_DEBUG_LEVEL=3 &&
         cmake --build "$root/build-gpu-checked" -j "$jobs" --target cca_shared
 }
+# run_torch_compile [CHECKED_LIB]: with the library build_checked made in this run
 run_torch_compile() {
     local checked=()
-    [ -f "$root/build-gpu-checked/libcca.so" ] && checked=(--checked "$root/build-gpu-checked/libcca.so")
+    [ $# -gt 0 ] && checked=(--checked "$1")
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}"
 }
@@ -265,7 +266,7 @@ multigpu)
 torch-compile)
     run_step build-release "$(left 300)" build_release
     run_step build-checked "$(left 240)" build_checked
-    run_step torch-compile "$(left 0)" run_torch_compile
+    run_step torch-compile "$(left 0)" run_torch_compile "$root/build-gpu-checked/libcca.so"
     only_steps
     grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
     finish_run

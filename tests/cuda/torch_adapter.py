@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from torch_common import run_json_worker, skip_reason
+from torch_common import build_library, run_json_worker, skipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -433,18 +433,10 @@ extern "C" __attribute__((visibility("default"))) int test_reserve_held() { retu
 def build_free_callback():
     """FREE_CALLBACK built as the adapter is (its compiler command, another source)."""
     import cca.torch
-    out_dir = tempfile.mkdtemp(prefix="cca-test-callback-")
-    src = os.path.join(out_dir, "free_callback.cpp")
-    lib = os.path.join(out_dir, "free_callback.so")
-    with open(src, "w") as f:
-        f.write(FREE_CALLBACK)
-    cmd = cca.torch.adapter_command(lib)
-    cmd = [src if a.endswith("torch_adapter.cpp") else a for a in cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit("FAIL building the free-memory callback:\n%s\n%s" % (" ".join(cmd),
-                                                                             (proc.stdout + proc.stderr)[-4000:]))
-    return lib
+
+    def command(src, lib):
+        return [src if a.endswith("torch_adapter.cpp") else a for a in cca.torch.adapter_command(lib)]
+    return build_library(FREE_CALLBACK, "free_callback.cpp", command)
 
 
 def worker_free_callbacks(mode):
@@ -471,15 +463,9 @@ def worker_free_callbacks(mode):
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
-    out_dir = tempfile.mkdtemp(prefix="cca-test-alloc-")
-    src = os.path.join(out_dir, "test_alloc.cu")
-    lib = os.path.join(out_dir, "test_alloc.so")
-    with open(src, "w") as f:
-        f.write(TEST_ALLOCATOR)
     nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
-    subprocess.run([nvcc if os.path.exists(nvcc) else "nvcc", "-shared", "-Xcompiler", "-fPIC", src, "-o", lib],
-                   check=True, capture_output=True, text=True)
-    return lib
+    return build_library(TEST_ALLOCATOR, "test_alloc.cu", lambda src, lib: [
+        nvcc if os.path.exists(nvcc) else "nvcc", "-shared", "-Xcompiler", "-fPIC", src, "-o", lib])
 
 
 def run_worker(mode, job, lib, settings=""):
@@ -495,9 +481,7 @@ def run_worker(mode, job, lib, settings=""):
 
 
 def main():
-    why = skip_reason()
-    if why:
-        print("SKIPPED: " + why)
+    if skipped():
         return 77
     args = sys.argv[1:]
     only = []

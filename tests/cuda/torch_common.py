@@ -2,9 +2,18 @@
 on sys.path)."""
 
 
+def skipped(gpus=1, modules=()):
+    """Whether a check cannot run here, once "SKIPPED: " and the reason are printed (the
+    check then exits 77)."""
+    why = skip_reason(gpus, modules)
+    if why:
+        print("SKIPPED: " + why)
+    return why is not None
+
+
 def skip_reason(gpus=1, modules=()):
     """Why a check cannot run here (no torch, one of modules missing, fewer than gpus
-    GPUs), or None; a check prints "SKIPPED: " and the reason and exits 77."""
+    GPUs), or None."""
     try:
         import torch
     except ImportError:
@@ -19,6 +28,25 @@ def skip_reason(gpus=1, modules=()):
     if torch.cuda.device_count() < gpus:
         return "%d GPU, %d needed" % (torch.cuda.device_count(), gpus)
     return None
+
+
+def build_library(source, name, command):
+    """source (C++ or CUDA text) written to a temporary folder as name and compiled into a
+    shared library there by command(source_path, library_path) (an argument list); the
+    library's path. A failed build ends the check, with the compiler's output."""
+    import os
+    import subprocess
+    import tempfile
+    out_dir = tempfile.mkdtemp(prefix="cca-test-")
+    src = os.path.join(out_dir, name)
+    lib = os.path.join(out_dir, os.path.splitext(name)[0] + ".so")
+    with open(src, "w") as f:
+        f.write(source)
+    cmd = command(src, lib)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit("FAIL building %s:\n%s\n%s" % (name, " ".join(cmd), (proc.stdout + proc.stderr)[-4000:]))
+    return lib
 
 
 def run_json_worker(script, args, env, timeout):

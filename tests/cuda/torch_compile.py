@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from torch_common import run_json_worker, skip_reason
+from torch_common import run_json_worker, skipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -121,7 +121,7 @@ def worker(mode):
     if mode == "cca":
         import cca
         own = cca.memory_stats()
-        out["stats_agree"] = all(stats.get(k) == v for k, v in own.items() if k in stats)
+        out["stats_agree"] = bool(own) and all(k in stats and stats[k] == v for k, v in own.items())
     return out
 
 
@@ -168,9 +168,7 @@ def compare(label, native, ours):
 
 
 def main():
-    why = skip_reason()
-    if why:
-        print("SKIPPED: " + why)
+    if skipped():
         return 77
     args = sys.argv[1:]
     checked = None
@@ -188,19 +186,21 @@ def main():
     # native run fills a cache of this test's own, so that the runs compared all find
     # their kernels there and allocate only what the program itself does.
     cache = tempfile.mkdtemp(prefix="cca-torch-compile-")
-    first = run_worker("native", lib, cache)
-    native = run_worker("native", lib, cache)
-    ours = run_worker("cca", lib, cache)
-    print("native, compiling: %.1f s (%d allocations); native %.1f s, cca %.1f s" % (
-        first["seconds"], first["allocations"], native["seconds"], ours["seconds"]))
-    failed = compare("cca", native, ours)
-    if checked:
-        os.environ["CCA_LIBRARY"] = checked
-        print("adapter (checked library):", cca.torch.build_adapter())
-        ours_checked = run_worker("cca", checked, cache)
-        print("cca with the checker after every call: %.1f s" % ours_checked["seconds"])
-        failed += compare("cca checked", native, ours_checked)
-    shutil.rmtree(cache, ignore_errors=True)
+    try:
+        first = run_worker("native", lib, cache)
+        native = run_worker("native", lib, cache)
+        ours = run_worker("cca", lib, cache)
+        print("native, compiling: %.1f s (%d allocations); native %.1f s, cca %.1f s" % (
+            first["seconds"], first["allocations"], native["seconds"], ours["seconds"]))
+        failed = compare("cca", native, ours)
+        if checked:
+            os.environ["CCA_LIBRARY"] = checked
+            print("adapter (checked library):", cca.torch.build_adapter())
+            ours_checked = run_worker("cca", checked, cache)
+            print("cca with the checker after every call: %.1f s" % ours_checked["seconds"])
+            failed += compare("cca checked", native, ours_checked)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     print("%s torch compile (CUDA graph trees): %d failed" % ("PASS" if not failed else "FAIL", failed))
     return 1 if failed else 0
 

@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 
-from torch_common import skip_reason
+from torch_common import skipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -219,9 +219,7 @@ def producer(mode, settings):
 
 
 def main():
-    why = skip_reason()
-    if why:
-        print("SKIPPED: " + why)
+    if skipped():
         return 77
     args = [a for a in sys.argv[1:] if a != "--cca-only"]
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from torch_common import run_json_worker, skip_reason
+from torch_common import run_json_worker, skipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -106,9 +106,7 @@ def run_worker(mode, lib, settings):
 
 
 def main():
-    why = skip_reason(gpus=2, modules=("cupy",))
-    if why:
-        print("SKIPPED: " + why)
+    if skipped(gpus=2, modules=("cupy",)):
         return 77
     lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
