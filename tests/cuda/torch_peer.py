@@ -2,8 +2,10 @@
 tensor copied from one device to the other makes PyTorch ask the allocator for peer access
 (enablePeerAccess) and copy through it (memcpyAsync); then a kernel on each device reads the
 other device's tensor directly (CuPy), which with expandable segments works only where the
-allocator gave the peer access to the mapping itself. Default and expandable_segments:True,
-cca and native PyTorch, each in a fresh process. Exits 77 without torch, CuPy or two GPUs.
+allocator gave the peer access to the mapping itself, and with backend:cudaMallocAsync only
+where the device was given access to the peer's memory pool (cudaMemPoolSetAccess). Default,
+expandable_segments:True and backend:cudaMallocAsync, cca and native PyTorch, each in a fresh
+process. Exits 77 without torch, CuPy or two GPUs.
 
 Usage: python3 tests/cuda/torch_peer.py [LIBCCA_SO]
   --worker native|cca SETTINGS prints one JSON line.
@@ -113,7 +115,7 @@ def main():
     import cca.torch
     print("adapter:", cca.torch.build_adapter())
     failed = 0
-    for settings in ("", "expandable_segments:True"):
+    for settings in ("", "expandable_segments:True", "backend:cudaMallocAsync"):
         for mode in ("native", "cca"):
             r = run_worker(mode, lib, settings)
             for c in r["checks"]:
