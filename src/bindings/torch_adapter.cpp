@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -319,7 +320,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         (void)device_count;
         check(cca_init(), "init");
         check(cca_register_free_memory_callback(&run_free_memory_callbacks, nullptr), "init");
-        check(cca_attach_oom_observer(&on_oom, nullptr), "init");
+        attach_oom_forwarder(false);
         initialized_ = true;
     }
     bool initialized() override { return initialized_; }
@@ -610,6 +611,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void attachOutOfMemoryObserver(cc::OutOfMemoryObserver observer) override
     {
+        attach_oom_forwarder(true); /* under backend:cudaMallocAsync: PyTorch's error */
         std::lock_guard<std::mutex> g(observer_lock);
         oom_observers.push_back(std::move(observer));
     }
@@ -707,6 +709,23 @@ class CcaAllocator final : public cc::CUDAAllocator {
     std::unordered_map<std::pair<int, c10::cuda::MempoolId_t>, std::shared_ptr<cc::CUDAAllocator>, PoolKeyHash>
         pool_allocators_; /* MemPool(allocator=...) (filters_lock_) */
     bool initialized_ = false;
+    std::atomic<bool> oom_forwarded_{false};
+
+    /* cca's OOM observer that forwards to PyTorch's, once. backend:cudaMallocAsync refuses
+     * OOM observers, as PyTorch's does: init goes on without it (PyTorch's cudaMallocAsync
+     * initialises without one), and a program's attach then raises PyTorch's message. */
+    void attach_oom_forwarder(bool program_asked)
+    {
+        static std::mutex lock;
+        std::lock_guard<std::mutex> g(lock);
+        if (oom_forwarded_.load())
+            return;
+        cca_status_t st = cca_attach_oom_observer(&on_oom, nullptr);
+        if (st == CCA_ERR_NOT_SUPPORTED && !program_asked)
+            return;
+        check(st, program_asked ? "attachOutOfMemoryObserver" : "init");
+        oom_forwarded_.store(true);
+    }
     bool enabled_ = true;
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};
 };

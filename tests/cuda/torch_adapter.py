@@ -5,8 +5,8 @@ figures. Exits 77 when torch or a GPU is missing.
 Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
   build/libcca.so). --job runs only the named parts (any of functions,
-  free-memory-callbacks, train-resnet50, train-gpt2, train-resnet50-expandable;
-  all by default).
+  free-memory-callbacks, train-resnet50, train-gpt2, train-resnet50-expandable,
+  train-resnet50-async; all by default).
   Each check runs in a fresh process (the allocator is chosen once per
   process): --worker native|cca train-resnet50|train-gpt2|functions prints
   one JSON line.
@@ -101,7 +101,48 @@ def worker_train(mode, job):
         except Exception as e:
             out["expandable_sizes"] = "%s: %s" % (type(e).__name__, e)
         keep.clear()
+    if "backend:cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        out["async_probes"] = async_probes(torch)
     return out
+
+
+def async_probes(torch):
+    """Under backend:cudaMallocAsync, what each torch.cuda.memory entry point gives: "ok ..."
+    with a value both allocators must agree on, or "error" and the message's first line."""
+    probes = {}
+
+    def probe(name, fn):
+        try:
+            probes[name] = "ok %s" % (fn(),)
+        except Exception as e:
+            probes[name] = "error %s" % str(e).splitlines()[0]
+    probe("attach an out-of-memory observer",
+          lambda: torch._C._cuda_attach_out_of_memory_observer(lambda *a: None))
+    probe("record the allocation history", lambda: torch.cuda.memory._record_memory_history(max_entries=100))
+    probe("snapshot", lambda: len(torch.cuda.memory_snapshot()))
+    probe("memory_stats keys", lambda: sorted(torch.cuda.memory_stats()))
+    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+
+    def graph():
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = x * 2  # warm-up outside the capture
+            with torch.cuda.graph(g, stream=s):
+                y = x * 3 + 1
+        torch.cuda.current_stream().wait_stream(s)
+        x.add_(1)
+        g.replay()
+        torch.cuda.synchronize()
+        return bool(torch.equal(y, x * 3 + 1))
+    probe("capture and replay a CUDA graph", graph)
+
+    def after_empty_cache():
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_allocated()
+    probe("allocated after empty_cache", after_empty_cache)
+    return probes
 
 
 class Checks:
@@ -489,7 +530,8 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "free-memory-callbacks", "train-resnet50", "train-gpt2", "train-resnet50-expandable")
+    parts = ("functions", "free-memory-callbacks", "train-resnet50", "train-gpt2", "train-resnet50-expandable",
+             "train-resnet50-async")
     unknown = [j for j in only if j not in parts]
     if unknown:
         print("FAIL torch adapter: unknown --job %s (one of %s)" % (unknown, ", ".join(parts)))
@@ -521,8 +563,10 @@ def main():
                       r["reserved_before"], r["reserved_after"]))
             failed += not ok
     for job, settings in (("train-resnet50", ""), ("train-gpt2", ""),
-                          ("train-resnet50", "expandable_segments:True")):
-        if only and (job + ("-expandable" if settings else "")) not in only:
+                          ("train-resnet50", "expandable_segments:True"),
+                          ("train-resnet50", "backend:cudaMallocAsync")):
+        suffix = {"": "", "expandable_segments:True": "-expandable", "backend:cudaMallocAsync": "-async"}
+        if only and (job + suffix[settings]) not in only:
             continue
         native = run_worker("native", job, lib, settings)
         ours = run_worker("cca", job, lib, settings)
@@ -539,7 +583,18 @@ def main():
             "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
             native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
         failed += not same_peak
-        if settings:
+        if "async_probes" in native or "async_probes" in ours:
+            # every entry point gives what native PyTorch's cudaMallocAsync gives: the same value,
+            # or an error whose message contains native's (cca's names the call first)
+            for name, want in sorted(native.get("async_probes", {}).items()):
+                got = ours.get("async_probes", {}).get(name, "missing")
+                ok = (got == want if want.startswith("ok") else
+                      got.startswith("error") and want[len("error "):] in got)
+                print("%s %s: %s: native %s; cca %s" % ("PASS" if ok else "FAIL", job, name, want[:160],
+                                                         got[:160]))
+                failed += not ok
+            failed += not native.get("async_probes") or not ours.get("async_probes")
+        if settings == "expandable_segments:True":
             marked = native.get("expandable_marked") and ours.get("expandable_marked")
             print("%s %s: snapshots mark every segment expandable (native %s, cca %s)" % (
                 "PASS" if marked else "FAIL", job, native.get("expandable_marked"), ours.get("expandable_marked")))
