@@ -143,6 +143,35 @@ def _apply_settings(text):
         os.environ["CCA_ALLOC_CONF"] = text
 
 
+def _without_backend(text):
+    """text (PYTORCH_CUDA_ALLOC_CONF syntax) without its backend:VALUE settings; the rest as
+    written. Whitespace is not part of a key (PyTorch drops it), and commas inside [...] do not
+    end a setting."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth = max(depth - 1, 0)
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    kept = [p for p in parts if "".join(p.split(":", 1)[0].split()) != "backend"]
+    return ",".join(kept) if len(kept) < len(parts) else text
+
+
+def _forget_backend_in_environment():
+    """PyTorch reads PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF again when its allocator
+    settings are first used, after install, and a backend key there must then name the
+    installed allocator (it asserts "Allocator backend parsed at runtime != allocator backend
+    parsed at load time, cudaMallocAsync != cca"). cca has taken the backend into its own
+    settings, so the key leaves PyTorch's variables; every other setting stays."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        text = os.environ.get(name)
+        if text is not None and _without_backend(text) != text:
+            os.environ[name] = _without_backend(text)
+
+
 def install(settings=None, fallback=True, verbose=False):
     """Make cca PyTorch's CUDA allocator in this process. Call it before the
     first CUDA allocation (before any tensor goes to the GPU); after it,
@@ -171,6 +200,7 @@ def install(settings=None, fallback=True, verbose=False):
         torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
             _lib.library_path(), "cca_torch_malloc", "cca_torch_free"))
         _mode = "pluggable"
+        _forget_backend_in_environment()
         warnings.warn("cca.torch: the C++ adapter could not be built, so cca runs as PyTorch's "
                       "pluggable allocator; lost: %s. Reason: %s"
                       % (PLUGGABLE_LOSSES, _adapter_error.splitlines()[0]), RuntimeWarning, stacklevel=2)
@@ -179,6 +209,7 @@ def install(settings=None, fallback=True, verbose=False):
     if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
     _mode = "adapter"
+    _forget_backend_in_environment()
     return _mode
 
 

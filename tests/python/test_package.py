@@ -369,6 +369,36 @@ class InstallLogic(unittest.TestCase):
             self.mod.install(fallback=True)
         self.assertEqual(os.environ.get("CCA_ALLOC_CONF"), "roundup_power2_divisions:2")
 
+    def test_backend_key_leaves_pytorchs_variables(self):
+        """PyTorch asserts that a backend key in its variables names the installed allocator
+        when it reads them after install: install takes the key into cca's settings and
+        removes it there, leaving every other setting as written."""
+        w = self.mod._without_backend
+        self.assertEqual(w("backend:cudaMallocAsync"), "")
+        self.assertEqual(w("expandable_segments:True,backend:native"), "expandable_segments:True")
+        self.assertEqual(w("roundup_power2_divisions:[256:1,512:2],backend:cudaMallocAsync,max_split_size_mb:128"),
+                         "roundup_power2_divisions:[256:1,512:2],max_split_size_mb:128")
+        self.assertEqual(w(" back end : native ,garbage_collection_threshold:0.6"),
+                         "garbage_collection_threshold:0.6")
+        for kept in ("", "expandable_segments:True", "backends:x", "max_split_size_mb:128,"):
+            self.assertEqual(w(kept), kept)
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync,release_lock_on_cudamalloc:True"
+        saved = os.environ.get("PYTORCH_ALLOC_CONF")
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+        try:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.assertEqual(self.mod.install(fallback=True), "pluggable")
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "backend:cudaMallocAsync,release_lock_on_cudamalloc:True")
+            self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "release_lock_on_cudamalloc:True")
+            self.assertEqual(os.environ["PYTORCH_ALLOC_CONF"], "expandable_segments:True")
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_ALLOC_CONF", None)
+            else:
+                os.environ["PYTORCH_ALLOC_CONF"] = saved
+
     def test_measuring_calls(self):
         """time_allocator_pairs / expandable_segment_sizes: arguments and results through
         ctypes, and the adapter's error as RuntimeError (a stand-in adapter library)."""
