@@ -73,6 +73,7 @@ def train_gpt2(torch, steps=6, batch=4, seq=256):
 
 
 def worker_train(mode, job):
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")  # install takes its backend key away
     import cca.torch
     if mode == "cca":
         assert cca.torch.install() == "adapter", cca.torch.adapter_error()
@@ -83,7 +84,7 @@ def worker_train(mode, job):
     out = {"losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
            "peak_allocated": torch.cuda.max_memory_allocated(),
            "backend": cca.torch.installed() or "pytorch"}
-    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    if "expandable_segments:True" in conf:
         # PyTorch's getExpandableSegmentSizes leaves out the segments of the null (default)
         # stream the training ran on: blocks on a stream of its own give it entries, one
         # per segment (here a small and a large one) with the bytes mapped in each
@@ -101,7 +102,7 @@ def worker_train(mode, job):
         except Exception as e:
             out["expandable_sizes"] = "%s: %s" % (type(e).__name__, e)
         keep.clear()
-    if "backend:cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    if "backend:cudaMallocAsync" in conf:
         out["async_probes"] = async_probes(torch)
     return out
 
@@ -570,6 +571,9 @@ def main():
             continue
         native = run_worker("native", job, lib, settings)
         ours = run_worker("cca", job, lib, settings)
+        is_async = settings == "backend:cudaMallocAsync"
+        if is_async:
+            native_again = run_worker("native", job, lib, settings)
         if settings:
             job += " (%s)" % settings
         same_loss = native["losses"] == ours["losses"]
@@ -578,10 +582,22 @@ def main():
               "identical" if same_loss else "close" if close else "differ",
               ["%.6f" % v for v in native["losses"]], ["%.6f" % v for v in ours["losses"]]))
         failed += not close
-        same_peak = native["peak_reserved"] == ours["peak_reserved"]
-        print("%s %s: peak reserved native %d, cca %d; peak allocated native %d, cca %d (backend %s)" % (
-            "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
-            native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
+        if is_async:
+            # the driver's pool decides what it reserves, reusing memory freed on a stream for
+            # the others once that stream has synchronised with the host (timing): the peak
+            # allocated is the allocator's own count and must be equal; the peak reserved is
+            # shown beside a second native run's
+            same_peak = native["peak_allocated"] == ours["peak_allocated"] == native_again["peak_allocated"]
+            print("%s %s: peak allocated native %d (again %d), cca %d; peak reserved (the driver's pool) "
+                  "native %d (again %d), cca %d (backend %s)" % (
+                      "PASS" if same_peak else "FAIL", job, native["peak_allocated"],
+                      native_again["peak_allocated"], ours["peak_allocated"], native["peak_reserved"],
+                      native_again["peak_reserved"], ours["peak_reserved"], ours["backend"]))
+        else:
+            same_peak = native["peak_reserved"] == ours["peak_reserved"]
+            print("%s %s: peak reserved native %d, cca %d; peak allocated native %d, cca %d (backend %s)" % (
+                "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
+                native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
         failed += not same_peak
         if "async_probes" in native or "async_probes" in ours:
             # every entry point gives what native PyTorch's cudaMallocAsync gives: the same value,
