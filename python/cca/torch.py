@@ -172,6 +172,34 @@ def _forget_backend_in_environment():
             os.environ[name] = _without_backend(text)
 
 
+def _follow_runtime_settings(torch):
+    """torch.cuda.memory._set_allocator_settings(text) changes PyTorch's settings at run time
+    (programs use it to turn expandable segments on and off between phases); PyTorch's own
+    allocator reads them as it goes, cca keeps its own. After install, the function applies
+    text to PyTorch's settings as before and then to cca's (cca_set_settings, or merged into
+    CCA_ALLOC_CONF before cca starts), so both follow."""
+    memory = torch.cuda.memory
+    original = getattr(memory, "_set_allocator_settings", None)
+    if original is None or getattr(original, "_cca_follows", False):
+        return
+
+    def _set_allocator_settings(env):
+        result = original(env)
+        text = _without_backend(env)  # PyTorch has checked a backend key against cca's name
+        lib = _lib.load()
+        if lib.cca_is_initialized():
+            _apply_settings(text)
+        elif text:
+            cca.settings(text)  # validates
+            old = os.environ.get("CCA_ALLOC_CONF")
+            old = (old or "").rstrip(", \t\r\n")  # (a trailing comma, allowed alone)
+            os.environ["CCA_ALLOC_CONF"] = "%s,%s" % (old, text) if old else text  # later keys win
+        return result
+    _set_allocator_settings._cca_follows = True
+    _set_allocator_settings.__doc__ = original.__doc__
+    memory._set_allocator_settings = _set_allocator_settings
+
+
 def install(settings=None, fallback=True, verbose=False):
     """Make cca PyTorch's CUDA allocator in this process. Call it before the
     first CUDA allocation (before any tensor goes to the GPU); after it,
@@ -201,6 +229,7 @@ def install(settings=None, fallback=True, verbose=False):
             _lib.library_path(), "cca_torch_malloc", "cca_torch_free"))
         _mode = "pluggable"
         _forget_backend_in_environment()
+        _follow_runtime_settings(torch)
         warnings.warn("cca.torch: the C++ adapter could not be built, so cca runs as PyTorch's "
                       "pluggable allocator; lost: %s. Reason: %s"
                       % (PLUGGABLE_LOSSES, _adapter_error.splitlines()[0]), RuntimeWarning, stacklevel=2)
@@ -210,6 +239,7 @@ def install(settings=None, fallback=True, verbose=False):
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
     _mode = "adapter"
     _forget_backend_in_environment()
+    _follow_runtime_settings(torch)
     return _mode
 
 

@@ -5,8 +5,8 @@ figures. Exits 77 when torch or a GPU is missing.
 Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
   build/libcca.so). --job runs only the named parts (any of functions,
-  free-memory-callbacks, train-resnet50, train-gpt2, train-resnet50-expandable,
-  train-resnet50-async; all by default).
+  free-memory-callbacks, runtime-settings, train-resnet50, train-gpt2,
+  train-resnet50-expandable, train-resnet50-async; all by default).
   Each check runs in a fresh process (the allocator is chosen once per
   process): --worker native|cca train-resnet50|train-gpt2|functions prints
   one JSON line.
@@ -502,6 +502,34 @@ def worker_free_callbacks(mode):
             "reserved_after": torch.cuda.memory_reserved(), "backend": mode}
 
 
+def worker_runtime_settings(mode):
+    """torch.cuda.memory._set_allocator_settings between phases, as serving programs turn
+    expandable segments on and off: each phase's 50 MiB block on a stream of its own, and
+    whether the segments made for it are expandable; then a string PyTorch refuses."""
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    torch.empty(1, device="cuda")
+    phases, keep = [], []
+    for text in (None, "expandable_segments:True", "expandable_segments:False", "expandable_segments:True"):
+        if text:
+            torch.cuda.memory._set_allocator_settings(text)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            keep.append(torch.empty(50 * MiB, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+        segs = [sg for sg in torch.cuda.memory._snapshot()["segments"] if sg["stream"] == side.cuda_stream]
+        phases.append([bool(sg["is_expandable"]) for sg in segs])
+    try:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:maybe")
+        refused = "accepted"
+    except Exception as e:
+        refused = type(e).__name__
+    keep.clear()
+    return {"phases": phases, "refused": refused, "backend": mode}
+
+
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
@@ -531,8 +559,8 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "free-memory-callbacks", "train-resnet50", "train-gpt2", "train-resnet50-expandable",
-             "train-resnet50-async")
+    parts = ("functions", "free-memory-callbacks", "runtime-settings", "train-resnet50", "train-gpt2",
+             "train-resnet50-expandable", "train-resnet50-async")
     unknown = [j for j in only if j not in parts]
     if unknown:
         print("FAIL torch adapter: unknown --job %s (one of %s)" % (unknown, ", ".join(parts)))
@@ -563,6 +591,16 @@ def main():
                       "same address" if r["ptr"] == r["reserve"] else "%#x against %#x" % (r["ptr"], r["reserve"]),
                       r["reserved_before"], r["reserved_after"]))
             failed += not ok
+    if not only or "runtime-settings" in only:
+        r = {mode: run_worker(mode, "runtime-settings", lib) for mode in ("native", "cca")}
+        ok = (r["cca"]["phases"] == r["native"]["phases"] and
+              [all(p) and bool(p) for p in r["native"]["phases"]] == [False, True, False, True] and
+              r["cca"]["refused"] == r["native"]["refused"] != "accepted")
+        print("%s _set_allocator_settings between phases: segments expandable per phase native %s, cca %s; "
+              "a bad value refused: native %s, cca %s" % (
+                  "PASS" if ok else "FAIL", r["native"]["phases"], r["cca"]["phases"], r["native"]["refused"],
+                  r["cca"]["refused"]))
+        failed += not ok
     for job, settings in (("train-resnet50", ""), ("train-gpt2", ""),
                           ("train-resnet50", "expandable_segments:True"),
                           ("train-resnet50", "backend:cudaMallocAsync")):
@@ -636,6 +674,8 @@ if __name__ == "__main__":
             result = worker_functions()
         elif job == "free-memory-callbacks":
             result = worker_free_callbacks(mode)
+        elif job == "runtime-settings":
+            result = worker_runtime_settings(mode)
         else:
             result = worker_train(mode, job)
         print(json.dumps(result))

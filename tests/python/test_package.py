@@ -296,6 +296,7 @@ class InstallLogic(unittest.TestCase):
         memory = types.SimpleNamespace(
             CUDAPluggableAllocator=lambda path, alloc, free: ("pluggable", path, alloc, free),
             change_current_allocator=self.calls.append)
+        self.memory = memory
         fake.cuda = types.SimpleNamespace(is_initialized=lambda: self.cuda_initialised, memory=memory)
         ext = types.ModuleType("torch.utils.cpp_extension")
         ext.include_paths = lambda device_type="cpu": ["/nonexistent/torch/include"]
@@ -398,6 +399,43 @@ class InstallLogic(unittest.TestCase):
                 os.environ.pop("PYTORCH_ALLOC_CONF", None)
             else:
                 os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def test_runtime_settings_follow(self):
+        """After install, torch.cuda.memory._set_allocator_settings applies to PyTorch's settings
+        (the stand-in records it) and then to cca's: merged into CCA_ALLOC_CONF before cca
+        starts, applied at once after."""
+        import warnings
+        seen = []
+        self.memory._set_allocator_settings = seen.append
+        lib = _lib.load()
+        lib.cca_shutdown()
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:2,"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.assertEqual(self.mod.install(fallback=True), "pluggable")
+        set_settings = self.memory._set_allocator_settings
+        self.assertIsNot(set_settings, seen.append)
+        set_settings("expandable_segments:True")
+        self.assertEqual(seen, ["expandable_segments:True"])
+        self.assertEqual(os.environ["CCA_ALLOC_CONF"], "roundup_power2_divisions:2,expandable_segments:True")
+        with self.assertRaises(cca.CcaError):
+            set_settings("expandable_segments:maybe")  # the stand-in took it; cca refuses it
+        self.assertEqual(os.environ["CCA_ALLOC_CONF"], "roundup_power2_divisions:2,expandable_segments:True")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.mod._mode = None
+            self.mod.install(fallback=True)  # again: wrapped once, not twice
+        self.assertIs(self.memory._set_allocator_settings, set_settings)
+        os.environ.pop("CCA_ALLOC_CONF")
+        self.assertEqual(lib.cca_init(), 0)
+        try:
+            fraction = ctypes.c_double(0.0)
+            set_settings("per_process_memory_fraction:0.5")
+            self.assertEqual(lib.cca_get_memory_fraction(ctypes.c_int(0), ctypes.byref(fraction)), 0)
+            self.assertEqual(fraction.value, 0.5)
+            self.assertNotIn("CCA_ALLOC_CONF", os.environ)
+        finally:
+            lib.cca_shutdown()
 
     def test_measuring_calls(self):
         """time_allocator_pairs / expandable_segment_sizes: arguments and results through
