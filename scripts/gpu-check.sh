@@ -29,8 +29,10 @@
 #   GPU_CHECK_ONLY=multigpu  the multi-GPU and multi-process parts only, for a
 #     two-GPU machine: build the library and those tests (Release), run
 #     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
-#     then the two-rank NCCL run (torch_ddp.py) and peer access through
-#     PyTorch's copies and CuPy kernels (torch_peer.py); about 3-5 minutes.
+#     then PyTorch on cca's cudaMallocAsync backend against PyTorch's own
+#     (torch_adapter.py --job train-resnet50-async, one GPU), the two-rank NCCL
+#     run (torch_ddp.py) and peer access through PyTorch's copies and CuPy
+#     kernels (torch_peer.py); about 3-5 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
@@ -129,9 +131,15 @@ run_bench_2gpu() {
         CCA_ALLOC_CONF=backend:cudaMallocAsync "$root/build-gpu-release/bench/bench_gpu" --quick \
             --devices 2 --name cca-async-2gpu
 }
+# adapter_jobs: --job arguments (empty: every part).
 run_torch_adapter() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
-        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so"
+        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" $adapter_jobs
+}
+# PyTorch on cca's cudaMallocAsync backend against PyTorch's own (three training processes).
+run_torch_adapter_async() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" --job train-resnet50-async
 }
 # torch.multiprocessing CUDA tensors through the adapter, both processes on cca.
 run_torch_ipc() {
@@ -216,7 +224,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -248,6 +256,7 @@ multigpu)
     gpu_count=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
     run_step build-multigpu "$(left 200)" build_multigpu
     run_step ctest-multigpu "$(left 120)" run_ctest_multigpu
+    run_step torch-adapter-async "$(left 240)" run_torch_adapter_async
     if [ "${gpu_count:-0}" -ge 2 ]; then
         run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
         run_step torch-peer-2gpu "$(left 0)" run_torch_peer
@@ -313,6 +322,16 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
+# cudaMallocAsync under PyTorch (three ResNet-50 trainings, about 70 s) only with a budget of
+# 600 s or more; GPU_CHECK_ONLY=multigpu runs it.
+if [ "$budget" -ge 600 ]; then
+    adapter_jobs=""
+else
+    adapter_jobs="--job functions --job free-memory-callbacks --job runtime-settings --job train-resnet50"
+    adapter_jobs="$adapter_jobs --job train-gpt2 --job train-resnet50-expandable"
+    echo "== torch-adapter: train-resnet50-async skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=multigpu runs it)"
+fi
+export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
 run_step torch-ipc "$(left 140)" run_torch_ipc
 # torch.compile takes about 90 s (three processes compile or load their kernels): in the
