@@ -321,6 +321,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         check(cca_init(), "init");
         check(cca_register_free_memory_callback(&run_free_memory_callbacks, nullptr), "init");
         attach_oom_forwarder(false);
+        async_ = setting_is("backend cudaMallocAsync");
         initialized_ = true;
     }
     bool initialized() override { return initialized_; }
@@ -663,7 +664,19 @@ class CcaAllocator final : public cc::CUDAAllocator {
         cca_checkpoint_delta_free(&delta);
         return out;
     }
-    std::string name() override { return "cca"; }
+    /*
+     * PyTorch's name of the backend cca runs: "native" (cca's caching allocator, PyTorch's
+     * native one's behaviour) or "cudaMallocAsync". PyTorch checks it against a backend key
+     * of its settings, keeps features to "native" (a CUDA graph's conditional nodes), and
+     * libraries branch on it (torch.cuda.get_allocator_backend()); cca.torch.installed()
+     * says that cca serves. Fixed once cca has started.
+     */
+    std::string name() override
+    {
+        if (initialized_)
+            return async_ ? "cudaMallocAsync" : "native";
+        return setting_is("backend cudaMallocAsync") ? "cudaMallocAsync" : "native";
+    }
 
     std::string settings_;
 
@@ -672,16 +685,18 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         return reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
     }
-    /* Whether the settings cca started with (environment, then install()'s) turn expandable segments on. */
-    bool expandable_setting()
+    /* Whether the settings cca starts with (environment, then install()'s) have the line
+     * "KEY VALUE" (cca_settings_describe's). */
+    static bool setting_is(const char *key_value)
     {
         char *text = nullptr;
         if (cca_settings_describe(nullptr, &text) != CCA_OK)
             return false;
-        bool on = std::strstr(text, "expandable_segments True") != nullptr;
+        bool on = std::strstr(text, key_value) != nullptr;
         std::free(text);
         return on;
     }
+    bool expandable_setting() { return setting_is("expandable_segments True"); }
     void *raw_alloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream)
     {
         void *ptr = nullptr;
@@ -709,6 +724,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
     std::unordered_map<std::pair<int, c10::cuda::MempoolId_t>, std::shared_ptr<cc::CUDAAllocator>, PoolKeyHash>
         pool_allocators_; /* MemPool(allocator=...) (filters_lock_) */
     bool initialized_ = false;
+    bool async_ = false; /* cca runs backend:cudaMallocAsync (set at init) */
     std::atomic<bool> oom_forwarded_{false};
 
     /* cca's OOM observer that forwards to PyTorch's, once. backend:cudaMallocAsync refuses
@@ -746,7 +762,7 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
 {
     try {
         cc::CUDAAllocator *current = cc::get();
-        if (current && current->initialized() && current->name() != "cca") {
+        if (current && current->initialized() && (!installed || current != installed.get())) {
             std::snprintf(err, err_size,
                           "PyTorch's CUDA allocator (%s) is already initialised: install cca before the "
                           "first CUDA call of the process",

@@ -5,7 +5,7 @@ figures. Exits 77 when torch or a GPU is missing.
 Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   (the repository's python/ folder is put on sys.path; LIBCCA_SO defaults to
   build/libcca.so). --job runs only the named parts (any of functions,
-  free-memory-callbacks, runtime-settings, train-resnet50, train-gpt2,
+  free-memory-callbacks, runtime-settings, backend-name, train-resnet50, train-gpt2,
   train-resnet50-expandable, train-resnet50-async; all by default).
   Each check runs in a fresh process (the allocator is chosen once per
   process): --worker native|cca train-resnet50|train-gpt2|functions prints
@@ -83,7 +83,8 @@ def worker_train(mode, job):
     torch.cuda.synchronize()
     out = {"losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
            "peak_allocated": torch.cuda.max_memory_allocated(),
-           "backend": cca.torch.installed() or "pytorch"}
+           "backend": cca.torch.installed() or "pytorch",
+           "allocator_backend": torch.cuda.get_allocator_backend()}
     if "expandable_segments:True" in conf:
         # PyTorch's getExpandableSegmentSizes leaves out the segments of the null (default)
         # stream the training ran on: blocks on a stream of its own give it entries, one
@@ -530,6 +531,38 @@ def worker_runtime_settings(mode):
     return {"phases": phases, "refused": refused, "backend": mode}
 
 
+def worker_backend_name(mode):
+    """What PyTorch and libraries read of the allocator's backend: its name, and a CUDA graph
+    with a conditional node (PyTorch refuses one unless the allocator calls itself native),
+    captured and replayed with the predicate true and false."""
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    out = {"name": torch.cuda.get_allocator_backend()}
+    try:
+        g = torch.cuda.CUDAGraph()
+        pred = torch.ones((), dtype=torch.bool, device="cuda")
+        x = torch.full((8, 8), 3.0, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            g.begin_capture_to_if_node(pred)
+            z = x * 2.0
+            g.end_capture_to_conditional_node()
+            y = x + 1.0
+        seen = []
+        for p in (True, False):
+            pred.fill_(p)
+            z.fill_(0.0)
+            g.replay()
+            torch.cuda.synchronize()
+            seen.append([float(y.mean()), float(z.mean())])
+        out["conditional"] = seen  # [[4, 6], [4, 0]] where it works
+    except Exception as e:
+        out["conditional"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    return out
+
+
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
@@ -559,7 +592,7 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "free-memory-callbacks", "runtime-settings", "train-resnet50", "train-gpt2",
+    parts = ("functions", "free-memory-callbacks", "runtime-settings", "backend-name", "train-resnet50", "train-gpt2",
              "train-resnet50-expandable", "train-resnet50-async")
     unknown = [j for j in only if j not in parts]
     if unknown:
@@ -591,6 +624,12 @@ def main():
                       "same address" if r["ptr"] == r["reserve"] else "%#x against %#x" % (r["ptr"], r["reserve"]),
                       r["reserved_before"], r["reserved_after"]))
             failed += not ok
+    if not only or "backend-name" in only:
+        r = {mode: run_worker(mode, "backend-name", lib) for mode in ("native", "cca")}
+        ok = r["cca"] == r["native"] and r["native"]["name"] == "native"
+        print("%s the backend's name and a CUDA graph's conditional node: native %s, cca %s" % (
+            "PASS" if ok else "FAIL", r["native"], r["cca"]))
+        failed += not ok
     if not only or "runtime-settings" in only:
         r = {mode: run_worker(mode, "runtime-settings", lib) for mode in ("native", "cca")}
         ok = (r["cca"]["phases"] == r["native"]["phases"] and
@@ -637,6 +676,11 @@ def main():
                 "PASS" if same_peak else "FAIL", job, native["peak_reserved"], ours["peak_reserved"],
                 native["peak_allocated"], ours["peak_allocated"], ours["backend"]))
         failed += not same_peak
+        # PyTorch and libraries branch on the backend's name: cca answers as the backend it runs
+        same_name = ours.get("allocator_backend") == native.get("allocator_backend")
+        print("%s %s: torch.cuda.get_allocator_backend() native %r, cca %r" % (
+            "PASS" if same_name else "FAIL", job, native.get("allocator_backend"), ours.get("allocator_backend")))
+        failed += not same_name
         if "async_probes" in native or "async_probes" in ours:
             # every entry point gives what native PyTorch's cudaMallocAsync gives: the same value,
             # or an error whose message contains native's (cca's names the call first)
@@ -676,6 +720,8 @@ if __name__ == "__main__":
             result = worker_free_callbacks(mode)
         elif job == "runtime-settings":
             result = worker_runtime_settings(mode)
+        elif job == "backend-name":
+            result = worker_backend_name(mode)
         else:
             result = worker_train(mode, job)
         print(json.dumps(result))
