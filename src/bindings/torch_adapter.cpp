@@ -667,9 +667,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
     /*
      * PyTorch's name of the backend cca runs: "native" (cca's caching allocator, PyTorch's
      * native one's behaviour) or "cudaMallocAsync". PyTorch checks it against a backend key
-     * of its settings, keeps features to "native" (a CUDA graph's conditional nodes), and
-     * libraries branch on it (torch.cuda.get_allocator_backend()); cca.torch.installed()
-     * says that cca serves. Fixed once cca has started.
+     * of its settings, its later versions keep features to "native" (a CUDA graph's
+     * conditional nodes), and libraries branch on it (torch.cuda.get_allocator_backend());
+     * cca.torch.installed() says that cca serves. Fixed once cca has started.
      */
     std::string name() override
     {
