@@ -162,10 +162,11 @@ def _without_backend(text):
 
 def _forget_backend_in_environment():
     """PyTorch reads PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF again when its allocator
-    settings are first used, after install, and a backend key there must then name the
-    installed allocator (it asserts "Allocator backend parsed at runtime != allocator backend
-    parsed at load time, cudaMallocAsync != cca"). cca has taken the backend into its own
-    settings, so the key leaves PyTorch's variables; every other setting stays."""
+    settings are first used, after install, and a backend key there must then be the name of
+    the installed allocator (it asserts "Allocator backend parsed at runtime != allocator
+    backend parsed at load time"). The adapter answers with the backend cca runs, which
+    install's settings or CCA_ALLOC_CONF may have chosen otherwise. cca has taken the backend
+    into its own settings, so the key leaves PyTorch's variables; every other setting stays."""
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         text = os.environ.get(name)
         if text is not None and _without_backend(text) != text:
