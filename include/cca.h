@@ -914,6 +914,36 @@ bool cca_history_enabled(void);
 cca_status_t cca_record_annotation(const char *name);
 
 /**
+ * Record an annotation with fields, as PyTorch's recordAnnotation does (its
+ * record_function scopes give {"name", NAME} and {"stage", "START" or "END"}):
+ * count pairs keys[i] : values[i] (copied). Like cca_record_annotation, a
+ * user_defined entry on every device, for history and trackers, whose context
+ * is the value of "name" ("" without one); written snapshots list it in
+ * external_annotations only, as PyTorch 2.11 does: one dict per device with
+ * the fields, "device" and "time_us". cca_record_annotation(name) is
+ * {"name": name, "stage": "START"}. Does nothing when neither history nor a
+ * tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
+ * NULL with count > 0, a NULL or empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values,
+                                          size_t count);
+
+/**
+ * The value of an annotation's field key in a user_defined history entry (of
+ * cca_history_get or a tracker), or NULL (no such field, not an annotation,
+ * NULL arguments). The string lives as long as the entry.
+ */
+const char *cca_trace_entry_field(const cca_trace_entry_t *entry, const char *key);
+
+/**
+ * An annotation's fields in order: the i-th key and value of a user_defined
+ * entry in *key and *value. False past the last field (or for NULL arguments
+ * and other entries).
+ */
+bool cca_trace_entry_field_at(const cca_trace_entry_t *entry, size_t i, const char **key,
+                              const char **value);
+
+/**
  * The recorded history, oldest first. *entries is one malloc'd block holding
  * the entries and their context strings; free it with cca_history_free.
  * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL), CCA_ERR_OUT_OF_MEMORY.

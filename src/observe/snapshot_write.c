@@ -110,6 +110,19 @@ static cca_status_t add_traces(pv_doc_t *doc, pv_node_t *traces, pv_node_t *anno
         const cca_trace_entry_t *e = &entries[i];
         if (e->device < 0 || e->device >= devices)
             continue;
+        if (e->action == CCA_TRACE_USER_DEFINED) {
+            /* PyTorch 2.11 keeps annotations out of device_traces: its fields, then where and when */
+            pv_node_t *a = pv_new_dict(doc);
+            const char *k, *v;
+            for (size_t f = 0; cca_trace_entry_field_at(e, f, &k, &v); f++)
+                pv_dict_set_node(doc, a, pv_new_text(doc, k, strlen(k)), pv_new_text(doc, v, strlen(v)));
+            pv_dict_set(doc, a, "device", pv_new_int(doc, e->device));
+            pv_dict_set(doc, a, "time_us", pv_new_int(doc, e->time_us));
+            st = pv_list_append(doc, annotations, a);
+            if (st != CCA_OK)
+                goto out;
+            continue;
+        }
         pv_node_t *d = pv_new_dict(doc);
         pv_dict_set(doc, d, "action", pv_new_str(doc, cca_trace_action_name(e->action)));
         pv_dict_set(doc, d, e->action == CCA_TRACE_OOM ? "device_free" : "addr", pv_uint(doc, e->addr));
@@ -123,17 +136,6 @@ static cca_status_t add_traces(pv_doc_t *doc, pv_node_t *traces, pv_node_t *anno
         st = pv_list_append(doc, lists[e->device], d);
         if (st != CCA_OK)
             goto out;
-        if (e->action == CCA_TRACE_USER_DEFINED) {
-            pv_node_t *a = pv_new_dict(doc);
-            pv_dict_set(doc, a, "device", pv_new_int(doc, e->device));
-            pv_dict_set(doc, a, "name",
-                        pv_new_text(doc, e->context, e->context ? strlen(e->context) : 0));
-            pv_dict_set(doc, a, "stage", pv_new_str(doc, "START"));
-            pv_dict_set(doc, a, "time_us", pv_new_int(doc, e->time_us));
-            st = pv_list_append(doc, annotations, a);
-            if (st != CCA_OK)
-                goto out;
-        }
     }
 out:
     free(lists);

@@ -389,13 +389,93 @@ bool cca_history_enabled(void)
     return on;
 }
 
-cca_status_t cca_record_annotation(const char *name)
+/*
+ * An annotation's context: its name (the value of "name", else "") as the text, then
+ * after the text's NUL each field as key NUL value NUL, then an empty key. Every
+ * user_defined entry has one (cca_trace_entry_field reads past the text only there).
+ */
+static trace_ctx_t *ctx_new_annotation(const char *const *keys, const char *const *values, size_t count)
 {
-    if (!name)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation: name is NULL");
+    const char *name = "";
+    size_t bytes = 1; /* the closing empty key */
+    for (size_t i = 0; i < count; i++) {
+        if (!strcmp(keys[i], "name") && !*name)
+            name = values[i];
+        bytes += strlen(keys[i]) + 1 + strlen(values[i]) + 1;
+    }
+    size_t name_len = strlen(name) + 1;
+    trace_ctx_t *c = malloc(sizeof(*c) + name_len + bytes);
+    if (!c)
+        return NULL;
+    atomic_init(&c->refs, 1);
+    char *p = c->text;
+    memcpy(p, name, name_len);
+    p += name_len;
+    for (size_t i = 0; i < count; i++) {
+        size_t k = strlen(keys[i]) + 1, v = strlen(values[i]) + 1;
+        memcpy(p, keys[i], k);
+        memcpy(p + k, values[i], v);
+        p += k + v;
+    }
+    *p = '\0';
+    return c;
+}
+
+/* The bytes of an entry's context to copy: an annotation's fields too. */
+static size_t ctx_bytes(cca_trace_action_t action, const char *text)
+{
+    size_t n = strlen(text) + 1;
+    if (action != CCA_TRACE_USER_DEFINED)
+        return n;
+    while (text[n]) { /* key, value */
+        n += strlen(text + n) + 1;
+        n += strlen(text + n) + 1;
+    }
+    return n + 1;
+}
+
+bool cca_trace_entry_field_at(const cca_trace_entry_t *entry, size_t i, const char **key, const char **value)
+{
+    if (!entry || !key || !value || entry->action != CCA_TRACE_USER_DEFINED || !entry->context)
+        return false;
+    const char *p = entry->context + strlen(entry->context) + 1;
+    for (size_t k = 0; *p; k++) {
+        const char *v = p + strlen(p) + 1;
+        if (k == i) {
+            *key = p;
+            *value = v;
+            return true;
+        }
+        p = v + strlen(v) + 1;
+    }
+    return false;
+}
+
+const char *cca_trace_entry_field(const cca_trace_entry_t *entry, const char *key)
+{
+    const char *k, *v;
+    for (size_t i = 0; key && cca_trace_entry_field_at(entry, i, &k, &v); i++)
+        if (!strcmp(k, key))
+            return v;
+    return NULL;
+}
+
+cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values, size_t count)
+{
+    if (count && (!keys || !values))
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation_fields: %s is NULL",
+                         !keys ? "keys" : "values");
+    for (size_t i = 0; i < count; i++) {
+        if (!keys[i] || !*keys[i])
+            return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation_fields: key %zu is %s", i,
+                             keys[i] ? "empty" : "NULL");
+        if (!values[i])
+            return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                             "cca_record_annotation_fields: the value of key '%s' is NULL", keys[i]);
+    }
     if (!atomic_load_explicit(&cca_trace_active, memory_order_relaxed))
         return CCA_OK;
-    trace_ctx_t *c = ctx_new(name);
+    trace_ctx_t *c = ctx_new_annotation(keys, values, count);
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
     int devices = state_device_count();
@@ -409,6 +489,15 @@ cca_status_t cca_record_annotation(const char *name)
     return CCA_OK;
 }
 
+cca_status_t cca_record_annotation(const char *name)
+{
+    if (!name)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation: name is NULL");
+    static const char *const keys[2] = {"name", "stage"};
+    const char *values[2] = {name, "START"};
+    return cca_record_annotation_fields(keys, values, 2);
+}
+
 cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
 {
     if (!out || !count)
@@ -420,7 +509,7 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
     for (size_t i = 0; i < n; i++) {
         const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
         if (e->context)
-            bytes += strlen(e->context->text) + 1;
+            bytes += ctx_bytes(e->action, e->context->text);
     }
     cca_trace_entry_t *copy = malloc(bytes);
     if (!copy) {
@@ -433,7 +522,7 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
         copy[i] = (cca_trace_entry_t){e->action, e->device, (uint64_t)e->addr, e->size,
                                       e->stream, e->time_us, NULL};
         if (e->context) {
-            size_t len = strlen(e->context->text) + 1;
+            size_t len = ctx_bytes(e->action, e->context->text);
             memcpy(strings, e->context->text, len);
             copy[i].context = strings;
             strings += len;

@@ -165,6 +165,18 @@ TEST(settings_strings)
     MISUSE(cca_set_settings("compact_memory:True,expandable_segments:False"), CCA_ERR_BAD_SETTINGS,
            "compact_memory needs expandable segments");
     expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
+    /* annotations' fields (the history recorded, so that a refusal is not a no-op) */
+    expect_status(cca_record_history(true, NULL, NULL, 16, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    const char *keys[2] = {"name", ""}, *values[2] = {"step", "x"};
+    MISUSE(cca_record_annotation_fields(keys, values, 2), CCA_ERR_INVALID_ARGUMENT, "key 1 is empty");
+    MISUSE(cca_record_annotation_fields(keys, NULL, 1), CCA_ERR_INVALID_ARGUMENT, "values is NULL");
+    MISUSE(cca_record_annotation(NULL), CCA_ERR_INVALID_ARGUMENT, "name is NULL");
+    cca_trace_entry_t *entries = NULL;
+    size_t n = 0;
+    expect_status(cca_history_get(&entries, &n), CCA_OK);
+    expect_eq_u64(n, 0); /* nothing recorded by the refused calls */
+    cca_history_free(entries);
+    expect_status(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
     char *text = NULL;
     expect_status(cca_settings_describe("max_split_size_mb:", &text), CCA_ERR_BAD_SETTINGS);
     expect_eq_ptr(text, NULL);

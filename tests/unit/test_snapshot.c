@@ -617,6 +617,109 @@ TEST(dump_pickle_read_back_by_cca)
     cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 }
 
+/* A tracker that keeps the stage of the annotations it sees. */
+static void stage_tracker(const cca_trace_entry_t *e, void *arg)
+{
+    const char *stage = cca_trace_entry_field(e, "stage");
+    if (stage)
+        snprintf(arg, 16, "%s", stage);
+}
+
+TEST(annotation_fields)
+{
+    setup(0);
+    char tracked[16] = "";
+    expect_eq_i64(cca_attach_trace_tracker(stage_tracker, tracked), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1);
+    const char *keys[2] = {"name", "stage"};
+    const char *start[2] = {"forward", "START"}, *end[2] = {"forward", "END"};
+    expect_eq_i64(cca_record_annotation_fields(keys, start, 2), CCA_OK);
+    expect_eq_str(tracked, "START");
+    expect_eq_i64(cca_record_annotation_fields(keys, end, 2), CCA_OK);
+    expect_eq_str(tracked, "END");
+    const char *other_keys[1] = {"phase"}, *other_values[1] = {"warm-up"};
+    expect_eq_i64(cca_record_annotation_fields(other_keys, other_values, 1), CCA_OK);
+    expect_eq_i64(cca_record_annotation("plain"), CCA_OK);
+    const char *bad_keys[1] = {"\xff key"}, *bad_values[1] = {"\xfe"};
+    expect_eq_i64(cca_record_annotation_fields(bad_keys, bad_values, 1), CCA_OK);
+    expect_eq_i64(cca_record_annotation_fields(NULL, NULL, 0), CCA_OK); /* no field: no name */
+
+    /* refused, and nothing recorded */
+    size_t before = 0;
+    cca_history_free(history(&before));
+    const char *empty_key[1] = {""}, *null_key[1] = {NULL}, *null_value[1] = {NULL};
+    expect_eq_i64(cca_record_annotation_fields(NULL, other_values, 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_record_annotation_fields(other_keys, NULL, 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_record_annotation_fields(empty_key, other_values, 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "key 0 is empty");
+    expect_eq_i64(cca_record_annotation_fields(null_key, other_values, 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_record_annotation_fields(other_keys, null_value, 1), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "'phase'");
+
+    /* the history: one user_defined entry per device each, the name as context, the fields */
+    size_t n = 0;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, before);
+    expect_true(n >= 13);
+    if (n >= 13) {
+        const cca_trace_entry_t *f = &e[n - 12]; /* the first annotation, device 0 */
+        expect_eq_i64(f[0].action, CCA_TRACE_USER_DEFINED);
+        expect_eq_i64(f[0].device, 0);
+        expect_eq_i64(f[1].device, 1);
+        expect_eq_str(f[0].context, "forward");
+        expect_eq_str(cca_trace_entry_field(&f[0], "stage"), "START");
+        expect_eq_str(cca_trace_entry_field(&f[3], "stage"), "END");
+        expect_true(cca_trace_entry_field(&f[0], "phase") == NULL);
+        const char *k = NULL, *v = NULL;
+        expect_true(cca_trace_entry_field_at(&f[0], 1, &k, &v));
+        expect_eq_str(k, "stage");
+        expect_eq_str(v, "START");
+        expect_true(!cca_trace_entry_field_at(&f[0], 2, &k, &v));
+        expect_eq_str(f[4].context, ""); /* no "name" field */
+        expect_eq_str(cca_trace_entry_field(&f[4], "phase"), "warm-up");
+        expect_eq_str(f[6].context, "plain");
+        expect_eq_str(cca_trace_entry_field(&f[6], "stage"), "START");
+        expect_true(!cca_trace_entry_field_at(&f[10], 0, &k, &v)); /* no field at all */
+        expect_true(cca_trace_entry_field(&e[n - 13], "name") == NULL); /* not an annotation */
+        expect_true(cca_trace_entry_field(NULL, "name") == NULL);
+        expect_true(cca_trace_entry_field(&f[0], NULL) == NULL);
+    }
+    cca_history_free(e);
+
+    /* the snapshot: annotations in external_annotations only, fields, device, time */
+    char path[128];
+    path_in_tmp(path, sizeof(path), "annotations.pickle");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    const pv_node_t *ann = root ? key(root, "external_annotations") : NULL;
+    expect_eq_u64(ann ? pv_len(ann) : 0, 12);
+    if (ann && pv_len(ann) == 12) {
+        expect_true(pv_str_eq(key(pv_at(ann, 2), "name"), "forward"));
+        expect_true(pv_str_eq(key(pv_at(ann, 2), "stage"), "END"));
+        int64_t dev = -1, t = 0;
+        expect_true(pv_get_int(key(pv_at(ann, 3), "device"), &dev) && dev == 1);
+        expect_true(pv_get_int(key(pv_at(ann, 3), "time_us"), &t) && t > 0);
+        expect_true(pv_str_eq(key(pv_at(ann, 4), "phase"), "warm-up"));
+        expect_true(pv_dict_get(pv_at(ann, 4), "name") == NULL);
+        expect_true(pv_str_eq(key(pv_at(ann, 8), "\xef\xbf\xbd key"), "\xef\xbf\xbd"));
+        expect_eq_u64(pv_len(pv_at(ann, 10)), 2); /* device and time_us alone */
+    }
+    const pv_node_t *traces = root ? key(root, "device_traces") : NULL;
+    size_t user_defined = 0, entries = 0;
+    for (size_t d = 0; traces && d < pv_len(traces); d++)
+        for (size_t i = 0; i < pv_len(pv_at(traces, d)); i++, entries++)
+            user_defined += pv_str_eq(key(pv_at(pv_at(traces, d), i), "action"), "user_defined");
+    expect_true(entries >= 1);
+    expect_eq_u64(user_defined, 0);
+    pv_doc_free(doc);
+    expect_eq_i64(cca_detach_trace_tracker(stage_tracker, tracked), CCA_OK);
+    cca_free(a);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
 TEST(dump_read_by_python_and_svg)
 {
     void *keep[3];
@@ -791,6 +894,7 @@ int main(void)
     RUN(trackers_observers_annotations);
     RUN(snapshot_consistent_under_concurrency);
     RUN(dump_pickle_read_back_by_cca);
+    RUN(annotation_fields);
     RUN(dump_read_by_python_and_svg);
     RUN(dump_of_text_that_is_not_utf8);
     RUN(snapshot_out_of_memory_for_a_context);
