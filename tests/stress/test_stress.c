@@ -33,6 +33,8 @@
  * Another takes checkpoints of a graph's private pool, and checks its live
  * blocks, while two threads allocate on other streams (the checkpoint's walk
  * over the device's segments must read nothing the other pools' locks guard).
+ * Another records annotations with fields from several threads around their allocations
+ * while a tracker and a reader thread read them.
  * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread,
  * STRESS_MEMORY_MB the memory of the 8 GiB devices (a small one makes OOMs
  * under routes frequent).
@@ -655,6 +657,105 @@ TEST(threads_checkpoints_beside_frees_of_the_pool)
     ckpt_teardown(g, 2); /* one release for each of the two routes */
 }
 
+/*
+ * Annotations with fields recorded by several threads while they allocate and free on their
+ * streams, the history on: a tracker and a reader thread read every annotation's fields as
+ * they come (the tracker inside the history's lock, the reader from cca_history_get's
+ * copies), and every START has its END.
+ */
+enum { ANN_THREADS = 4, ANN_ROUNDS = 300 };
+static atomic_int ann_starts, ann_ends, ann_bad;
+static atomic_bool ann_done;
+
+static void ann_tracker(const cca_trace_entry_t *e, void *arg)
+{
+    (void)arg;
+    if (e->action != CCA_TRACE_USER_DEFINED)
+        return;
+    const char *stage = cca_trace_entry_field(e, "stage"), *name = cca_trace_entry_field(e, "name");
+    if (!stage || !name || name[0] != 't' || strcmp(e->context, name))
+        atomic_fetch_add(&ann_bad, 1);
+    else if (!strcmp(stage, "START"))
+        atomic_fetch_add(&ann_starts, 1);
+    else if (!strcmp(stage, "END"))
+        atomic_fetch_add(&ann_ends, 1);
+    else
+        atomic_fetch_add(&ann_bad, 1);
+}
+
+static void *ann_worker(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    char name[16];
+    snprintf(name, sizeof(name), "t%d", t);
+    const char *keys[2] = {"name", "stage"};
+    const char *start[2] = {name, "START"}, *end[2] = {name, "END"};
+    for (int r = 0; r < ANN_ROUNDS; r++) {
+        void *p = NULL;
+        if (cca_record_annotation_fields(keys, start, 2) != CCA_OK ||
+            cca_malloc(&p, (size_t)(1 + (r + t) % 64) * 16 * KiB, streams[1 + t]) != CCA_OK ||
+            cca_free(p) != CCA_OK || cca_record_annotation_fields(keys, end, 2) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+    }
+    return NULL;
+}
+
+static void *ann_reader(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&ann_done)) {
+        cca_trace_entry_t *e = NULL;
+        size_t n = 0;
+        if (cca_history_get(&e, &n) != CCA_OK) {
+            atomic_fetch_add(&errors, 1);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (e[i].action == CCA_TRACE_USER_DEFINED) {
+                const char *k = NULL, *v = NULL;
+                if (!cca_trace_entry_field_at(&e[i], 1, &k, &v) || strcmp(k, "stage") ||
+                    (strcmp(v, "START") && strcmp(v, "END")))
+                    atomic_fetch_add(&ann_bad, 1);
+            }
+        cca_history_free(e);
+    }
+    return NULL;
+}
+
+TEST(threads_annotations_beside_allocations)
+{
+    if (!ckpt_setup())
+        return;
+    atomic_store(&ann_starts, 0);
+    atomic_store(&ann_ends, 0);
+    atomic_store(&ann_bad, 0);
+    atomic_store(&ann_done, false);
+    expect_ok(cca_attach_trace_tracker(ann_tracker, NULL));
+    expect_ok(cca_record_history(true, NULL, NULL, 512, CCA_RECORD_CONTEXT_NEVER));
+    pthread_t workers[ANN_THREADS], reader;
+    pthread_create(&reader, NULL, ann_reader, NULL);
+    for (int t = 0; t < ANN_THREADS; t++)
+        pthread_create(&workers[t], NULL, ann_worker, (void *)(intptr_t)t);
+    for (int t = 0; t < ANN_THREADS; t++)
+        pthread_join(workers[t], NULL);
+    atomic_store(&ann_done, true);
+    pthread_join(reader, NULL);
+    expect_eq_i64(atomic_load(&ann_starts), ANN_THREADS * ANN_ROUNDS);
+    expect_eq_i64(atomic_load(&ann_ends), ANN_THREADS * ANN_ROUNDS);
+    expect_eq_i64(atomic_load(&ann_bad), 0);
+    expect_ok(cca_detach_trace_tracker(ann_tracker, NULL));
+    expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+    char why[512];
+    if (alloc_check_invariants(why, sizeof(why)) != CCA_OK)
+        HARNESS_FAIL("after the threads: %s", why);
+    expect_ok(cca_empty_cache());
+    cca_device_stats_t s;
+    expect_ok(cca_get_device_stats(0, &s));
+    expect_eq_i64(s.reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_eq_u64(atomic_load(&errors), 0);
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(threads_streams_events);
@@ -664,5 +765,6 @@ int main(void)
     RUN(threads_planned_loops);
     RUN(threads_checkpoints_beside_other_streams);
     RUN(threads_checkpoints_beside_frees_of_the_pool);
+    RUN(threads_annotations_beside_allocations);
     return harness_done();
 }
