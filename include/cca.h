@@ -867,6 +867,8 @@ typedef struct cca_trace_entry {
     cca_stream_t stream;
     int64_t time_us;      /**< wall clock, microseconds since the epoch */
     const char *context;  /**< the user context, or NULL; an annotation's name */
+    const char *compile_context; /**< the device's compile context then, or NULL ("N/A") */
+    const char *user_metadata;   /**< the device's user metadata then, or NULL ("") */
 } cca_trace_entry_t;
 
 /**
@@ -927,6 +929,31 @@ cca_status_t cca_record_annotation(const char *name);
  */
 cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values,
                                           size_t count);
+
+/**
+ * PyTorch's compile contexts (pushCompileContext / popCompileContext, which
+ * torch.compile calls around its compiled frames): a stack per device. Each
+ * history entry of a device records the top of that device's stack as its
+ * compile_context (snapshots write "N/A" for none). Push and pop act on the
+ * calling thread's current device and only while the history is recorded,
+ * as PyTorch's; a pop of an empty stack does nothing. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (context NULL), CCA_ERR_OUT_OF_MEMORY, or the
+ * error of asking the current device.
+ */
+cca_status_t cca_push_compile_context(const char *context);
+cca_status_t cca_pop_compile_context(void);
+
+/**
+ * PyTorch's user metadata (setUserMetadata, torch.cuda.memory's
+ * _set_memory_metadata): a string per device, the calling thread's current
+ * device's, that each later history entry of that device records as its
+ * user_metadata (snapshots write "" until it is set). Kept whether or not the
+ * history is recorded. cca_get_user_metadata gives a malloc'd copy of the
+ * current device's (free() it). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT
+ * (NULL), CCA_ERR_OUT_OF_MEMORY, or the error of asking the current device.
+ */
+cca_status_t cca_set_user_metadata(const char *metadata);
+cca_status_t cca_get_user_metadata(char **metadata);
 
 /**
  * The value of an annotation's field key in a user_defined history entry (of

@@ -131,8 +131,10 @@ static cca_status_t add_traces(pv_doc_t *doc, pv_node_t *traces, pv_node_t *anno
         pv_dict_set(doc, d, "time_us", pv_new_int(doc, e->time_us));
         if (e->context)
             pv_dict_set(doc, d, "frames", frames_of(doc, e->context));
-        pv_dict_set(doc, d, "compile_context", pv_new_str(doc, "N/A"));
-        pv_dict_set(doc, d, "user_metadata", pv_new_str(doc, ""));
+        const char *cc = e->compile_context ? e->compile_context : "N/A";
+        const char *md = e->user_metadata ? e->user_metadata : "";
+        pv_dict_set(doc, d, "compile_context", pv_new_text(doc, cc, strlen(cc)));
+        pv_dict_set(doc, d, "user_metadata", pv_new_text(doc, md, strlen(md)));
         st = pv_list_append(doc, lists[e->device], d);
         if (st != CCA_OK)
             goto out;

@@ -51,6 +51,10 @@ static int context_level;              /* cca_record_context_t */
 static live_ctx_t *live[LIVE_BUCKETS]; /* contexts of live allocations */
 static tracker_t *trackers;
 static size_t tracker_count;
+/* PyTorch's compile contexts (a stack per device) and user metadata (one per device) */
+static trace_ctx_t **compile_stack[CCA_MAX_DEVICES];
+static size_t compile_depth[CCA_MAX_DEVICES], compile_cap[CCA_MAX_DEVICES];
+static trace_ctx_t *user_md[CCA_MAX_DEVICES];
 
 /* The context gathered by this thread for its current call, or NULL. */
 static _Thread_local trace_ctx_t *thread_ctx;
@@ -80,6 +84,7 @@ static trace_ctx_t *ctx_new(const char *text)
     if (!c)
         return NULL;
     atomic_init(&c->refs, 1);
+    c->notify = false;
     memcpy(c->text, text, len + 1);
     return c;
 }
@@ -99,7 +104,7 @@ static void ctx_unref(trace_ctx_t *c)
 {
     if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
         cca_context_release_fn fn = atomic_load_explicit(&context_release_fn, memory_order_acquire);
-        if (fn)
+        if (fn && c->notify) /* (not an annotation's, compile context's or metadata's text) */
             fn(c->text, atomic_load_explicit(&context_release_arg, memory_order_relaxed));
         free(c);
     }
@@ -126,6 +131,7 @@ bool trace_context_gather_slow(int level)
     trace_ctx_t *c = ctx_new(text);
     if (!c)
         return false; /* the context is an aid: without memory, the entry goes without */
+    c->notify = true;
     ctx_unref(thread_ctx);
     thread_ctx = c;
     thread_ctx_level = level;
@@ -245,9 +251,13 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
                           cca_stream_t stream, trace_ctx_t *context)
 {
     int64_t now = cca_wall_us();
+    bool known = device >= 0 && device < CCA_MAX_DEVICES;
+    trace_ctx_t *compile = known && compile_depth[device] ? compile_stack[device][compile_depth[device] - 1] : NULL;
+    trace_ctx_t *md = known ? user_md[device] : NULL;
     if (tracker_count) {
         cca_trace_entry_t pub = {action, device, (uint64_t)addr, size, stream, now,
-                                 context ? context->text : NULL};
+                                 context ? context->text : NULL, compile ? compile->text : NULL,
+                                 md ? md->text : NULL};
         for (size_t i = 0; i < tracker_count; i++)
             trackers[i].fn(&pub, trackers[i].arg);
     }
@@ -255,6 +265,8 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
         return;
     trace_entry_t *e = &ring.entries[ring.next];
     ctx_unref(e->context);
+    ctx_unref(e->compile);
+    ctx_unref(e->user_md);
     e->action = action;
     e->device = device;
     e->addr = addr;
@@ -262,6 +274,8 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     e->stream = stream;
     e->time_us = now;
     e->context = ctx_ref(context);
+    e->compile = ctx_ref(compile);
+    e->user_md = ctx_ref(md);
     ring.next = (ring.next + 1) % ring.capacity;
     if (ring.count < ring.capacity)
         ring.count++;
@@ -293,8 +307,11 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
 
 static void ring_free_locked(void)
 {
-    for (size_t i = 0; i < ring.capacity; i++)
+    for (size_t i = 0; i < ring.capacity; i++) {
         ctx_unref(ring.entries[i].context);
+        ctx_unref(ring.entries[i].compile);
+        ctx_unref(ring.entries[i].user_md);
+    }
     free(ring.entries);
     memset(&ring, 0, sizeof(ring));
 }
@@ -321,7 +338,7 @@ cca_status_t trace_enable(size_t capacity)
     for (size_t i = 0; i < keep; i++) {
         trace_entry_t *src = &ring.entries[(first + i) % ring.capacity];
         entries[i] = *src;
-        src->context = NULL;
+        src->context = src->compile = src->user_md = NULL;
     }
     uint64_t total = ring.total;
     ring_free_locked();
@@ -408,6 +425,7 @@ static trace_ctx_t *ctx_new_annotation(const char *const *keys, const char *cons
     if (!c)
         return NULL;
     atomic_init(&c->refs, 1);
+    c->notify = false;
     char *p = c->text;
     memcpy(p, name, name_len);
     p += name_len;
@@ -510,6 +528,10 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
         const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
         if (e->context)
             bytes += ctx_bytes(e->action, e->context->text);
+        if (e->compile)
+            bytes += strlen(e->compile->text) + 1;
+        if (e->user_md)
+            bytes += strlen(e->user_md->text) + 1;
     }
     cca_trace_entry_t *copy = malloc(bytes);
     if (!copy) {
@@ -520,13 +542,22 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
     for (size_t i = 0; i < n; i++) {
         const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
         copy[i] = (cca_trace_entry_t){e->action, e->device, (uint64_t)e->addr, e->size,
-                                      e->stream, e->time_us, NULL};
+                                      e->stream, e->time_us, NULL, NULL, NULL};
         if (e->context) {
             size_t len = ctx_bytes(e->action, e->context->text);
             memcpy(strings, e->context->text, len);
             copy[i].context = strings;
             strings += len;
         }
+        const trace_ctx_t *more[2] = {e->compile, e->user_md};
+        const char **to[2] = {&copy[i].compile_context, &copy[i].user_metadata};
+        for (int k = 0; k < 2; k++)
+            if (more[k]) {
+                size_t len = strlen(more[k]->text) + 1;
+                memcpy(strings, more[k]->text, len);
+                *to[k] = strings;
+                strings += len;
+            }
     }
     pthread_mutex_unlock(&trace_lock);
     *out = copy;
@@ -573,4 +604,104 @@ cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
     }
     pthread_mutex_unlock(&trace_lock);
     return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_detach_trace_tracker: no such tracker is attached");
+}
+
+/* ---- compile contexts and user metadata ------------------------------------------------- */
+
+/* The calling thread's current device, checked against the table's size. */
+static cca_status_t current_device(const char *what, int *device)
+{
+    cca_status_t st = cca_get_device(device);
+    if (st != CCA_OK)
+        return st;
+    if (*device < 0 || *device >= CCA_MAX_DEVICES)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range", what, *device);
+    return CCA_OK;
+}
+
+cca_status_t cca_push_compile_context(const char *context)
+{
+    if (!context)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_push_compile_context: context is NULL");
+    int d;
+    cca_status_t st = current_device("cca_push_compile_context", &d);
+    if (st != CCA_OK)
+        return st;
+    trace_ctx_t *c = ctx_new(context);
+    if (!c)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording a compile context");
+    pthread_mutex_lock(&trace_lock);
+    if (!history_on) { /* PyTorch keeps none while it records no history */
+        pthread_mutex_unlock(&trace_lock);
+        ctx_unref(c);
+        return CCA_OK;
+    }
+    if (compile_depth[d] == compile_cap[d]) {
+        size_t cap = compile_cap[d] ? 2 * compile_cap[d] : 8;
+        trace_ctx_t **grown = realloc(compile_stack[d], cap * sizeof(*grown));
+        if (!grown) {
+            pthread_mutex_unlock(&trace_lock);
+            ctx_unref(c);
+            return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording a compile context");
+        }
+        compile_stack[d] = grown;
+        compile_cap[d] = cap;
+    }
+    compile_stack[d][compile_depth[d]++] = c;
+    pthread_mutex_unlock(&trace_lock);
+    return CCA_OK;
+}
+
+cca_status_t cca_pop_compile_context(void)
+{
+    int d;
+    cca_status_t st = current_device("cca_pop_compile_context", &d);
+    if (st != CCA_OK)
+        return st;
+    trace_ctx_t *top = NULL;
+    pthread_mutex_lock(&trace_lock);
+    if (history_on && compile_depth[d])
+        top = compile_stack[d][--compile_depth[d]];
+    pthread_mutex_unlock(&trace_lock);
+    ctx_unref(top);
+    return CCA_OK;
+}
+
+cca_status_t cca_set_user_metadata(const char *metadata)
+{
+    if (!metadata)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_set_user_metadata: metadata is NULL");
+    int d;
+    cca_status_t st = current_device("cca_set_user_metadata", &d);
+    if (st != CCA_OK)
+        return st;
+    trace_ctx_t *c = ctx_new(metadata);
+    if (!c)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory keeping the user metadata");
+    pthread_mutex_lock(&trace_lock);
+    trace_ctx_t *old = user_md[d];
+    user_md[d] = c;
+    pthread_mutex_unlock(&trace_lock);
+    ctx_unref(old);
+    return CCA_OK;
+}
+
+cca_status_t cca_get_user_metadata(char **metadata)
+{
+    if (!metadata)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_user_metadata: metadata is NULL");
+    int d;
+    cca_status_t st = current_device("cca_get_user_metadata", &d);
+    if (st != CCA_OK)
+        return st;
+    pthread_mutex_lock(&trace_lock);
+    const char *text = user_md[d] ? user_md[d]->text : "";
+    char *copy = malloc(strlen(text) + 1);
+    if (copy)
+        memcpy(copy, text, strlen(text) + 1);
+    pthread_mutex_unlock(&trace_lock);
+    if (!copy)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory copying the user metadata");
+    *metadata = copy;
+    return CCA_OK;
 }

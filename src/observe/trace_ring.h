@@ -10,6 +10,7 @@
 /* A user context string shared by ring entries, the live-block table and a thread. */
 typedef struct trace_ctx {
     atomic_int refs;
+    bool notify; /* the context function's: the release callback hears of its end */
     char text[];
 } trace_ctx_t;
 
@@ -21,6 +22,8 @@ typedef struct trace_entry {
     cca_stream_t stream;
     int64_t time_us;      /* wall clock */
     trace_ctx_t *context; /* a reference, or NULL */
+    trace_ctx_t *compile; /* the device's compile context then: a reference, or NULL */
+    trace_ctx_t *user_md; /* the device's user metadata then: a reference, or NULL */
 } trace_entry_t;
 
 typedef struct trace_ring {

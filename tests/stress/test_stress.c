@@ -33,8 +33,8 @@
  * Another takes checkpoints of a graph's private pool, and checks its live
  * blocks, while two threads allocate on other streams (the checkpoint's walk
  * over the device's segments must read nothing the other pools' locks guard).
- * Another records annotations with fields from several threads around their allocations
- * while a tracker and a reader thread read them.
+ * Another records annotations with fields, compile contexts and user metadata from several
+ * threads around their allocations while a tracker and a reader thread read them.
  * Fixed-seed PRNGs; no sleeps. STRESS_OPS overrides the operations per thread,
  * STRESS_MEMORY_MB the memory of the 8 GiB devices (a small one makes OOMs
  * under routes frequent).
@@ -670,6 +670,8 @@ static atomic_bool ann_done;
 static void ann_tracker(const cca_trace_entry_t *e, void *arg)
 {
     (void)arg;
+    if ((e->compile_context && e->compile_context[0] != 't') || (e->user_metadata && e->user_metadata[0] != 't'))
+        atomic_fetch_add(&ann_bad, 1); /* (each thread's name: t0 .. t3) */
     if (e->action != CCA_TRACE_USER_DEFINED)
         return;
     const char *stage = cca_trace_entry_field(e, "stage"), *name = cca_trace_entry_field(e, "name");
@@ -692,9 +694,12 @@ static void *ann_worker(void *arg)
     const char *start[2] = {name, "START"}, *end[2] = {name, "END"};
     for (int r = 0; r < ANN_ROUNDS; r++) {
         void *p = NULL;
-        if (cca_record_annotation_fields(keys, start, 2) != CCA_OK ||
+        if (r % 50 == 0 && cca_set_user_metadata(name) != CCA_OK)
+            atomic_fetch_add(&errors, 1);
+        if (cca_record_annotation_fields(keys, start, 2) != CCA_OK || cca_push_compile_context(name) != CCA_OK ||
             cca_malloc(&p, (size_t)(1 + (r + t) % 64) * 16 * KiB, streams[1 + t]) != CCA_OK ||
-            cca_free(p) != CCA_OK || cca_record_annotation_fields(keys, end, 2) != CCA_OK)
+            cca_free(p) != CCA_OK || cca_pop_compile_context() != CCA_OK ||
+            cca_record_annotation_fields(keys, end, 2) != CCA_OK)
             atomic_fetch_add(&errors, 1);
     }
     return NULL;
@@ -743,6 +748,16 @@ TEST(threads_annotations_beside_allocations)
     expect_eq_i64(atomic_load(&ann_starts), ANN_THREADS * ANN_ROUNDS);
     expect_eq_i64(atomic_load(&ann_ends), ANN_THREADS * ANN_ROUNDS);
     expect_eq_i64(atomic_load(&ann_bad), 0);
+    /* every push popped: the next entry has no compile context */
+    void *last = NULL;
+    expect_ok(cca_malloc(&last, 4096, streams[0]));
+    cca_trace_entry_t *h = NULL;
+    size_t n = 0;
+    expect_ok(cca_history_get(&h, &n));
+    expect_true(n > 0 && h[n - 1].action == CCA_TRACE_ALLOC && h[n - 1].compile_context == NULL &&
+                h[n - 1].user_metadata && h[n - 1].user_metadata[0] == 't');
+    cca_history_free(h);
+    expect_ok(cca_free(last));
     expect_ok(cca_detach_trace_tracker(ann_tracker, NULL));
     expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
     char why[512];

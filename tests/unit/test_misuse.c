@@ -171,6 +171,9 @@ TEST(settings_strings)
     MISUSE(cca_record_annotation_fields(keys, values, 2), CCA_ERR_INVALID_ARGUMENT, "key 1 is empty");
     MISUSE(cca_record_annotation_fields(keys, NULL, 1), CCA_ERR_INVALID_ARGUMENT, "values is NULL");
     MISUSE(cca_record_annotation(NULL), CCA_ERR_INVALID_ARGUMENT, "name is NULL");
+    MISUSE(cca_push_compile_context(NULL), CCA_ERR_INVALID_ARGUMENT, "context is NULL");
+    MISUSE(cca_set_user_metadata(NULL), CCA_ERR_INVALID_ARGUMENT, "metadata is NULL");
+    MISUSE(cca_get_user_metadata(NULL), CCA_ERR_INVALID_ARGUMENT, "metadata is NULL");
     cca_trace_entry_t *entries = NULL;
     size_t n = 0;
     expect_status(cca_history_get(&entries, &n), CCA_OK);

@@ -720,6 +720,139 @@ TEST(annotation_fields)
     cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
 }
 
+static int releases;
+static void count_releases(const char *context, void *arg)
+{
+    (void)context, (void)arg;
+    releases++;
+}
+
+/* The last history entry of action on device, or NULL (entries: n of them). */
+static const cca_trace_entry_t *last_of(const cca_trace_entry_t *e, size_t n, cca_trace_action_t action,
+                                        int device)
+{
+    for (size_t i = n; i-- > 0;)
+        if (e[i].action == action && e[i].device == device)
+            return &e[i];
+    return NULL;
+}
+
+TEST(compile_contexts_and_user_metadata)
+{
+    setup(0);
+    releases = 0;
+    cca_set_context_release(count_releases, NULL);
+    expect_eq_i64(cca_set_device(0), CCA_OK);
+    /* no history: PyTorch keeps no compile context */
+    expect_eq_i64(cca_push_compile_context("before"), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 1000, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1);
+    size_t n = 0;
+    cca_trace_entry_t *e = history(&n);
+    const cca_trace_entry_t *x = last_of(e, n, CCA_TRACE_ALLOC, 0);
+    expect_true(x && !x->compile_context && !x->user_metadata);
+    cca_history_free(e);
+
+    /* metadata per device, the current one's */
+    expect_eq_i64(cca_set_user_metadata("run A"), CCA_OK);
+    char *md = NULL;
+    expect_eq_i64(cca_get_user_metadata(&md), CCA_OK);
+    expect_eq_str(md, "run A");
+    free(md);
+    expect_eq_i64(cca_set_device(1), CCA_OK);
+    expect_eq_i64(cca_get_user_metadata(&md), CCA_OK);
+    expect_eq_str(md, "");
+    free(md);
+    expect_eq_i64(cca_push_compile_context("on device 1"), CCA_OK);
+    expect_eq_i64(cca_set_device(0), CCA_OK);
+
+    /* a stack per device: each entry takes its device's top */
+    expect_eq_i64(cca_push_compile_context("frame 1"), CCA_OK);
+    void *b = xmalloc_dev(2000, 0, S1);
+    expect_eq_i64(cca_push_compile_context("frame 2"), CCA_OK);
+    void *c = xmalloc_dev(3000, 0, S1);
+    expect_eq_i64(cca_pop_compile_context(), CCA_OK);
+    expect_eq_i64(cca_free(c), CCA_OK);
+    expect_eq_i64(cca_pop_compile_context(), CCA_OK);
+    expect_eq_i64(cca_pop_compile_context(), CCA_OK); /* empty: nothing */
+    void *d0 = xmalloc_dev(4000, 0, S1);
+    void *d1 = xmalloc_dev(5000, 1, S1);
+    e = history(&n);
+    const cca_trace_entry_t *eb = NULL, *ec = NULL, *efree = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (e[i].action == CCA_TRACE_ALLOC && e[i].size == 2000)
+            eb = &e[i];
+        if (e[i].action == CCA_TRACE_ALLOC && e[i].size == 3000)
+            ec = &e[i];
+        if (e[i].action == CCA_TRACE_FREE_REQUESTED && e[i].size == 3000)
+            efree = &e[i];
+    }
+    expect_true(eb && ec && efree);
+    if (eb && ec && efree) {
+        expect_eq_str(eb->compile_context, "frame 1");
+        expect_eq_str(ec->compile_context, "frame 2");
+        expect_eq_str(efree->compile_context, "frame 1");
+        expect_eq_str(eb->user_metadata, "run A");
+    }
+    const cca_trace_entry_t *on0 = last_of(e, n, CCA_TRACE_ALLOC, 0), *on1 = last_of(e, n, CCA_TRACE_ALLOC, 1);
+    expect_true(on0 && on1);
+    if (on0 && on1) {
+        expect_true(on0->compile_context == NULL); /* popped to empty */
+        expect_eq_str(on0->user_metadata, "run A");
+        expect_eq_str(on1->compile_context, "on device 1");
+        expect_true(on1->user_metadata == NULL);
+    }
+    cca_history_free(e);
+
+    /* the snapshot: compile_context ("N/A" for none) and user_metadata ("" for none) */
+    char path[128];
+    path_in_tmp(path, sizeof(path), "compile.pickle");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *traces = doc ? key(pv_doc_root(doc), "device_traces") : NULL;
+    bool frame2 = false, na = false, on_dev1 = false;
+    for (size_t dv = 0; traces && dv < pv_len(traces); dv++)
+        for (size_t i = 0; i < pv_len(pv_at(traces, dv)); i++) {
+            const pv_node_t *t = pv_at(pv_at(traces, dv), i);
+            int64_t size = 0;
+            pv_get_int(key(t, "size"), &size);
+            if (size == 3000 && pv_str_eq(key(t, "action"), "alloc"))
+                frame2 = pv_str_eq(key(t, "compile_context"), "frame 2") && pv_str_eq(key(t, "user_metadata"), "run A");
+            if (size == 4000 && pv_str_eq(key(t, "action"), "alloc"))
+                na = pv_str_eq(key(t, "compile_context"), "N/A");
+            if (size == 5000 && pv_str_eq(key(t, "action"), "alloc"))
+                on_dev1 = dv == 1 && pv_str_eq(key(t, "compile_context"), "on device 1") &&
+                          pv_str_eq(key(t, "user_metadata"), "");
+        }
+    expect_true(frame2);
+    expect_true(na);
+    expect_true(on_dev1);
+    pv_doc_free(doc);
+
+    /* errors */
+    expect_eq_i64(cca_push_compile_context(NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_set_user_metadata(NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_i64(cca_get_user_metadata(NULL), CCA_ERR_INVALID_ARGUMENT);
+
+    /* an annotation's, compile context's or metadata's text is not the context function's:
+     * the release callback never hears of them (an annotation named like the function's
+     * strings would drop another's object) */
+    expect_eq_i64(cca_record_annotation("torch:1"), CCA_OK);
+    expect_eq_i64(cca_set_user_metadata("torch:2"), CCA_OK);
+    expect_eq_i64(cca_set_user_metadata("run B"), CCA_OK);
+    cca_free(a);
+    cca_free(b);
+    cca_free(d0);
+    cca_free(d1);
+    expect_eq_i64(cca_set_device(1), CCA_OK);
+    expect_eq_i64(cca_pop_compile_context(), CCA_OK);
+    expect_eq_i64(cca_set_device(0), CCA_OK);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+    expect_eq_i64(releases, 0);
+    cca_set_context_release(NULL, NULL);
+}
+
 TEST(dump_read_by_python_and_svg)
 {
     void *keep[3];
@@ -895,6 +1028,7 @@ int main(void)
     RUN(snapshot_consistent_under_concurrency);
     RUN(dump_pickle_read_back_by_cca);
     RUN(annotation_fields);
+    RUN(compile_contexts_and_user_metadata);
     RUN(dump_read_by_python_and_svg);
     RUN(dump_of_text_that_is_not_utf8);
     RUN(snapshot_out_of_memory_for_a_context);
