@@ -921,8 +921,8 @@ cca_status_t cca_record_annotation(const char *name);
  * count pairs keys[i] : values[i] (copied). Like cca_record_annotation, a
  * user_defined entry on every device, for history and trackers, whose context
  * is the value of "name" ("" without one); written snapshots list it in
- * external_annotations only, as PyTorch 2.11 does: one dict per device with
- * the fields, "device" and "time_us". cca_record_annotation(name) is
+ * external_annotations only, not in device_traces, as PyTorch 2.11's do (one
+ * dict per device: the fields, "device" and "time_us"). cca_record_annotation(name) is
  * {"name": name, "stage": "START"}. Does nothing when neither history nor a
  * tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
  * NULL with count > 0, a NULL or empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY.
