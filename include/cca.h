@@ -922,8 +922,8 @@ cca_status_t cca_record_annotation(const char *name);
  * user_defined entry on every device, for history and trackers, whose context
  * is the value of "name" ("" without one); written snapshots list it in
  * external_annotations only, not in device_traces, as PyTorch 2.11's do (one
- * dict per device: the fields, "device" and "time_us"). cca_record_annotation(name) is
- * {"name": name, "stage": "START"}. Does nothing when neither history nor a
+ * dict per device: the fields, "device" and "time_us").
+ * cca_record_annotation(name) is {"name": name, "stage": "START"}. Does nothing when neither history nor a
  * tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
  * NULL with count > 0, a NULL or empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY.
  */
