@@ -923,8 +923,8 @@ cca_status_t cca_record_annotation(const char *name);
  * is the value of "name" ("" without one); written snapshots list it in
  * external_annotations only, not in device_traces, as PyTorch 2.11's do (one
  * dict per device: the fields, "device" and "time_us").
- * cca_record_annotation(name) is {"name": name, "stage": "START"}. Does nothing when neither history nor a
- * tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
+ * cca_record_annotation(name) is {"name": name, "stage": "START"}. Does
+ * nothing when neither history nor a tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
  * NULL with count > 0, a NULL or empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values,

@@ -252,7 +252,8 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
 {
     int64_t now = cca_wall_us();
     bool known = device >= 0 && device < CCA_MAX_DEVICES;
-    trace_ctx_t *compile = known && compile_depth[device] ? compile_stack[device][compile_depth[device] - 1] : NULL;
+    trace_ctx_t *compile =
+        known && compile_depth[device] ? compile_stack[device][compile_depth[device] - 1] : NULL;
     trace_ctx_t *md = known ? user_md[device] : NULL;
     if (tracker_count) {
         cca_trace_entry_t pub = {action, device, (uint64_t)addr, size, stream, now,
