@@ -169,8 +169,9 @@ def _forget_backend_in_environment():
     into its own settings, so the key leaves PyTorch's variables; every other setting stays."""
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         text = os.environ.get(name)
-        if text is not None and _without_backend(text) != text:
-            os.environ[name] = _without_backend(text)
+        kept = _without_backend(text) if text is not None else None
+        if kept != text:
+            os.environ[name] = kept
 
 
 def _follow_runtime_settings(torch):

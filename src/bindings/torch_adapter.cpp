@@ -21,7 +21,6 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -725,7 +724,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         pool_allocators_; /* MemPool(allocator=...) (filters_lock_) */
     bool initialized_ = false;
     bool async_ = false; /* cca runs backend:cudaMallocAsync (set at init) */
-    std::atomic<bool> oom_forwarded_{false};
+    bool oom_forwarded_ = false; /* (under attach_oom_forwarder's lock) */
 
     /* cca's OOM observer that forwards to PyTorch's, once. backend:cudaMallocAsync refuses
      * OOM observers, as PyTorch's does: init goes on without it (PyTorch's cudaMallocAsync
@@ -734,13 +733,13 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         static std::mutex lock;
         std::lock_guard<std::mutex> g(lock);
-        if (oom_forwarded_.load())
+        if (oom_forwarded_)
             return;
         cca_status_t st = cca_attach_oom_observer(&on_oom, nullptr);
         if (st == CCA_ERR_NOT_SUPPORTED && !program_asked)
             return;
         check(st, program_asked ? "attachOutOfMemoryObserver" : "init");
-        oom_forwarded_.store(true);
+        oom_forwarded_ = true;
     }
     bool enabled_ = true;
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};

@@ -696,10 +696,7 @@ cca_status_t cca_get_user_metadata(char **metadata)
     if (st != CCA_OK)
         return st;
     pthread_mutex_lock(&trace_lock);
-    const char *text = user_md[d] ? user_md[d]->text : "";
-    char *copy = malloc(strlen(text) + 1);
-    if (copy)
-        memcpy(copy, text, strlen(text) + 1);
+    char *copy = strdup(user_md[d] ? user_md[d]->text : "");
     pthread_mutex_unlock(&trace_lock);
     if (!copy)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory copying the user metadata");
