@@ -327,7 +327,8 @@ run_step torch-pluggable "$(left 220)" run_torch
 if [ "$budget" -ge 600 ]; then
     adapter_jobs=""
 else
-    adapter_jobs="--job functions --job free-memory-callbacks --job runtime-settings --job backend-name"
+    adapter_jobs="--job functions --job free-memory-callbacks --job annotations"
+    adapter_jobs="$adapter_jobs --job runtime-settings --job backend-name"
     adapter_jobs="$adapter_jobs --job train-resnet50"
     adapter_jobs="$adapter_jobs --job train-gpt2 --job train-resnet50-expandable"
     echo "== torch-adapter: train-resnet50-async skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=multigpu runs it)"

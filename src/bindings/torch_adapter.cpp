@@ -172,7 +172,20 @@ cc::TraceEntry to_entry(const cca_trace_entry_t &e, cc::TraceEntry::Action actio
                       reinterpret_cast<cudaStream_t>(e.stream), c10::cuda::MempoolId_t{0, 0}, 0,
                       std::move(ctx));
     te.time_.t_ = static_cast<time_t>(e.time_us);
+    te.compile_context_ = e.compile_context ? e.compile_context : "N/A";
+    te.user_metadata_ = e.user_metadata ? e.user_metadata : "";
     return te;
+}
+
+/* An annotation entry (user_defined) as PyTorch's snapshot keeps it: its fields, device, time. */
+c10::CachingDeviceAllocator::AnnotationEntry to_annotation(const cca_trace_entry_t &e)
+{
+    c10::CachingDeviceAllocator::AnnotationEntry ae(static_cast<c10::DeviceIndex>(e.device), 0);
+    ae.time_.t_ = static_cast<time_t>(e.time_us);
+    const char *key, *value;
+    for (size_t i = 0; cca_trace_entry_field_at(&e, i, &key, &value); i++)
+        ae.recordUserMetadata(key, value);
+    return ae;
 }
 
 void on_trace(const cca_trace_entry_t *e, void *)
@@ -475,7 +488,13 @@ class CcaAllocator final : public cc::CUDAAllocator {
         for (size_t i = 0; i < count; i++) {
             const cca_trace_entry_t &e = list[i];
             cc::TraceEntry::Action action;
-            if (e.device < 0 || e.device >= devices || !to_action(e.action, &action))
+            if (e.device < 0 || e.device >= devices)
+                continue;
+            if (e.action == CCA_TRACE_USER_DEFINED) { /* record_function's, torch's own list */
+                out.external_annotations.push_back(to_annotation(e));
+                continue;
+            }
+            if (!to_action(e.action, &action))
                 continue;
             if (skip_[e.action])
                 continue;
@@ -608,6 +627,34 @@ class CcaAllocator final : public cc::CUDAAllocator {
             std::lock_guard<std::mutex> g(contexts.lock);
             to_drop.swap(contexts.dropped);
         }
+    }
+    /* record_function scopes ({name, stage}), torch.compile's regions, and
+     * torch.cuda.memory._set_memory_metadata, kept by cca's history. */
+    void recordAnnotation(const std::vector<std::pair<std::string, std::string>> &md) override
+    {
+        std::vector<const char *> keys, values;
+        for (const auto &kv : md) {
+            keys.push_back(kv.first.c_str());
+            values.push_back(kv.second.c_str());
+        }
+        check(cca_record_annotation_fields(keys.data(), values.data(), md.size()), "recordAnnotation");
+    }
+    void pushCompileContext(std::string &md) override
+    {
+        check(cca_push_compile_context(md.c_str()), "pushCompileContext");
+    }
+    void popCompileContext() override { check(cca_pop_compile_context(), "popCompileContext"); }
+    void setUserMetadata(const std::string &metadata) override
+    {
+        check(cca_set_user_metadata(metadata.c_str()), "setUserMetadata");
+    }
+    std::string getUserMetadata() override
+    {
+        char *text = nullptr;
+        check(cca_get_user_metadata(&text), "getUserMetadata");
+        std::string out(text);
+        std::free(text);
+        return out;
     }
     void attachOutOfMemoryObserver(cc::OutOfMemoryObserver observer) override
     {

@@ -565,6 +565,61 @@ def worker_backend_name(mode):
     return out
 
 
+def worker_annotations(mode):
+    """What a snapshot keeps beside the allocations while the history is recorded:
+    record_function scopes (recordAnnotation, START / END, the snapshot's
+    external_annotations), torch.compile's regions (pushCompileContext / popCompileContext,
+    each entry's compile_context) and _set_memory_metadata (each entry's user_metadata). With
+    two GPUs, a scope on device 1 too: the devices its annotation is listed on."""
+    import inspect
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    torch.empty(1, device="cuda")
+    f = torch.compile(lambda v: (v * 2.0).sum(0), backend="eager")
+    x = torch.randn(256, 256, device="cuda")
+    f(x)  # compiled before the history starts: the recorded calls are the compiled region's
+    torch.cuda.synchronize()
+    kw = {}
+    if "compile_context" in inspect.signature(torch.cuda.memory._record_memory_history).parameters:
+        kw["compile_context"] = True
+    t0 = int(time.time() * 1e6)
+    torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python", **kw)
+    has_md = hasattr(torch.cuda.memory, "_set_memory_metadata")
+    keep, metadata = [], []
+    if has_md:
+        torch.cuda.memory._set_memory_metadata("phase-a")
+    with torch.autograd.profiler.record_function("outer"):
+        keep.append(torch.empty(1 << 20, device="cuda"))
+        with torch.autograd.profiler.record_function("inner"):
+            keep.append(torch.empty(3 << 20, dtype=torch.uint8, device="cuda"))
+    if has_md:
+        metadata.append(torch.cuda.memory._get_memory_metadata())
+        torch.cuda.memory._set_memory_metadata("phase-b")
+        metadata.append(torch.cuda.memory._get_memory_metadata())
+    keep.append(f(x))
+    keep.append(f(x + 1.0))
+    if has_md:
+        torch.cuda.memory._set_memory_metadata("")
+    keep.append(torch.empty(5 << 20, dtype=torch.uint8, device="cuda"))
+    if torch.cuda.device_count() > 1:  # which devices list an annotation made on device 1
+        with torch.cuda.device(1):
+            torch.empty(1, device="cuda")
+            with torch.autograd.profiler.record_function("on device 1"):
+                keep.append(torch.empty(1 << 20, device="cuda"))
+    snap = torch.cuda.memory._snapshot()
+    t1 = int(time.time() * 1e6)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    ext = snap.get("external_annotations", [])
+    entries = [e for e in snap["device_traces"][0] if e["action"] in ("alloc", "free_requested")]
+    return {
+        "annotations": [[a.get("name"), a.get("stage"), a.get("device")] for a in ext],
+        "annotation_times_in_run": all(t0 <= a.get("time_us", -1) <= t1 for a in ext),
+        "entries": [[e["action"], e["size"], e.get("compile_context"), e.get("user_metadata")] for e in entries],
+        "metadata": metadata, "compile_context_arg": bool(kw), "backend": mode}
+
+
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
@@ -594,7 +649,7 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "free-memory-callbacks", "runtime-settings", "backend-name", "train-resnet50", "train-gpt2",
+    parts = ("functions", "free-memory-callbacks", "annotations", "runtime-settings", "backend-name", "train-resnet50", "train-gpt2",
              "train-resnet50-expandable", "train-resnet50-async")
     unknown = [j for j in only if j not in parts]
     if unknown:
@@ -632,6 +687,33 @@ def main():
         ok = seen["cca"] == seen["native"] and seen["native"]["name"] == "native"
         print("%s the backend's name and a CUDA graph's conditional node: native %s, cca %s" % (
             "PASS" if ok else "FAIL", seen["native"], seen["cca"]))
+        failed += not ok
+    if not only or "annotations" in only:
+        r = {mode: run_worker(mode, "annotations", lib) for mode in ("native", "cca")}
+        n, c = r["native"], r["cca"]
+        names = [a[0] for a in n["annotations"]]
+        contexts = sorted({e[2] for e in n["entries"]} - {"N/A"})
+        ok = (c["annotations"] == n["annotations"] and "outer" in names and "inner" in names and
+              c["annotation_times_in_run"])
+        print("%s record_function annotations in the snapshot's external_annotations: native %d, cca %d, "
+              "equal %s; cca's times within the run %s" % (
+                  "PASS" if ok else "FAIL", len(n["annotations"]), len(c["annotations"]),
+                  c["annotations"] == n["annotations"], c["annotation_times_in_run"]))
+        if not ok:
+            print("  native %s\n  cca    %s" % (n["annotations"][:12], c["annotations"][:12]))
+        failed += not ok
+        ok = c["entries"] == n["entries"] and c["metadata"] == n["metadata"] == ["phase-a", "phase-b"]
+        print("%s compile_context and user_metadata of %d history entries equal (native's compile contexts "
+              "%s); _get_memory_metadata native %s, cca %s" % (
+                  "PASS" if ok else "FAIL", len(n["entries"]), contexts, n["metadata"], c["metadata"]))
+        if not ok:
+            diff = [(i, a, b) for i, (a, b) in enumerate(zip(n["entries"], c["entries"])) if a != b]
+            print("  lengths native %d cca %d; first differences %s" % (len(n["entries"]), len(c["entries"]),
+                                                                      diff[:6]))
+        failed += not ok
+        ok = bool(contexts) and bool({e[3] for e in n["entries"]} - {""})
+        print("%s the job reaches compile contexts and user metadata (compile_context argument %s)" % (
+            "PASS" if ok else "FAIL", n["compile_context_arg"]))
         failed += not ok
     if not only or "runtime-settings" in only:
         r = {mode: run_worker(mode, "runtime-settings", lib) for mode in ("native", "cca")}
@@ -723,6 +805,8 @@ if __name__ == "__main__":
             result = worker_free_callbacks(mode)
         elif job == "runtime-settings":
             result = worker_runtime_settings(mode)
+        elif job == "annotations":
+            result = worker_annotations(mode)
         elif job == "backend-name":
             result = worker_backend_name(mode)
         else:
