@@ -30,7 +30,9 @@
 #     two-GPU machine: build the library and those tests (Release), run
 #     test_cuda_multigpu, test_cuda_ipc_expandable and test_cuda_async_graphs,
 #     then PyTorch on cca's cudaMallocAsync backend against PyTorch's own
-#     (torch_adapter.py --job train-resnet50-async, one GPU), the two-rank NCCL
+#     (torch_adapter.py --job train-resnet50-async, one GPU), the annotations
+#     (with two GPUs, one made on the second) and the pinned memory through
+#     PyTorch (--job annotations, --job pinned), the two-rank NCCL
 #     run (torch_ddp.py) and peer access through PyTorch's copies and CuPy
 #     kernels (torch_peer.py); about 3-5 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
@@ -136,10 +138,12 @@ run_torch_adapter() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" $adapter_jobs
 }
-# PyTorch on cca's cudaMallocAsync backend against PyTorch's own (three training processes).
+# PyTorch on cca's cudaMallocAsync backend against PyTorch's own (three training processes),
+# then the annotations and pinned memory through PyTorch.
 run_torch_adapter_async() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
-        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" --job train-resnet50-async
+        python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" --job train-resnet50-async \
+        --job annotations --job pinned
 }
 # torch.multiprocessing CUDA tensors through the adapter, both processes on cca.
 run_torch_ipc() {
@@ -322,16 +326,17 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
-# cudaMallocAsync under PyTorch (three ResNet-50 trainings, about 70 s) only with a budget of
-# 600 s or more; GPU_CHECK_ONLY=multigpu runs it.
+# cudaMallocAsync under PyTorch (three ResNet-50 trainings, about 70 s), the annotations and
+# the pinned memory (about 60 s) only with a budget of 600 s or more; GPU_CHECK_ONLY=multigpu
+# runs them.
 if [ "$budget" -ge 600 ]; then
     adapter_jobs=""
 else
-    adapter_jobs="--job functions --job free-memory-callbacks --job annotations"
-    adapter_jobs="$adapter_jobs --job runtime-settings --job backend-name"
+    adapter_jobs="--job functions --job free-memory-callbacks --job runtime-settings --job backend-name"
     adapter_jobs="$adapter_jobs --job train-resnet50"
     adapter_jobs="$adapter_jobs --job train-gpt2 --job train-resnet50-expandable"
-    echo "== torch-adapter: train-resnet50-async skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=multigpu runs it)"
+    echo "== torch-adapter: train-resnet50-async, annotations and pinned skipped (GPU_CHECK_BUDGET below 600;" \
+        "GPU_CHECK_ONLY=multigpu runs them)"
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter

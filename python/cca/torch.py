@@ -32,11 +32,17 @@ PLUGGABLE_LOSSES = (
 _mode = None      # None, "adapter" or "pluggable"
 _adapter = None   # the loaded adapter library
 _adapter_error = None
+_pinned = False   # cca serves PyTorch's pinned host memory (install(pinned=True) with the adapter)
 
 
 def installed():
     """How cca serves PyTorch in this process: "adapter", "pluggable" or None."""
     return _mode
+
+
+def pinned_installed():
+    """Whether cca's pinned host allocator serves PyTorch's pinned memory here."""
+    return _pinned
 
 
 def _torch():
@@ -90,7 +96,7 @@ def adapter_command(output):
     cmd += [src, "-o", output, "-L" + libdir, "-lcca", "-Wl,-rpath," + libdir]
     for d in libs:
         cmd += ["-L" + d, "-Wl,-rpath," + d]
-    cmd += ["-lc10", "-lc10_cuda", "-lcudart"]
+    cmd += ["-ltorch_cpu", "-lc10", "-lc10_cuda", "-lcudart"]
     return cmd
 
 
@@ -130,6 +136,8 @@ def _load_adapter(verbose):
         lib = ctypes.CDLL(build_adapter(verbose))
         lib.cca_torch_adapter_install.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
         lib.cca_torch_adapter_install.restype = ctypes.c_int
+        lib.cca_torch_adapter_install_pinned.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.cca_torch_adapter_install_pinned.restype = ctypes.c_int
         _adapter = lib
     return _adapter
 
@@ -202,15 +210,18 @@ def _follow_runtime_settings(torch):
     memory._set_allocator_settings = _set_allocator_settings
 
 
-def install(settings=None, fallback=True, verbose=False):
+def install(settings=None, fallback=True, verbose=False, pinned=True):
     """Make cca PyTorch's CUDA allocator in this process. Call it before the
     first CUDA allocation (before any tensor goes to the GPU); after it,
     RuntimeError. settings: cca's settings string (PYTORCH_CUDA_ALLOC_CONF
     syntax); None takes $CCA_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF.
     fallback: when the adapter cannot be built, use PyTorch's pluggable
     allocator path (with a warning saying what is lost) instead of raising.
+    pinned: with the adapter, cca's pinned host allocator also serves
+    PyTorch's pinned memory (pin_memory(), DataLoader's pinning,
+    torch.cuda.host_memory_stats); False keeps PyTorch's own.
     Returns "adapter" or "pluggable". A second call does nothing."""
-    global _mode, _adapter_error
+    global _mode, _adapter_error, _pinned
     if _mode:
         return _mode
     torch = _torch()
@@ -239,6 +250,9 @@ def install(settings=None, fallback=True, verbose=False):
     err = ctypes.create_string_buffer(1024)
     if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
+    if pinned and adapter.cca_torch_adapter_install_pinned(err, len(err)) != 0:
+        raise RuntimeError("cca.torch.install(): pinned memory: " + err.value.decode("utf-8", "replace"))
+    _pinned = bool(pinned)
     _mode = "adapter"
     _forget_backend_in_environment()
     _follow_runtime_settings(torch)

@@ -14,6 +14,7 @@
  * exports two C functions for ctypes: cca_torch_adapter_install and
  * cca_torch_adapter_abi.
  */
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -21,10 +22,13 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -199,7 +203,7 @@ void on_trace(const cca_trace_entry_t *e, void *)
         fn(te);
 }
 
-void fill_stat(c10::CachingDeviceAllocator::Stat &out, const cca_stat_t &in)
+template <typename Stat> void fill_stat(Stat &out, const cca_stat_t &in)
 {
     out.current = in.current;
     out.peak = in.peak;
@@ -794,6 +798,168 @@ class CcaAllocator final : public cc::CUDAAllocator {
 
 std::shared_ptr<CcaAllocator> installed;
 
+void delete_host_block(void *ptr)
+{
+    cca_status_t st = cca_host_free(ptr);
+    if (st != CCA_OK) /* a deleter cannot throw: say it */
+        std::fprintf(stderr, "cca: pinned free: %s: %s\n", cca_status_str(st), cca_last_error()->message);
+}
+
+template <typename Duration> void fill_duration(Duration &out, const cca_duration_stat_t &in)
+{
+    out.total = in.total;
+    out.max = in.max;
+    out.min = in.min;
+    out.count = in.count;
+}
+
+template <typename Duration> void add_duration(Duration &out, const Duration &in)
+{
+    if (in.count && (!out.count || in.min < out.min))
+        out.min = in.min;
+    out.max = std::max(out.max, in.max);
+    out.total += in.total;
+    out.count += in.count;
+}
+
+template <typename Stat> void add_stat(Stat &out, const Stat &in)
+{
+    out.current += in.current;
+    out.peak += in.peak; /* the two peaks may fall at different times: an upper bound, as PyTorch's buckets */
+    out.allocated += in.allocated;
+    out.freed += in.freed;
+}
+
+/*
+ * cca's pinned host caching allocator as PyTorch's host allocator for CUDA:
+ * pin_memory(), torch.empty(..., pin_memory=True), DataLoader's pinning,
+ * the events non-blocking copies record (record_event), empty_cache and
+ * torch.cuda.host_memory_stats. Blocks PyTorch's own allocator pinned before
+ * (none in a program that installs first) stay its: record_event and
+ * empty_cache reach it too.
+ *
+ * CUDA graph capture: PyTorch gives the pinned memory a captured stream
+ * allocates to a private pool of the graph, kept until the graph goes (a
+ * replay copies from the same host addresses). cca's host allocator has no
+ * private pools, so those requests go to PyTorch's own allocator, which
+ * keeps them in the graph's pool (begin_allocate_to_pool, end_allocate_to_pool
+ * and release_pool are forwarded to it; the statistics add both).
+ */
+struct CcaHostAllocator final : public at::HostAllocator {
+    at::HostAllocator *previous = nullptr;
+    std::mutex captures_lock;
+    std::vector<std::pair<c10::MempoolId_t, std::function<bool(c10::Stream)>>> captures;
+    std::atomic<bool> capturing{false};
+
+    /* Whether a capture underway takes the current stream's requests (PyTorch's filter). */
+    bool captured_request()
+    {
+        if (!capturing.load(std::memory_order_relaxed))
+            return false;
+        c10::Stream stream = c10::cuda::getCurrentCUDAStream().unwrap();
+        std::lock_guard<std::mutex> g(captures_lock);
+        for (auto &c : captures)
+            if (c.second(stream))
+                return true;
+        return false;
+    }
+    at::HostAllocator &pytorch(const char *what)
+    {
+        TORCH_CHECK(previous, "cca: ", what, ": PyTorch's pinned host allocator is not known");
+        return *previous;
+    }
+    void begin_allocate_to_pool(c10::MempoolId_t id, std::function<bool(c10::Stream)> filter) override
+    {
+        pytorch("begin_allocate_to_pool").begin_allocate_to_pool(id, filter);
+        std::lock_guard<std::mutex> g(captures_lock);
+        captures.emplace_back(id, std::move(filter));
+        capturing.store(true, std::memory_order_relaxed);
+    }
+    void end_allocate_to_pool(c10::MempoolId_t id) override
+    {
+        pytorch("end_allocate_to_pool").end_allocate_to_pool(id);
+        std::lock_guard<std::mutex> g(captures_lock);
+        for (auto it = captures.begin(); it != captures.end(); ++it)
+            if (it->first == id) {
+                captures.erase(it);
+                break;
+            }
+        capturing.store(!captures.empty(), std::memory_order_relaxed);
+    }
+    void release_pool(c10::MempoolId_t id) override { pytorch("release_pool").release_pool(id); }
+
+    at::DataPtr allocate(size_t size) override
+    {
+        if (previous && captured_request())
+            return previous->allocate(size);
+        void *ptr = nullptr;
+        if (size != 0)
+            check(cca_host_malloc(&ptr, size), "pinned allocate");
+        return {ptr, ptr, &delete_host_block, c10::Device(c10::DeviceType::CPU)};
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return &delete_host_block; }
+    void copy_data(void *dest, const void *src, std::size_t count) const override
+    {
+        std::memcpy(dest, src, count);
+    }
+    bool record_event(void *ptr, void *ctx, c10::Stream stream) override
+    {
+        if (stream.device_type() == c10::DeviceType::CUDA) {
+            c10::cuda::CUDAGuard guard(stream.device_index()); /* the event on the stream's device */
+            auto s = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream();
+            if (cca_host_record_event(ptr, reinterpret_cast<cca_stream_t>(s)) == CCA_OK)
+                return true;
+        }
+        return previous && previous->record_event(ptr, ctx, stream);
+    }
+    void empty_cache() override
+    {
+        check(cca_host_empty_cache(), "pinned empty_cache");
+        if (previous)
+            previous->empty_cache();
+    }
+    at::HostStats get_stats() override
+    {
+        cca_host_stats_t s;
+        check(cca_host_get_stats(&s), "host_memory_stats");
+        at::HostStats out;
+        fill_stat(out.allocations, s.allocations);
+        fill_stat(out.allocated_bytes, s.allocated_bytes);
+        fill_stat(out.active_requests, s.active_requests);
+        fill_stat(out.active_bytes, s.active_bytes);
+        out.num_host_alloc = s.num_host_alloc;
+        out.num_host_free = s.num_host_free;
+        fill_duration(out.host_alloc_time, s.host_alloc_time);
+        fill_duration(out.host_free_time, s.host_free_time);
+        if (previous) { /* the graphs' pinned memory (PyTorch's) */
+            at::HostStats p = previous->get_stats();
+            add_stat(out.allocations, p.allocations);
+            add_stat(out.allocated_bytes, p.allocated_bytes);
+            add_stat(out.active_requests, p.active_requests);
+            add_stat(out.active_bytes, p.active_bytes);
+            out.num_host_alloc += p.num_host_alloc;
+            out.num_host_free += p.num_host_free;
+            add_duration(out.host_alloc_time, p.host_alloc_time);
+            add_duration(out.host_free_time, p.host_free_time);
+        }
+        return out;
+    }
+    void reset_accumulated_stats() override
+    {
+        check(cca_host_reset_accumulated_stats(), "reset_accumulated_host_memory_stats");
+        if (previous)
+            previous->reset_accumulated_stats();
+    }
+    void reset_peak_stats() override
+    {
+        check(cca_host_reset_peak_stats(), "reset_peak_host_memory_stats");
+        if (previous)
+            previous->reset_peak_stats();
+    }
+};
+
+CcaHostAllocator host_allocator;
+
 } // namespace
 
 /*
@@ -822,6 +988,29 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
             alloc->settings_ = settings;
         installed = alloc; /* kept for the life of the process */
         cc::allocator.store(installed.get());
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
+        return -1;
+    }
+}
+
+/*
+ * Make cca's pinned host allocator PyTorch's for CUDA (at a priority above
+ * PyTorch's own registration). Returns 0, or -1 with the reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install_pinned(char *err, size_t err_size)
+{
+    try {
+        at::HostAllocator *current = at::getHostAllocator(at::kCUDA);
+        if (current != &host_allocator) {
+            host_allocator.previous = current;
+            at::setHostAllocator(at::kCUDA, &host_allocator, 1);
+        }
+        if (at::getHostAllocator(at::kCUDA) != &host_allocator) {
+            std::snprintf(err, err_size, "PyTorch kept its pinned host allocator (registered above priority 1)");
+            return -1;
+        }
         return 0;
     } catch (const std::exception &e) {
         std::snprintf(err, err_size, "%s", e.what());

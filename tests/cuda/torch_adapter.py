@@ -12,6 +12,7 @@ Usage: python3 tests/cuda/torch_adapter.py [LIBCCA_SO] [--job NAME]...
   one JSON line.
 """
 import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -620,6 +621,109 @@ def worker_annotations(mode):
         "metadata": metadata, "compile_context_arg": bool(kw), "backend": mode}
 
 
+def host_stats_of_cca():
+    """cca_host_get_stats through ctypes: {name: current} of its four statistics, and its
+    system allocations."""
+    from cca import _lib
+    lib = _lib.load()
+    stat = ctypes.c_int64 * 4  # current, peak, allocated, freed
+    duration = ctypes.c_int64 * 4
+
+    class HostStats(ctypes.Structure):
+        _fields_ = [("allocations", stat), ("allocated_bytes", stat), ("active_requests", stat),
+                    ("active_bytes", stat), ("num_host_alloc", ctypes.c_int64), ("num_host_free", ctypes.c_int64),
+                    ("host_alloc_time", duration), ("host_free_time", duration)]
+    s = HostStats()
+    assert lib.cca_host_get_stats(ctypes.byref(s)) == 0
+    out = {k: getattr(s, k)[0] for k in ("allocations", "allocated_bytes", "active_requests", "active_bytes")}
+    out["num_host_alloc"] = s.num_host_alloc
+    return out
+
+
+def worker_pinned(mode):
+    """PyTorch's pinned host memory: pin_memory() and torch.empty(pin_memory=True); a
+    non-blocking copy from a pinned tensor freed and its size asked again while the copy
+    still waits behind a busy stream (the event the copy recorded must keep the block); the
+    block reused once the copy is done; DataLoader's pinning (in the process and with two
+    workers); torch.cuda.host_memory_stats; empty_cache of the pinned cache."""
+    import cca.torch
+    if mode == "cca":
+        assert cca.torch.install() == "adapter", cca.torch.adapter_error()
+    import torch
+    stats = getattr(torch.cuda, "host_memory_stats", None) or getattr(torch.cuda.memory, "host_memory_stats")
+    keys = ("allocations.current", "allocated_bytes.current", "active_requests.current", "active_bytes.current",
+            "num_host_alloc")
+
+    def figures():
+        s = stats()
+        return {k: s.get(k) for k in keys}
+    out = {"backend": mode, "served_by_cca": mode == "cca" and cca.torch.pinned_installed()}
+    torch.empty(1, device="cuda")
+    a = torch.empty(3 << 20, dtype=torch.uint8, pin_memory=True)
+    b = torch.arange(1000, dtype=torch.float32).pin_memory()
+    out["pinned"] = [a.is_pinned(), b.is_pinned(), torch.empty(8).is_pinned()]
+    out["live"] = figures()
+    if mode == "cca":
+        own = host_stats_of_cca()
+        out["cca_own"] = own
+        out["torch_sees_cca"] = (own["active_requests"] == out["live"]["active_requests.current"] and
+                                 own["active_bytes"] == out["live"]["active_bytes.current"])
+    del a, b
+    n = 64 << 20
+    h = torch.full((n,), 7, dtype=torch.uint8, pin_memory=True)
+    ptr = h.data_ptr()
+    d = torch.empty(n, dtype=torch.uint8, device="cuda")
+    torch.cuda._sleep(400_000_000)  # the stream busy for a while: the copy waits behind it
+    d.copy_(h, non_blocking=True)
+    del h
+    h2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    out["reused_while_copy_pending"] = h2.data_ptr() == ptr
+    h2.fill_(9)
+    torch.cuda.synchronize()
+    out["copy_intact"] = bool((d == 7).all())
+    ptr2 = h2.data_ptr()
+    del h2
+    before = figures()["num_host_alloc"]
+    h3 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    out["reused_after_copy"] = h3.data_ptr() in (ptr, ptr2) and figures()["num_host_alloc"] == before
+    del h3, d
+    ds = torch.utils.data.TensorDataset(torch.arange(4096, dtype=torch.float32).view(256, 16))
+    for workers in (0, 2):
+        dl = torch.utils.data.DataLoader(ds, batch_size=32, pin_memory=True, num_workers=workers)
+        total, pinned = 0.0, True
+        for (x,) in dl:
+            pinned = pinned and x.is_pinned()
+            total += float(x.cuda(non_blocking=True).sum())
+        out["dataloader_%d" % workers] = [pinned, total]
+    del dl, x
+    # a CUDA graph that copies from pinned memory it allocated during capture: the replay reads
+    # the same host address, so the block must stay the graph's after its tensor is freed
+    d = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g):
+            hg = torch.full((1 << 20,), 5, dtype=torch.uint8, pin_memory=True)
+            d.copy_(hg, non_blocking=True)
+    captured_ptr = hg.data_ptr()
+    del hg
+    others = [torch.full((1 << 20,), 9, dtype=torch.uint8, pin_memory=True) for _ in range(4)]
+    d.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    out["graph"] = [bool((d == 5).all()), captured_ptr not in [t.data_ptr() for t in others]]
+    del others, g, d
+    gc.collect()
+    out["before_empty_cache"] = figures()
+    torch._C._host_emptyCache()
+    out["after_empty_cache"] = figures()
+    if mode == "cca":  # all given back (PyTorch's own holds the graph's block, which it keeps)
+        own = host_stats_of_cca()
+        out["cca_emptied"] = own["allocations"] == 0 and own["active_requests"] == 0
+    return out
+
+
 def build_test_allocator():
     """A CUDAPluggableAllocator's library (cudaMalloc / cudaFree, counting), built with nvcc."""
     from torch.utils.cpp_extension import CUDA_HOME
@@ -649,7 +753,7 @@ def main():
         i = args.index("--job")
         only.append(args[i + 1])
         del args[i:i + 2]
-    parts = ("functions", "free-memory-callbacks", "annotations", "runtime-settings", "backend-name", "train-resnet50", "train-gpt2",
+    parts = ("functions", "free-memory-callbacks", "annotations", "pinned", "runtime-settings", "backend-name", "train-resnet50", "train-gpt2",
              "train-resnet50-expandable", "train-resnet50-async")
     unknown = [j for j in only if j not in parts]
     if unknown:
@@ -714,6 +818,37 @@ def main():
         ok = bool(contexts) and bool({e[3] for e in n["entries"]} - {""})
         print("%s the job reaches compile contexts and user metadata (compile_context argument %s)" % (
             "PASS" if ok else "FAIL", n["compile_context_arg"]))
+        failed += not ok
+    if not only or "pinned" in only:
+        r = {mode: run_worker(mode, "pinned", lib) for mode in ("native", "cca")}
+        n, c = r["native"], r["cca"]
+        # PyTorch 2.11's own active_* host statistics drift once blocks are freed with events
+        # recorded (22 requests and more bytes than allocated, after everything was freed, in the
+        # run of 2026-11-27): past the first point only the blocks held are compared (the count of
+        # system allocations, which follows each cache's reuse, is printed)
+        for k in ("before_empty_cache", "after_empty_cache"):
+            for mode in (n, c):
+                mode[k + "_held"] = {f: v for f, v in mode[k].items() if f.startswith("allocat")}
+        same = ["pinned", "reused_while_copy_pending", "copy_intact", "reused_after_copy", "dataloader_0",
+                "dataloader_2", "graph", "live", "before_empty_cache_held", "after_empty_cache_held"]
+        ok = (all(c[k] == n[k] for k in same) and c["served_by_cca"] and c["torch_sees_cca"] and
+              n["graph"] == [True, True] and
+              n["pinned"] == [True, True, False] and n["copy_intact"] and not n["reused_while_copy_pending"] and
+              c["cca_emptied"])
+        print("%s pinned host memory served by cca (%s): pin_memory and pin_memory=True %s; a pinned block "
+              "freed while its non-blocking copy waits is not handed out again (native %s, cca %s), the copy "
+              "intact (%s), reused once done (%s); DataLoader pinning %s / %s; a CUDA graph's captured pinned "
+              "block kept for its replays (replay reads it, not reused: native %s, cca %s); "
+              "torch.cuda.host_memory_stats is cca's (%s)" % (
+                  "PASS" if ok else "FAIL", c["served_by_cca"], c["pinned"], not n["reused_while_copy_pending"],
+                  not c["reused_while_copy_pending"], c["copy_intact"], c["reused_after_copy"], c["dataloader_0"],
+                  c["dataloader_2"], n["graph"], c["graph"], c.get("cca_own")))
+        for k in same:
+            if c[k] != n[k]:
+                print("  %s: native %s, cca %s" % (k, n[k], c[k]))
+        print("  host_memory_stats live / before and after empty_cache: native %s %s %s; cca %s %s %s" % (
+            n["live"], n["before_empty_cache"], n["after_empty_cache"], c["live"], c["before_empty_cache"],
+            c["after_empty_cache"]))
         failed += not ok
     if not only or "runtime-settings" in only:
         r = {mode: run_worker(mode, "runtime-settings", lib) for mode in ("native", "cca")}
@@ -807,6 +942,8 @@ if __name__ == "__main__":
             result = worker_runtime_settings(mode)
         elif job == "annotations":
             result = worker_annotations(mode)
+        elif job == "pinned":
+            result = worker_pinned(mode)
         elif job == "backend-name":
             result = worker_backend_name(mode)
         else:
