@@ -908,10 +908,11 @@ cca_status_t cca_record_history(bool enabled, cca_context_fn context_fn, void *c
 bool cca_history_enabled(void);
 
 /**
- * Record a user_defined entry named name (copied) on every device (device 0
- * before initialisation), for history and trackers. Does nothing when neither
- * records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (name NULL),
- * CCA_ERR_OUT_OF_MEMORY.
+ * Record a user_defined entry named name (copied) on the calling thread's
+ * current device (device 0 before initialisation), for history and
+ * trackers, as PyTorch 2.11 records its annotations. Does nothing when
+ * neither records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (name NULL),
+ * CCA_ERR_OUT_OF_MEMORY, or the error of asking the current device.
  */
 cca_status_t cca_record_annotation(const char *name);
 
@@ -919,13 +920,15 @@ cca_status_t cca_record_annotation(const char *name);
  * Record an annotation with fields, as PyTorch's recordAnnotation does (its
  * record_function scopes give {"name", NAME} and {"stage", "START" or "END"}):
  * count pairs keys[i] : values[i] (copied). Like cca_record_annotation, a
- * user_defined entry on every device, for history and trackers, whose context
- * is the value of "name" ("" without one); written snapshots list it in
- * external_annotations only, not in device_traces, as PyTorch 2.11's do (one
- * dict per device: the fields, "device" and "time_us").
+ * user_defined entry on the current device, for history and trackers, whose
+ * context is the value of "name" ("" without one); written snapshots list it
+ * in external_annotations only, not in device_traces, as PyTorch 2.11's do
+ * (a dict: the fields, "device" and "time_us").
  * cca_record_annotation(name) is {"name": name, "stage": "START"}. Does
- * nothing when neither history nor a tracker records. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (keys or values
- * NULL with count > 0, a NULL or empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY.
+ * nothing when neither history nor a tracker records. Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (keys or values NULL with count > 0, a NULL or
+ * empty key, a NULL value), CCA_ERR_OUT_OF_MEMORY, or the error of asking the
+ * current device.
  */
 cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values,
                                           size_t count);

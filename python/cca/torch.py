@@ -219,7 +219,8 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
     allocator path (with a warning saying what is lost) instead of raising.
     pinned: with the adapter, cca's pinned host allocator also serves
     PyTorch's pinned memory (pin_memory(), DataLoader's pinning,
-    torch.cuda.host_memory_stats); False keeps PyTorch's own.
+    torch.cuda.host_memory_stats); False keeps PyTorch's own (as does a
+    refusal, with a warning).
     Returns "adapter" or "pluggable". A second call does nothing."""
     global _mode, _adapter_error, _pinned
     if _mode:
@@ -250,10 +251,11 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
     err = ctypes.create_string_buffer(1024)
     if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
-    if pinned and adapter.cca_torch_adapter_install_pinned(err, len(err)) != 0:
-        raise RuntimeError("cca.torch.install(): pinned memory: " + err.value.decode("utf-8", "replace"))
-    _pinned = bool(pinned)
     _mode = "adapter"
+    _pinned = bool(pinned) and adapter.cca_torch_adapter_install_pinned(err, len(err)) == 0
+    if pinned and not _pinned:  # the device allocator is cca's already: go on, and say so
+        warnings.warn("cca.torch: PyTorch's pinned host allocator stays in use: "
+                      + err.value.decode("utf-8", "replace"), RuntimeWarning, stacklevel=2)
     _forget_backend_in_environment()
     _follow_runtime_settings(torch)
     return _mode

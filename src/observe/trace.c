@@ -479,6 +479,17 @@ const char *cca_trace_entry_field(const cca_trace_entry_t *entry, const char *ke
     return NULL;
 }
 
+/* The calling thread's current device, checked against the table's size. */
+static cca_status_t current_device(const char *what, int *device)
+{
+    cca_status_t st = cca_get_device(device);
+    if (st != CCA_OK)
+        return st;
+    if (*device < 0 || *device >= CCA_MAX_DEVICES)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range", what, *device);
+    return CCA_OK;
+}
+
 cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values, size_t count)
 {
     if (count && (!keys || !values))
@@ -494,15 +505,17 @@ cca_status_t cca_record_annotation_fields(const char *const *keys, const char *c
     }
     if (!atomic_load_explicit(&cca_trace_active, memory_order_relaxed))
         return CCA_OK;
+    int device = 0; /* on the current device, as PyTorch 2.11's; device 0 before initialisation */
+    if (state_device_count() > 0) {
+        cca_status_t st = current_device("cca_record_annotation_fields", &device);
+        if (st != CCA_OK)
+            return st;
+    }
     trace_ctx_t *c = ctx_new_annotation(keys, values, count);
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
-    int devices = state_device_count();
-    if (devices < 1)
-        devices = 1;
     pthread_mutex_lock(&trace_lock);
-    for (int d = 0; d < devices; d++)
-        record_locked(d, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c);
+    record_locked(device, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c);
     pthread_mutex_unlock(&trace_lock);
     ctx_unref(c);
     return CCA_OK;
@@ -609,16 +622,6 @@ cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
 
 /* ---- compile contexts and user metadata ------------------------------------------------- */
 
-/* The calling thread's current device, checked against the table's size. */
-static cca_status_t current_device(const char *what, int *device)
-{
-    cca_status_t st = cca_get_device(device);
-    if (st != CCA_OK)
-        return st;
-    if (*device < 0 || *device >= CCA_MAX_DEVICES)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range", what, *device);
-    return CCA_OK;
-}
 
 cca_status_t cca_push_compile_context(const char *context)
 {

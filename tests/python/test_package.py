@@ -317,6 +317,7 @@ class InstallLogic(unittest.TestCase):
         self.mod._mode = None
         self.mod._adapter = None
         self.mod._adapter_error = None
+        self.mod._pinned = False
 
     def tearDown(self):
         for k, v in self.saved.items():
@@ -464,6 +465,43 @@ class InstallLogic(unittest.TestCase):
             self.mod.expandable_segment_sizes(3)
         self.assertIn("no device 3", str(cm.exception))
         self.assertIsNone(self.mod.installed())  # measuring installs nothing
+
+    def test_pinned_memory_choice(self):
+        """install() with the adapter makes cca's pinned host allocator PyTorch's unless
+        pinned=False; where the adapter cannot, cca still serves the device memory and a
+        warning says why (a stand-in adapter library)."""
+        import types
+        calls = []
+
+        def install(settings, err, err_size):
+            calls.append("install")
+            return 0
+
+        def install_pinned(err, err_size):
+            calls.append("pinned")
+            if refuse:
+                err.value = b"kept its own"
+                return -1
+            return 0
+        self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_install=install,
+                                                  cca_torch_adapter_install_pinned=install_pinned)
+        import warnings
+        refuse = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(self.mod.install(), "adapter")
+        self.assertTrue(any("pinned host allocator stays in use: kept its own" in str(w.message) for w in caught))
+        self.assertFalse(self.mod.pinned_installed())
+        refuse = False
+        self.mod._mode = None
+        self.assertEqual(self.mod.install(pinned=False), "adapter")
+        self.assertEqual(calls, ["install", "pinned", "install"])
+        self.assertFalse(self.mod.pinned_installed())
+        self.mod._mode = None
+        self.assertEqual(self.mod.install(), "adapter")
+        self.assertEqual(calls[3:], ["install", "pinned"])
+        self.assertTrue(self.mod.pinned_installed())
+        self.mod._pinned = False
 
     def test_adapter_command(self):
         cmd = self.mod.adapter_command("/tmp/out.so")

@@ -399,10 +399,10 @@ TEST(trackers_observers_annotations)
     }
     cca_history_free(e);
 
-    /* annotations: one user_defined entry per device, the name as context */
+    /* annotations: one user_defined entry, on the current device only (as PyTorch 2.11's) */
     int before = s.count;
     expect_eq_i64(cca_record_annotation("phase one"), CCA_OK);
-    expect_eq_i64(s.count, before + 2);
+    expect_eq_i64(s.count, before + 1);
     expect_eq_str(s.last_context, "phase one");
     expect_eq_i64(cca_record_annotation(NULL), CCA_ERR_INVALID_ARGUMENT);
 
@@ -586,7 +586,7 @@ TEST(dump_pickle_read_back_by_cca)
     expect_true(pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"), "tag-1"));
     expect_true(pv_str_eq(pv_dict_get(pv_at(frames, 1), "filename"), "frame two"));
     const pv_node_t *ann = key(root, "external_annotations");
-    expect_eq_u64(pv_len(ann), 2);
+    expect_eq_u64(pv_len(ann), 1); /* on the current device only */
     expect_true(pv_str_eq(pv_dict_get(pv_at(ann, 0), "name"), "step 1"));
     const pv_node_t *as = key(root, "allocator_settings");
     int64_t mss = 0;
@@ -639,7 +639,9 @@ TEST(annotation_fields)
     expect_eq_i64(cca_record_annotation_fields(keys, end, 2), CCA_OK);
     expect_eq_str(tracked, "END");
     const char *other_keys[1] = {"phase"}, *other_values[1] = {"warm-up"};
+    expect_eq_i64(cca_set_device(1), CCA_OK); /* recorded on device 1 alone */
     expect_eq_i64(cca_record_annotation_fields(other_keys, other_values, 1), CCA_OK);
+    expect_eq_i64(cca_set_device(0), CCA_OK);
     expect_eq_i64(cca_record_annotation("plain"), CCA_OK);
     const char *bad_keys[1] = {"\xff key"}, *bad_values[1] = {"\xfe"};
     expect_eq_i64(cca_record_annotation_fields(bad_keys, bad_values, 1), CCA_OK);
@@ -657,31 +659,31 @@ TEST(annotation_fields)
     expect_eq_i64(cca_record_annotation_fields(other_keys, null_value, 1), CCA_ERR_INVALID_ARGUMENT);
     expect_contains(cca_last_error()->message, "'phase'");
 
-    /* the history: one user_defined entry per device each, the name as context, the fields */
+    /* the history: one user_defined entry each, on its device, the name as context, the fields */
     size_t n = 0;
     cca_trace_entry_t *e = history(&n);
     expect_eq_u64(n, before);
-    expect_true(n >= 13);
-    if (n >= 13) {
-        const cca_trace_entry_t *f = &e[n - 12]; /* the first annotation, device 0 */
+    expect_true(n >= 7);
+    if (n >= 7) {
+        const cca_trace_entry_t *f = &e[n - 6]; /* the first annotation */
         expect_eq_i64(f[0].action, CCA_TRACE_USER_DEFINED);
-        expect_eq_i64(f[0].device, 0);
-        expect_eq_i64(f[1].device, 1);
+        for (int i = 0; i < 6; i++)
+            expect_eq_i64(f[i].device, i == 2 ? 1 : 0);
         expect_eq_str(f[0].context, "forward");
         expect_eq_str(cca_trace_entry_field(&f[0], "stage"), "START");
-        expect_eq_str(cca_trace_entry_field(&f[3], "stage"), "END");
+        expect_eq_str(cca_trace_entry_field(&f[1], "stage"), "END");
         expect_true(cca_trace_entry_field(&f[0], "phase") == NULL);
         const char *k = NULL, *v = NULL;
         expect_true(cca_trace_entry_field_at(&f[0], 1, &k, &v));
         expect_eq_str(k, "stage");
         expect_eq_str(v, "START");
         expect_true(!cca_trace_entry_field_at(&f[0], 2, &k, &v));
-        expect_eq_str(f[4].context, ""); /* no "name" field */
-        expect_eq_str(cca_trace_entry_field(&f[4], "phase"), "warm-up");
-        expect_eq_str(f[6].context, "plain");
-        expect_eq_str(cca_trace_entry_field(&f[6], "stage"), "START");
-        expect_true(!cca_trace_entry_field_at(&f[10], 0, &k, &v)); /* no field at all */
-        expect_true(cca_trace_entry_field(&e[n - 13], "name") == NULL); /* not an annotation */
+        expect_eq_str(f[2].context, ""); /* no "name" field */
+        expect_eq_str(cca_trace_entry_field(&f[2], "phase"), "warm-up");
+        expect_eq_str(f[3].context, "plain");
+        expect_eq_str(cca_trace_entry_field(&f[3], "stage"), "START");
+        expect_true(!cca_trace_entry_field_at(&f[5], 0, &k, &v)); /* no field at all */
+        expect_true(cca_trace_entry_field(&e[n - 7], "name") == NULL); /* not an annotation */
         expect_true(cca_trace_entry_field(NULL, "name") == NULL);
         expect_true(cca_trace_entry_field(&f[0], NULL) == NULL);
     }
@@ -695,17 +697,18 @@ TEST(annotation_fields)
     expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
     const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
     const pv_node_t *ann = root ? key(root, "external_annotations") : NULL;
-    expect_eq_u64(ann ? pv_len(ann) : 0, 12);
-    if (ann && pv_len(ann) == 12) {
-        expect_true(pv_str_eq(key(pv_at(ann, 2), "name"), "forward"));
-        expect_true(pv_str_eq(key(pv_at(ann, 2), "stage"), "END"));
+    expect_eq_u64(ann ? pv_len(ann) : 0, 6);
+    if (ann && pv_len(ann) == 6) {
+        expect_true(pv_str_eq(key(pv_at(ann, 1), "name"), "forward"));
+        expect_true(pv_str_eq(key(pv_at(ann, 1), "stage"), "END"));
         int64_t dev = -1, t = 0;
-        expect_true(pv_get_int(key(pv_at(ann, 3), "device"), &dev) && dev == 1);
-        expect_true(pv_get_int(key(pv_at(ann, 3), "time_us"), &t) && t > 0);
-        expect_true(pv_str_eq(key(pv_at(ann, 4), "phase"), "warm-up"));
-        expect_true(pv_dict_get(pv_at(ann, 4), "name") == NULL);
-        expect_true(pv_str_eq(key(pv_at(ann, 8), "\xef\xbf\xbd key"), "\xef\xbf\xbd"));
-        expect_eq_u64(pv_len(pv_at(ann, 10)), 2); /* device and time_us alone */
+        expect_true(pv_get_int(key(pv_at(ann, 1), "device"), &dev) && dev == 0);
+        expect_true(pv_get_int(key(pv_at(ann, 2), "device"), &dev) && dev == 1);
+        expect_true(pv_get_int(key(pv_at(ann, 2), "time_us"), &t) && t > 0);
+        expect_true(pv_str_eq(key(pv_at(ann, 2), "phase"), "warm-up"));
+        expect_true(pv_dict_get(pv_at(ann, 2), "name") == NULL);
+        expect_true(pv_str_eq(key(pv_at(ann, 4), "\xef\xbf\xbd key"), "\xef\xbf\xbd"));
+        expect_eq_u64(pv_len(pv_at(ann, 5)), 2); /* device and time_us alone */
     }
     const pv_node_t *traces = root ? key(root, "device_traces") : NULL;
     size_t user_defined = 0, entries = 0;
