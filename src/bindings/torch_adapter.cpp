@@ -11,8 +11,10 @@
  *
  * It is the only C++ in cca and is built only where torch is installed
  * (python/cca/torch.py compiles it against the installed headers). It
- * exports two C functions for ctypes: cca_torch_adapter_install and
- * cca_torch_adapter_abi.
+ * exports C functions for ctypes: cca_torch_adapter_install (the device
+ * allocator), cca_torch_adapter_install_pinned (cca's pinned host allocator
+ * as PyTorch's host allocator for CUDA), cca_torch_adapter_abi and two
+ * measuring calls.
  */
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
