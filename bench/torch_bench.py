@@ -21,7 +21,8 @@ time, peak reserved / requested, the maps of its last 8 steps, compact_memory's 
 --llama, a Llama-style decoder generating and then training, in a process of its own, as
 scripts/record-trace.py's llama_generate and llama_train_accum record them), and
 torch.empty(1 MiB) + free from
-Python, broken down: torch.empty(0) + free
+Python (and with pin_memory=True: pinned host memory, also timed in C++ through
+PyTorch's host allocator interface), broken down: torch.empty(0) + free
 (PyTorch's own cost: the allocator is asked for nothing), the allocate + free
 pair through PyTorch's CUDAAllocator interface timed in C++ (the allocator's
 share), their difference (PyTorch's share of the 1 MiB pair) and, for cca,
@@ -116,6 +117,14 @@ def worker(mode):
     out["torch_share_1MiB_us"] = out["empty_free_1MiB_us"] - out["allocator_pair_1MiB_us"]
     out["cca_direct_pair_1MiB_us"] = (cca.torch.time_allocator_pairs(1 << 20, n, direct=True) / 1e3
                                       if mode == "cca" else float("nan"))
+    # pinned host memory from Python: torch.empty(1 MiB, pin_memory=True) + free (cca's pinned
+    # host allocator under cca.torch.install(), PyTorch's own otherwise)
+    for _ in range(2000):
+        torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    out["pinned_empty_free_1MiB_us"] = best_pair_us(
+        lambda: torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True), n)
+    out["pinned_allocator_pair_1MiB_us"] = min(cca.torch.time_allocator_pairs(1 << 20, n // 5, pinned=True)
+                                               for _ in range(5)) / 1e3
     if os.environ.get("CCA_BENCH_PAIRS_ONLY"):
         out["backend"] = cca.torch.installed() or "pytorch"
         return out
@@ -493,6 +502,7 @@ def main():
         return
     keys = ("resnet50_train_ms", "gpt2_train_ms", "gpt2_generate_ms", "empty_free_1MiB_us",
             "empty_free_0B_us", "allocator_pair_1MiB_us", "torch_share_1MiB_us", "cca_direct_pair_1MiB_us",
+            "pinned_empty_free_1MiB_us", "pinned_allocator_pair_1MiB_us",
             "peak_reserved_bytes", "resnet50_train_peak_reserved_bytes", "resnet50_train_reserved_over_requested",
             "resnet50_infer_ms", "resnet50_infer_peak_reserved_bytes", "resnet50_infer_reserved_over_requested",
             "gpt2_train_peak_reserved_bytes", "gpt2_train_reserved_over_requested",
@@ -512,7 +522,9 @@ def main():
              "gpt2_generate_ms": "ms/call",
              "bert_varlen_train_ms": "ms/step", "vit_varbatch_train_ms": "ms/step",
              "empty_free_1MiB_us": "us/pair", "empty_free_0B_us": "us/pair", "allocator_pair_1MiB_us": "us/pair",
-             "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair", "peak_reserved_bytes": "MiB"}
+             "torch_share_1MiB_us": "us/pair", "cca_direct_pair_1MiB_us": "us/pair",
+             "pinned_empty_free_1MiB_us": "us/pair", "pinned_allocator_pair_1MiB_us": "us/pair",
+             "peak_reserved_bytes": "MiB"}
     for k in keys:
         units.setdefault(k, "MiB" if k.endswith("_bytes") else "ratio")
     def cell(v):

@@ -271,15 +271,17 @@ def _adapter_call(name, *args):
         raise RuntimeError("cca.torch: %s: %s" % (name, err.value.decode("utf-8", "replace")))
 
 
-def time_allocator_pairs(size, n=100000, direct=False):
+def time_allocator_pairs(size, n=100000, direct=False, pinned=False):
     """Nanoseconds per allocate + free pair of size bytes, timed in C++ on the
     current device and stream: through PyTorch's current CUDA allocator
     (allocate() and the DataPtr's deleter: what a tensor costs the allocator,
-    native or cca), or with direct=True straight through cca_malloc_device /
-    cca_free. CUDA must be initialised (a tensor on the GPU) first."""
+    native or cca), with direct=True straight through cca_malloc_device /
+    cca_free, or with pinned=True through PyTorch's current pinned host
+    allocator (cca's after install(), else PyTorch's). CUDA must be
+    initialised (a tensor on the GPU) first."""
     ns = ctypes.c_double(0.0)
     _adapter_call("cca_torch_adapter_time_pairs", ctypes.c_size_t(size), ctypes.c_size_t(n),
-                  ctypes.c_int(1 if direct else 0), ctypes.byref(ns))
+                  ctypes.c_int(2 if pinned else 1 if direct else 0), ctypes.byref(ns))
     return ns.value
 
 

@@ -1030,9 +1030,10 @@ extern "C" __attribute__((visibility("default"))) const char *cca_torch_adapter_
  * For the benchmark and the GPU test, in any process (cca installed or not):
  * the time of n allocate + free pairs of size bytes through PyTorch's current
  * CUDAAllocator (kind 0: allocate() and the DataPtr's deleter, what a tensor
- * costs the allocator) or straight through cca (kind 1: cca_malloc_device +
- * cca_free on the current stream). *ns gets nanoseconds per pair. Returns 0,
- * or -1 with the reason in err.
+ * costs the allocator), straight through cca (kind 1: cca_malloc_device +
+ * cca_free on the current stream), or through PyTorch's current pinned host
+ * allocator for CUDA (kind 2: what a pinned tensor costs it). *ns gets
+ * nanoseconds per pair. Returns 0, or -1 with the reason in err.
  */
 extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_time_pairs(size_t size, size_t n, int kind,
                                                                                    double *ns, char *err,
@@ -1040,12 +1041,15 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_time_pai
 {
     try {
         cc::CUDAAllocator *alloc = cc::get();
+        at::HostAllocator *host = at::getHostAllocator(at::kCUDA);
         c10::DeviceIndex device = c10::cuda::current_device();
         cca_stream_t stream = reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
         auto t0 = std::chrono::steady_clock::now();
         for (size_t i = 0; i < n; i++) {
             if (kind == 0) {
                 c10::DataPtr p = alloc->allocate(size);
+            } else if (kind == 2) {
+                c10::DataPtr p = host->allocate(size);
             } else {
                 void *p = nullptr;
                 check(cca_malloc_device(&p, size, device, stream), "time_pairs");

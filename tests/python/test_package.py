@@ -459,7 +459,8 @@ class InstallLogic(unittest.TestCase):
                                                   cca_torch_adapter_expandable_sizes=sizes)
         self.assertEqual(self.mod.time_allocator_pairs(1 << 20, 50), 1234.5)
         self.assertEqual(self.mod.time_allocator_pairs(4096, direct=True), 1234.5)
-        self.assertEqual(calls, [(1 << 20, 50, 0, 1024), (4096, 100000, 1, 1024)])
+        self.assertEqual(self.mod.time_allocator_pairs(512, 10, pinned=True), 1234.5)
+        self.assertEqual(calls, [(1 << 20, 50, 0, 1024), (4096, 100000, 1, 1024), (512, 10, 2, 1024)])
         self.assertEqual(self.mod.expandable_segment_sizes(), (2, 44 << 20))
         with self.assertRaises(RuntimeError) as cm:
             self.mod.expandable_segment_sizes(3)
