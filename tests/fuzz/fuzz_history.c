@@ -10,8 +10,8 @@
  * inputs and across cca_shutdown, as by PyTorch for the life of the process,
  * so the model lives as long; each input starts by popping the stacks empty)
  * says what each allocation's history entry must
- * carry; every annotation read back from the history must give its fields in
- * order and its name as context; a snapshot written from the history must
+ * carry; every annotation is recorded on the current device alone and read
+ * back from the history must give its fields in order and its name as context; a snapshot written from the history must
  * list exactly the annotations in external_annotations and none in
  * device_traces, with each entry's compile context and metadata. Any
  * violation aborts.
@@ -66,6 +66,20 @@ static void next_string(reader_t *r, char *out)
 }
 
 static bool history_on;
+
+/* The history's last entry is the annotation just recorded, on the current device d (where
+ * it was recorded on every device, the last was device 1's). */
+static void check_last_annotation(int d, size_t fields)
+{
+    cca_trace_entry_t *e = NULL;
+    size_t n = 0;
+    CHECK(cca_history_get(&e, &n) == CCA_OK, "history_get: %s", cca_last_error()->message);
+    CHECK(n >= 1 && e[n - 1].action == CCA_TRACE_USER_DEFINED, "no annotation last (%zu entries)", n);
+    CHECK(e[n - 1].device == d, "annotation on device %d, current %d", e[n - 1].device, d);
+    const char *k, *v;
+    CHECK(fields == 0 || cca_trace_entry_field_at(&e[n - 1], fields - 1, &k, &v), "field %zu missing", fields);
+    cca_history_free(e);
+}
 
 /* The last alloc entry of device d must carry the model's top and metadata. */
 static void check_last_alloc(int d, size_t size)
@@ -186,6 +200,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             cca_status_t st = cca_record_annotation_fields(kp, vp, count);
             CHECK(st == (valid ? CCA_OK : CCA_ERR_INVALID_ARGUMENT), "annotation: %s", cca_status_str(st));
+            if (valid && history_on)
+                check_last_annotation(device, count);
             break;
         }
         case 3: {
