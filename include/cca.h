@@ -678,7 +678,12 @@ cca_status_t cca_host_malloc(void **ptr, size_t size);
 /** Free a pointer from cca_host_malloc (reused once its recorded events complete). */
 cca_status_t cca_host_free(void *ptr);
 
-/** Record that the block holding ptr is used by work queued on stream. */
+/**
+ * Record that the block holding ptr is used by work queued on stream. A use
+ * while stream is being captured into a CUDA graph is a use by every replay:
+ * the block is then kept when freed (never handed out again; given back at
+ * cca_shutdown).
+ */
 cca_status_t cca_host_record_event(void *ptr, cca_stream_t stream);
 
 /** Release every cached host block whose events have completed. */

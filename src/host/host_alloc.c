@@ -363,6 +363,15 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
     if (!b || !b->allocated)
         return free_error_unlock(h, ptr, b);
     b->allocated = false;
+    if (b->captured) { /* kept as it is for the graph (counted active), until shutdown */
+        host_use_t *uses = b->uses != b->inline_uses ? b->uses : NULL;
+        b->uses = b->inline_uses;
+        b->uses_cap = HOST_INLINE_USES;
+        b->nuses = 0;
+        cca_spin_unlock(&h->lock);
+        free(uses);
+        return CCA_OK;
+    }
     if (b->nuses != 0)
         return free_recording_events_unlock(h, b);
     /* No stream recorded: available at once, in this critical section. */
@@ -407,15 +416,24 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
     if (device < 0 || device >= CCA_MAX_DEVICES)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_host_record_event: current device %d is out of range", device);
+    /* a use by a stream being captured is a use by every replay of the graph */
+    int capture = CCA_CAPTURE_NONE;
+    status = be->stream_capture_status(be->ctx, device, stream, &capture);
+    if (status == CCA_ERR_NOT_SUPPORTED)
+        capture = CCA_CAPTURE_NONE;
+    else if (status != CCA_OK)
+        return status;
 
     void *base = ptr;
     for (int attempt = 0; attempt < 2; attempt++) {
         cca_spin_lock(&h->lock);
         host_block_t *b = host_map_find_locked(h, base);
         if (b) {
-            if (b->allocated)
+            if (b->allocated) {
                 status = block_add_use_locked(b, stream, device);
-            else
+                if (status == CCA_OK && capture != CCA_CAPTURE_NONE)
+                    b->captured = true;
+            } else
                 status = cca_raise(CCA_ERR_INVALID_POINTER,
                                    "cca_host_record_event: pointer %p is in a pinned block that "
                                    "is not allocated (freed)",
@@ -575,7 +593,7 @@ bool host_is_valid(host_alloc_t *h)
             count++;
             if (b->size != (size_t)1 << i)
                 odd++;
-            if (host_ceil_log2(b->size) != i || b->allocated || atomic_load(&b->event_count) != 0)
+            if (host_ceil_log2(b->size) != i || b->allocated || b->captured || atomic_load(&b->event_count) != 0)
                 valid = false;
         }
         if (count != c->count || odd != c->odd)

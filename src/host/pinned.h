@@ -49,6 +49,8 @@ typedef struct host_block {
     struct host_block *free_next; /* free list link (lock) */
     host_origin_t origin;
     bool allocated;               /* in use by a caller (lock) */
+    bool captured;                /* used by work a stream capture recorded: kept, never handed out
+                                   * again, since the graph's replays read it (lock) */
     size_t nuses;                 /* streams recorded since allocation (lock) */
     atomic_size_t event_count;    /* events recorded at free, not yet completed */
     size_t uses_cap;              /* capacity of uses (lock) */

@@ -223,6 +223,50 @@ TEST(reuse_only_after_events_complete)
     fx_close(&f);
 }
 
+/*
+ * A block a stream capture used (cca_host_record_event while its stream is captured) is read
+ * by every replay of the graph: its free keeps it, never handed out again nor given back by
+ * empty_cache (counted active, as PyTorch counts the captured blocks it keeps), until the
+ * allocator goes. Blocks used outside a capture are reused as before.
+ */
+TEST(captured_use_keeps_the_block)
+{
+    fixture_t f;
+    cca_settings_t s = defaults();
+    if (!fx_open(&f, &s))
+        return;
+    void *kept, *plain, *p;
+    expect_ok(host_malloc(f.h, &kept, 64 * KiB));
+    expect_ok(host_malloc(f.h, &plain, 64 * KiB));
+    expect_ok(host_record_event(f.h, plain, S2));
+    expect_ok(cca_sim_set_capturing(f.be, S1, true));
+    expect_ok(host_record_event(f.h, (char *)kept + 100, S1)); /* an interior pointer */
+    expect_ok(cca_sim_set_capturing(f.be, S1, false));
+    uint64_t records = calls(&f, CCA_OP_EVENT_RECORD);
+    expect_ok(host_release_ptr(f.h, kept));
+    expect_eq_u64(calls(&f, CCA_OP_EVENT_RECORD), records); /* no event: nothing can say the graph is done */
+    expect_ok(host_release_ptr(f.h, plain));
+    complete(&f, S2);
+    for (int i = 0; i < 4; i++) { /* plain comes back, kept never */
+        expect_ok(host_malloc(f.h, &p, 64 * KiB));
+        expect_ne_u64((uintptr_t)p, (uintptr_t)kept);
+        if (i == 0)
+            expect_eq_ptr(p, plain);
+        expect_ok(host_release_ptr(f.h, p));
+    }
+    expect_ok(host_empty_cache(f.h));
+    cca_host_stats_t st = stats(&f);
+    expect_eq_i64(st.allocations.current, 1); /* the kept block alone */
+    expect_eq_i64(st.allocated_bytes.current, (int64_t)(64 * KiB));
+    expect_eq_i64(st.active_requests.current, 1);
+    expect_true(host_is_valid(f.h));
+    /* it is freed: a second free and a new use are refused */
+    expect_eq_i64(host_release_ptr(f.h, kept), CCA_ERR_INVALID_POINTER);
+    expect_contains(cca_last_error()->message, "already freed");
+    expect_eq_i64(host_record_event(f.h, kept, S1), CCA_ERR_INVALID_POINTER);
+    fx_close(&f); /* gives it back */
+}
+
 TEST(several_streams_per_block)
 {
     fixture_t f;
@@ -878,7 +922,7 @@ TEST(fault_loops)
     const cca_backend_op_t ops[] = {CCA_OP_HOST_ALLOC,    CCA_OP_HOST_FREE,
                                     CCA_OP_HOST_REGISTER, CCA_OP_HOST_UNREGISTER,
                                     CCA_OP_EVENT_CREATE,  CCA_OP_EVENT_RECORD,
-                                    CCA_OP_EVENT_QUERY};
+                                    CCA_OP_EVENT_QUERY,   CCA_OP_STREAM_CAPTURE_STATUS};
     for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
         bool reg = ops[k] == CCA_OP_HOST_REGISTER || ops[k] == CCA_OP_HOST_UNREGISTER;
         for (int persistent = 0; persistent < 2; persistent++) {
@@ -1216,6 +1260,7 @@ int main(void)
     RUN(power_of_two_rounding_and_classes);
     RUN(free_list_is_lifo);
     RUN(reuse_only_after_events_complete);
+    RUN(captured_use_keeps_the_block);
     RUN(several_streams_per_block);
     RUN(more_streams_than_inline_slots_and_event_pool);
     RUN(round_threshold);
