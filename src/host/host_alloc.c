@@ -416,9 +416,10 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
     if (device < 0 || device >= CCA_MAX_DEVICES)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_host_record_event: current device %d is out of range", device);
-    /* a use by a stream being captured is a use by every replay of the graph */
+    /* a use by a stream being captured is a use by every replay of the graph (the legacy
+     * default stream, NULL, is never captured: CUDA refuses to ask it while another is) */
     int capture = CCA_CAPTURE_NONE;
-    status = be->stream_capture_status(be->ctx, device, stream, &capture);
+    status = stream ? be->stream_capture_status(be->ctx, device, stream, &capture) : CCA_OK;
     if (status == CCA_ERR_NOT_SUPPORTED)
         capture = CCA_CAPTURE_NONE;
     else if (status != CCA_OK)
