@@ -382,6 +382,24 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
     return CCA_OK;
 }
 
+/* Whether ptr is inside a block handed out and not freed (no backend call; no lock held). */
+static bool host_holds_live(host_alloc_t *h, void *ptr)
+{
+    void *base = ptr;
+    size_t size;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        cca_spin_lock(&h->lock);
+        host_block_t *b = host_map_find_locked(h, base);
+        bool live = b && b->allocated;
+        cca_spin_unlock(&h->lock);
+        if (b)
+            return live;
+        if (attempt == 0 && !host_ranges_find(h, ptr, &base, &size))
+            return false;
+    }
+    return false;
+}
+
 /* Add (stream, device) to b's uses. Lock held. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
 static cca_status_t block_add_use_locked(host_block_t *b, cca_stream_t stream, int device)
 {
@@ -417,9 +435,11 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_host_record_event: current device %d is out of range", device);
     /* a use by a stream being captured is a use by every replay of the graph (the legacy
-     * default stream, NULL, is never captured: CUDA refuses to ask it while another is) */
+     * default stream, NULL, is never captured: CUDA refuses to ask it while another is); a
+     * pointer that is not in a live block is refused below with no backend call */
     int capture = CCA_CAPTURE_NONE;
-    status = stream ? be->stream_capture_status(be->ctx, device, stream, &capture) : CCA_OK;
+    status = stream && host_holds_live(h, ptr) ? be->stream_capture_status(be->ctx, device, stream, &capture)
+                                               : CCA_OK;
     if (status == CCA_ERR_NOT_SUPPORTED)
         capture = CCA_CAPTURE_NONE;
     else if (status != CCA_OK)
