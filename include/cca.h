@@ -682,7 +682,8 @@ cca_status_t cca_host_free(void *ptr);
  * Record that the block holding ptr is used by work queued on stream. A use
  * while stream is being captured into a CUDA graph is a use by every replay:
  * the block is then kept when freed (never handed out again; given back at
- * cca_shutdown).
+ * cca_shutdown), as is a block freed while a stream it was used on is being
+ * captured.
  */
 cca_status_t cca_host_record_event(void *ptr, cca_stream_t stream);
 

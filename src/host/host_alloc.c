@@ -294,9 +294,29 @@ static __attribute__((noinline)) cca_status_t free_recording_events_unlock(host_
     b->nuses = 0;
     cca_spin_unlock(&h->lock);
 
-    /* One event per stream, recorded with no lock held. */
+    /* A stream being captured now cannot say by an event when its earlier work is done (an
+     * event recorded there is part of the graph): the block is kept, as a captured one. */
     host_event_t *first = NULL, *last = NULL;
     size_t recorded = 0;
+    for (size_t i = 0; i < nuses; i++) {
+        int capture = CCA_CAPTURE_NONE;
+        status = uses[i].stream ? be->stream_capture_status(be->ctx, uses[i].device, uses[i].stream, &capture)
+                                : CCA_OK;
+        if (status == CCA_ERR_NOT_SUPPORTED)
+            capture = CCA_CAPTURE_NONE;
+        else if (status != CCA_OK)
+            goto out_restore;
+        if (capture != CCA_CAPTURE_NONE) {
+            cca_spin_lock(&h->lock);
+            b->captured = true;
+            cca_spin_unlock(&h->lock);
+            if (uses != inline_copy)
+                free(uses);
+            return CCA_OK;
+        }
+    }
+
+    /* One event per stream, recorded with no lock held. */
     for (size_t i = 0; i < nuses; i++) {
         host_event_t *e = NULL;
         status = host_event_get(h, uses[i].device, &e);

@@ -227,7 +227,8 @@ TEST(reuse_only_after_events_complete)
  * A block a stream capture used (cca_host_record_event while its stream is captured) is read
  * by every replay of the graph: its free keeps it, never handed out again nor given back by
  * empty_cache (counted active, as PyTorch counts the captured blocks it keeps), until the
- * allocator goes. Blocks used outside a capture are reused as before.
+ * allocator goes. So is a block freed while a stream it was used on is captured. Blocks used
+ * outside a capture are reused as before.
  */
 TEST(captured_use_keeps_the_block)
 {
@@ -264,7 +265,23 @@ TEST(captured_use_keeps_the_block)
     expect_eq_i64(host_release_ptr(f.h, kept), CCA_ERR_INVALID_POINTER);
     expect_contains(cca_last_error()->message, "already freed");
     expect_eq_i64(host_record_event(f.h, kept, S1), CCA_ERR_INVALID_POINTER);
-    fx_close(&f); /* gives it back */
+    /* used before a capture, freed while its stream is captured: no event can tell when the
+     * earlier use is done (one recorded there would be the graph's), so it is kept too */
+    void *late;
+    expect_ok(host_malloc(f.h, &late, 64 * KiB));
+    expect_ok(host_record_event(f.h, late, S3));
+    expect_ok(cca_sim_set_capturing(f.be, S3, true));
+    records = calls(&f, CCA_OP_EVENT_RECORD);
+    expect_ok(host_release_ptr(f.h, late));
+    expect_eq_u64(calls(&f, CCA_OP_EVENT_RECORD), records);
+    expect_ok(cca_sim_set_capturing(f.be, S3, false));
+    expect_ok(host_malloc(f.h, &p, 64 * KiB));
+    expect_ne_u64((uintptr_t)p, (uintptr_t)late);
+    expect_ne_u64((uintptr_t)p, (uintptr_t)kept);
+    expect_ok(host_release_ptr(f.h, p));
+    expect_eq_i64(stats(&f).active_requests.current, 2);
+    expect_true(host_is_valid(f.h));
+    fx_close(&f); /* gives them back */
 }
 
 TEST(several_streams_per_block)
