@@ -17,13 +17,16 @@
  * A freed block that was used on other streams (host_record_event) gets one
  * event per stream; it returns to its free list only when all of them have
  * completed. Completed events are collected at allocation time (oldest first,
- * stopping at the first one not ready) or by a background thread.
+ * stopping at the first one not ready) or by a background thread. A block a
+ * stream capture used, or freed while a stream it was used on is captured,
+ * is kept at free instead (the graph's replays read it; no event can say
+ * when they are done) and given back only when the allocator goes.
  *
  * Invariants:
  *  - every block held from the system is in the pointer map (hash table,
  *    exact address) and in the sorted range array (interior lookups) until
  *    it is given back; a block is in at most one free list, and only when it
- *    is not allocated and has no pending event;
+ *    is not allocated, has no pending event and is not kept for a graph;
  *  - the backend is never called with any of this file's locks held, and no
  *    two locks are ever held together.
  */
