@@ -405,19 +405,20 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
     return CCA_OK;
 }
 
-/* Whether ptr is inside a block handed out and not freed (no backend call; no lock held). */
-static bool host_holds_live(host_alloc_t *h, void *ptr)
+/* Whether ptr is inside a block handed out and not freed, whose start goes to *base (no
+ * backend call; no lock held). */
+static bool host_holds_live(host_alloc_t *h, void *ptr, void **base)
 {
-    void *base = ptr;
     size_t size;
+    *base = ptr;
     for (int attempt = 0; attempt < 2; attempt++) {
         cca_spin_lock(&h->lock);
-        host_block_t *b = host_map_find_locked(h, base);
+        host_block_t *b = host_map_find_locked(h, *base);
         bool live = b && b->allocated;
         cca_spin_unlock(&h->lock);
         if (b)
             return live;
-        if (attempt == 0 && !host_ranges_find(h, ptr, &base, &size))
+        if (attempt == 0 && !host_ranges_find(h, ptr, base, &size))
             return false;
     }
     return false;
@@ -461,14 +462,15 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
      * default stream, NULL, is never captured: CUDA refuses to ask it while another is); a
      * pointer that is not in a live block is refused below with no backend call */
     int capture = CCA_CAPTURE_NONE;
-    status = stream && host_holds_live(h, ptr) ? be->stream_capture_status(be->ctx, device, stream, &capture)
-                                               : CCA_OK;
+    void *base; /* the block's start where it is live (then found at the first attempt below) */
+    status = host_holds_live(h, ptr, &base) && stream
+                 ? be->stream_capture_status(be->ctx, device, stream, &capture)
+                 : CCA_OK;
     if (status == CCA_ERR_NOT_SUPPORTED)
         capture = CCA_CAPTURE_NONE;
     else if (status != CCA_OK)
         return status;
 
-    void *base = ptr;
     for (int attempt = 0; attempt < 2; attempt++) {
         cca_spin_lock(&h->lock);
         host_block_t *b = host_map_find_locked(h, base);

@@ -622,7 +622,6 @@ cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
 
 /* ---- compile contexts and user metadata ------------------------------------------------- */
 
-
 cca_status_t cca_push_compile_context(const char *context)
 {
     if (!context)
