@@ -2,7 +2,8 @@
  * test_cuda_host.c - the pinned host caching allocator on a real GPU: pinned
  * blocks used by cudaMemcpyAsync on two streams, record_event keeping a block
  * out of reuse while a stream still needs it, in both slow-path modes
- * (cudaHostAlloc, and malloc + pre-fault + cudaHostRegister). Exits 77
+ * (cudaHostAlloc, and malloc + pre-fault + cudaHostRegister), blocks a CUDA
+ * graph capture used kept out of reuse. Exits 77
  * (skipped) without a GPU.
  */
 #include <cuda_runtime.h>
@@ -145,6 +146,107 @@ TEST(cuda_host_register_mode)
     copies_on_two_streams(true);
 }
 
+/*
+ * Pinned blocks and CUDA graph capture: a block whose copy was captured
+ * (recorded while its stream was capturing, global mode) and a block freed
+ * while a stream it was used on is capturing are both kept, never reused;
+ * the graph's replays read the first block's data intact after its free.
+ */
+TEST(captured_blocks_are_kept)
+{
+    cca_settings_t s;
+    settings_default(&s);
+    host_alloc_t *h;
+    if (host_create(backend, &s, &h) != CCA_OK) {
+        HARNESS_FAIL("host_create: %s", cca_last_error()->message);
+        return;
+    }
+    const size_t n = 1 * MiB;
+    cudaStream_t s1 = NULL, s2 = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    void *dev = NULL, *dev2 = NULL;
+    unsigned char *src = NULL, *late = NULL, *back = NULL;
+    if (!cuda_ok(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), "stream 1") ||
+        !cuda_ok(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), "stream 2") ||
+        !cuda_ok(cudaMalloc(&dev, n), "cudaMalloc") || !cuda_ok(cudaMalloc(&dev2, n), "cudaMalloc 2"))
+        goto out;
+    expect_ok(host_malloc(h, (void **)&src, n));
+    expect_ok(host_malloc(h, (void **)&late, n));
+    back = malloc(n);
+    if (!src || !late || !back)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        src[i] = (unsigned char)(i * 13 + 5);
+
+    /* late: used on s2 before any capture, freed while s2 captures */
+    if (!cuda_ok(cudaMemcpyAsync(dev2, late, n, cudaMemcpyHostToDevice, s2), "H2D late"))
+        goto out;
+    expect_ok(host_record_event(h, late, s2));
+    if (!cuda_ok(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal), "capture s2"))
+        goto out;
+    cudaMemsetAsync(dev2, 0, n, s2);
+    expect_ok(host_release_ptr(h, late));
+    cudaGraph_t g2 = NULL;
+    if (cuda_ok(cudaStreamEndCapture(s2, &g2), "end capture s2"))
+        cudaGraphDestroy(g2);
+
+    /* src: its copy is captured, its use recorded during the capture */
+    if (!cuda_ok(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal), "capture s1") ||
+        !cuda_ok(cudaMemcpyAsync(dev, src, n, cudaMemcpyHostToDevice, s1), "captured H2D"))
+        goto out;
+    expect_ok(host_record_event(h, src, s1));
+    if (!cuda_ok(cudaStreamEndCapture(s1, &graph), "end capture s1") ||
+        !cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate"))
+        goto out;
+    expect_ok(host_release_ptr(h, src));
+
+    /* neither comes back; new blocks are written over and over */
+    for (int i = 0; i < 4; i++) {
+        unsigned char *p = NULL;
+        expect_ok(host_malloc(h, (void **)&p, n));
+        expect_true(p != src && p != late);
+        if (p) {
+            memset(p, 0xEE, n);
+            expect_ok(host_release_ptr(h, p));
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        if (!cuda_ok(cudaMemsetAsync(dev, 0, n, s1), "memset") || !cuda_ok(cudaGraphLaunch(exec, s1), "launch") ||
+            !cuda_ok(cudaMemcpyAsync(back, dev, n, cudaMemcpyDeviceToHost, s1), "D2H") ||
+            !cuda_ok(cudaStreamSynchronize(s1), "sync"))
+            goto out;
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += back[i] != (unsigned char)(i * 13 + 5);
+        expect_eq_u64(bad, 0);
+    }
+    cca_host_stats_t st;
+    expect_ok(host_get_stats(h, &st));
+    expect_eq_i64(st.active_requests.current, 2); /* the two kept blocks */
+    expect_ok(host_empty_cache(h));
+    expect_ok(host_get_stats(h, &st));
+    expect_eq_i64(st.allocations.current, 2);
+    expect_eq_i64(host_release_ptr(h, src), CCA_ERR_INVALID_POINTER);
+
+out:
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    free(back);
+    if (dev)
+        cudaFree(dev);
+    if (dev2)
+        cudaFree(dev2);
+    if (s1)
+        cudaStreamDestroy(s1);
+    if (s2)
+        cudaStreamDestroy(s2);
+    expect_true(host_is_valid(h));
+    host_destroy(h);
+}
+
 /* The first allocation of 1 GiB in each mode (informational timing, and it must work). */
 TEST(first_gib)
 {
@@ -190,6 +292,7 @@ int main(void)
     }
     RUN(cuda_host_alloc_mode);
     RUN(cuda_host_register_mode);
+    RUN(captured_blocks_are_kept);
     RUN(first_gib);
     backend->destroy(backend->ctx);
     return harness_done();
