@@ -1,6 +1,7 @@
 """PyTorch step times on cca against PyTorch's own allocator, same run, same machine.
 
 Usage: python3 bench/torch_bench.py [LIBCCA_SO] [--repeat N] [--pairs-only] [--generate-alone] [--ckpt] [--llama]
+                                   [--short]
 Allocators (one fresh process each, in turn, N rounds): PyTorch native,
 PyTorch native with expandable_segments:True, cca (cca.torch.install()), and
 cca with compact_memory:True (its moves of free granules and waits for a
@@ -19,7 +20,8 @@ alone in a process of its own, and nothing else; with --ckpt, GPT-2 small at 16 
 bf16 with activation checkpointing, 16 steps in a process of its own, and nothing else: step
 time, peak reserved / requested, the maps of its last 8 steps, compact_memory's plans; with
 --llama, a Llama-style decoder generating and then training, in a process of its own, as
-scripts/record-trace.py's llama_generate and llama_train_accum record them), and
+scripts/record-trace.py's llama_generate and llama_train_accum record them; with --short,
+the models without BERT and ViT), and
 torch.empty(1 MiB) + free from
 Python (and with pin_memory=True: pinned host memory, also timed in C++ through
 PyTorch's host allocator interface), broken down: torch.empty(0) + free
@@ -214,7 +216,8 @@ def models(torch, torchvision, transformers, mode, out):
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     model_peaks(torch, "gpt2_generate", out, start)
     del gpt, ids, prompt
-    varying_models(torch, torchvision, transformers, mode, out)
+    if not os.environ.get("CCA_BENCH_SHORT"):
+        varying_models(torch, torchvision, transformers, mode, out)
 
 
 def generate_alone(torch, transformers, mode, out):
@@ -448,6 +451,8 @@ def main():
         os.environ["CCA_BENCH_CKPT"] = "1"
     if "--llama" in sys.argv:  # a Llama-style decoder generating, then training, in a process of its own
         os.environ["CCA_BENCH_LLAMA"] = "1"
+    if "--short" in sys.argv:  # the models without the two whose shapes change at every step
+        os.environ["CCA_BENCH_SHORT"] = "1"
     lib = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "libcca.so"))
     os.environ["CCA_LIBRARY"] = lib
     import cca.torch

@@ -14,9 +14,10 @@
 #      bench_host, and bench_replay (the replay against Python's unpickler);
 #   5. run PyTorch on cca: the pluggable path, the C++ adapter
 #      (tests/cuda/torch_adapter.py), CUDA tensors shared between processes
-#      through it (tests/cuda/torch_ipc.py), torch.compile's CUDA graph trees
-#      (tests/cuda/torch_compile.py; only with GPU_CHECK_BUDGET >= 600), with
-#      two GPUs peer access (tests/cuda/torch_peer.py), and bench/torch_bench.py;
+#      through it (tests/cuda/torch_ipc.py) and torch.compile's CUDA graph
+#      trees (tests/cuda/torch_compile.py), both only with GPU_CHECK_BUDGET >=
+#      600, with two GPUs peer access (tests/cuda/torch_peer.py), and
+#      bench/torch_bench.py (below a 600 s budget without BERT and ViT);
 #   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
@@ -32,9 +33,10 @@
 #     then PyTorch on cca's cudaMallocAsync backend against PyTorch's own
 #     (torch_adapter.py --job train-resnet50-async, one GPU), the annotations
 #     (with two GPUs, one made on the second) and the pinned memory through
-#     PyTorch (--job annotations, --job pinned), the two-rank NCCL
-#     run (torch_ddp.py) and peer access through PyTorch's copies and CuPy
-#     kernels (torch_peer.py); about 3-5 minutes.
+#     PyTorch (--job annotations, --job pinned), CUDA tensors between
+#     processes (torch_ipc.py, one GPU), the two-rank NCCL run (torch_ddp.py)
+#     and peer access through PyTorch's copies and CuPy kernels
+#     (torch_peer.py); about 4-6 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
@@ -171,7 +173,7 @@ run_torch_peer() {
 }
 run_torch_bench() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
-        python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1
+        python3 "$root/bench/torch_bench.py" "$root/build-gpu-release/libcca.so" --repeat 1 "$@"
 }
 run_anchor() {
     OUT="$logs" bash "$root/.anchor/run.sh"
@@ -261,6 +263,7 @@ multigpu)
     run_step build-multigpu "$(left 200)" build_multigpu
     run_step ctest-multigpu "$(left 120)" run_ctest_multigpu
     run_step torch-adapter-async "$(left 240)" run_torch_adapter_async
+    run_step torch-ipc "$(left 180)" run_torch_ipc
     if [ "${gpu_count:-0}" -ge 2 ]; then
         run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
         run_step torch-peer-2gpu "$(left 0)" run_torch_peer
@@ -340,7 +343,13 @@ else
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
-run_step torch-ipc "$(left 140)" run_torch_ipc
+# CUDA tensors between processes through PyTorch (about 50 s): in the full run only with a
+# budget of 600 s or more; GPU_CHECK_ONLY=multigpu runs it.
+if [ "$budget" -ge 600 ]; then
+    run_step torch-ipc "$(left 140)" run_torch_ipc
+else
+    echo "== torch-ipc: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=multigpu runs it)"
+fi
 # torch.compile takes about 90 s (three processes compile or load their kernels): in the
 # full run only with a budget of 600 s or more; GPU_CHECK_ONLY=torch-compile runs it alone.
 if [ "$budget" -ge 600 ]; then
@@ -385,7 +394,13 @@ fi
 if [ -x "$root/build-gpu-release/bench/bench_replay" ]; then
     run_step bench-replay "$(left 4)" run_bench_replay
 fi
-run_step torch-bench "$(left 0)" run_torch_bench
+# PyTorch's step times: below a 600 s budget without the two models whose shapes change at
+# every step (--short; GPU_CHECK_ONLY=compact runs them all)
+if [ "$budget" -ge 600 ]; then
+    run_step torch-bench "$(left 0)" run_torch_bench
+else
+    run_step torch-bench "$(left 0)" run_torch_bench --short
+fi
 
 cat "$logs"/anchor.log "$logs"/bench-cca.log "$logs"/bench-cca-relaxed.log "$logs"/bench-cca-expandable.log \
     "$logs"/bench-host.log \
