@@ -22,6 +22,7 @@ demo: build
 bench: build
 	@./build/bench/bench_gpu --backend sim
 	@./build/bench/bench_host
+	@./build/bench/bench_floor
 	@./build/bench/bench_replay
 	@./build/bench/bench_stats_merge
 	@./build/bench/bench_plan_loops

@@ -11,7 +11,9 @@
 #   4. run the anchor benchmark (.anchor/run.sh: PyTorch native, PyTorch
 #      expandable segments, cudaMallocAsync, cudaMalloc) and cca's bench_gpu
 #      (default, relaxed statistics, expandable segments),
-#      bench_host, and bench_replay (the replay against Python's unpickler);
+#      bench_host, bench_floor (the random workload through PyTorch's
+#      placement alone, beside cca) and bench_replay (the replay against
+#      Python's unpickler);
 #   5. run PyTorch on cca: the pluggable path, the C++ adapter
 #      (tests/cuda/torch_adapter.py), CUDA tensors shared between processes
 #      through it (tests/cuda/torch_ipc.py) and torch.compile's CUDA graph
@@ -193,6 +195,9 @@ run_bench_sim() {
 run_bench_host() {
     "$root/build-gpu-release/bench/bench_host" --backend cuda
 }
+run_bench_floor() {
+    "$root/build-gpu-release/bench/bench_floor"
+}
 run_bench_replay() {
     "$root/build-gpu-release/bench/bench_replay" --runs 5
 }
@@ -230,7 +235,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -385,6 +390,9 @@ if [ -x "$root/build-gpu-release/bench/bench_gpu" ]; then
     run_step bench-cca-expandable "$(left 7)" run_bench_expandable
     run_step bench-cca-sim "$(left 6)" run_bench_sim
 fi
+if [ -x "$root/build-gpu-release/bench/bench_floor" ]; then
+    run_step bench-floor "$(left 5)" run_bench_floor
+fi
 if [ -x "$root/build-gpu-release/bench/bench_host" ]; then
     run_step bench-host "$(left 5)" run_bench_host
 fi
@@ -460,6 +468,11 @@ if [ -f "$logs/bench-cca-sim.log" ]; then
     echo
     echo "CPU: the simulated device's cached pair against glibc's (bench-cca-sim.log):"
     grep -E '^(# cpu pair ratio|RESULT (cca-sim|glibc) pair_latency(_best)? size=512 )' "$logs/bench-cca-sim.log"
+fi
+if [ -f "$logs/bench-floor.log" ]; then
+    echo
+    echo "CPU: the random workload below cca, PyTorch's placement alone (bench-floor.log):"
+    grep '^#' "$logs/bench-floor.log"
 fi
 if [ -f "$logs/bench-replay.log" ]; then
     echo
