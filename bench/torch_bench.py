@@ -44,6 +44,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import llama_decoder  # noqa: E402 (the decoder the bundled Llama traces recorded)
 
 MODES = ("native", "native-expandable", "cca", "cca-compact")
 
@@ -161,7 +164,20 @@ def models(torch, torchvision, transformers, mode, out):
     """The models, one after the other in this process, each from fresh_peaks: ResNet-50
     training, then its inference on drawn batches, GPT-2 training, then generation, and the two
     loops whose shapes change at every step. Mode "record" runs the steps cca-compact runs (the
-    steady steps included) without asking cca for anything."""
+    steady steps included) without asking cca for anything. Each phase is a function of its
+    own, so that what it made and did not hand on is gone before the next phase starts."""
+    model = resnet50_train(torch, torchvision, mode, out)
+    resnet50_infer(torch, model, mode, out)
+    del model
+    gpt, ids = gpt2_train(torch, transformers, mode, out)
+    gpt2_generate(torch, gpt, ids, mode, out)
+    del gpt, ids
+    if not os.environ.get("CCA_BENCH_SHORT"):
+        varying_models(torch, torchvision, transformers, mode, out)
+
+
+def resnet50_train(torch, torchvision, mode, out):
+    """ResNet-50 training (batch 64, SGD with momentum); the model, for its inference."""
     start = fresh_peaks(torch, mode)
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -176,7 +192,11 @@ def models(torch, torchvision, transformers, mode, out):
     if mode in ("cca-compact", "record"):  # the loop's own moves: after warm-up, none
         steady_moves(torch, resnet_step, 10, "resnet50", out)
     model_peaks(torch, "resnet50_train", out, start)
-    del opt, x, y
+    return model
+
+
+def resnet50_infer(torch, model, mode, out):
+    """The trained ResNet-50's inference on 8 batches drawn from 1 to 256 (its optimizer gone)."""
     start = fresh_peaks(torch, mode)
     model.eval()
     draws = torch.Generator().manual_seed(1)
@@ -187,9 +207,11 @@ def models(torch, torchvision, transformers, mode, out):
             model(torch.randn(b, 3, 224, 224, device="cuda")).argmax(1)
     out["resnet50_infer_ms"] = drawn_steps(torch, infer, batches, 2) * 1e3
     model_peaks(torch, "resnet50_infer", out, start)
-    del model
-    start = fresh_peaks(torch, mode)
 
+
+def gpt2_train(torch, transformers, mode, out):
+    """GPT-2 small training (8 x 512, AdamW); the model and its tokens, for generation."""
+    start = fresh_peaks(torch, mode)
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
     gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
     ids = torch.randint(0, 50257, (8, 512), device="cuda")
@@ -202,7 +224,12 @@ def models(torch, torchvision, transformers, mode, out):
     if mode in ("cca-compact", "record"):
         steady_moves(torch, gpt_step, 5, "gpt2_train", out)
     model_peaks(torch, "gpt2_train", out, start)
-    del gopt
+    return gpt, ids
+
+
+def gpt2_generate(torch, gpt, ids, mode, out):
+    """The trained GPT-2's greedy generation (batch 1, a 32-token prompt, 128 new tokens; its
+    optimizer gone), and the allocations of one call."""
     start = fresh_peaks(torch, mode)
     gpt.eval()
     prompt = ids[:1, :32]
@@ -215,9 +242,6 @@ def models(torch, torchvision, transformers, mode, out):
     gen()
     out["gpt2_generate_allocs"] = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     model_peaks(torch, "gpt2_generate", out, start)
-    del gpt, ids, prompt
-    if not os.environ.get("CCA_BENCH_SHORT"):
-        varying_models(torch, torchvision, transformers, mode, out)
 
 
 def generate_alone(torch, transformers, mode, out):
@@ -262,25 +286,25 @@ def ckpt_loop(torch, transformers, mode, out):
 
 
 def llama_loops(torch, transformers, mode, out):
-    """A Llama-style decoder (8 layers, hidden 1024, grouped-query attention, random weights)
-    as scripts/record-trace.py's llama_generate and llama_train_accum record it, in a process
-    of its own: first 8 greedy generations in bf16 (a batch drawn from 1 to 16, a prompt from
-    32 to 512 tokens, 64 new tokens; the same draws as the recording), timed per call; then,
-    that model gone, the cache emptied and the peaks reset, 6 training steps under bf16
-    autocast with gradients accumulated over 4 micro-batches of 4 x 1024, timed over steps 3
-    to 6. Each phase's peaks, and the maps (num_device_alloc) of the last 4 calls and steps."""
-    cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                                   max_position_embeddings=2048)
+    """A Llama-style decoder (scripts/llama_decoder.py: 8 layers, hidden 1024, grouped-query
+    attention, random weights) as scripts/record-trace.py's llama_generate and
+    llama_train_accum record it, in a process of its own: first 8 greedy generations in bf16 (a
+    batch drawn from 1 to 16, a prompt from 32 to 512 tokens, 64 new tokens; the same draws as
+    the recording), timed per call; then, that model gone, the cache emptied and the peaks
+    reset, 6 training steps under bf16 autocast with gradients accumulated over 4 micro-batches
+    of 4 x 1024, timed over steps 3 to 6. Each phase's peaks, and the maps (num_device_alloc)
+    of the last 4 calls and steps."""
+    llama_generate_calls(torch, transformers, mode, out)
+    llama_train(torch, transformers, mode, out)
+
+
+def llama_generate_calls(torch, transformers, mode, out):
     start = fresh_peaks(torch, mode)
     torch.manual_seed(0)
     draws = torch.Generator().manual_seed(1)
-    model = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
-    calls = []
-    for _ in range(8):
-        b = int(torch.randint(1, 17, (1,), generator=draws))
-        n = int(torch.randint(32, 513, (1,), generator=draws))
-        calls.append(torch.randint(1, 32000, (b, n), device="cuda"))
+    model = transformers.LlamaForCausalLM(llama_decoder.config(transformers)).to(
+        device="cuda", dtype=torch.bfloat16).eval()
+    calls = [llama_decoder.prompt(torch, draws) for _ in range(8)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     maps = None
@@ -289,28 +313,20 @@ def llama_loops(torch, transformers, mode, out):
             if i == 4:
                 torch.cuda.synchronize()
                 maps = torch.cuda.memory_stats().get("num_device_alloc", 0)
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
-                           min_new_tokens=64, do_sample=False, pad_token_id=0)
+            model.generate(ids, attention_mask=torch.ones_like(ids), **llama_decoder.GENERATE_KWARGS)
     torch.cuda.synchronize()
     out["llama_generate_ms"] = (time.perf_counter() - t0) / len(calls) * 1e3
     out["llama_generate_late_maps"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - maps
     model_peaks(torch, "llama_generate", out, start)
-    del model, calls, ids
+
+
+def llama_train(torch, transformers, mode, out):
     start = fresh_peaks(torch, mode)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).cuda()
+    model = transformers.LlamaForCausalLM(llama_decoder.config(transformers)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        for _ in range(4):
-            ids = torch.randint(0, 32000, (4, 1024), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss / 4
-            loss.backward()
-            del loss, ids
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    out["llama_train_ms"], out["llama_train_late_maps"] = timed_late_steps(torch, step, 2, 4)
+    out["llama_train_ms"], out["llama_train_late_maps"] = timed_late_steps(
+        torch, lambda: llama_decoder.train_step(torch, model, opt), 2, 4)
     model_peaks(torch, "llama_train", out, start)
 
 
@@ -322,6 +338,11 @@ def varying_models(torch, torchvision, transformers, mode, out):
     draws = torch.Generator().manual_seed(1)
     lengths = [8 * int(torch.randint(8, 65, (1,), generator=draws)) for _ in range(18)]
     batches = [int(torch.randint(8, 129, (1,), generator=draws)) for _ in range(18)]
+    bert_varlen_train(torch, transformers, lengths, mode, out)
+    vit_varbatch_train(torch, torchvision, batches, mode, out)
+
+
+def bert_varlen_train(torch, transformers, lengths, mode, out):
     start = fresh_peaks(torch, mode)
     bert = transformers.BertForMaskedLM(transformers.BertConfig()).cuda()
     bopt = torch.optim.AdamW(bert.parameters(), lr=1e-4)
@@ -333,7 +354,9 @@ def varying_models(torch, torchvision, transformers, mode, out):
         bopt.zero_grad(set_to_none=True)
     out["bert_varlen_train_ms"] = drawn_steps(torch, bert_step, lengths, 3) * 1e3
     model_peaks(torch, "bert_varlen_train", out, start)
-    del bert, bopt
+
+
+def vit_varbatch_train(torch, torchvision, batches, mode, out):
     start = fresh_peaks(torch, mode)
     vit = torchvision.models.vit_b_16().cuda()
     vopt = torch.optim.SGD(vit.parameters(), lr=0.01, momentum=0.9)
@@ -346,7 +369,6 @@ def varying_models(torch, torchvision, transformers, mode, out):
         vopt.zero_grad(set_to_none=True)
     out["vit_varbatch_train_ms"] = drawn_steps(torch, vit_step, batches, 3) * 1e3
     model_peaks(torch, "vit_varbatch_train", out, start)
-    del vit, vopt
 
 
 def drawn_steps(torch, step, shapes, warmup):

@@ -37,6 +37,8 @@ import sys
 
 import torch
 
+import llama_decoder  # (this script's folder)
+
 
 def gpt2_train(steps):
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -237,25 +239,16 @@ def gpt2_train_ckpt_bf16(steps):
 
 
 def llama_train_accum(steps):
-    """A Llama-style decoder (8 layers, hidden 1024, grouped-query attention with 4 key-value
-    heads, vocabulary 32000; random weights) trained under bf16 autocast at 4 x 1024 tokens a
-    micro-batch, gradients accumulated over 4 micro-batches a step, AdamW."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A Llama-style decoder (scripts/llama_decoder.py: 8 layers, hidden 1024, grouped-query
+    attention with 4 key-value heads, vocabulary 32000; random weights) trained under bf16
+    autocast at 4 x 1024 tokens a micro-batch, gradients accumulated over 4 micro-batches a
+    step, AdamW."""
+    import transformers
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                      num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                      max_position_embeddings=2048)
-    model = LlamaForCausalLM(cfg).cuda()
+    model = transformers.LlamaForCausalLM(llama_decoder.config(transformers)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(steps):
-        for _ in range(4):
-            ids = torch.randint(0, 32000, (4, 1024), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss / 4
-            loss.backward()
-            del loss, ids
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        llama_decoder.train_step(torch, model, opt)
 
 
 def t5_train_varlen(steps):
@@ -283,20 +276,15 @@ def llama_generate(steps):
     """The Llama-style decoder of llama_train_accum in bf16 serving STEPS batched greedy
     generations: a batch drawn from 1 to 16 prompts, a prompt length from 32 to 512, 64 new
     tokens each (the key-value cache growing token by token)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
     torch.manual_seed(0)
     draws = torch.Generator().manual_seed(1)
-    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                      num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                      max_position_embeddings=2048)
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model = transformers.LlamaForCausalLM(llama_decoder.config(transformers)).to(
+        device="cuda", dtype=torch.bfloat16).eval()
     with torch.no_grad():
         for _ in range(steps):
-            b = int(torch.randint(1, 17, (1,), generator=draws))
-            n = int(torch.randint(32, 513, (1,), generator=draws))
-            ids = torch.randint(1, 32000, (b, n), device="cuda")
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
-                           min_new_tokens=64, do_sample=False, pad_token_id=0)
+            ids = llama_decoder.prompt(torch, draws)
+            model.generate(ids, attention_mask=torch.ones_like(ids), **llama_decoder.GENERATE_KWARGS)
             del ids
 
 
