@@ -44,6 +44,20 @@ static bool cuda_ok(cudaError_t err, const char *what)
     return true;
 }
 
+/* A test's end: its device buffer and two streams gone (each may be NULL), the allocator
+ * checked and destroyed. */
+static void finish(host_alloc_t *h, void *dev, cudaStream_t s1, cudaStream_t s2)
+{
+    if (dev)
+        cudaFree(dev);
+    if (s1)
+        cudaStreamDestroy(s1);
+    if (s2)
+        cudaStreamDestroy(s2);
+    expect_true(host_is_valid(h));
+    host_destroy(h);
+}
+
 /* Copy host -> device on s1 and device -> host on s2, with reuse checks. */
 static void copies_on_two_streams(bool use_register)
 {
@@ -126,14 +140,7 @@ out:
     atomic_store(&gate_open, true); /* never leave s1 held */
     if (dst)
         host_release_ptr(h, dst);
-    if (dev)
-        cudaFree(dev);
-    if (s1)
-        cudaStreamDestroy(s1);
-    if (s2)
-        cudaStreamDestroy(s2);
-    expect_true(host_is_valid(h));
-    host_destroy(h);
+    finish(h, dev, s1, s2);
 }
 
 TEST(cuda_host_alloc_mode)
@@ -235,16 +242,9 @@ out:
     if (graph)
         cudaGraphDestroy(graph);
     free(back);
-    if (dev)
-        cudaFree(dev);
     if (dev2)
         cudaFree(dev2);
-    if (s1)
-        cudaStreamDestroy(s1);
-    if (s2)
-        cudaStreamDestroy(s2);
-    expect_true(host_is_valid(h));
-    host_destroy(h);
+    finish(h, dev, s1, s2);
 }
 
 /* The first allocation of 1 GiB in each mode (informational timing, and it must work). */
