@@ -1,0 +1,208 @@
+/*
+ * placement_model.h - PyTorch's placement alone, on cca's own block structs
+ * and free bins (bins.h), as a reference: sizes rounded up to 512 bytes,
+ * requests of up to 1 MiB from 2 MiB segments, larger ones from 20 MiB
+ * segments (rounded up to 2 MiB from 10 MiB), best fit by (size, address), a
+ * small block split where 512 bytes or more remain, a large one where more
+ * than 1 MiB does, free neighbours merged; one stream, PyTorch's default
+ * settings, no statistics, locks, events or history. Segments get ids in the
+ * order they are made, at addresses of their own that are never given back.
+ *
+ * Used by bench/bench_floor.c (what the placement alone costs) and by
+ * tests/unit/test_placement_model.c (cca's default placement against it).
+ * Include device.h first.
+ */
+#ifndef CCA_PLACEMENT_MODEL_H
+#define CCA_PLACEMENT_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_MiB ((size_t)1 << 20)
+#define MODEL_MAX_SEGMENTS 4096
+
+typedef struct model_pool {
+    cca_bins_t bins;
+} model_pool_t;
+
+typedef struct model_map {
+    cca_block_t **buckets; /* chained through map_next, keyed by address */
+    size_t cap;            /* a power of two */
+} model_map_t;
+
+typedef struct model {
+    model_pool_t small, large;
+    cca_block_t *spare;       /* free block structs, through bin_next */
+    uintptr_t next_base;      /* the model's own address space */
+    size_t segments, reserved;
+    uintptr_t seg_base[MODEL_MAX_SEGMENTS];
+    model_map_t map;
+    bool with_map;            /* a free finds its block by address */
+    bool failed;              /* out of host memory, or of segment ids */
+    size_t small_split_min;   /* a small block is split where this much remains (PyTorch:
+                                 512; tests change it to see that a changed rule shows) */
+} model_t;
+
+/* A block's segment id: kept in requested_size, a field the model has no other use for. */
+static inline size_t model_segment(const cca_block_t *b)
+{
+    return b->requested_size;
+}
+
+static inline bool model_init(model_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->next_base = (uintptr_t)1 << 40;
+    m->small_split_min = 512;
+    m->map.cap = 4096;
+    m->map.buckets = calloc(m->map.cap, sizeof(*m->map.buckets));
+    return m->map.buckets != NULL;
+}
+
+/* Every block struct given back (all blocks freed first: the segments' whole blocks stay in
+ * the bins and are freed here with the spares). */
+static inline void model_destroy(model_t *m)
+{
+    model_pool_t *pools[2] = {&m->small, &m->large};
+    for (int p = 0; p < 2; p++)
+        for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++)
+            while (pools[p]->bins.heads[bin]) {
+                cca_block_t *b = pools[p]->bins.heads[bin];
+                bins_remove(&pools[p]->bins, b);
+                free(b);
+            }
+    while (m->spare) {
+        cca_block_t *b = m->spare;
+        m->spare = b->bin_next;
+        free(b);
+    }
+    free(m->map.buckets);
+    m->map.buckets = NULL;
+}
+
+static inline cca_block_t *model_block_new(model_t *m)
+{
+    cca_block_t *b = m->spare;
+    if (b) {
+        m->spare = b->bin_next;
+    } else {
+        b = aligned_alloc(64, sizeof(*b));
+        if (!b) {
+            m->failed = true;
+            return NULL;
+        }
+    }
+    memset(b, 0, sizeof(*b));
+    return b;
+}
+
+static inline void model_block_delete(model_t *m, cca_block_t *b)
+{
+    b->bin_next = m->spare;
+    m->spare = b;
+}
+
+static inline size_t model_map_bucket(uintptr_t addr, size_t cap)
+{
+    uint64_t x = (uint64_t)addr >> 9;
+    x ^= x >> 29;
+    x *= 0x9e3779b97f4a7c15ull;
+    x ^= x >> 32;
+    return (size_t)(x >> 6) & (cap - 1);
+}
+
+/* An allocation of size bytes: its block, or NULL with m->failed set (out of host memory or
+ * of segment ids). */
+static inline cca_block_t *model_malloc(model_t *m, size_t size)
+{
+    size_t rsize = size < 512 ? 512 : (size + 511) & ~(size_t)511;
+    bool small = rsize <= MODEL_MiB;
+    model_pool_t *pool = small ? &m->small : &m->large;
+    cca_block_t *block = bins_best_fit(&pool->bins, rsize);
+    if (block) {
+        bins_remove(&pool->bins, block);
+    } else {
+        if (m->segments == MODEL_MAX_SEGMENTS || !(block = model_block_new(m))) {
+            m->failed = true;
+            return NULL;
+        }
+        size_t seg = small ? 2 * MODEL_MiB
+                           : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB
+                                                    : (rsize + 2 * MODEL_MiB - 1) & ~(2 * MODEL_MiB - 1);
+        block->addr = m->next_base;
+        block->size = seg;
+        block->requested_size = m->segments; /* its segment id */
+        m->seg_base[m->segments++] = m->next_base;
+        m->next_base += seg + 2 * MODEL_MiB;
+        m->reserved += seg;
+    }
+    size_t rest = block->size - rsize;
+    if (small ? rest >= m->small_split_min : rest > MODEL_MiB) {
+        cca_block_t *front = model_block_new(m);
+        if (!front) {
+            bins_insert(&pool->bins, block);
+            return NULL;
+        }
+        front->addr = block->addr;
+        front->size = rsize;
+        front->requested_size = block->requested_size;
+        front->prev = block->prev;
+        if (front->prev)
+            front->prev->next = front;
+        front->next = block;
+        block->prev = front;
+        block->addr += rsize;
+        block->size = rest;
+        bins_insert(&pool->bins, block);
+        block = front;
+    }
+    block->allocated = true;
+    block->pool = (cca_pool_t *)(void *)pool; /* which pool: never read as a cca_pool_t */
+    if (m->with_map) {
+        cca_block_t **bucket = &m->map.buckets[model_map_bucket(block->addr, m->map.cap)];
+        block->map_next = *bucket;
+        *bucket = block;
+    }
+    return block;
+}
+
+/* A neighbour merged into block where it is free. */
+static inline void model_merge(model_t *m, model_pool_t *pool, cca_block_t *block, cca_block_t *n)
+{
+    if (!n || !n->in_bin)
+        return;
+    bins_remove(&pool->bins, n);
+    if (n == block->prev) {
+        block->addr = n->addr;
+        block->prev = n->prev;
+        if (block->prev)
+            block->prev->next = block;
+    } else {
+        block->next = n->next;
+        if (block->next)
+            block->next->prev = block;
+    }
+    block->size += n->size;
+    model_block_delete(m, n);
+}
+
+/* The free of block at addr (with_map: found by its address; else block itself). */
+static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block)
+{
+    if (m->with_map) {
+        cca_block_t **link = &m->map.buckets[model_map_bucket(addr, m->map.cap)];
+        while (*link && (*link)->addr != addr)
+            link = &(*link)->map_next;
+        block = *link;
+        *link = block->map_next;
+    }
+    model_pool_t *pool = (model_pool_t *)(void *)block->pool;
+    block->allocated = false;
+    model_merge(m, pool, block, block->prev);
+    model_merge(m, pool, block, block->next);
+    bins_insert(&pool->bins, block);
+}
+
+#endif /* CCA_PLACEMENT_MODEL_H */
