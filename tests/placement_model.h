@@ -43,6 +43,10 @@ typedef struct model {
     bool failed;              /* out of host memory, or of segment ids */
     size_t small_split_min;   /* a small block is split where this much remains (PyTorch:
                                  512; tests change it to see that a changed rule shows) */
+    size_t max_split;         /* max_split_size (SIZE_MAX: unlimited, the default) */
+    size_t max_non_split_rounding; /* an oversize request takes a block less than this larger */
+    size_t divisions[16];     /* roundup_power2_divisions per interval: [1 MiB, 2 MiB) ...
+                                 (below 1 MiB the first); 0 or 1: none */
 } model_t;
 
 /* A block's segment id: kept in requested_size, a field the model has no other use for. */
@@ -56,6 +60,8 @@ static inline bool model_init(model_t *m)
     memset(m, 0, sizeof(*m));
     m->next_base = (uintptr_t)1 << 40;
     m->small_split_min = 512;
+    m->max_split = SIZE_MAX;
+    m->max_non_split_rounding = 20 * MODEL_MiB;
     m->map.cap = 4096;
     m->map.buckets = calloc(m->map.cap, sizeof(*m->map.buckets));
     return m->map.buckets != NULL;
@@ -115,12 +121,42 @@ static inline size_t model_map_bucket(uintptr_t addr, size_t cap)
 
 /* An allocation of size bytes: its block, or NULL with m->failed set (out of host memory or
  * of segment ids). */
+/* PyTorch's round_size: 512 bytes at least, then a multiple of 512, or past 512 * divisions
+ * the next power-of-two division of the size's interval. */
+static inline size_t model_round(const model_t *m, size_t size)
+{
+    if (size < 512)
+        return 512;
+    size_t index = 0;
+    if (size >= MODEL_MiB) {
+        index = (size_t)(63 - __builtin_clzll((unsigned long long)size)) - 20;
+        if (index > 15)
+            index = 15;
+    }
+    size_t divisions = m->divisions[index];
+    if (divisions <= 1 || size <= 512 * divisions)
+        return (size + 511) & ~(size_t)511;
+    if (!(size & (size - 1)))
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t step = floor2 >> (63 - __builtin_clzll((unsigned long long)divisions));
+    if (!step)
+        return floor2 << 1;
+    size_t down = size & ~(step - 1);
+    return down == size ? size : down + step;
+}
+
 static inline cca_block_t *model_malloc(model_t *m, size_t size)
 {
-    size_t rsize = size < 512 ? 512 : (size + 511) & ~(size_t)511;
+    size_t rsize = model_round(m, size);
     bool small = rsize <= MODEL_MiB;
     model_pool_t *pool = small ? &m->small : &m->large;
     cca_block_t *block = bins_best_fit(&pool->bins, rsize);
+    /* max_split_size: a request below it takes no oversize block, one at or above it none
+     * max_non_split_rounding or more larger than itself */
+    if (block && ((rsize < m->max_split && block->size >= m->max_split) ||
+                  (rsize >= m->max_split && block->size >= rsize + m->max_non_split_rounding)))
+        block = NULL;
     if (block) {
         bins_remove(&pool->bins, block);
     } else {
@@ -139,7 +175,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size)
         m->reserved += seg;
     }
     size_t rest = block->size - rsize;
-    if (small ? rest >= m->small_split_min : rest > MODEL_MiB) {
+    if (small ? rest >= m->small_split_min : rsize < m->max_split && rest > MODEL_MiB) {
         cca_block_t *front = model_block_new(m);
         if (!front) {
             bins_insert(&pool->bins, block);

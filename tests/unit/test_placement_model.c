@@ -4,9 +4,11 @@
  * splits and merges on one stream, nothing else), driven in lockstep on the
  * anchor benchmark's random workloads (bench/anchor_rng.h): every allocation
  * must land in the same segment (counted in the order the segments were
- * made) at the same offset, and both must have made the same segments. The
- * bundled traces check the placement against PyTorch's recorded addresses;
- * this checks it on sizes and orders no trace has, over many steps.
+ * made) at the same offset, and both must have made the same segments; by
+ * default, under max_split_size (and max_non_split_rounding) and under
+ * roundup_power2_divisions. The bundled traces check the placement against
+ * PyTorch's recorded addresses; this checks it on sizes and orders no trace
+ * has, over many steps.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "cca.h"
 #include "device.h"
 #include "harness.h"
+#include "settings.h"
 #include "placement_model.h"
 
 #define MiB ((size_t)1 << 20)
@@ -24,13 +27,13 @@
 
 static cca_backend_t *sim;
 
-static bool setup(void)
+static bool setup(const char *settings)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.total_memory = 64ull << 30;
     cca_shutdown();
-    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, "") != CCA_OK) {
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
         HARNESS_FAIL("cannot bring cca up: %s", cca_last_error()->message);
         return false;
     }
@@ -57,13 +60,15 @@ static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
 
 /*
  * steps steps of the random workload (slots slots, sizes log-uniform in [512 B, max_size],
- * seed) through cca and the model at once (its small blocks split where small_split_min
- * bytes remain: PyTorch's rule at 512); the number of allocations whose segment or offset
- * differed (the first few printed).
+ * seed) through cca under settings and the model at once (the model given cca's
+ * max_split_size and roundup_power2_divisions as cca parsed them; its small blocks split
+ * where small_split_min bytes remain: PyTorch's rule at 512); the number of allocations
+ * whose segment or offset differed (the first few printed).
  */
-static long lockstep(int slots, long steps, size_t max_size, unsigned seed, size_t small_split_min)
+static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
+                     size_t small_split_min)
 {
-    if (!setup())
+    if (!setup(settings))
         return -1;
     model_t *m = malloc(sizeof(*m));
     seen_segments_t *seen = calloc(1, sizeof(*seen));
@@ -74,6 +79,11 @@ static long lockstep(int slots, long steps, size_t max_size, unsigned seed, size
         return -1;
     }
     m->small_split_min = small_split_min;
+    const cca_settings_t *cs = &cca_state->settings;
+    m->max_split = cs->max_split_size;
+    m->max_non_split_rounding = cs->max_non_split_rounding;
+    for (int i = 0; i < 16; i++)
+        m->divisions[i] = cs->roundup_power2_divisions[i];
     void *live[MAX_SLOTS] = {0};
     cca_block_t *blocks[MAX_SLOTS] = {0};
     mt64_t rng;
@@ -116,8 +126,9 @@ static long lockstep(int slots, long steps, size_t max_size, unsigned seed, size
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
     }
     expect_true(allocs > steps / 3); /* the workload allocated as much as it freed */
-    printf("  %d slots, sizes to %zu MiB, seed %u: %ld allocations, %zu segments (%zu MiB), %ld differ\n",
-           slots, max_size / MiB, seed, allocs, m->segments, m->reserved / MiB, differ);
+    printf("  '%s', %d slots, sizes to %zu MiB, seed %u: %ld allocations, %zu segments (%zu MiB), "
+           "%ld differ\n", settings, slots, max_size / MiB, seed, allocs, m->segments, m->reserved / MiB,
+           differ);
     for (int k = 0; k < slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
@@ -135,26 +146,43 @@ TEST(random_workload_lands_where_the_model_puts_it)
 {
     const unsigned seeds[] = {42, 7, 1234};
     for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++)
-        expect_eq_i64(lockstep(512, 100000, 8 * MiB, seeds[i], 512), 0);
+        expect_eq_i64(lockstep("", 512, 100000, 8 * MiB, seeds[i], 512), 0);
 }
 
 /* The shape of the threaded workload's per-thread loop: 64 slots, sizes up to 4 MiB. */
 TEST(threaded_workloads_shape_lands_where_the_model_puts_it)
 {
-    expect_eq_i64(lockstep(64, 100000, 4 * MiB, 42, 512), 0);
+    expect_eq_i64(lockstep("", 64, 100000, 4 * MiB, 42, 512), 0);
 }
 
 /* Larger requests: oversize segments (rounded to 2 MiB past 10 MiB) and their splits. */
 TEST(large_requests_land_where_the_model_puts_them)
 {
-    expect_eq_i64(lockstep(128, 50000, 96 * MiB, 3, 512), 0);
+    expect_eq_i64(lockstep("", 128, 50000, 96 * MiB, 3, 512), 0);
+}
+
+/* max_split_size: oversize blocks never split, refused to smaller requests and to larger
+ * ones they exceed by max_non_split_rounding (20 MiB by default, 40 in the second run). */
+TEST(max_split_size_lands_where_the_model_puts_it)
+{
+    expect_eq_i64(lockstep("max_split_size_mb:32", 128, 50000, 96 * MiB, 3, 512), 0);
+    expect_eq_i64(lockstep("max_split_size_mb:64,max_non_split_rounding_mb:40", 128, 50000, 96 * MiB, 5, 512), 0);
+}
+
+/* roundup_power2_divisions: one count for every size, and one per interval. */
+TEST(roundup_power2_divisions_land_where_the_model_puts_them)
+{
+    expect_eq_i64(lockstep("roundup_power2_divisions:4", 512, 100000, 8 * MiB, 42, 512), 0);
+    expect_eq_i64(lockstep("roundup_power2_divisions:[1:2,4:4,16:8,>:16],max_split_size_mb:48", 128, 50000,
+                           96 * MiB, 9, 512),
+                  0);
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
  * (not PyTorch's rule) differs from cca within a few thousand steps. */
 TEST(a_changed_rule_differs)
 {
-    long differ = lockstep(512, 20000, 8 * MiB, 42, MiB);
+    long differ = lockstep("", 512, 20000, 8 * MiB, 42, MiB);
     expect_true(differ > 0);
 }
 
@@ -163,6 +191,8 @@ int main(void)
     RUN(random_workload_lands_where_the_model_puts_it);
     RUN(threaded_workloads_shape_lands_where_the_model_puts_it);
     RUN(large_requests_land_where_the_model_puts_them);
+    RUN(max_split_size_lands_where_the_model_puts_it);
+    RUN(roundup_power2_divisions_land_where_the_model_puts_them);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
