@@ -76,7 +76,7 @@ static double run(int kind, long steps, model_t *m)
                 sizes_held[k] = size;
                 live[k] = &sizes_held[k];
             } else {
-                if (!(blocks[k] = model_malloc(m, size)))
+                if (!(blocks[k] = model_malloc(m, size, 0)))
                     die("the model ran out of host memory or segment ids");
                 live[k] = (void *)blocks[k]->addr;
             }

@@ -22,6 +22,7 @@
 
 #define MODEL_MiB ((size_t)1 << 20)
 #define MODEL_MAX_SEGMENTS 4096
+#define MODEL_STREAMS 8
 
 typedef struct model_pool {
     cca_bins_t bins;
@@ -33,7 +34,7 @@ typedef struct model_map {
 } model_map_t;
 
 typedef struct model {
-    model_pool_t small, large;
+    model_pool_t pools[MODEL_STREAMS][2]; /* per stream: small, large */
     cca_block_t *spare;       /* free block structs, through bin_next */
     uintptr_t next_base;      /* the model's own address space */
     size_t segments, reserved;
@@ -71,14 +72,15 @@ static inline bool model_init(model_t *m)
  * the bins and are freed here with the spares). */
 static inline void model_destroy(model_t *m)
 {
-    model_pool_t *pools[2] = {&m->small, &m->large};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
+        model_pool_t *pool = &m->pools[p / 2][p % 2];
         for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++)
-            while (pools[p]->bins.heads[bin]) {
-                cca_block_t *b = pools[p]->bins.heads[bin];
-                bins_remove(&pools[p]->bins, b);
+            while (pool->bins.heads[bin]) {
+                cca_block_t *b = pool->bins.heads[bin];
+                bins_remove(&pool->bins, b);
                 free(b);
             }
+    }
     while (m->spare) {
         cca_block_t *b = m->spare;
         m->spare = b->bin_next;
@@ -119,8 +121,8 @@ static inline size_t model_map_bucket(uintptr_t addr, size_t cap)
     return (size_t)(x >> 6) & (cap - 1);
 }
 
-/* An allocation of size bytes: its block, or NULL with m->failed set (out of host memory or
- * of segment ids). */
+/* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL with
+ * m->failed set (out of host memory or of segment ids). */
 /* PyTorch's round_size: 512 bytes at least, then a multiple of 512, or past 512 * divisions
  * the next power-of-two division of the size's interval. */
 static inline size_t model_round(const model_t *m, size_t size)
@@ -146,11 +148,11 @@ static inline size_t model_round(const model_t *m, size_t size)
     return down == size ? size : down + step;
 }
 
-static inline cca_block_t *model_malloc(model_t *m, size_t size)
+static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream)
 {
     size_t rsize = model_round(m, size);
     bool small = rsize <= MODEL_MiB;
-    model_pool_t *pool = small ? &m->small : &m->large;
+    model_pool_t *pool = &m->pools[stream % MODEL_STREAMS][small ? 0 : 1];
     cca_block_t *block = bins_best_fit(&pool->bins, rsize);
     /* max_split_size: a request below it takes no oversize block, one at or above it none
      * max_non_split_rounding or more larger than itself */

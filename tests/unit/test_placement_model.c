@@ -6,7 +6,7 @@
  * must land in the same segment (counted in the order the segments were
  * made) at the same offset, and both must have made the same segments; by
  * default, under max_split_size (and max_non_split_rounding) and under
- * roundup_power2_divisions. The bundled traces check the placement against
+ * roundup_power2_divisions, on one stream and on four. The bundled traces check the placement against
  * PyTorch's recorded addresses; this checks it on sizes and orders no trace
  * has, over many steps.
  */
@@ -65,8 +65,8 @@ static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
  * where small_split_min bytes remain: PyTorch's rule at 512); the number of allocations
  * whose segment or offset differed (the first few printed).
  */
-static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
-                     size_t small_split_min)
+static long lockstep_streams(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
+                             size_t small_split_min, unsigned streams)
 {
     if (!setup(settings))
         return -1;
@@ -89,7 +89,6 @@ static long lockstep(const char *settings, int slots, long steps, size_t max_siz
     mt64_t rng;
     mt64_seed(&rng, seed);
     const mt64_log_sizes_t sizes = mt64_log_sizes(max_size);
-    cca_stream_t s = (cca_stream_t)(uintptr_t)0x1000;
     long differ = 0, allocs = 0;
     for (long i = 0; i < steps && !m->failed; i++) {
         int k = mt64_pick(&rng, (uint64_t)slots);
@@ -100,7 +99,9 @@ static long lockstep(const char *settings, int slots, long steps, size_t max_siz
             continue;
         }
         size_t size = mt64_log_size(&rng, &sizes);
-        if (cca_malloc(&live[k], size, s) != CCA_OK || !(blocks[k] = model_malloc(m, size))) {
+        unsigned stream = streams > 1 ? (unsigned)mt64_pick(&rng, streams) : 0;
+        cca_stream_t s = (cca_stream_t)(uintptr_t)(0x1000 * (stream + 1));
+        if (cca_malloc(&live[k], size, s) != CCA_OK || !(blocks[k] = model_malloc(m, size, stream))) {
             HARNESS_FAIL("step %ld: the allocation of %zu bytes failed: %s", i, size,
                          m->failed ? "the model's host memory" : cca_last_error()->message);
             break;
@@ -126,9 +127,9 @@ static long lockstep(const char *settings, int slots, long steps, size_t max_siz
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
     }
     expect_true(allocs > steps / 3); /* the workload allocated as much as it freed */
-    printf("  '%s', %d slots, sizes to %zu MiB, seed %u: %ld allocations, %zu segments (%zu MiB), "
-           "%ld differ\n", settings, slots, max_size / MiB, seed, allocs, m->segments, m->reserved / MiB,
-           differ);
+    printf("  '%s', %d slots, %u stream(s), sizes to %zu MiB, seed %u: %ld allocations, %zu segments "
+           "(%zu MiB), %ld differ\n", settings, slots, streams, max_size / MiB, seed, allocs, m->segments,
+           m->reserved / MiB, differ);
     for (int k = 0; k < slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
@@ -139,6 +140,13 @@ static long lockstep(const char *settings, int slots, long steps, size_t max_siz
     free(seen);
     cca_shutdown();
     return differ;
+}
+
+/* lockstep_streams on one stream. */
+static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
+                     size_t small_split_min)
+{
+    return lockstep_streams(settings, slots, steps, max_size, seed, small_split_min, 1);
 }
 
 /* The anchor's random_1thread workload, and two other seeds. */
@@ -178,6 +186,14 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
                   0);
 }
 
+/* Each request on one of four streams drawn at random: each stream's pools are its own (a
+ * block freed on one stream is never handed to another). */
+TEST(four_streams_land_where_the_model_puts_them)
+{
+    expect_eq_i64(lockstep_streams("", 512, 100000, 8 * MiB, 11, 512, 4), 0);
+    expect_eq_i64(lockstep_streams("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4), 0);
+}
+
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
  * (not PyTorch's rule) differs from cca within a few thousand steps. */
 TEST(a_changed_rule_differs)
@@ -193,6 +209,7 @@ int main(void)
     RUN(large_requests_land_where_the_model_puts_them);
     RUN(max_split_size_lands_where_the_model_puts_it);
     RUN(roundup_power2_divisions_land_where_the_model_puts_them);
+    RUN(four_streams_land_where_the_model_puts_them);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
