@@ -6,7 +6,8 @@
  * must land in the same segment (counted in the order the segments were
  * made) at the same offset, and both must have made the same segments; by
  * default, under max_split_size (and max_non_split_rounding) and under
- * roundup_power2_divisions, on one stream and on four. The bundled traces check the placement against
+ * roundup_power2_divisions, on one stream and on four, with blocks used on
+ * another stream (record_stream) coming back once its events complete. The bundled traces check the placement against
  * PyTorch's recorded addresses; this checks it on sizes and orders no trace
  * has, over many steps.
  */
@@ -27,10 +28,11 @@
 
 static cca_backend_t *sim;
 
-static bool setup(const char *settings)
+static bool setup(const char *settings, bool manual_events)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
+    cfg.manual_events = manual_events;
     cfg.total_memory = 64ull << 30;
     cca_shutdown();
     if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
@@ -58,17 +60,23 @@ static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
     return seen->count++;
 }
 
+#define USE_STREAM ((cca_stream_t)(uintptr_t)0x9000)
+
 /*
  * steps steps of the random workload (slots slots, sizes log-uniform in [512 B, max_size],
  * seed) through cca under settings and the model at once (the model given cca's
  * max_split_size and roundup_power2_divisions as cca parsed them; its small blocks split
- * where small_split_min bytes remain: PyTorch's rule at 512); the number of allocations
- * whose segment or offset differed (the first few printed).
+ * where small_split_min bytes remain: PyTorch's rule at 512), each request on one of streams
+ * streams drawn at random; with uses, a quarter of the blocks also used on a stream of their
+ * own (cca_record_stream; the simulated device's events complete when the test says, at
+ * about one step in sixteen): such a block, freed, comes back once that stream's work
+ * recorded before is done, at the next allocation (both look then). The number of
+ * allocations whose segment or offset differed (the first few printed).
  */
-static long lockstep_streams(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
-                             size_t small_split_min, unsigned streams)
+static long lockstep_full(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
+                          size_t small_split_min, unsigned streams, bool uses)
 {
-    if (!setup(settings))
+    if (!setup(settings, uses))
         return -1;
     model_t *m = malloc(sizeof(*m));
     seen_segments_t *seen = calloc(1, sizeof(*seen));
@@ -86,26 +94,52 @@ static long lockstep_streams(const char *settings, int slots, long steps, size_t
         m->divisions[i] = cs->roundup_power2_divisions[i];
     void *live[MAX_SLOTS] = {0};
     cca_block_t *blocks[MAX_SLOTS] = {0};
+    bool used[MAX_SLOTS] = {0};
+    cca_block_t *pending = NULL, *ready = NULL; /* the model's blocks freed while used (bin_next) */
+    long differ = 0, allocs = 0, deferred = 0;
     mt64_t rng;
     mt64_seed(&rng, seed);
     const mt64_log_sizes_t sizes = mt64_log_sizes(max_size);
-    long differ = 0, allocs = 0;
     for (long i = 0; i < steps && !m->failed; i++) {
+        if (uses && mt64_pick(&rng, 16) == 0) { /* the use stream's work so far done */
+            expect_ok(cca_sim_complete_stream(sim, 0, USE_STREAM, false));
+            while (pending) {
+                cca_block_t *b = pending;
+                pending = b->bin_next;
+                b->bin_next = ready;
+                ready = b;
+            }
+        }
         int k = mt64_pick(&rng, (uint64_t)slots);
         if (live[k]) {
             expect_ok(cca_free(live[k]));
-            model_free(m, blocks[k]->addr, blocks[k]);
+            if (used[k]) { /* back once the use stream is done */
+                blocks[k]->bin_next = pending;
+                pending = blocks[k];
+                deferred++;
+            } else {
+                model_free(m, blocks[k]->addr, blocks[k]);
+            }
             live[k] = NULL;
             continue;
         }
         size_t size = mt64_log_size(&rng, &sizes);
         unsigned stream = streams > 1 ? (unsigned)mt64_pick(&rng, streams) : 0;
         cca_stream_t s = (cca_stream_t)(uintptr_t)(0x1000 * (stream + 1));
+        while (ready) { /* both look at the events at an allocation */
+            cca_block_t *b = ready;
+            ready = b->bin_next;
+            b->bin_next = NULL;
+            model_free(m, b->addr, b);
+        }
         if (cca_malloc(&live[k], size, s) != CCA_OK || !(blocks[k] = model_malloc(m, size, stream))) {
             HARNESS_FAIL("step %ld: the allocation of %zu bytes failed: %s", i, size,
                          m->failed ? "the model's host memory" : cca_last_error()->message);
             break;
         }
+        used[k] = uses && mt64_pick(&rng, 4) == 0;
+        if (used[k])
+            expect_ok(cca_record_stream(live[k], USE_STREAM));
         allocs++;
         void *base = NULL;
         size_t seg_size = 0;
@@ -127,13 +161,23 @@ static long lockstep_streams(const char *settings, int slots, long steps, size_t
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
     }
     expect_true(allocs > steps / 3); /* the workload allocated as much as it freed */
-    printf("  '%s', %d slots, %u stream(s), sizes to %zu MiB, seed %u: %ld allocations, %zu segments "
-           "(%zu MiB), %ld differ\n", settings, slots, streams, max_size / MiB, seed, allocs, m->segments,
+    if (uses)
+        expect_true(deferred > 0);
+    printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB, seed %u: %ld allocations (%ld frees "
+           "deferred), %zu segments (%zu MiB), %ld differ\n", settings, slots, streams,
+           uses ? ", record_stream" : "", max_size / MiB, seed, allocs, deferred, m->segments,
            m->reserved / MiB, differ);
     for (int k = 0; k < slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
             model_free(m, blocks[k]->addr, blocks[k]);
+        }
+    for (cca_block_t **list = &pending; list; list = list == &pending ? &ready : NULL)
+        while (*list) {
+            cca_block_t *b = *list;
+            *list = b->bin_next;
+            b->bin_next = NULL;
+            model_free(m, b->addr, b);
         }
     model_destroy(m);
     free(m);
@@ -142,11 +186,11 @@ static long lockstep_streams(const char *settings, int slots, long steps, size_t
     return differ;
 }
 
-/* lockstep_streams on one stream. */
+/* lockstep_full on one stream, with no other use. */
 static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
                      size_t small_split_min)
 {
-    return lockstep_streams(settings, slots, steps, max_size, seed, small_split_min, 1);
+    return lockstep_full(settings, slots, steps, max_size, seed, small_split_min, 1, false);
 }
 
 /* The anchor's random_1thread workload, and two other seeds. */
@@ -190,8 +234,16 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
  * block freed on one stream is never handed to another). */
 TEST(four_streams_land_where_the_model_puts_them)
 {
-    expect_eq_i64(lockstep_streams("", 512, 100000, 8 * MiB, 11, 512, 4), 0);
-    expect_eq_i64(lockstep_streams("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4), 0);
+    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 11, 512, 4, false), 0);
+    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4, false), 0);
+}
+
+/* record_stream: a quarter of the blocks used on another stream, their frees deferred until
+ * its events complete; on one stream and on four. */
+TEST(record_stream_lands_where_the_model_puts_it)
+{
+    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 21, 512, 1, true), 0);
+    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 512, 4, true), 0);
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
@@ -210,6 +262,7 @@ int main(void)
     RUN(max_split_size_lands_where_the_model_puts_it);
     RUN(roundup_power2_divisions_land_where_the_model_puts_them);
     RUN(four_streams_land_where_the_model_puts_them);
+    RUN(record_stream_lands_where_the_model_puts_it);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
