@@ -48,6 +48,9 @@ typedef struct model {
     size_t max_non_split_rounding; /* an oversize request takes a block less than this larger */
     size_t divisions[16];     /* roundup_power2_divisions per interval: [1 MiB, 2 MiB) ...
                                  (below 1 MiB the first); 0 or 1: none */
+    uintptr_t offered_base;   /* where the next segment goes (then 0), 0: the model's own
+                                 address space (best fit's ties go by address: a caller
+                                 comparing with an allocator gives it that one's addresses) */
 } model_t;
 
 /* A block's segment id: kept in requested_size, a field the model has no other use for. */
@@ -169,11 +172,13 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         size_t seg = small ? 2 * MODEL_MiB
                            : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB
                                                     : (rsize + 2 * MODEL_MiB - 1) & ~(2 * MODEL_MiB - 1);
-        block->addr = m->next_base;
+        block->addr = m->offered_base ? m->offered_base : m->next_base;
         block->size = seg;
         block->requested_size = m->segments; /* its segment id */
-        m->seg_base[m->segments++] = m->next_base;
-        m->next_base += seg + 2 * MODEL_MiB;
+        m->seg_base[m->segments++] = block->addr;
+        if (!m->offered_base)
+            m->next_base += seg + 2 * MODEL_MiB;
+        m->offered_base = 0;
         m->reserved += seg;
     }
     size_t rest = block->size - rsize;
@@ -241,6 +246,28 @@ static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block)
     model_merge(m, pool, block, block->prev);
     model_merge(m, pool, block, block->next);
     bins_insert(&pool->bins, block);
+}
+
+/* PyTorch's empty_cache: every free block that is a whole segment given back (every freed
+ * block back first: the caller's). Marks released[id] for each segment released. */
+static inline void model_empty_cache(model_t *m, bool released[MODEL_MAX_SEGMENTS])
+{
+    for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
+        model_pool_t *pool = &m->pools[p / 2][p % 2];
+        for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++) {
+            cca_block_t *b = pool->bins.heads[bin];
+            while (b) {
+                cca_block_t *next = b->bin_next;
+                if (!b->prev && !b->next) {
+                    bins_remove(&pool->bins, b);
+                    released[model_segment(b)] = true;
+                    m->reserved -= b->size;
+                    model_block_delete(m, b);
+                }
+                b = next;
+            }
+        }
+    }
 }
 
 #endif /* CCA_PLACEMENT_MODEL_H */

@@ -49,6 +49,23 @@ typedef struct seen_segments {
     size_t count;
 } seen_segments_t;
 
+/* Segments released (marked by the model): their bases no longer name them, a new segment
+ * at one of those addresses is a new segment. */
+static void forget_released(seen_segments_t *seen, const bool released[MODEL_MAX_SEGMENTS])
+{
+    for (size_t i = 0; i < seen->count; i++)
+        if (released[i])
+            seen->base[i] = 0;
+}
+
+static bool segment_known(const seen_segments_t *seen, uintptr_t base)
+{
+    for (size_t i = 0; i < seen->count; i++)
+        if (seen->base[i] == base)
+            return true;
+    return false;
+}
+
 static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
 {
     for (size_t i = 0; i < seen->count; i++)
@@ -70,11 +87,15 @@ static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
  * streams drawn at random; with uses, a quarter of the blocks also used on a stream of their
  * own (cca_record_stream; the simulated device's events complete when the test says, at
  * about one step in sixteen): such a block, freed, comes back once that stream's work
- * recorded before is done, at the next allocation (both look then). The number of
- * allocations whose segment or offset differed (the first few printed).
+ * recorded before is done, at the next allocation (both look then); with empties,
+ * cca_empty_cache at about one step in 2,000 (every freed block back, every free whole
+ * segment given back). The model's segments are placed at the addresses of cca's (best
+ * fit's ties go by address, and the device may hand a released segment's addresses out
+ * again). The number of allocations whose segment or offset differed (the first few
+ * printed).
  */
 static long lockstep_full(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
-                          size_t small_split_min, unsigned streams, bool uses)
+                          size_t small_split_min, unsigned streams, bool uses, bool empties)
 {
     if (!setup(settings, uses))
         return -1;
@@ -96,7 +117,8 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
     cca_block_t *blocks[MAX_SLOTS] = {0};
     bool used[MAX_SLOTS] = {0};
     cca_block_t *pending = NULL, *ready = NULL; /* the model's blocks freed while used (bin_next) */
-    long differ = 0, allocs = 0, deferred = 0;
+    long differ = 0, allocs = 0, deferred = 0, emptied = 0;
+    static bool released[MODEL_MAX_SEGMENTS];
     mt64_t rng;
     mt64_seed(&rng, seed);
     const mt64_log_sizes_t sizes = mt64_log_sizes(max_size);
@@ -109,6 +131,20 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
                 b->bin_next = ready;
                 ready = b;
             }
+        }
+        if (empties && mt64_pick(&rng, 2000) == 0) { /* all events waited for, then released */
+            expect_ok(cca_empty_cache());
+            for (cca_block_t **list = &pending; list; list = list == &pending ? &ready : NULL)
+                while (*list) {
+                    cca_block_t *b = *list;
+                    *list = b->bin_next;
+                    b->bin_next = NULL;
+                    model_free(m, b->addr, b);
+                }
+            memset(released, 0, sizeof(released));
+            model_empty_cache(m, released);
+            forget_released(seen, released);
+            emptied++;
         }
         int k = mt64_pick(&rng, (uint64_t)slots);
         if (live[k]) {
@@ -132,18 +168,25 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
             b->bin_next = NULL;
             model_free(m, b->addr, b);
         }
-        if (cca_malloc(&live[k], size, s) != CCA_OK || !(blocks[k] = model_malloc(m, size, stream))) {
-            HARNESS_FAIL("step %ld: the allocation of %zu bytes failed: %s", i, size,
-                         m->failed ? "the model's host memory" : cca_last_error()->message);
+        void *base = NULL;
+        size_t seg_size = 0;
+        if (cca_malloc(&live[k], size, s) != CCA_OK) {
+            HARNESS_FAIL("step %ld: cca_malloc(%zu): %s", i, size, cca_last_error()->message);
             break;
         }
+        expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
+        bool new_segment = !segment_known(seen, (uintptr_t)base);
+        if (new_segment) /* a segment of cca's, new: the model's new one (if any) goes there too */
+            m->offered_base = (uintptr_t)base;
+        if (!(blocks[k] = model_malloc(m, size, stream))) {
+            HARNESS_FAIL("step %ld: the model ran out of host memory or segment ids", i);
+            break;
+        }
+        m->offered_base = 0;
         used[k] = uses && mt64_pick(&rng, 4) == 0;
         if (used[k])
             expect_ok(cca_record_stream(live[k], USE_STREAM));
         allocs++;
-        void *base = NULL;
-        size_t seg_size = 0;
-        expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
         size_t ordinal = segment_ordinal(seen, (uintptr_t)base);
         size_t offset = (uintptr_t)live[k] - (uintptr_t)base;
         size_t model_ordinal = model_segment(blocks[k]);
@@ -156,17 +199,19 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
     }
     cca_device_stats_t ds;
     expect_ok(cca_get_device_stats(0, &ds));
-    if (!differ) { /* the same placement makes the same segments */
+    if (!differ) { /* the same placement makes the same segments, releases the same ones */
         expect_eq_u64((uint64_t)ds.num_device_alloc, m->segments);
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
     }
     expect_true(allocs > steps / 3); /* the workload allocated as much as it freed */
     if (uses)
         expect_true(deferred > 0);
+    if (empties)
+        expect_true(emptied > 0);
     printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB, seed %u: %ld allocations (%ld frees "
-           "deferred), %zu segments (%zu MiB), %ld differ\n", settings, slots, streams,
-           uses ? ", record_stream" : "", max_size / MiB, seed, allocs, deferred, m->segments,
-           m->reserved / MiB, differ);
+           "deferred, %ld empty_cache), %zu segments made (%zu MiB held), %ld differ\n", settings, slots,
+           streams, uses ? ", record_stream" : "", max_size / MiB, seed, allocs, deferred, emptied,
+           m->segments, m->reserved / MiB, differ);
     for (int k = 0; k < slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
@@ -190,7 +235,7 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
 static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
                      size_t small_split_min)
 {
-    return lockstep_full(settings, slots, steps, max_size, seed, small_split_min, 1, false);
+    return lockstep_full(settings, slots, steps, max_size, seed, small_split_min, 1, false, false);
 }
 
 /* The anchor's random_1thread workload, and two other seeds. */
@@ -234,16 +279,24 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
  * block freed on one stream is never handed to another). */
 TEST(four_streams_land_where_the_model_puts_them)
 {
-    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 11, 512, 4, false), 0);
-    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4, false), 0);
+    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 11, 512, 4, false, false), 0);
+    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4, false, false), 0);
 }
 
 /* record_stream: a quarter of the blocks used on another stream, their frees deferred until
  * its events complete; on one stream and on four. */
 TEST(record_stream_lands_where_the_model_puts_it)
 {
-    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 21, 512, 1, true), 0);
-    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 512, 4, true), 0);
+    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 21, 512, 1, true, false), 0);
+    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 512, 4, true, false), 0);
+}
+
+/* empty_cache now and then: free whole segments given back, new ones made later (at
+ * addresses the device may hand out again); with record_stream's deferred frees too. */
+TEST(empty_cache_lands_where_the_model_puts_it)
+{
+    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 31, 512, 1, false, true), 0);
+    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 512, 4, true, true), 0);
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
@@ -263,6 +316,7 @@ int main(void)
     RUN(roundup_power2_divisions_land_where_the_model_puts_them);
     RUN(four_streams_land_where_the_model_puts_them);
     RUN(record_stream_lands_where_the_model_puts_it);
+    RUN(empty_cache_lands_where_the_model_puts_it);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
