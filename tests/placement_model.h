@@ -51,7 +51,18 @@ typedef struct model {
     uintptr_t offered_base;   /* where the next segment goes (then 0), 0: the model's own
                                  address space (best fit's ties go by address: a caller
                                  comparing with an allocator gives it that one's addresses) */
+    size_t cap;               /* device memory segments may take; 0: no limit */
+    cca_block_t *pending;     /* freed while another stream uses them (bin_next) */
+    cca_block_t *ready;       /* those whose uses are done, back at the next allocation */
+    bool released[MODEL_MAX_SEGMENTS]; /* segments given back (the caller clears them) */
+    bool any_released;
+    uint64_t retries, ooms;   /* allocations retried after releasing every cached block;
+                                 out of memory */
+    uint64_t cap_hits;        /* new segments the cap refused */
 } model_t;
+
+static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block);
+static inline void model_synchronize(model_t *m);
 
 /* A block's segment id: kept in requested_size, a field the model has no other use for. */
 static inline size_t model_segment(const cca_block_t *b)
@@ -75,6 +86,7 @@ static inline bool model_init(model_t *m)
  * the bins and are freed here with the spares). */
 static inline void model_destroy(model_t *m)
 {
+    model_synchronize(m);
     for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
         model_pool_t *pool = &m->pools[p / 2][p % 2];
         for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++)
@@ -151,8 +163,170 @@ static inline size_t model_round(const model_t *m, size_t size)
     return down == size ? size : down + step;
 }
 
+/* A new segment of seg bytes as one block, or NULL: past the cap, or out of host memory or
+ * segment ids (m->failed). */
+static inline cca_block_t *model_new_segment(model_t *m, size_t seg)
+{
+    if (m->cap && m->reserved + seg > m->cap) {
+        m->cap_hits++;
+        return NULL;
+    }
+    cca_block_t *block;
+    if (m->segments == MODEL_MAX_SEGMENTS || !(block = model_block_new(m))) {
+        m->failed = true;
+        return NULL;
+    }
+    block->addr = m->offered_base ? m->offered_base : m->next_base;
+    block->size = seg;
+    block->requested_size = m->segments; /* its segment id */
+    m->seg_base[m->segments++] = block->addr;
+    if (!m->offered_base)
+        m->next_base += seg + 2 * MODEL_MiB;
+    m->offered_base = 0;
+    m->reserved += seg;
+    return block;
+}
+
+static inline void model_complete(model_t *m);
+
+/* A free block that is a whole segment given back. cudaFree synchronises the device: every
+ * use done, the pending frees back at the next allocation. */
+static inline void model_release_block(model_t *m, model_pool_t *pool, cca_block_t *b)
+{
+    model_complete(m);
+    bins_remove(&pool->bins, b);
+    m->released[model_segment(b)] = true;
+    m->any_released = true;
+    m->reserved -= b->size;
+    model_block_delete(m, b);
+}
+
+/* The frees whose uses are done, back (PyTorch's process_events, at each allocation). */
+static inline void model_process(model_t *m)
+{
+    while (m->ready) {
+        cca_block_t *b = m->ready;
+        m->ready = b->bin_next;
+        b->bin_next = NULL;
+        model_free(m, b->addr, b);
+    }
+}
+
+/* Every use done (a synchronisation): the pending frees back as well. */
+static inline void model_synchronize(model_t *m)
+{
+    while (m->pending) {
+        cca_block_t *b = m->pending;
+        m->pending = b->bin_next;
+        b->bin_next = m->ready;
+        m->ready = b;
+    }
+    model_process(m);
+}
+
+/* The free of a block another stream still uses: back once model_complete says its uses are
+ * done, at the next allocation. */
+static inline void model_free_used(model_t *m, cca_block_t *block)
+{
+    block->bin_next = m->pending;
+    m->pending = block;
+}
+
+/* The other stream's work so far done: the pending frees come back at the next allocation. */
+static inline void model_complete(model_t *m)
+{
+    while (m->pending) {
+        cca_block_t *b = m->pending;
+        m->pending = b->bin_next;
+        b->bin_next = m->ready;
+        m->ready = b;
+    }
+}
+
+/* PyTorch's release_cached_blocks: every use waited for, then every free block that is a
+ * whole segment given back (every stream's). */
+static inline void model_release_all(model_t *m)
+{
+    model_synchronize(m);
+    for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
+        model_pool_t *pool = &m->pools[p / 2][p % 2];
+        for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++) {
+            cca_block_t *b = pool->bins.heads[bin];
+            while (b) {
+                cca_block_t *next = b->bin_next;
+                if (!b->prev && !b->next)
+                    model_release_block(m, pool, b);
+                b = next;
+            }
+        }
+    }
+}
+
+/* The largest free block of pool (ties: the highest address), or NULL. */
+static inline cca_block_t *model_largest(const model_pool_t *pool)
+{
+    for (int bin = CCA_BIN_COUNT - 1; bin >= 0; bin--) {
+        cca_block_t *b = pool->bins.heads[bin];
+        if (!b)
+            continue;
+        while (b->bin_next)
+            b = b->bin_next;
+        return b;
+    }
+    return NULL;
+}
+
+/* The free block of pool before b in (size, address) order, or NULL. */
+static inline cca_block_t *model_before(const model_pool_t *pool, const cca_block_t *b)
+{
+    if (b->bin_prev)
+        return b->bin_prev;
+    for (int bin = (int)b->bin - 1; bin >= 0; bin--) {
+        cca_block_t *c = pool->bins.heads[bin];
+        if (!c)
+            continue;
+        while (c->bin_next)
+            c = c->bin_next;
+        return c;
+    }
+    return NULL;
+}
+
+/*
+ * PyTorch's release_available_cached_blocks, with max_split_size set: the smallest free
+ * oversize block of at least max(rsize, max_split_size) given back; without one, oversize
+ * blocks from the largest down until as many bytes are given back (those given back stay
+ * so, even where that is not enough). Whether it gave back enough.
+ */
+static inline bool model_release_available(model_t *m, model_pool_t *pool, size_t rsize)
+{
+    if (m->max_split == SIZE_MAX)
+        return false;
+    size_t key = rsize < m->max_split ? m->max_split : rsize;
+    cca_block_t *b = bins_best_fit(&pool->bins, key);
+    if (b) {
+        model_release_block(m, pool, b);
+        return true;
+    }
+    size_t total = 0;
+    b = model_largest(pool);
+    while (b && total < key && b->size >= m->max_split) {
+        cca_block_t *before = model_before(pool, b);
+        total += b->size;
+        model_release_block(m, pool, b);
+        b = before;
+    }
+    return total >= key;
+}
+
+/* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL: out of
+ * memory (m->ooms counted, nothing else changed but the blocks the attempt gave back), or out
+ * of host memory or of segment ids (m->failed). PyTorch's malloc: the finished frees back,
+ * best fit, then a new segment; past the cap, the oversize blocks that make room given back,
+ * then every cached block, then a retry. */
 static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream)
 {
+    model_process(m);
     size_t rsize = model_round(m, size);
     bool small = rsize <= MODEL_MiB;
     model_pool_t *pool = &m->pools[stream % MODEL_STREAMS][small ? 0 : 1];
@@ -165,21 +339,22 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     if (block) {
         bins_remove(&pool->bins, block);
     } else {
-        if (m->segments == MODEL_MAX_SEGMENTS || !(block = model_block_new(m))) {
-            m->failed = true;
-            return NULL;
-        }
         size_t seg = small ? 2 * MODEL_MiB
                            : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB
                                                     : (rsize + 2 * MODEL_MiB - 1) & ~(2 * MODEL_MiB - 1);
-        block->addr = m->offered_base ? m->offered_base : m->next_base;
-        block->size = seg;
-        block->requested_size = m->segments; /* its segment id */
-        m->seg_base[m->segments++] = block->addr;
-        if (!m->offered_base)
-            m->next_base += seg + 2 * MODEL_MiB;
-        m->offered_base = 0;
-        m->reserved += seg;
+        block = model_new_segment(m, seg);
+        if (!block && !m->failed && model_release_available(m, pool, rsize))
+            block = model_new_segment(m, seg);
+        if (!block && !m->failed) {
+            model_release_all(m);
+            m->retries++;
+            block = model_new_segment(m, seg);
+        }
+        if (!block) {
+            m->ooms += !m->failed;
+            m->offered_base = 0;
+            return NULL;
+        }
     }
     size_t rest = block->size - rsize;
     if (small ? rest >= m->small_split_min : rsize < m->max_split && rest > MODEL_MiB) {
@@ -248,26 +423,10 @@ static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block)
     bins_insert(&pool->bins, block);
 }
 
-/* PyTorch's empty_cache: every free block that is a whole segment given back (every freed
- * block back first: the caller's). Marks released[id] for each segment released. */
-static inline void model_empty_cache(model_t *m, bool released[MODEL_MAX_SEGMENTS])
+/* PyTorch's empty_cache: every use waited for, every free whole segment given back. */
+static inline void model_empty_cache(model_t *m)
 {
-    for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
-        model_pool_t *pool = &m->pools[p / 2][p % 2];
-        for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++) {
-            cca_block_t *b = pool->bins.heads[bin];
-            while (b) {
-                cca_block_t *next = b->bin_next;
-                if (!b->prev && !b->next) {
-                    bins_remove(&pool->bins, b);
-                    released[model_segment(b)] = true;
-                    m->reserved -= b->size;
-                    model_block_delete(m, b);
-                }
-                b = next;
-            }
-        }
-    }
+    model_release_all(m);
 }
 
 #endif /* CCA_PLACEMENT_MODEL_H */

@@ -7,7 +7,9 @@
  * made) at the same offset, and both must have made the same segments; by
  * default, under max_split_size (and max_non_split_rounding) and under
  * roundup_power2_divisions, on one stream and on four, with blocks used on
- * another stream (record_stream) coming back once its events complete. The bundled traces check the placement against
+ * another stream (record_stream) coming back once its events complete, with
+ * empty_cache now and then, and on a device too small for the workload (the
+ * out-of-memory sequence: the same allocations fail). The bundled traces check the placement against
  * PyTorch's recorded addresses; this checks it on sizes and orders no trace
  * has, over many steps.
  */
@@ -28,14 +30,28 @@
 
 static cca_backend_t *sim;
 
-static bool setup(const char *settings, bool manual_events)
+/* One lockstep run: the workload, cca's settings, and what happens beside the requests. */
+typedef struct run {
+    const char *settings;
+    int slots;
+    long steps;
+    size_t max_size;         /* sizes log-uniform in [512 B, max_size] */
+    unsigned seed;
+    unsigned streams;        /* each request on one of them, drawn (0 or 1: one) */
+    bool uses;               /* a quarter of the blocks used on another stream (record_stream) */
+    bool empties;            /* cca_empty_cache at about one step in 2,000 */
+    size_t cap;              /* the device's memory, 0: 64 GiB (no out of memory) */
+    size_t small_split_min;  /* the model's small split rule, 0: PyTorch's (512) */
+} run_t;
+
+static bool setup(const run_t *r)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
-    cfg.manual_events = manual_events;
-    cfg.total_memory = 64ull << 30;
+    cfg.manual_events = r->uses;
+    cfg.total_memory = r->cap ? r->cap : 64ull << 30;
     cca_shutdown();
-    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, settings) != CCA_OK) {
+    if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, r->settings) != CCA_OK) {
         HARNESS_FAIL("cannot bring cca up: %s", cca_last_error()->message);
         return false;
     }
@@ -49,21 +65,24 @@ typedef struct seen_segments {
     size_t count;
 } seen_segments_t;
 
-/* Segments released (marked by the model): their bases no longer name them, a new segment
- * at one of those addresses is a new segment. */
-static void forget_released(seen_segments_t *seen, const bool released[MODEL_MAX_SEGMENTS])
+/* Segments the model gave back: their bases no longer name them (the device may hand the
+ * addresses out again, to a new segment). */
+static void forget_released(seen_segments_t *seen, model_t *m)
 {
+    if (!m->any_released)
+        return;
     for (size_t i = 0; i < seen->count; i++)
-        if (released[i])
+        if (m->released[i])
             seen->base[i] = 0;
+    memset(m->released, 0, sizeof(m->released));
+    m->any_released = false;
 }
 
-static bool segment_known(const seen_segments_t *seen, uintptr_t base)
+/* Segments cca has made so far. */
+static int64_t device_allocs(void)
 {
-    for (size_t i = 0; i < seen->count; i++)
-        if (seen->base[i] == base)
-            return true;
-    return false;
+    cca_device_stats_t ds;
+    return cca_get_device_stats(0, &ds) == CCA_OK ? ds.num_device_alloc : -1;
 }
 
 static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
@@ -80,24 +99,18 @@ static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
 #define USE_STREAM ((cca_stream_t)(uintptr_t)0x9000)
 
 /*
- * steps steps of the random workload (slots slots, sizes log-uniform in [512 B, max_size],
- * seed) through cca under settings and the model at once (the model given cca's
- * max_split_size and roundup_power2_divisions as cca parsed them; its small blocks split
- * where small_split_min bytes remain: PyTorch's rule at 512), each request on one of streams
- * streams drawn at random; with uses, a quarter of the blocks also used on a stream of their
- * own (cca_record_stream; the simulated device's events complete when the test says, at
- * about one step in sixteen): such a block, freed, comes back once that stream's work
- * recorded before is done, at the next allocation (both look then); with empties,
- * cca_empty_cache at about one step in 2,000 (every freed block back, every free whole
- * segment given back). The model's segments are placed at the addresses of cca's (best
- * fit's ties go by address, and the device may hand a released segment's addresses out
- * again). The number of allocations whose segment or offset differed (the first few
- * printed).
+ * r->steps steps of the random workload through cca and the model at once (the model given
+ * cca's max_split_size and roundup_power2_divisions as cca parsed them, and the device's
+ * memory as its cap; the model's segments placed at the addresses of cca's, as best fit's
+ * ties go by address and the device may hand a released segment's addresses out again).
+ * With uses, a used block's free waits for the use stream's events, which the test
+ * completes at about one step in sixteen; both look at them at the next allocation. An
+ * allocation that runs out of memory must do so on both sides. The number of allocations
+ * whose segment or offset differed, or whose outcome did (the first few printed).
  */
-static long lockstep_full(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
-                          size_t small_split_min, unsigned streams, bool uses, bool empties)
+static long lockstep_run(const run_t *r)
 {
-    if (!setup(settings, uses))
+    if (!setup(r))
         return -1;
     model_t *m = malloc(sizeof(*m));
     seen_segments_t *seen = calloc(1, sizeof(*seen));
@@ -107,86 +120,90 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
         free(seen);
         return -1;
     }
-    m->small_split_min = small_split_min;
+    if (r->small_split_min)
+        m->small_split_min = r->small_split_min;
     const cca_settings_t *cs = &cca_state->settings;
     m->max_split = cs->max_split_size;
     m->max_non_split_rounding = cs->max_non_split_rounding;
     for (int i = 0; i < 16; i++)
         m->divisions[i] = cs->roundup_power2_divisions[i];
+    m->cap = r->cap;
+    unsigned streams = r->streams > 1 ? r->streams : 1;
     void *live[MAX_SLOTS] = {0};
     cca_block_t *blocks[MAX_SLOTS] = {0};
     bool used[MAX_SLOTS] = {0};
-    cca_block_t *pending = NULL, *ready = NULL; /* the model's blocks freed while used (bin_next) */
-    long differ = 0, allocs = 0, deferred = 0, emptied = 0;
-    static bool released[MODEL_MAX_SEGMENTS];
+    long differ = 0, allocs = 0, deferred = 0, emptied = 0, ooms = 0;
+    int64_t device_allocs_before = 0;
     mt64_t rng;
-    mt64_seed(&rng, seed);
-    const mt64_log_sizes_t sizes = mt64_log_sizes(max_size);
-    for (long i = 0; i < steps && !m->failed; i++) {
-        if (uses && mt64_pick(&rng, 16) == 0) { /* the use stream's work so far done */
+    mt64_seed(&rng, r->seed);
+    const mt64_log_sizes_t sizes = mt64_log_sizes(r->max_size);
+    for (long i = 0; i < r->steps && !m->failed; i++) {
+        if (r->uses && mt64_pick(&rng, 16) == 0) { /* the use stream's work so far done */
             expect_ok(cca_sim_complete_stream(sim, 0, USE_STREAM, false));
-            while (pending) {
-                cca_block_t *b = pending;
-                pending = b->bin_next;
-                b->bin_next = ready;
-                ready = b;
-            }
+            model_complete(m);
         }
-        if (empties && mt64_pick(&rng, 2000) == 0) { /* all events waited for, then released */
+        if (r->empties && mt64_pick(&rng, 2000) == 0) {
             expect_ok(cca_empty_cache());
-            for (cca_block_t **list = &pending; list; list = list == &pending ? &ready : NULL)
-                while (*list) {
-                    cca_block_t *b = *list;
-                    *list = b->bin_next;
-                    b->bin_next = NULL;
-                    model_free(m, b->addr, b);
-                }
-            memset(released, 0, sizeof(released));
-            model_empty_cache(m, released);
-            forget_released(seen, released);
+            model_empty_cache(m);
+            forget_released(seen, m);
             emptied++;
         }
-        int k = mt64_pick(&rng, (uint64_t)slots);
+        int k = mt64_pick(&rng, (uint64_t)r->slots);
         if (live[k]) {
             expect_ok(cca_free(live[k]));
-            if (used[k]) { /* back once the use stream is done */
-                blocks[k]->bin_next = pending;
-                pending = blocks[k];
-                deferred++;
-            } else {
+            if (used[k])
+                model_free_used(m, blocks[k]), deferred++;
+            else
                 model_free(m, blocks[k]->addr, blocks[k]);
-            }
             live[k] = NULL;
             continue;
         }
         size_t size = mt64_log_size(&rng, &sizes);
         unsigned stream = streams > 1 ? (unsigned)mt64_pick(&rng, streams) : 0;
         cca_stream_t s = (cca_stream_t)(uintptr_t)(0x1000 * (stream + 1));
-        while (ready) { /* both look at the events at an allocation */
-            cca_block_t *b = ready;
-            ready = b->bin_next;
-            b->bin_next = NULL;
-            model_free(m, b->addr, b);
-        }
-        void *base = NULL;
-        size_t seg_size = 0;
-        if (cca_malloc(&live[k], size, s) != CCA_OK) {
+        cca_status_t st = cca_malloc(&live[k], size, s);
+        if (st != CCA_OK && st != CCA_ERR_OUT_OF_MEMORY) {
             HARNESS_FAIL("step %ld: cca_malloc(%zu): %s", i, size, cca_last_error()->message);
             break;
         }
-        expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
-        bool new_segment = !segment_known(seen, (uintptr_t)base);
-        if (new_segment) /* a segment of cca's, new: the model's new one (if any) goes there too */
-            m->offered_base = (uintptr_t)base;
-        if (!(blocks[k] = model_malloc(m, size, stream))) {
+        void *base = NULL;
+        size_t seg_size = 0;
+        if (st == CCA_OK) {
+            expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
+            /* a segment cca made for this request (maybe at the address of one it gave back in
+             * the same call): the model's new one, if it makes one, goes there too */
+            int64_t made = device_allocs();
+            if (made != device_allocs_before)
+                m->offered_base = (uintptr_t)base;
+            device_allocs_before = made;
+        }
+        blocks[k] = model_malloc(m, size, stream);
+        m->offered_base = 0;
+        forget_released(seen, m); /* (before cca's new segments are counted) */
+        if (m->failed) {
             HARNESS_FAIL("step %ld: the model ran out of host memory or segment ids", i);
             break;
         }
-        m->offered_base = 0;
-        used[k] = uses && mt64_pick(&rng, 4) == 0;
+        if ((st == CCA_OK) != (blocks[k] != NULL)) {
+            if (differ++ < 5)
+                printf("  step %ld, %zu bytes: cca %s, the model %s\n", i, size,
+                       st == CCA_OK ? "allocated" : "out of memory", blocks[k] ? "allocated" : "out of memory");
+            if (st == CCA_OK)
+                expect_ok(cca_free(live[k]));
+            else
+                model_free(m, blocks[k]->addr, blocks[k]);
+            live[k] = NULL;
+            continue;
+        }
+        if (st != CCA_OK) { /* out of memory on both sides */
+            live[k] = NULL;
+            ooms++;
+            continue;
+        }
+        allocs++;
+        used[k] = r->uses && mt64_pick(&rng, 4) == 0;
         if (used[k])
             expect_ok(cca_record_stream(live[k], USE_STREAM));
-        allocs++;
         size_t ordinal = segment_ordinal(seen, (uintptr_t)base);
         size_t offset = (uintptr_t)live[k] - (uintptr_t)base;
         size_t model_ordinal = model_segment(blocks[k]);
@@ -199,30 +216,32 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
     }
     cca_device_stats_t ds;
     expect_ok(cca_get_device_stats(0, &ds));
-    if (!differ) { /* the same placement makes the same segments, releases the same ones */
+    if (!differ) { /* the same placement makes the same segments, gives back the same ones */
         expect_eq_u64((uint64_t)ds.num_device_alloc, m->segments);
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
+        expect_eq_u64((uint64_t)ds.num_alloc_retries, m->retries);
+        expect_eq_u64((uint64_t)ds.num_ooms, m->ooms);
     }
-    expect_true(allocs > steps / 3); /* the workload allocated as much as it freed */
-    if (uses)
+    expect_true(allocs > r->steps / 4); /* the workload allocated about as much as it freed */
+    if (r->uses)
         expect_true(deferred > 0);
-    if (empties)
+    if (r->empties)
         expect_true(emptied > 0);
-    printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB, seed %u: %ld allocations (%ld frees "
-           "deferred, %ld empty_cache), %zu segments made (%zu MiB held), %ld differ\n", settings, slots,
-           streams, uses ? ", record_stream" : "", max_size / MiB, seed, allocs, deferred, emptied,
-           m->segments, m->reserved / MiB, differ);
-    for (int k = 0; k < slots; k++)
+    if (r->cap)
+        expect_true(m->cap_hits > 0);
+    printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB%s, seed %u: %ld allocations (%ld frees "
+           "deferred, %ld empty_cache, %llu retries, %ld out of memory), %zu segments made (%zu MiB held), "
+           "%ld differ\n",
+           r->settings, r->slots, streams, r->uses ? ", record_stream" : "", r->max_size / MiB,
+           r->cap ? ", a capped device" : "", r->seed, allocs, deferred, emptied,
+           (unsigned long long)m->retries, ooms, m->segments, m->reserved / MiB, differ);
+    for (int k = 0; k < r->slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
-            model_free(m, blocks[k]->addr, blocks[k]);
-        }
-    for (cca_block_t **list = &pending; list; list = list == &pending ? &ready : NULL)
-        while (*list) {
-            cca_block_t *b = *list;
-            *list = b->bin_next;
-            b->bin_next = NULL;
-            model_free(m, b->addr, b);
+            if (used[k])
+                model_free_used(m, blocks[k]);
+            else
+                model_free(m, blocks[k]->addr, blocks[k]);
         }
     model_destroy(m);
     free(m);
@@ -231,11 +250,12 @@ static long lockstep_full(const char *settings, int slots, long steps, size_t ma
     return differ;
 }
 
-/* lockstep_full on one stream, with no other use. */
+/* A run with nothing beside the requests, on one stream. */
 static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
                      size_t small_split_min)
 {
-    return lockstep_full(settings, slots, steps, max_size, seed, small_split_min, 1, false, false);
+    run_t r = {settings, slots, steps, max_size, seed, 1, false, false, 0, small_split_min};
+    return lockstep_run(&r);
 }
 
 /* The anchor's random_1thread workload, and two other seeds. */
@@ -279,24 +299,48 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
  * block freed on one stream is never handed to another). */
 TEST(four_streams_land_where_the_model_puts_them)
 {
-    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 11, 512, 4, false, false), 0);
-    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 512, 4, false, false), 0);
+    run_t a = {"", 512, 100000, 8 * MiB, 11, 4, false, false, 0, 0};
+    expect_eq_i64(lockstep_run(&a), 0);
+    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 4, false, false, 0, 0};
+    expect_eq_i64(lockstep_run(&b), 0);
 }
 
 /* record_stream: a quarter of the blocks used on another stream, their frees deferred until
  * its events complete; on one stream and on four. */
 TEST(record_stream_lands_where_the_model_puts_it)
 {
-    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 21, 512, 1, true, false), 0);
-    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 512, 4, true, false), 0);
+    run_t a = {"", 512, 100000, 8 * MiB, 21, 1, true, false, 0, 0};
+    expect_eq_i64(lockstep_run(&a), 0);
+    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 4, true, false, 0, 0};
+    expect_eq_i64(lockstep_run(&b), 0);
 }
 
 /* empty_cache now and then: free whole segments given back, new ones made later (at
  * addresses the device may hand out again); with record_stream's deferred frees too. */
 TEST(empty_cache_lands_where_the_model_puts_it)
 {
-    expect_eq_i64(lockstep_full("", 512, 100000, 8 * MiB, 31, 512, 1, false, true), 0);
-    expect_eq_i64(lockstep_full("max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 512, 4, true, true), 0);
+    run_t a = {"", 512, 100000, 8 * MiB, 31, 1, false, true, 0, 0};
+    expect_eq_i64(lockstep_run(&a), 0);
+    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 4, true, true, 0, 0};
+    expect_eq_i64(lockstep_run(&b), 0);
+}
+
+/* A device too small for the workload: PyTorch's sequence past a failed cudaMalloc (the
+ * oversize blocks that make room given back under max_split_size, then every cached block,
+ * a retry, out of memory), alone, with record_stream (a cudaFree synchronises the device:
+ * the uses it waited for are done at the next allocation), on four streams with empty_cache. */
+TEST(out_of_memory_lands_where_the_model_puts_it)
+{
+    run_t a = {"", 512, 100000, 8 * MiB, 41, 1, false, false, 300 * MiB, 0};
+    expect_eq_i64(lockstep_run(&a), 0);
+    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 42, 1, false, false, 1024 * MiB, 0};
+    expect_eq_i64(lockstep_run(&b), 0);
+    run_t c = {"", 512, 100000, 8 * MiB, 44, 1, true, false, 300 * MiB, 0};
+    expect_eq_i64(lockstep_run(&c), 0);
+    run_t d = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 1, true, false, 1536 * MiB, 0};
+    expect_eq_i64(lockstep_run(&d), 0);
+    run_t e = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 4, true, true, 1536 * MiB, 0};
+    expect_eq_i64(lockstep_run(&e), 0);
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
@@ -317,6 +361,7 @@ int main(void)
     RUN(four_streams_land_where_the_model_puts_them);
     RUN(record_stream_lands_where_the_model_puts_it);
     RUN(empty_cache_lands_where_the_model_puts_it);
+    RUN(out_of_memory_lands_where_the_model_puts_it);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
