@@ -25,6 +25,8 @@
 #include "cca.h"
 #include "device.h" /* cca_block_t, cca_bins_t, bins.h */
 
+#include "ptrmap.h"
+
 #include "../tests/placement_model.h"
 
 #define SLOTS 512

@@ -10,7 +10,8 @@
  *
  * Used by bench/bench_floor.c (what the placement alone costs) and by
  * tests/unit/test_placement_model.c (cca's default placement against it).
- * Include device.h first.
+ * Include device.h first (and ptrmap.h, whose bucket function the model's
+ * pointer map uses).
  */
 #ifndef CCA_PLACEMENT_MODEL_H
 #define CCA_PLACEMENT_MODEL_H
@@ -127,14 +128,6 @@ static inline void model_block_delete(model_t *m, cca_block_t *b)
     m->spare = b;
 }
 
-static inline size_t model_map_bucket(uintptr_t addr, size_t cap)
-{
-    uint64_t x = (uint64_t)addr >> 9;
-    x ^= x >> 29;
-    x *= 0x9e3779b97f4a7c15ull;
-    x ^= x >> 32;
-    return (size_t)(x >> 6) & (cap - 1);
-}
 
 /* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL with
  * m->failed set (out of host memory or of segment ids). */
@@ -215,12 +208,7 @@ static inline void model_process(model_t *m)
 /* Every use done (a synchronisation): the pending frees back as well. */
 static inline void model_synchronize(model_t *m)
 {
-    while (m->pending) {
-        cca_block_t *b = m->pending;
-        m->pending = b->bin_next;
-        b->bin_next = m->ready;
-        m->ready = b;
-    }
+    model_complete(m);
     model_process(m);
 }
 
@@ -262,10 +250,10 @@ static inline void model_release_all(model_t *m)
     }
 }
 
-/* The largest free block of pool (ties: the highest address), or NULL. */
-static inline cca_block_t *model_largest(const model_pool_t *pool)
+/* The last block of the highest non-empty bin of pool at or below bin, or NULL. */
+static inline cca_block_t *model_last_from(const model_pool_t *pool, int bin)
 {
-    for (int bin = CCA_BIN_COUNT - 1; bin >= 0; bin--) {
+    for (; bin >= 0; bin--) {
         cca_block_t *b = pool->bins.heads[bin];
         if (!b)
             continue;
@@ -276,20 +264,16 @@ static inline cca_block_t *model_largest(const model_pool_t *pool)
     return NULL;
 }
 
+/* The largest free block of pool (ties: the highest address), or NULL. */
+static inline cca_block_t *model_largest(const model_pool_t *pool)
+{
+    return model_last_from(pool, CCA_BIN_COUNT - 1);
+}
+
 /* The free block of pool before b in (size, address) order, or NULL. */
 static inline cca_block_t *model_before(const model_pool_t *pool, const cca_block_t *b)
 {
-    if (b->bin_prev)
-        return b->bin_prev;
-    for (int bin = (int)b->bin - 1; bin >= 0; bin--) {
-        cca_block_t *c = pool->bins.heads[bin];
-        if (!c)
-            continue;
-        while (c->bin_next)
-            c = c->bin_next;
-        return c;
-    }
-    return NULL;
+    return b->bin_prev ? b->bin_prev : model_last_from(pool, (int)b->bin - 1);
 }
 
 /*
@@ -379,7 +363,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     block->allocated = true;
     block->pool = (cca_pool_t *)(void *)pool; /* which pool: never read as a cca_pool_t */
     if (m->with_map) {
-        cca_block_t **bucket = &m->map.buckets[model_map_bucket(block->addr, m->map.cap)];
+        cca_block_t **bucket = &m->map.buckets[ptrmap_bucket(block->addr, m->map.cap)];
         block->map_next = *bucket;
         *bucket = block;
     }
@@ -410,7 +394,7 @@ static inline void model_merge(model_t *m, model_pool_t *pool, cca_block_t *bloc
 static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block)
 {
     if (m->with_map) {
-        cca_block_t **link = &m->map.buckets[model_map_bucket(addr, m->map.cap)];
+        cca_block_t **link = &m->map.buckets[ptrmap_bucket(addr, m->map.cap)];
         while (*link && (*link)->addr != addr)
             link = &(*link)->map_next;
         block = *link;

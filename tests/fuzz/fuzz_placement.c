@@ -21,6 +21,7 @@
 #include "cca.h"
 #include "cca_backend.h"
 #include "device.h"
+#include "ptrmap.h"
 #include "placement_model.h"
 #include "settings.h"
 

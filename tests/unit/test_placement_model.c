@@ -23,6 +23,7 @@
 #include "device.h"
 #include "harness.h"
 #include "settings.h"
+#include "ptrmap.h"
 #include "placement_model.h"
 
 #define MiB ((size_t)1 << 20)
@@ -250,6 +251,19 @@ static long lockstep_run(const run_t *r)
     return differ;
 }
 
+/* Every run of runs agrees with the model. */
+static void expect_agree(const run_t *runs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        expect_eq_i64(lockstep_run(&runs[i]), 0);
+}
+
+#define EXPECT_AGREE(...)                                                             \
+    do {                                                                              \
+        static const run_t runs_[] = {__VA_ARGS__};                                   \
+        expect_agree(runs_, sizeof(runs_) / sizeof(runs_[0]));                         \
+    } while (0)
+
 /* A run with nothing beside the requests, on one stream. */
 static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
                      size_t small_split_min)
@@ -299,30 +313,24 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
  * block freed on one stream is never handed to another). */
 TEST(four_streams_land_where_the_model_puts_them)
 {
-    run_t a = {"", 512, 100000, 8 * MiB, 11, 4, false, false, 0, 0};
-    expect_eq_i64(lockstep_run(&a), 0);
-    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 4, false, false, 0, 0};
-    expect_eq_i64(lockstep_run(&b), 0);
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 11, 4, false, false, 0, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 4, false, false, 0, 0});
 }
 
 /* record_stream: a quarter of the blocks used on another stream, their frees deferred until
  * its events complete; on one stream and on four. */
 TEST(record_stream_lands_where_the_model_puts_it)
 {
-    run_t a = {"", 512, 100000, 8 * MiB, 21, 1, true, false, 0, 0};
-    expect_eq_i64(lockstep_run(&a), 0);
-    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 4, true, false, 0, 0};
-    expect_eq_i64(lockstep_run(&b), 0);
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 21, 1, true, false, 0, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 4, true, false, 0, 0});
 }
 
 /* empty_cache now and then: free whole segments given back, new ones made later (at
  * addresses the device may hand out again); with record_stream's deferred frees too. */
 TEST(empty_cache_lands_where_the_model_puts_it)
 {
-    run_t a = {"", 512, 100000, 8 * MiB, 31, 1, false, true, 0, 0};
-    expect_eq_i64(lockstep_run(&a), 0);
-    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 4, true, true, 0, 0};
-    expect_eq_i64(lockstep_run(&b), 0);
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 31, 1, false, true, 0, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 4, true, true, 0, 0});
 }
 
 /* A device too small for the workload: PyTorch's sequence past a failed cudaMalloc (the
@@ -331,16 +339,11 @@ TEST(empty_cache_lands_where_the_model_puts_it)
  * the uses it waited for are done at the next allocation), on four streams with empty_cache. */
 TEST(out_of_memory_lands_where_the_model_puts_it)
 {
-    run_t a = {"", 512, 100000, 8 * MiB, 41, 1, false, false, 300 * MiB, 0};
-    expect_eq_i64(lockstep_run(&a), 0);
-    run_t b = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 42, 1, false, false, 1024 * MiB, 0};
-    expect_eq_i64(lockstep_run(&b), 0);
-    run_t c = {"", 512, 100000, 8 * MiB, 44, 1, true, false, 300 * MiB, 0};
-    expect_eq_i64(lockstep_run(&c), 0);
-    run_t d = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 1, true, false, 1536 * MiB, 0};
-    expect_eq_i64(lockstep_run(&d), 0);
-    run_t e = {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 4, true, true, 1536 * MiB, 0};
-    expect_eq_i64(lockstep_run(&e), 0);
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 41, 1, false, false, 300 * MiB, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 42, 1, false, false, 1024 * MiB, 0},
+                 {"", 512, 100000, 8 * MiB, 44, 1, true, false, 300 * MiB, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 1, true, false, 1536 * MiB, 0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 4, true, true, 1536 * MiB, 0});
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
