@@ -1,17 +1,24 @@
 /*
- * placement_model.h - PyTorch's placement alone, on cca's own block structs
- * and free bins (bins.h), as a reference: sizes rounded up to 512 bytes,
- * requests of up to 1 MiB from 2 MiB segments, larger ones from 20 MiB
- * segments (rounded up to 2 MiB from 10 MiB), best fit by (size, address), a
- * small block split where 512 bytes or more remain, a large one where more
- * than 1 MiB does, free neighbours merged; one stream, PyTorch's default
- * settings, no statistics, locks, events or history. Segments get ids in the
- * order they are made, at addresses of their own that are never given back.
+ * placement_model.h - PyTorch's placement alone, as a reference, on cca's
+ * own block structs and free bins (bins.h): sizes rounded up to 512 bytes (or
+ * to a power-of-two division, roundup_power2_divisions); requests of up to
+ * 1 MiB from 2 MiB segments, larger ones from 20 MiB segments (rounded up to
+ * 2 MiB from 10 MiB); best fit by (size, address) with max_split_size's two
+ * refusals; a small block split where 512 bytes or more remain, a large one
+ * below max_split_size where more than 1 MiB does; free neighbours merged; a
+ * small and a large pool per stream; frees that wait for another stream's
+ * work (record_stream) back at the next allocation once it is done (a
+ * segment's release, a cudaFree, synchronises the device); empty_cache; and
+ * past a device's memory, PyTorch's sequence: the oversize blocks that make
+ * room given back, then every cached block, a retry, out of memory. No
+ * expandable segments, garbage collection, fraction, private pools,
+ * statistics, locks or history. Segments get ids in the order they are made,
+ * at addresses the caller offers (an allocator's, for ties) or of their own.
  *
  * Used by bench/bench_floor.c (what the placement alone costs) and by
- * tests/unit/test_placement_model.c (cca's default placement against it).
- * Include device.h first (and ptrmap.h, whose bucket function the model's
- * pointer map uses).
+ * tests/unit/test_placement_model.c and tests/fuzz/fuzz_placement.c (cca's
+ * default placement against it, in lockstep). Include device.h first (and
+ * ptrmap.h, whose bucket function the model's pointer map uses).
  */
 #ifndef CCA_PLACEMENT_MODEL_H
 #define CCA_PLACEMENT_MODEL_H
@@ -128,9 +135,6 @@ static inline void model_block_delete(model_t *m, cca_block_t *b)
     m->spare = b;
 }
 
-
-/* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL with
- * m->failed set (out of host memory or of segment ids). */
 /* PyTorch's round_size: 512 bytes at least, then a multiple of 512, or past 512 * divisions
  * the next power-of-two division of the size's interval. */
 static inline size_t model_round(const model_t *m, size_t size)
