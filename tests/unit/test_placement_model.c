@@ -1,17 +1,18 @@
 /*
- * test_placement_model.c - cca's default placement against a second, minimal
- * implementation of PyTorch's rules (tests/placement_model.h: best fit,
- * splits and merges on one stream, nothing else), driven in lockstep on the
- * anchor benchmark's random workloads (bench/anchor_rng.h): every allocation
- * must land in the same segment (counted in the order the segments were
- * made) at the same offset, and both must have made the same segments; by
- * default, under max_split_size (and max_non_split_rounding) and under
- * roundup_power2_divisions, on one stream and on four, with blocks used on
- * another stream (record_stream) coming back once its events complete, with
- * empty_cache now and then, and on a device too small for the workload (the
- * out-of-memory sequence: the same allocations fail). The bundled traces check the placement against
- * PyTorch's recorded addresses; this checks it on sizes and orders no trace
- * has, over many steps.
+ * test_placement_model.c - cca's default placement against a second
+ * implementation of PyTorch's rules (tests/placement_model.h), driven in
+ * lockstep on the anchor benchmark's random workloads (bench/anchor_rng.h):
+ * every allocation must land in the same segment (counted in the order the
+ * segments were made) at the same offset, or run out of memory on both sides,
+ * and at the end both must have made and kept the same segments, with the
+ * same retries and out-of-memory counts. Runs: default settings, under
+ * max_split_size (and max_non_split_rounding) and roundup_power2_divisions,
+ * on one stream and on four, with blocks used on another stream
+ * (record_stream) coming back once its events complete, with empty_cache now
+ * and then, and on devices too small for the workload (the out-of-memory
+ * sequence). The bundled traces check the placement against PyTorch's
+ * recorded addresses; this checks it on sizes and orders no trace has, over
+ * many steps; fuzz_placement drives the same comparison from fuzzer input.
  */
 #include <stdint.h>
 #include <stdio.h>
