@@ -847,7 +847,7 @@ void stats_log_release(cca_stream_pool_t *sp);
  * 2 no (tests; stats.c). */
 void stats_clock_set_usable(int usable);
 /* Whether n clock reads taken in a row show a clock fine enough to order the logs' entries:
- * each later than the one before (no tick spans a read), under 500 ns a read (stats.c). */
+ * each later than the one before (no tick spans a read), most of them under 500 ns apart (stats.c). */
 bool stats_clock_reads_fine(const uint64_t *reads, size_t n);
 
 /* An operation's d (ops_apply) by value: the logged mode's copy, so that ops_apply's d
