@@ -405,9 +405,11 @@ cca_status_t host_release_ptr(host_alloc_t *h, void *ptr)
     return CCA_OK;
 }
 
-/* Whether ptr is inside a block handed out and not freed, whose start goes to *base (no
- * backend call; no lock held). */
-static bool host_holds_live(host_alloc_t *h, void *ptr, void **base)
+/* What ptr names (no backend call; no lock held): a block handed out and not freed (its
+ * start to *base), one freed, or nothing of this allocator's. */
+typedef enum { HOST_PTR_UNKNOWN, HOST_PTR_FREED, HOST_PTR_LIVE } host_ptr_state_t;
+
+static host_ptr_state_t host_ptr_state(host_alloc_t *h, void *ptr, void **base)
 {
     size_t size;
     *base = ptr;
@@ -417,11 +419,11 @@ static bool host_holds_live(host_alloc_t *h, void *ptr, void **base)
         bool live = b && b->allocated;
         cca_spin_unlock(&h->lock);
         if (b)
-            return live;
+            return live ? HOST_PTR_LIVE : HOST_PTR_FREED;
         if (attempt == 0 && !host_ranges_find(h, ptr, base, &size))
-            return false;
+            break;
     }
-    return false;
+    return HOST_PTR_UNKNOWN;
 }
 
 /* Add (stream, device) to b's uses. Lock held. Returns CCA_OK or CCA_ERR_OUT_OF_MEMORY. */
@@ -458,44 +460,37 @@ cca_status_t host_record_event(host_alloc_t *h, void *ptr, cca_stream_t stream)
     if (device < 0 || device >= CCA_MAX_DEVICES)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT,
                          "cca_host_record_event: current device %d is out of range", device);
+    void *base; /* the block's start */
+    host_ptr_state_t state = host_ptr_state(h, ptr, &base);
+    if (state == HOST_PTR_UNKNOWN)
+        return cca_raise(CCA_ERR_INVALID_POINTER,
+                         "cca_host_record_event: pointer %p was not allocated by cca's pinned host "
+                         "allocator",
+                         ptr);
     /* a use by a stream being captured is a use by every replay of the graph (the legacy
-     * default stream, NULL, is never captured: CUDA refuses to ask it while another is); a
-     * pointer that is not in a live block is refused below with no backend call */
+     * default stream, NULL, is never captured: CUDA refuses to ask it while another is); the
+     * backend is asked with no lock held, so the block is looked up again after */
     int capture = CCA_CAPTURE_NONE;
-    void *base; /* the block's start where it is live (then found at the first attempt below) */
-    status = host_holds_live(h, ptr, &base) && stream
-                 ? be->stream_capture_status(be->ctx, device, stream, &capture)
-                 : CCA_OK;
+    status = state == HOST_PTR_LIVE && stream ? be->stream_capture_status(be->ctx, device, stream, &capture)
+                                              : CCA_OK;
     if (status == CCA_ERR_NOT_SUPPORTED)
         capture = CCA_CAPTURE_NONE;
     else if (status != CCA_OK)
         return status;
-
-    for (int attempt = 0; attempt < 2; attempt++) {
-        cca_spin_lock(&h->lock);
-        host_block_t *b = host_map_find_locked(h, base);
-        if (b) {
-            if (b->allocated) {
-                status = block_add_use_locked(b, stream, device);
-                if (status == CCA_OK && capture != CCA_CAPTURE_NONE)
-                    b->captured = true;
-            } else
-                status = cca_raise(CCA_ERR_INVALID_POINTER,
-                                   "cca_host_record_event: pointer %p is in a pinned block that "
-                                   "is not allocated (freed)",
-                                   ptr);
-            cca_spin_unlock(&h->lock);
-            return status;
-        }
-        cca_spin_unlock(&h->lock);
-        size_t size;
-        if (attempt == 0 && !host_ranges_find(h, ptr, &base, &size))
-            break;
+    cca_spin_lock(&h->lock);
+    host_block_t *b = state == HOST_PTR_LIVE ? host_map_find_locked(h, base) : NULL;
+    if (b && b->allocated) {
+        status = block_add_use_locked(b, stream, device);
+        if (status == CCA_OK && capture != CCA_CAPTURE_NONE)
+            b->captured = true;
+    } else { /* freed, before the call or since the lookup */
+        status = cca_raise(CCA_ERR_INVALID_POINTER,
+                           "cca_host_record_event: pointer %p is in a pinned block that is not "
+                           "allocated (freed)",
+                           ptr);
     }
-    return cca_raise(CCA_ERR_INVALID_POINTER,
-                     "cca_host_record_event: pointer %p was not allocated by cca's pinned host "
-                     "allocator",
-                     ptr);
+    cca_spin_unlock(&h->lock);
+    return status;
 }
 
 cca_status_t host_empty_cache(host_alloc_t *h)

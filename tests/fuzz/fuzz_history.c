@@ -25,15 +25,7 @@
 #include "cca_backend.h"
 #include "pickle.h"
 
-#define CHECK(x, ...)                                                              \
-    do {                                                                           \
-        if (!(x)) {                                                                \
-            fprintf(stderr, "fuzz_history: check failed: %s (line %d): ", #x, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                          \
-            fprintf(stderr, "\n");                                                 \
-            abort();                                                               \
-        }                                                                          \
-    } while (0)
+#include "fuzz_check.h"
 
 enum { DEVICES = 2, MAX_DEPTH = 64, MAX_STR = 12, MAX_FIELDS = 4 };
 

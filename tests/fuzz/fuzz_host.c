@@ -25,15 +25,7 @@
 #include "host.h"
 #include "settings.h"
 
-#define CHECK(x, ...)                                                              \
-    do {                                                                           \
-        if (!(x)) {                                                                \
-            fprintf(stderr, "fuzz_host: check failed: %s (line %d): ", #x, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                          \
-            fprintf(stderr, "\n");                                                 \
-            abort();                                                               \
-        }                                                                          \
-    } while (0)
+#include "fuzz_check.h"
 
 enum { SLOTS = 32, MAX_KEPT = 256, STREAMS = 3 };
 

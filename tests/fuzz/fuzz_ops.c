@@ -47,15 +47,7 @@
 #define MAX_LIVE 256
 #define MAX_OPS 512
 
-#define CHECK(x, ...)                                                          \
-    do {                                                                       \
-        if (!(x)) {                                                            \
-            fprintf(stderr, "fuzz_ops: check failed: %s (line %d): ", #x, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            abort();                                                           \
-        }                                                                      \
-    } while (0)
+#include "fuzz_check.h"
 
 /* ---- the reference model (one stream, default settings) ------------------------- */
 

@@ -25,15 +25,7 @@
 #include "placement_model.h"
 #include "settings.h"
 
-#define CHECK(x, ...)                                                                   \
-    do {                                                                                \
-        if (!(x)) {                                                                     \
-            fprintf(stderr, "fuzz_placement: check failed: %s (line %d): ", #x, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                               \
-            fprintf(stderr, "\n");                                                      \
-            abort();                                                                    \
-        }                                                                               \
-    } while (0)
+#include "fuzz_check.h"
 
 enum { SLOTS = 64, STREAMS = 4 };
 #define USE_STREAM ((cca_stream_t)(uintptr_t)0x9000)
