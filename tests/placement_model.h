@@ -10,9 +10,10 @@
  * work (record_stream) back at the next allocation once it is done (a
  * segment's release, a cudaFree, synchronises the device); empty_cache; and
  * past a device's memory, PyTorch's sequence: the oversize blocks that make
- * room given back, then every cached block, a retry, out of memory. No
- * expandable segments, garbage collection, fraction, private pools,
- * statistics, locks or history. Segments get ids in the order they are made,
+ * room given back, then every cached block, a retry, out of memory; with a
+ * per-process memory fraction (the cap) and garbage_collection_threshold,
+ * PyTorch's collection by age before a new segment. No expandable segments,
+ * private pools, statistics, locks or history. Segments get ids in the order they are made,
  * at addresses the caller offers (an allocator's, for ties) or of their own.
  *
  * Used by bench/bench_floor.c (what the placement alone costs) and by
@@ -67,10 +68,29 @@ typedef struct model {
     uint64_t retries, ooms;   /* allocations retried after releasing every cached block;
                                  out of memory */
     uint64_t cap_hits;        /* new segments the cap refused */
+    double gc_threshold;      /* garbage_collection_threshold, the cap being a memory fraction's
+                                 allowed bytes; 0: no collection */
+    int64_t gc_calls[2];      /* best-fit searches of the small and of the large pools, counted
+                                 while collecting: a free block's age is the searches of its
+                                 kind since it went into its bin */
+    uint64_t gc_released;     /* segments the collection gave back */
 } model_t;
 
 static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block);
 static inline void model_synchronize(model_t *m);
+
+/* Whether pool is a large one (pools[stream][1]). */
+static inline int model_kind(const model_t *m, const model_pool_t *pool)
+{
+    return (int)((pool - &m->pools[0][0]) % 2);
+}
+
+/* A free block into pool's bin, its age counted from now (PyTorch's insert_into_blocks). */
+static inline void model_bin(model_t *m, model_pool_t *pool, cca_block_t *b)
+{
+    b->gc_count_base = m->gc_calls[model_kind(m, pool)];
+    bins_insert(&pool->bins, b);
+}
 
 /* A block's segment id: kept in requested_size, a field the model has no other use for. */
 static inline size_t model_segment(const cca_block_t *b)
@@ -307,10 +327,55 @@ static inline bool model_release_available(model_t *m, model_pool_t *pool, size_
     return total >= key;
 }
 
+/*
+ * PyTorch's garbage_collect_cached_blocks, before a new segment while collecting: past
+ * gc_threshold of the allowed bytes, the free large blocks that are whole segments (every
+ * stream's) whose age is at least their average are given back, the average taken again
+ * after each pass, until the bytes past the threshold are reclaimed or a pass gives back
+ * nothing.
+ */
+static inline void model_garbage_collect(model_t *m)
+{
+    size_t threshold = (size_t)(m->gc_threshold * (double)m->cap);
+    if (m->reserved <= threshold)
+        return;
+    size_t target = m->reserved - threshold, reclaimed = 0, total_age = 0;
+    int64_t count = 0, now = m->gc_calls[1];
+    for (int s = 0; s < MODEL_STREAMS; s++)
+        for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++)
+            for (cca_block_t *b = m->pools[s][1].bins.heads[bin]; b; b = b->bin_next)
+                if (!b->prev && !b->next) {
+                    total_age += (size_t)(now - b->gc_count_base);
+                    count++;
+                }
+    bool freed = true;
+    while (reclaimed < target && freed && count > 0) {
+        double age_threshold = (double)total_age / (double)count;
+        freed = false;
+        for (int s = 0; s < MODEL_STREAMS; s++)
+            for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++) {
+                cca_block_t *b = m->pools[s][1].bins.heads[bin];
+                while (b) {
+                    cca_block_t *next = b->bin_next;
+                    int64_t age = now - b->gc_count_base;
+                    if (!b->prev && !b->next && (double)age >= age_threshold) {
+                        freed = true;
+                        reclaimed += b->size;
+                        total_age -= (size_t)age;
+                        count--;
+                        m->gc_released++;
+                        model_release_block(m, &m->pools[s][1], b);
+                    }
+                    b = next;
+                }
+            }
+    }
+}
+
 /* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL: out of
  * memory (m->ooms counted, nothing else changed but the blocks the attempt gave back), or out
  * of host memory or of segment ids (m->failed). PyTorch's malloc: the finished frees back,
- * best fit, then a new segment; past the cap, the oversize blocks that make room given back,
+ * best fit, then (after the collection, if on) a new segment; past the cap, the oversize blocks that make room given back,
  * then every cached block, then a retry. */
 static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream)
 {
@@ -318,6 +383,8 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     size_t rsize = model_round(m, size);
     bool small = rsize <= MODEL_MiB;
     model_pool_t *pool = &m->pools[stream % MODEL_STREAMS][small ? 0 : 1];
+    if (m->gc_threshold > 0.0)
+        m->gc_calls[small ? 0 : 1]++;
     cca_block_t *block = bins_best_fit(&pool->bins, rsize);
     /* max_split_size: a request below it takes no oversize block, one at or above it none
      * max_non_split_rounding or more larger than itself */
@@ -330,6 +397,8 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         size_t seg = small ? 2 * MODEL_MiB
                            : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB
                                                     : (rsize + 2 * MODEL_MiB - 1) & ~(2 * MODEL_MiB - 1);
+        if (m->gc_threshold > 0.0)
+            model_garbage_collect(m);
         block = model_new_segment(m, seg);
         if (!block && !m->failed && model_release_available(m, pool, rsize))
             block = model_new_segment(m, seg);
@@ -348,7 +417,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     if (small ? rest >= m->small_split_min : rsize < m->max_split && rest > MODEL_MiB) {
         cca_block_t *front = model_block_new(m);
         if (!front) {
-            bins_insert(&pool->bins, block);
+            model_bin(m, pool, block);
             return NULL;
         }
         front->addr = block->addr;
@@ -361,7 +430,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         block->prev = front;
         block->addr += rsize;
         block->size = rest;
-        bins_insert(&pool->bins, block);
+        model_bin(m, pool, block);
         block = front;
     }
     block->allocated = true;
@@ -408,7 +477,7 @@ static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block)
     block->allocated = false;
     model_merge(m, pool, block, block->prev);
     model_merge(m, pool, block, block->next);
-    bins_insert(&pool->bins, block);
+    model_bin(m, pool, block);
 }
 
 /* PyTorch's empty_cache: every use waited for, every free whole segment given back. */

@@ -9,8 +9,8 @@
  * max_split_size (and max_non_split_rounding) and roundup_power2_divisions,
  * on one stream and on four, with blocks used on another stream
  * (record_stream) coming back once its events complete, with empty_cache now
- * and then, and on devices too small for the workload (the out-of-memory
- * sequence). The bundled traces check the placement against PyTorch's
+ * and then, on devices too small for the workload (the out-of-memory
+ * sequence), and under a memory fraction with garbage_collection_threshold. The bundled traces check the placement against PyTorch's
  * recorded addresses; this checks it on sizes and orders no trace has, over
  * many steps; fuzz_placement drives the same comparison from fuzzer input.
  */
@@ -44,6 +44,8 @@ typedef struct run {
     bool empties;            /* cca_empty_cache at about one step in 2,000 */
     size_t cap;              /* the device's memory, 0: 64 GiB (no out of memory) */
     size_t small_split_min;  /* the model's small split rule, 0: PyTorch's (512) */
+    double fraction;         /* cca_set_memory_fraction (with garbage_collection_threshold in
+                                settings: the collection by age), 0: none */
 } run_t;
 
 static bool setup(const run_t *r)
@@ -55,6 +57,10 @@ static bool setup(const run_t *r)
     cca_shutdown();
     if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, r->settings) != CCA_OK) {
         HARNESS_FAIL("cannot bring cca up: %s", cca_last_error()->message);
+        return false;
+    }
+    if (r->fraction > 0.0 && cca_set_memory_fraction(r->fraction, 0) != CCA_OK) {
+        HARNESS_FAIL("cannot set the memory fraction: %s", cca_last_error()->message);
         return false;
     }
     return true;
@@ -130,6 +136,10 @@ static long lockstep_run(const run_t *r)
     for (int i = 0; i < 16; i++)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = r->cap;
+    if (r->fraction > 0.0) { /* the fraction's allowed bytes as cca computed them */
+        m->cap = cca_state->devices[0].allowed_memory_maximum;
+        m->gc_threshold = cs->garbage_collection_threshold;
+    }
     unsigned streams = r->streams > 1 ? r->streams : 1;
     void *live[MAX_SLOTS] = {0};
     cca_block_t *blocks[MAX_SLOTS] = {0};
@@ -231,12 +241,15 @@ static long lockstep_run(const run_t *r)
         expect_true(emptied > 0);
     if (r->cap)
         expect_true(m->cap_hits > 0);
-    printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB%s, seed %u: %ld allocations (%ld frees "
-           "deferred, %ld empty_cache, %llu retries, %ld out of memory), %zu segments made (%zu MiB held), "
-           "%ld differ\n",
+    if (m->gc_threshold > 0.0)
+        expect_true(m->gc_released > 0);
+    printf("  '%s', %d slots, %u stream(s)%s, sizes to %zu MiB%s%s, seed %u: %ld allocations (%ld frees "
+           "deferred, %ld empty_cache, %llu retries, %ld out of memory, %llu segments collected), %zu "
+           "segments made (%zu MiB held), %ld differ\n",
            r->settings, r->slots, streams, r->uses ? ", record_stream" : "", r->max_size / MiB,
-           r->cap ? ", a capped device" : "", r->seed, allocs, deferred, emptied,
-           (unsigned long long)m->retries, ooms, m->segments, m->reserved / MiB, differ);
+           r->cap ? ", a capped device" : "", r->fraction > 0.0 ? ", a memory fraction" : "", r->seed, allocs,
+           deferred, emptied, (unsigned long long)m->retries, ooms, (unsigned long long)m->gc_released,
+           m->segments, m->reserved / MiB, differ);
     for (int k = 0; k < r->slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
@@ -269,7 +282,7 @@ static void expect_agree(const run_t *runs, size_t n)
 static long lockstep(const char *settings, int slots, long steps, size_t max_size, unsigned seed,
                      size_t small_split_min)
 {
-    run_t r = {settings, slots, steps, max_size, seed, 1, false, false, 0, small_split_min};
+    run_t r = {settings, slots, steps, max_size, seed, 1, false, false, 0, small_split_min, 0.0};
     return lockstep_run(&r);
 }
 
@@ -314,24 +327,24 @@ TEST(roundup_power2_divisions_land_where_the_model_puts_them)
  * block freed on one stream is never handed to another). */
 TEST(four_streams_land_where_the_model_puts_them)
 {
-    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 11, 4, false, false, 0, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 4, false, false, 0, 0});
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 11, 4, false, false, 0, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 12, 4, false, false, 0, 0, 0.0});
 }
 
 /* record_stream: a quarter of the blocks used on another stream, their frees deferred until
  * its events complete; on one stream and on four. */
 TEST(record_stream_lands_where_the_model_puts_it)
 {
-    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 21, 1, true, false, 0, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 4, true, false, 0, 0});
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 21, 1, true, false, 0, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 22, 4, true, false, 0, 0, 0.0});
 }
 
 /* empty_cache now and then: free whole segments given back, new ones made later (at
  * addresses the device may hand out again); with record_stream's deferred frees too. */
 TEST(empty_cache_lands_where_the_model_puts_it)
 {
-    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 31, 1, false, true, 0, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 4, true, true, 0, 0});
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 31, 1, false, true, 0, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 32, 4, true, true, 0, 0, 0.0});
 }
 
 /* A device too small for the workload: PyTorch's sequence past a failed cudaMalloc (the
@@ -340,11 +353,25 @@ TEST(empty_cache_lands_where_the_model_puts_it)
  * the uses it waited for are done at the next allocation), on four streams with empty_cache. */
 TEST(out_of_memory_lands_where_the_model_puts_it)
 {
-    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 41, 1, false, false, 300 * MiB, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 42, 1, false, false, 1024 * MiB, 0},
-                 {"", 512, 100000, 8 * MiB, 44, 1, true, false, 300 * MiB, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 1, true, false, 1536 * MiB, 0},
-                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 4, true, true, 1536 * MiB, 0});
+    EXPECT_AGREE({"", 512, 100000, 8 * MiB, 41, 1, false, false, 300 * MiB, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 42, 1, false, false, 1024 * MiB, 0, 0.0},
+                 {"", 512, 100000, 8 * MiB, 44, 1, true, false, 300 * MiB, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 1, true, false, 1536 * MiB, 0, 0.0},
+                 {"max_split_size_mb:32", 128, 50000, 96 * MiB, 43, 4, true, true, 1536 * MiB, 0, 0.0});
+}
+
+/* A per-process memory fraction with garbage_collection_threshold: before each new segment,
+ * past the threshold, the whole free large segments of every stream at least as old as their
+ * average given back, pass after pass (PyTorch's collection by age), and the fraction's cap
+ * on the segments; alone, under max_split_size, on four streams with record_stream. */
+TEST(garbage_collection_lands_where_the_model_puts_it)
+{
+    EXPECT_AGREE({"garbage_collection_threshold:0.6", 512, 100000, 8 * MiB, 51, 1, false, false, 0, 0,
+                  1.0 / 128},
+                 {"garbage_collection_threshold:0.9", 512, 100000, 8 * MiB, 54, 1, true, false, 0, 0, 1.0 / 256},
+                 {"garbage_collection_threshold:0.8,max_split_size_mb:32", 128, 50000, 96 * MiB, 52, 1, false,
+                  false, 0, 0, 1.0 / 32},
+                 {"garbage_collection_threshold:0.5", 256, 100000, 16 * MiB, 53, 4, true, false, 0, 0, 1.0 / 64});
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
@@ -366,6 +393,7 @@ int main(void)
     RUN(record_stream_lands_where_the_model_puts_it);
     RUN(empty_cache_lands_where_the_model_puts_it);
     RUN(out_of_memory_lands_where_the_model_puts_it);
+    RUN(garbage_collection_lands_where_the_model_puts_it);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
