@@ -64,7 +64,7 @@ typedef struct cca_settings {
     size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = cache all (PyTorch) */
     bool exact_peak_stats;               /* exact device-wide peaks (one stats lock per op) */
     bool compact_memory;                 /* expandable segments in device granules, free granules
-                                            re-mapped where growth needs them (expandable.c) */
+                                            re-mapped where growth needs them (compact.c) */
     cca_setting_source_t source[CCA_SET_COUNT];
 } cca_settings_t;
 

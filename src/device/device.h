@@ -355,13 +355,13 @@ typedef struct cca_device {
     uint64_t compact_moved_bytes; /* bytes moved that way */
     /* compact_memory: blocks whose granules a growth of their own stream maps again while the
      * stream's work on them is pending (their handles mapped at two addresses); the old
-     * mappings are unmapped once the stream's event says the work is done (expandable.c) */
+     * mappings are unmapped once the stream's event says the work is done (compact.c) */
     struct cca_block *aliased;  /* those blocks, linked by bin_next / bin_prev */
     size_t aliased_bytes;       /* bytes of their old mappings */
     uint64_t compact_aliased_bytes; /* bytes mapped again that way (part of compact_moved_bytes) */
     size_t compact_high;        /* the most reserved bytes after any expandable growth, plus
                                    the bytes aliased since and an eighth of those moved
-                                   (expandable.c: compact_limit) */
+                                   (compact.c: compact_limit) */
     size_t compact_requested;   /* the most requested bytes seen at a growth that could alias,
                                    since the last cca_empty_cache */
     int64_t compact_stale_peak; /* requested_bytes' peak at the last cca_empty_cache (0: none):
@@ -1049,8 +1049,8 @@ cca_block_t *pool_block_struct(void);
  * before each. */
 void pool_test_fail_host_alloc(long n);
 /* Tests: with off, compact_memory's growths move free granules known done whatever the limit
- * (expandable.c: lend_free_granules), so a threaded test moves granules at every growth. */
-void expandable_test_limit(bool off);
+ * (compact.c: lend_free_granules), so a threaded test moves granules at every growth. */
+void compact_test_limit(bool off);
 /* Tests: with on, the device's room for orphan records cannot grow, as with the host out of
  * memory. */
 void expandable_test_fail_orphan_room(bool on);
@@ -1217,7 +1217,7 @@ static inline __attribute__((always_inline)) bool pool_free_mark(cca_block_t *bl
     block->gc_count_base = atomic_load_explicit(pool->gc_calls, memory_order_relaxed);
     bool expandable = pool->expandable_segments && block->segment->es;
     if (expandable) /* the newest tick: a merge keeps the higher one (pool_try_merge_blocks) */
-        block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (expandable.c) */
+        block->free_tick = ++pool->owner->free_tick; /* compact_memory's readiness (compact.c) */
     return expandable;
 }
 
@@ -1549,17 +1549,6 @@ static inline cca_mempool_id_t pools_id_of(const cca_stream_pool_t *sp)
 /* Grow the pool's expandable segment to hold size bytes (PyTorch's
  * try_allocate_expandable_block); *out leaves its bin. CCA_ERR_OUT_OF_MEMORY: device full. */
 cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_block_t **out);
-/* compact_memory's planned placement: map every granule of [addr, addr + size), free address
- * space of pool's segment from c (the block holding addr) on, free granules moved there
- * first as for a growth; within_limit: only the granules from addr on that moved granules
- * and the room under the limit cover (device lock and the pool's lock held). */
-cca_status_t expandable_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block_t *c, uintptr_t addr,
-                                  size_t size, bool within_limit);
-/* compact_memory's planned placement: address space for a plan of size bytes, free and
- * unmapped: the top of one of pool's compact segments, else a new segment's start (device
- * lock and the pool's lock held). */
-cca_status_t expandable_plan_range(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_segment_t **seg,
-                                   uintptr_t *base);
 /* get_free_block's step for an expandable best fit b: the block to use, or NULL. */
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b);
 /* Unmap the whole granules of a free expandable block; free an empty reservation. */
@@ -1568,14 +1557,6 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block);
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 /* Release handles whose release failed before (device lock held). */
 cca_status_t expandable_release_orphans(cca_device_t *dev);
-/* compact_memory: unmap the old mappings of aliased blocks whose stream's work is done (wait:
- * after synchronising the stream); held: the stream pool locked by the caller, or NULL. */
-cca_status_t expandable_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait);
-/* compact_memory: destroy the streams' readiness events (empty_cache; device lock held). */
-cca_status_t expandable_destroy_ready_events(cca_device_t *dev);
-/* compact_memory: the growth limit starts again from the bytes held now (empty_cache; device
- * lock held). */
-void expandable_restart_limit(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
 cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
 /* Free memory the cache holds in the device's segments and the largest free block
@@ -1583,6 +1564,27 @@ cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
 void expandable_free_extent(cca_device_t *dev, size_t *free_bytes, size_t *largest);
 /* Shutdown: give every expandable segment and orphan back to the backend, unlink them. */
 void expandable_device_shutdown(cca_device_t *dev);
+
+/* ---- compact.c: compact_memory's moves of free granules (beside expandable.c) ---------
+ * With the device lock held; the helpers it shares with expandable.c are in expandable.h. */
+
+/* The planned placement (plan.c): map every granule of [addr, addr + size), free address
+ * space of pool's segment from c (the block holding addr) on, free granules moved there
+ * first as for a growth; within_limit: only the granules from addr on that moved granules
+ * and the room under the limit cover (the pool's lock held too). */
+cca_status_t compact_map_range(cca_device_t *dev, cca_pool_t *pool, cca_block_t *c, uintptr_t addr,
+                               size_t size, bool within_limit);
+/* The planned placement: address space for a plan of size bytes, free and unmapped: the top
+ * of one of pool's compact segments, else a new segment's start (the pool's lock held too). */
+cca_status_t compact_plan_range(cca_device_t *dev, cca_pool_t *pool, size_t size, cca_segment_t **seg,
+                                uintptr_t *base);
+/* Unmap the old mappings of aliased blocks whose stream's work is done (wait: after
+ * synchronising the stream); held: the stream pool locked by the caller, or NULL. */
+cca_status_t compact_settle_aliases(cca_device_t *dev, cca_stream_pool_t *held, bool wait);
+/* Destroy the streams' readiness events (empty_cache). */
+cca_status_t compact_destroy_ready_events(cca_device_t *dev);
+/* The growth limit starts again from the bytes held now (empty_cache). */
+void compact_restart_limit(cca_device_t *dev);
 
 /* ---- uncached.c: CCA_NO_CACHING ------------------------------------------------- */
 

@@ -537,7 +537,7 @@ static cca_status_t with_device_lock(cca_device_t *dev, cca_pool_t *pool, cca_pl
     bool unmapped;
     if (p->active && !p->seg) {
         /* the plan's start: the unmapped top of one of the pool's segments, or a new one */
-        if (expandable_plan_range(dev, pool, size, &p->seg, &p->base) != CCA_OK) {
+        if (compact_plan_range(dev, pool, size, &p->seg, &p->base) != CCA_OK) {
             plan_drop(p); /* (no address space: not again at once) */
             p->retry_at = p->serial + PLAN_RETRY_PERIODS * p->len;
         }
@@ -545,7 +545,7 @@ static cca_status_t with_device_lock(cca_device_t *dev, cca_pool_t *pool, cca_pl
     }
     cca_block_t *c = p->active ? plan_find(p, addr) : NULL;
     if (c && range_free(c, addr, size, &unmapped))
-        st = expandable_map_range(dev, pool, c, addr, size, within_limit);
+        st = compact_map_range(dev, pool, c, addr, size, within_limit);
     if (st == CCA_OK && !dev->exact_stats) {
         cca_device_stats_t sample; /* sample the peaks, as a growth does */
         stats_read_held(dev, &sample, sp);

@@ -255,7 +255,7 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
     if (st == CCA_OK)
         st = events_synchronize_and_free(dev, held, NULL);
     if (st == CCA_OK)
-        st = expandable_settle_aliases(dev, held, true);
+        st = compact_settle_aliases(dev, held, true);
     if (st != CCA_OK)
         return st;
     st = expandable_release_orphans(dev);
@@ -461,13 +461,13 @@ cca_status_t cca_empty_cache(void)
         pthread_mutex_lock(&dev->lock);
         st = release_cached_blocks_locked(dev, NULL);
         if (st == CCA_OK)
-            expandable_restart_limit(dev);
+            compact_restart_limit(dev);
         if (st == CCA_OK)
             for_each_pool_locked(dev, plan_reset_pool, NULL); /* a new phase */
         if (st == CCA_OK)
             st = events_destroy_pooled(dev);
         if (st == CCA_OK)
-            st = expandable_destroy_ready_events(dev);
+            st = compact_destroy_ready_events(dev);
         pthread_mutex_unlock(&dev->lock);
         if (st != CCA_OK && result == CCA_OK)
             result = st;

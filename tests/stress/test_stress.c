@@ -357,11 +357,11 @@ TEST(threads_streams_events_compact) { run_stress("compact_memory:True", 8ull <<
 /* the limit off: every growth moves the free granules known done, from other threads' streams */
 TEST(threads_streams_events_compact_moving)
 {
-    expandable_test_limit(true);
+    compact_test_limit(true);
     moving_expected = true;
     run_stress("compact_memory:True", 8ull << 30);
     moving_expected = false;
-    expandable_test_limit(false);
+    compact_test_limit(false);
 }
 
 /* ---- planned placement under threads ------------------------------------------------- */

@@ -1117,7 +1117,7 @@ TEST(compact_shift_never_costs_an_allocation_its_host_memory)
 TEST(compact_lends_the_granules_above_the_growths_run)
 {
     setup_with("compact_memory:True", 0);
-    expandable_test_limit(true); /* every growth moves the free granules known done */
+    compact_test_limit(true); /* every growth moves the free granules known done */
     void *a = xmalloc(2 * MiB, NULL), *f = xmalloc(20 * MiB, NULL), *h = xmalloc(4 * MiB, NULL);
     void *g = xmalloc(20 * MiB, NULL), *b = xmalloc(2 * MiB, NULL);
     cca_free(h);
@@ -1133,7 +1133,7 @@ TEST(compact_lends_the_granules_above_the_growths_run)
     expect_eq_i64(extra_stat("cca.compact_moves"), 1);
     expect_eq_i64(extra_stat("cca.compact_moved_bytes"), (int64_t)(4 * MiB));
     expect_true(invariants_hold());
-    expandable_test_limit(false);
+    compact_test_limit(false);
     cca_free(a);
     cca_free(b);
     cca_free(c);
@@ -1262,7 +1262,7 @@ TEST(compact_fraction_counts_the_granules_mapped)
 TEST(compact_lends_no_handle_it_cannot_give_back)
 {
     setup_with("compact_memory:True", 0);
-    expandable_test_limit(true); /* every growth moves the free granules known done */
+    compact_test_limit(true); /* every growth moves the free granules known done */
     void *p[7];
     p[0] = xmalloc(4 * MiB, NULL);
     p[1] = xmalloc(4 * MiB, NULL);
@@ -1293,7 +1293,7 @@ TEST(compact_lends_no_handle_it_cannot_give_back)
     expect_true(q != NULL);
     expect_true(reserved() <= before + (int64_t)(40 * MiB));
     expect_true(invariants_hold());
-    expandable_test_limit(false);
+    compact_test_limit(false);
     cca_free(q);
     for (int i = 0; i < 7; i++)
         if (i != 2 && i != 4)
