@@ -4,7 +4,9 @@
  * lockstep on the simulated backend (manual events). The first byte picks
  * settings (default, max_split_size, roundup_power2_divisions, both with
  * max_non_split_rounding), the second the device's memory (plenty, or small
- * enough that the out-of-memory sequence runs); each later byte an operation:
+ * enough that the out-of-memory sequence runs) and whether a per-process
+ * memory fraction with garbage_collection_threshold caps it instead (the
+ * collection by age before new segments); each later byte an operation:
  * an allocation of a size from 1 byte to 128 MiB on one of four streams, a
  * free, a use of a live block on another stream (cca_record_stream), the
  * completion of that stream's work, empty_cache. Every allocation must land
@@ -37,6 +39,10 @@ static const char *const settings_of[4] = {
     "max_split_size_mb:64,max_non_split_rounding_mb:40,roundup_power2_divisions:[1:2,4:4,>:8]",
 };
 static const size_t caps[4] = {0, 64u << 20, 256u << 20, 1024u << 20};
+/* garbage_collection_threshold and the memory fraction's share of a 64 GiB device (none, 256
+ * MiB, 1 GiB, 64 MiB), by bits 2-3 of the second byte */
+static const char *const gc_of[4] = {NULL, "0.5", "0.8", "0.3"};
+static const double fraction_of[4] = {0.0, 1.0 / 256, 1.0 / 64, 1.0 / 1024};
 
 typedef struct slot {
     void *ptr;
@@ -88,8 +94,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
-    const char *settings = settings_of[data[0] % 4];
-    size_t cap = caps[data[1] % 4];
+    unsigned gc = (data[1] >> 2) % 4;
+    char settings[160];
+    snprintf(settings, sizeof(settings), "%s%s%s", settings_of[data[0] % 4],
+             gc ? (data[0] % 4 ? ",garbage_collection_threshold:" : "garbage_collection_threshold:") : "",
+             gc ? gc_of[gc] : "");
+    size_t cap = gc ? 0 : caps[data[1] % 4];
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.manual_events = true;
@@ -98,6 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cca_shutdown();
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim: %s", cca_last_error()->message);
     CHECK(cca_init_with_backend(sim, settings) == CCA_OK, "init: %s", cca_last_error()->message);
+    if (gc)
+        CHECK(cca_set_memory_fraction(fraction_of[gc], 0) == CCA_OK, "fraction: %s", cca_last_error()->message);
     model_t *m = malloc(sizeof(*m));
     CHECK(m && model_init(m), "out of host memory");
     const cca_settings_t *cs = &cca_state->settings;
@@ -106,6 +118,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < 16; i++)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = cap;
+    if (gc) { /* the fraction's allowed bytes as cca computed them */
+        m->cap = cca_state->devices[0].allowed_memory_maximum;
+        m->gc_threshold = cs->garbage_collection_threshold;
+    }
     base_count = 0;
     int64_t made_before = 0;
     slot_t slots[SLOTS];
