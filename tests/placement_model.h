@@ -12,8 +12,14 @@
  * past a device's memory, PyTorch's sequence: the oversize blocks that make
  * room given back, then every cached block, a retry, out of memory; with a
  * per-process memory fraction (the cap) and garbage_collection_threshold,
- * PyTorch's collection by age before a new segment. No expandable segments,
- * private pools, statistics, locks or history. Segments get ids in the order they are made,
+ * PyTorch's collection by age before a new segment. With expandable, PyTorch's
+ * expandable segments instead of segments: one reservation per stream and
+ * kind (9/8 of the device), mapped in granules (2 MiB small, 20 MiB large)
+ * from the lowest unmapped run that holds the request, best fit preferring
+ * blocks that could grow less, every block split where 512 bytes remain, and
+ * release unmapping the whole granules of free blocks (a reservation with
+ * nothing mapped given back); no cap or collection with it. No private
+ * pools, statistics, locks or history. Segments get ids in the order they are made,
  * at addresses the caller offers (an allocator's, for ties) or of their own.
  *
  * Used by bench/bench_floor.c (what the placement alone costs) and by
@@ -35,6 +41,7 @@
 
 typedef struct model_pool {
     cca_bins_t bins;
+    cca_block_t *unmapped; /* expandable: unmapped runs by address (bin_next, bin_prev) */
 } model_pool_t;
 
 typedef struct model_map {
@@ -74,6 +81,9 @@ typedef struct model {
                                  while collecting: a free block's age is the searches of its
                                  kind since it went into its bin */
     uint64_t gc_released;     /* segments the collection gave back */
+    bool expandable;          /* expandable segments (segments: reservations) */
+    size_t total_memory;      /* the device's, which a reservation spans 9/8 of */
+    uint64_t maps, unmaps;    /* expandable: ranges mapped, unmapped */
 } model_t;
 
 static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block);
@@ -123,6 +133,11 @@ static inline void model_destroy(model_t *m)
                 bins_remove(&pool->bins, b);
                 free(b);
             }
+        while (pool->unmapped) {
+            cca_block_t *b = pool->unmapped;
+            pool->unmapped = b->bin_next;
+            free(b);
+        }
     }
     while (m->spare) {
         cca_block_t *b = m->spare;
@@ -255,11 +270,250 @@ static inline void model_complete(model_t *m)
     }
 }
 
+/* ---- expandable segments ---------------------------------------------------------- */
+
+static inline void model_merge(model_t *m, model_pool_t *pool, cca_block_t *block, cca_block_t *n);
+
+/* The bytes a reservation of pool's kind maps at a time. */
+static inline size_t model_granule(bool small)
+{
+    return small ? 2 * MODEL_MiB : 20 * MODEL_MiB;
+}
+
+/* An unmapped run into its pool's list, by address; out of it. */
+static inline void model_unmapped_insert(model_pool_t *pool, cca_block_t *b)
+{
+    cca_block_t *prev = NULL, *at = pool->unmapped;
+    while (at && at->addr < b->addr) {
+        prev = at;
+        at = at->bin_next;
+    }
+    b->bin_prev = prev;
+    b->bin_next = at;
+    if (at)
+        at->bin_prev = b;
+    if (prev)
+        prev->bin_next = b;
+    else
+        pool->unmapped = b;
+}
+
+static inline void model_unmapped_remove(model_pool_t *pool, cca_block_t *b)
+{
+    if (b->bin_prev)
+        b->bin_prev->bin_next = b->bin_next;
+    else
+        pool->unmapped = b->bin_next;
+    if (b->bin_next)
+        b->bin_next->bin_prev = b->bin_prev;
+    b->bin_prev = b->bin_next = NULL;
+}
+
+/* Free and no use pending (an unmapped run, or a free block in its bin). */
+static inline bool model_allocatable(const cca_block_t *b)
+{
+    return b && (b->in_bin || (!b->mapped && !b->allocated));
+}
+
+/* The size a free block could grow to: itself and the unmapped run after it. */
+static inline size_t model_growable(const cca_block_t *b)
+{
+    return b->size + (b->next && !b->next->mapped && !b->next->allocated ? b->next->size : 0);
+}
+
+/* Best fit among a pool's expandable blocks: from the first that fits, on to the next ones
+ * in (size, address) order as long as each could grow less than the one before. */
+static inline cca_block_t *model_expandable_fit(model_pool_t *pool, cca_block_t *b)
+{
+    for (cca_block_t *n = bins_next(&pool->bins, b); n && model_growable(n) < model_growable(b);
+         n = bins_next(&pool->bins, n))
+        b = n;
+    return b;
+}
+
+/* Link b between before and after (either may be NULL). */
+static inline void model_link(cca_block_t *b, cca_block_t *before, cca_block_t *after)
+{
+    b->prev = before;
+    b->next = after;
+    if (before)
+        before->next = b;
+    if (after)
+        after->prev = b;
+}
+
+/* PyTorch's find_expandable_block: the lowest unmapped run of the pool (or the free block
+ * just below it) from which size bytes of free address space run; else a new reservation
+ * (at offered_base if given). NULL: out of host memory or of segment ids (m->failed). */
+static inline cca_block_t *model_find_expandable(model_t *m, model_pool_t *pool, bool small, size_t size)
+{
+    for (cca_block_t *u = pool->unmapped; u; u = u->bin_next) {
+        cca_block_t *c = model_allocatable(u->prev) ? u->prev : u;
+        size_t bytes = 0;
+        for (const cca_block_t *b = c; b && bytes < size && model_allocatable(b); b = b->next)
+            bytes += b->size;
+        if (bytes >= size)
+            return c;
+    }
+    size_t g = model_granule(small);
+    size_t space = m->total_memory + m->total_memory / 8;
+    size_t reservation = (space + g - 1) / g * g;
+    cca_block_t *block;
+    if (m->segments == MODEL_MAX_SEGMENTS || !(block = model_block_new(m))) {
+        m->failed = true;
+        return NULL;
+    }
+    block->addr = m->offered_base ? m->offered_base : m->next_base;
+    block->size = reservation;
+    block->requested_size = m->segments; /* its reservation's id */
+    m->seg_base[m->segments++] = block->addr;
+    if (!m->offered_base)
+        m->next_base += reservation + 2 * MODEL_MiB;
+    m->offered_base = 0;
+    model_unmapped_insert(pool, block);
+    return block;
+}
+
+/* PyTorch's map_block: the first size bytes of the unmapped run b mapped (whole granules),
+ * the rest left unmapped, the mapped part merged with its free neighbours and binned; the
+ * free block holding it. */
+static inline cca_block_t *model_map_block(model_t *m, model_pool_t *pool, bool small, cca_block_t *b,
+                                           size_t size)
+{
+    size_t g = model_granule(small);
+    size_t mapped = (size + g - 1) / g * g;
+    if (mapped > b->size)
+        mapped = b->size;
+    if (mapped < b->size) {
+        cca_block_t *rest = model_block_new(m);
+        if (!rest)
+            return NULL;
+        rest->addr = b->addr + mapped;
+        rest->size = b->size - mapped;
+        rest->requested_size = b->requested_size;
+        model_link(rest, b, b->next);
+        model_unmapped_insert(pool, rest);
+        b->size = mapped;
+    }
+    model_unmapped_remove(pool, b);
+    b->mapped = true;
+    model_merge(m, pool, b, b->prev);
+    model_merge(m, pool, b, b->next);
+    model_bin(m, pool, b);
+    m->reserved += mapped;
+    m->maps++;
+    return b;
+}
+
+/* PyTorch's try_allocate_expandable_block: size bytes mapped from the run find_expandable_block
+ * gives, as one free block, out of its bin; NULL: out of host memory (m->failed). */
+static inline cca_block_t *model_grow(model_t *m, model_pool_t *pool, bool small, size_t size)
+{
+    cca_block_t *c = model_find_expandable(m, pool, small, size);
+    if (c && !c->mapped)
+        c = model_map_block(m, pool, small, c, c->size < size ? c->size : size);
+    while (c && c->size < size) {
+        cca_block_t *next = c->next;
+        size_t left = size - c->size;
+        c = model_map_block(m, pool, small, next, left < next->size ? left : next->size);
+    }
+    if (!c) {
+        m->failed = true;
+        return NULL;
+    }
+    bins_remove(&pool->bins, c);
+    return c;
+}
+
+/* PyTorch's unmap_block: the whole granules of the free block b unmapped, the parts of
+ * granules at either end left as free blocks, the unmapped run merged with unmapped
+ * neighbours; a reservation left with nothing mapped given back. */
+static inline void model_unmap_block(model_t *m, model_pool_t *pool, cca_block_t *b)
+{
+    bool small = model_kind(m, pool) == 0;
+    size_t g = model_granule(small);
+    uintptr_t base = m->seg_base[model_segment(b)];
+    uintptr_t lo = base + (b->addr - base + g - 1) / g * g;
+    uintptr_t hi = base + (b->addr + b->size - base) / g * g;
+    if (lo >= hi)
+        return;
+    bins_remove(&pool->bins, b);
+    if (lo > b->addr) {
+        cca_block_t *before = model_block_new(m);
+        if (!before)
+            return;
+        before->addr = b->addr;
+        before->size = lo - b->addr;
+        before->requested_size = b->requested_size;
+        before->mapped = true;
+        model_link(before, b->prev, b);
+        model_bin(m, pool, before);
+    }
+    if (hi < b->addr + b->size) {
+        cca_block_t *after = model_block_new(m);
+        if (!after)
+            return;
+        after->addr = hi;
+        after->size = b->addr + b->size - hi;
+        after->requested_size = b->requested_size;
+        after->mapped = true;
+        model_link(after, b, b->next);
+        model_bin(m, pool, after);
+    }
+    b->addr = lo;
+    b->size = hi - lo;
+    b->mapped = false;
+    m->reserved -= hi - lo;
+    m->unmaps++;
+    for (int side = 0; side < 2; side++) {
+        cca_block_t *n = side ? b->next : b->prev;
+        if (!n || n->mapped || n->allocated)
+            continue;
+        model_unmapped_remove(pool, n);
+        if (side) {
+            b->size += n->size;
+            model_link(b, b->prev, n->next);
+        } else {
+            b->addr = n->addr;
+            b->size += n->size;
+            model_link(b, n->prev, b->next);
+        }
+        model_block_delete(m, n);
+    }
+    if (!b->prev && !b->next) { /* the reservation, nothing mapped: given back */
+        m->released[model_segment(b)] = true;
+        m->any_released = true;
+        model_block_delete(m, b);
+        return;
+    }
+    model_unmapped_insert(pool, b);
+}
+
 /* PyTorch's release_cached_blocks: every use waited for, then every free block that is a
  * whole segment given back (every stream's). */
 static inline void model_release_all(model_t *m)
 {
     model_synchronize(m);
+    if (m->expandable) { /* every free block's whole granules unmapped (gathered first: the
+                          * unmaps change the bins) */
+        for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
+            model_pool_t *pool = &m->pools[p / 2][p % 2];
+            size_t n = 0, i = 0;
+            for (cca_block_t *b = bins_best_fit(&pool->bins, 0); b; b = bins_next(&pool->bins, b))
+                n++;
+            cca_block_t **list = n ? malloc(n * sizeof(*list)) : NULL;
+            if (n && !list) {
+                m->failed = true;
+                return;
+            }
+            for (cca_block_t *b = bins_best_fit(&pool->bins, 0); b; b = bins_next(&pool->bins, b))
+                list[i++] = b;
+            for (i = 0; i < n; i++)
+                model_unmap_block(m, pool, list[i]);
+            free(list);
+        }
+        return;
+    }
     for (int p = 0; p < 2 * MODEL_STREAMS; p++) {
         model_pool_t *pool = &m->pools[p / 2][p % 2];
         for (unsigned bin = 0; bin < CCA_BIN_COUNT; bin++) {
@@ -386,6 +640,8 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     if (m->gc_threshold > 0.0)
         m->gc_calls[small ? 0 : 1]++;
     cca_block_t *block = bins_best_fit(&pool->bins, rsize);
+    if (block && m->expandable)
+        block = model_expandable_fit(pool, block);
     /* max_split_size: a request below it takes no oversize block, one at or above it none
      * max_non_split_rounding or more larger than itself */
     if (block && ((rsize < m->max_split && block->size >= m->max_split) ||
@@ -393,6 +649,9 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         block = NULL;
     if (block) {
         bins_remove(&pool->bins, block);
+    } else if (m->expandable) {
+        if (!(block = model_grow(m, pool, small, rsize)))
+            return NULL;
     } else {
         size_t seg = small ? 2 * MODEL_MiB
                            : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB
@@ -414,7 +673,8 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         }
     }
     size_t rest = block->size - rsize;
-    if (small ? rest >= m->small_split_min : rsize < m->max_split && rest > MODEL_MiB) {
+    if (small ? rest >= m->small_split_min
+              : m->expandable ? rest >= 512 : rsize < m->max_split && rest > MODEL_MiB) {
         cca_block_t *front = model_block_new(m);
         if (!front) {
             model_bin(m, pool, block);
@@ -423,6 +683,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         front->addr = block->addr;
         front->size = rsize;
         front->requested_size = block->requested_size;
+        front->mapped = block->mapped;
         front->prev = block->prev;
         if (front->prev)
             front->prev->next = front;

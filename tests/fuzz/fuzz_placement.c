@@ -4,9 +4,10 @@
  * lockstep on the simulated backend (manual events). The first byte picks
  * settings (default, max_split_size, roundup_power2_divisions, both with
  * max_non_split_rounding), the second the device's memory (plenty, or small
- * enough that the out-of-memory sequence runs) and whether a per-process
+ * enough that the out-of-memory sequence runs), whether a per-process
  * memory fraction with garbage_collection_threshold caps it instead (the
- * collection by age before new segments); each later byte an operation:
+ * collection by age before new segments), and whether expandable segments
+ * are on (then with neither); each later byte an operation:
  * an allocation of a size from 1 byte to 128 MiB on one of four streams, a
  * free, a use of a live block on another stream (cca_record_stream), the
  * completion of that stream's work, empty_cache. Every allocation must land
@@ -94,12 +95,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
-    unsigned gc = (data[1] >> 2) % 4;
-    char settings[160];
-    snprintf(settings, sizeof(settings), "%s%s%s", settings_of[data[0] % 4],
+    bool expandable = (data[1] >> 4) % 4 == 3;
+    unsigned gc = expandable ? 0 : (data[1] >> 2) % 4;
+    char settings[192];
+    snprintf(settings, sizeof(settings), "%s%s%s%s", settings_of[data[0] % 4],
              gc ? (data[0] % 4 ? ",garbage_collection_threshold:" : "garbage_collection_threshold:") : "",
-             gc ? gc_of[gc] : "");
-    size_t cap = gc ? 0 : caps[data[1] % 4];
+             gc ? gc_of[gc] : "",
+             expandable ? (data[0] % 4 ? ",expandable_segments:True" : "expandable_segments:True") : "");
+    size_t cap = gc || expandable ? 0 : caps[data[1] % 4];
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.manual_events = true;
@@ -118,6 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < 16; i++)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = cap;
+    m->expandable = expandable;
+    m->total_memory = cca_state->devices[0].total_memory;
     if (gc) { /* the fraction's allowed bytes as cca computed them */
         m->cap = cca_state->devices[0].allowed_memory_maximum;
         m->gc_threshold = cs->garbage_collection_threshold;
@@ -143,7 +148,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   cca_last_error()->message);
             void *base = NULL;
             size_t seg_size = 0;
-            if (st == CCA_OK) {
+            if (st == CCA_OK && expandable) { /* its reservation; one not seen before is new */
+                base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)sl->ptr, false)->segment->base;
+                bool seen = false;
+                for (size_t i = 0; i < base_count && !seen; i++)
+                    seen = bases[i] == (uintptr_t)base;
+                if (!seen)
+                    m->offered_base = (uintptr_t)base;
+            } else if (st == CCA_OK) {
                 CHECK(cca_get_base_allocation(sl->ptr, &base, &seg_size) == CCA_OK, "base");
                 int64_t made = device_allocs();
                 if (made != made_before)
@@ -202,8 +214,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     cca_device_stats_t ds;
     CHECK(cca_get_device_stats(0, &ds) == CCA_OK, "stats");
-    CHECK((uint64_t)ds.num_device_alloc == m->segments, "segments made: cca %lld, the model %zu",
-          (long long)ds.num_device_alloc, m->segments);
+    if (expandable) {
+        CHECK((uint64_t)ds.num_device_alloc == m->maps, "ranges mapped: cca %lld, the model %llu",
+              (long long)ds.num_device_alloc, (unsigned long long)m->maps);
+        CHECK((uint64_t)ds.num_device_free == m->unmaps, "ranges unmapped: cca %lld, the model %llu",
+              (long long)ds.num_device_free, (unsigned long long)m->unmaps);
+    } else {
+        CHECK((uint64_t)ds.num_device_alloc == m->segments, "segments made: cca %lld, the model %zu",
+              (long long)ds.num_device_alloc, m->segments);
+    }
     CHECK((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current == m->reserved, "reserved: cca %lld, the model %zu",
           (long long)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
     CHECK((uint64_t)ds.num_alloc_retries == m->retries, "retries: cca %lld, the model %llu",

@@ -93,6 +93,14 @@ static int64_t device_allocs(void)
     return cca_get_device_stats(0, &ds) == CCA_OK ? ds.num_device_alloc : -1;
 }
 
+static bool segment_seen(const seen_segments_t *seen, uintptr_t base)
+{
+    for (size_t i = 0; i < seen->count; i++)
+        if (seen->base[i] == base)
+            return true;
+    return false;
+}
+
 static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
 {
     for (size_t i = 0; i < seen->count; i++)
@@ -136,6 +144,8 @@ static long lockstep_run(const run_t *r)
     for (int i = 0; i < 16; i++)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = r->cap;
+    m->expandable = cs->expandable_segments;
+    m->total_memory = cca_state->devices[0].total_memory;
     if (r->fraction > 0.0) { /* the fraction's allowed bytes as cca computed them */
         m->cap = cca_state->devices[0].allowed_memory_maximum;
         m->gc_threshold = cs->garbage_collection_threshold;
@@ -180,7 +190,13 @@ static long lockstep_run(const run_t *r)
         }
         void *base = NULL;
         size_t seg_size = 0;
-        if (st == CCA_OK) {
+        if (st == CCA_OK && m->expandable) {
+            /* the block's reservation; one not seen before was made for this request: the
+             * model's new one, if it makes one, goes there too */
+            base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)live[k], false)->segment->base;
+            if (!segment_seen(seen, (uintptr_t)base))
+                m->offered_base = (uintptr_t)base;
+        } else if (st == CCA_OK) {
             expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
             /* a segment cca made for this request (maybe at the address of one it gave back in
              * the same call): the model's new one, if it makes one, goes there too */
@@ -228,7 +244,13 @@ static long lockstep_run(const run_t *r)
     }
     cca_device_stats_t ds;
     expect_ok(cca_get_device_stats(0, &ds));
-    if (!differ) { /* the same placement makes the same segments, gives back the same ones */
+    if (!differ && m->expandable) { /* the same placement maps and unmaps the same ranges */
+        expect_eq_u64((uint64_t)ds.num_device_alloc, m->maps);
+        expect_eq_u64((uint64_t)ds.num_device_free, m->unmaps);
+        expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
+        expect_eq_u64((uint64_t)ds.num_alloc_retries, m->retries);
+        expect_eq_u64((uint64_t)ds.num_ooms, m->ooms);
+    } else if (!differ) { /* the same placement makes the same segments, gives back the same ones */
         expect_eq_u64((uint64_t)ds.num_device_alloc, m->segments);
         expect_eq_u64((uint64_t)ds.reserved_bytes[CCA_STAT_ALL].current, m->reserved);
         expect_eq_u64((uint64_t)ds.num_alloc_retries, m->retries);
@@ -250,6 +272,9 @@ static long lockstep_run(const run_t *r)
            r->cap ? ", a capped device" : "", r->fraction > 0.0 ? ", a memory fraction" : "", r->seed, allocs,
            deferred, emptied, (unsigned long long)m->retries, ooms, (unsigned long long)m->gc_released,
            m->segments, m->reserved / MiB, differ);
+    if (m->expandable)
+        printf("    expandable: %llu ranges mapped, %llu unmapped\n", (unsigned long long)m->maps,
+               (unsigned long long)m->unmaps);
     for (int k = 0; k < r->slots; k++)
         if (live[k]) {
             expect_ok(cca_free(live[k]));
@@ -374,6 +399,18 @@ TEST(garbage_collection_lands_where_the_model_puts_it)
                  {"garbage_collection_threshold:0.5", 256, 100000, 16 * MiB, 53, 4, true, false, 0, 0, 1.0 / 64});
 }
 
+/* Expandable segments: one reservation per stream and kind, mapped in 2 MiB and 20 MiB
+ * granules as it grows from its lowest unmapped run, best fit preferring blocks that could
+ * grow less, every block split where 512 bytes remain; empty_cache unmapping the whole
+ * granules of free blocks (a reservation with nothing mapped given back); on one stream and
+ * on four, with record_stream. */
+TEST(expandable_segments_land_where_the_model_puts_them)
+{
+    EXPECT_AGREE({"expandable_segments:True", 512, 100000, 8 * MiB, 61, 1, false, false, 0, 0, 0.0},
+                 {"expandable_segments:True", 128, 50000, 96 * MiB, 62, 1, false, true, 0, 0, 0.0},
+                 {"expandable_segments:True", 256, 100000, 16 * MiB, 63, 4, true, true, 0, 0, 0.0});
+}
+
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
  * (not PyTorch's rule) differs from cca within a few thousand steps. */
 TEST(a_changed_rule_differs)
@@ -394,6 +431,7 @@ int main(void)
     RUN(empty_cache_lands_where_the_model_puts_it);
     RUN(out_of_memory_lands_where_the_model_puts_it);
     RUN(garbage_collection_lands_where_the_model_puts_it);
+    RUN(expandable_segments_land_where_the_model_puts_them);
     RUN(a_changed_rule_differs);
     return harness_done();
 }
