@@ -1,18 +1,20 @@
 /*
- * test_placement_model.c - cca's default placement against a second
- * implementation of PyTorch's rules (tests/placement_model.h), driven in
- * lockstep on the anchor benchmark's random workloads (bench/anchor_rng.h):
- * every allocation must land in the same segment (counted in the order the
- * segments were made) at the same offset, or run out of memory on both sides,
- * and at the end both must have made and kept the same segments, with the
- * same retries and out-of-memory counts. Runs: default settings, under
- * max_split_size (and max_non_split_rounding) and roundup_power2_divisions,
- * on one stream and on four, with blocks used on another stream
- * (record_stream) coming back once its events complete, with empty_cache now
- * and then, on devices too small for the workload (the out-of-memory
- * sequence), and under a memory fraction with garbage_collection_threshold. The bundled traces check the placement against PyTorch's
- * recorded addresses; this checks it on sizes and orders no trace has, over
- * many steps; fuzz_placement drives the same comparison from fuzzer input.
+ * test_placement_model.c - cca's placement against a second implementation
+ * of PyTorch's rules (tests/placement_model.h), driven in lockstep on the
+ * anchor benchmark's random workloads (bench/anchor_rng.h): every allocation
+ * must land in the same segment (counted in the order the segments were
+ * made) at the same offset, or run out of memory on both sides, and at the
+ * end both must have made and kept the same segments (with expandable
+ * segments: mapped and unmapped the same ranges), with the same retries and
+ * out-of-memory counts. Runs: default settings, under max_split_size (and
+ * max_non_split_rounding) and roundup_power2_divisions, on one stream and on
+ * four, with blocks used on another stream (record_stream) coming back once
+ * its events complete, with empty_cache now and then, on devices too small
+ * for the workload (the out-of-memory sequence), under a memory fraction
+ * with garbage_collection_threshold, and with expandable segments. The
+ * bundled traces check the placement against PyTorch's recorded addresses;
+ * this checks it on sizes and orders no trace has, over many steps;
+ * fuzz_placement drives the same comparison from fuzzer input.
  */
 #include <stdint.h>
 #include <stdio.h>
