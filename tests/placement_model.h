@@ -18,8 +18,9 @@
  * from the lowest unmapped run that holds the request, best fit preferring
  * blocks that could grow less, every block split where 512 bytes remain, and
  * release unmapping the whole granules of free blocks (a reservation with
- * nothing mapped given back); no cap or collection with it. No private
- * pools, statistics, locks or history. Segments get ids in the order they are made,
+ * nothing mapped given back), and past the cap the same sequence (a growth
+ * that fails keeps what it mapped before); no collection with it. No
+ * private pools, statistics, locks or history. Segments get ids in the order they are made,
  * at addresses the caller offers (an allocator's, for ties) or of their own.
  *
  * Used by bench/bench_floor.c (what the placement alone costs) and by
@@ -376,7 +377,7 @@ static inline cca_block_t *model_find_expandable(model_t *m, model_pool_t *pool,
 
 /* PyTorch's map_block: the first size bytes of the unmapped run b mapped (whole granules),
  * the rest left unmapped, the mapped part merged with its free neighbours and binned; the
- * free block holding it. */
+ * free block holding it. NULL: past the cap (nothing mapped), or out of host memory. */
 static inline cca_block_t *model_map_block(model_t *m, model_pool_t *pool, bool small, cca_block_t *b,
                                            size_t size)
 {
@@ -384,6 +385,10 @@ static inline cca_block_t *model_map_block(model_t *m, model_pool_t *pool, bool 
     size_t mapped = (size + g - 1) / g * g;
     if (mapped > b->size)
         mapped = b->size;
+    if (m->cap && m->reserved + mapped > m->cap) {
+        m->cap_hits++;
+        return NULL;
+    }
     if (mapped < b->size) {
         cca_block_t *rest = model_block_new(m);
         if (!rest)
@@ -406,7 +411,8 @@ static inline cca_block_t *model_map_block(model_t *m, model_pool_t *pool, bool 
 }
 
 /* PyTorch's try_allocate_expandable_block: size bytes mapped from the run find_expandable_block
- * gives, as one free block, out of its bin; NULL: out of host memory (m->failed). */
+ * gives, as one free block, out of its bin; NULL: past the cap (what was mapped before the
+ * map that failed stays mapped and cached), or out of host memory (m->failed). */
 static inline cca_block_t *model_grow(model_t *m, model_pool_t *pool, bool small, size_t size)
 {
     cca_block_t *c = model_find_expandable(m, pool, small, size);
@@ -417,10 +423,8 @@ static inline cca_block_t *model_grow(model_t *m, model_pool_t *pool, bool small
         size_t left = size - c->size;
         c = model_map_block(m, pool, small, next, left < next->size ? left : next->size);
     }
-    if (!c) {
-        m->failed = true;
+    if (!c)
         return NULL;
-    }
     bins_remove(&pool->bins, c);
     return c;
 }
@@ -650,8 +654,19 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
     if (block) {
         bins_remove(&pool->bins, block);
     } else if (m->expandable) {
-        if (!(block = model_grow(m, pool, small, rsize)))
+        /* past the cap: no oversize block is given back (they are all expandable), every free
+         * block's whole granules unmapped, a retry */
+        block = model_grow(m, pool, small, rsize);
+        if (!block && !m->failed) {
+            model_release_all(m);
+            m->retries++;
+            block = model_grow(m, pool, small, rsize);
+        }
+        if (!block) {
+            m->ooms += !m->failed;
+            m->offered_base = 0;
             return NULL;
+        }
     } else {
         size_t seg = small ? 2 * MODEL_MiB
                            : rsize < 10 * MODEL_MiB ? 20 * MODEL_MiB

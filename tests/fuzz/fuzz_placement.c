@@ -7,7 +7,7 @@
  * enough that the out-of-memory sequence runs), whether a per-process
  * memory fraction with garbage_collection_threshold caps it instead (the
  * collection by age before new segments), and whether expandable segments
- * are on (then with neither); each later byte an operation:
+ * are on (then without the fraction); each later byte an operation:
  * an allocation of a size from 1 byte to 128 MiB on one of four streams, a
  * free, a use of a live block on another stream (cca_record_stream), the
  * completion of that stream's work, empty_cache. Every allocation must land
@@ -102,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              gc ? (data[0] % 4 ? ",garbage_collection_threshold:" : "garbage_collection_threshold:") : "",
              gc ? gc_of[gc] : "",
              expandable ? (data[0] % 4 ? ",expandable_segments:True" : "expandable_segments:True") : "");
-    size_t cap = gc || expandable ? 0 : caps[data[1] % 4];
+    size_t cap = gc ? 0 : caps[data[1] % 4];
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.manual_events = true;

@@ -405,12 +405,16 @@ TEST(garbage_collection_lands_where_the_model_puts_it)
  * granules as it grows from its lowest unmapped run, best fit preferring blocks that could
  * grow less, every block split where 512 bytes remain; empty_cache unmapping the whole
  * granules of free blocks (a reservation with nothing mapped given back); on one stream and
- * on four, with record_stream. */
+ * on four, with record_stream; on devices too small for the workload (every free block's
+ * granules unmapped, a retry, out of memory), with max_split_size. */
 TEST(expandable_segments_land_where_the_model_puts_them)
 {
     EXPECT_AGREE({"expandable_segments:True", 512, 100000, 8 * MiB, 61, 1, false, false, 0, 0, 0.0},
                  {"expandable_segments:True", 128, 50000, 96 * MiB, 62, 1, false, true, 0, 0, 0.0},
-                 {"expandable_segments:True", 256, 100000, 16 * MiB, 63, 4, true, true, 0, 0, 0.0});
+                 {"expandable_segments:True", 256, 100000, 16 * MiB, 63, 4, true, true, 0, 0, 0.0},
+                 {"expandable_segments:True", 512, 100000, 8 * MiB, 64, 1, true, false, 300 * MiB, 0, 0.0},
+                 {"expandable_segments:True,max_split_size_mb:32", 128, 50000, 96 * MiB, 65, 4, true, true,
+                  1536 * MiB, 0, 0.0});
 }
 
 /* The check can fail: a model whose small blocks split only where 1 MiB or more remains
