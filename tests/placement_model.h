@@ -85,6 +85,9 @@ typedef struct model {
     bool expandable;          /* expandable segments (segments: reservations) */
     size_t total_memory;      /* the device's, which a reservation spans 9/8 of */
     uint64_t maps, unmaps;    /* expandable: ranges mapped, unmapped */
+    uintptr_t offered_list[8];/* expandable: where the next new reservations go, in turn (after
+                                 offered_base), as long as offered_next < offered_count */
+    unsigned offered_count, offered_next;
 } model_t;
 
 static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block);
@@ -364,11 +367,14 @@ static inline cca_block_t *model_find_expandable(model_t *m, model_pool_t *pool,
         m->failed = true;
         return NULL;
     }
-    block->addr = m->offered_base ? m->offered_base : m->next_base;
+    uintptr_t at = m->offered_base;
+    if (!at && m->offered_next < m->offered_count)
+        at = m->offered_list[m->offered_next++];
+    block->addr = at ? at : m->next_base;
     block->size = reservation;
     block->requested_size = m->segments; /* its reservation's id */
     m->seg_base[m->segments++] = block->addr;
-    if (!m->offered_base)
+    if (!at)
         m->next_base += reservation + 2 * MODEL_MiB;
     m->offered_base = 0;
     model_unmapped_insert(pool, block);

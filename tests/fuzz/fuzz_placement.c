@@ -72,16 +72,41 @@ static int64_t device_allocs(void)
     return ds.num_device_alloc;
 }
 
+/* Expandable segments: the model's reservations given back (by id). */
+static bool gone[MODEL_MAX_SEGMENTS];
+
 /* Released segments' bases forgotten (the device may hand their addresses out again). */
 static void forget_released(model_t *m)
 {
     if (!m->any_released)
         return;
+    for (size_t i = 0; i < m->segments; i++)
+        if (m->released[i])
+            gone[i] = true;
     for (size_t i = 0; i < base_count; i++)
         if (m->released[i])
             bases[i] = 0;
     memset(m->released, 0, sizeof(m->released));
     m->any_released = false;
+}
+
+/* Expandable segments: the reservations cca holds that none of the model's is at (made by
+ * the call just now, even if it then failed: a growth larger than a reservation makes one at
+ * each try), oldest first, as where the model's new ones go, so that both order their
+ * reservations alike (cca lists its segments newest first). */
+static void offer_new_reservations(model_t *m)
+{
+    m->offered_count = m->offered_next = 0;
+    for (const cca_segment_t *seg = cca_state->devices[0].segments; seg; seg = seg->next_seg) {
+        bool known = !seg->es;
+        for (size_t i = 0; i < m->segments && !known; i++)
+            known = !gone[i] && m->seg_base[i] == seg->base;
+        if (!known && m->offered_count < sizeof(m->offered_list) / sizeof(m->offered_list[0])) {
+            memmove(&m->offered_list[1], &m->offered_list[0], m->offered_count * sizeof(m->offered_list[0]));
+            m->offered_list[0] = seg->base;
+            m->offered_count++;
+        }
+    }
 }
 
 /* A size from two bytes: 2^(a % 28) plus b/256 of it (1 byte to just under 256 MiB). */
@@ -128,6 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m->gc_threshold = cs->garbage_collection_threshold;
     }
     base_count = 0;
+    memset(gone, 0, sizeof(gone));
     int64_t made_before = 0;
     slot_t slots[SLOTS];
     memset(slots, 0, sizeof(slots));
@@ -148,13 +174,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   cca_last_error()->message);
             void *base = NULL;
             size_t seg_size = 0;
-            if (st == CCA_OK && expandable) { /* its reservation; one not seen before is new */
-                base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)sl->ptr, false)->segment->base;
-                bool seen = false;
-                for (size_t i = 0; i < base_count && !seen; i++)
-                    seen = bases[i] == (uintptr_t)base;
-                if (!seen)
-                    m->offered_base = (uintptr_t)base;
+            if (expandable) { /* the block's reservation; a new one of cca's, where the model's goes */
+                if (st == CCA_OK)
+                    base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)sl->ptr, false)->segment->base;
+                offer_new_reservations(m);
             } else if (st == CCA_OK) {
                 CHECK(cca_get_base_allocation(sl->ptr, &base, &seg_size) == CCA_OK, "base");
                 int64_t made = device_allocs();
@@ -164,6 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             sl->block = model_malloc(m, bytes, stream);
             m->offered_base = 0;
+            m->offered_count = 0;
             forget_released(m);
             CHECK(!m->failed, "the model ran out of host memory or segment ids");
             CHECK((st == CCA_OK) == (sl->block != NULL), "%zu bytes: cca %s, the model %s", bytes,
@@ -172,10 +196,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 sl->ptr = NULL;
                 break;
             }
-            size_t ordinal = ordinal_of((uintptr_t)base);
             size_t offset = (uintptr_t)sl->ptr - (uintptr_t)base;
             size_t model_ordinal = model_segment(sl->block);
             size_t model_offset = sl->block->addr - m->seg_base[model_ordinal];
+            if (expandable) { /* the same reservation: at the same address */
+                CHECK((uintptr_t)base == m->seg_base[model_ordinal] && offset == model_offset,
+                      "%zu bytes on stream %u: cca reservation %#lx offset %zu, the model's %#lx offset %zu",
+                      bytes, stream, (unsigned long)(uintptr_t)base, offset,
+                      (unsigned long)m->seg_base[model_ordinal], model_offset);
+                sl->used = false;
+                break;
+            }
+            size_t ordinal = ordinal_of((uintptr_t)base);
             CHECK(ordinal == model_ordinal && offset == model_offset,
                   "%zu bytes on stream %u: cca segment %zu offset %zu, the model segment %zu offset %zu", bytes,
                   stream, ordinal, offset, model_ordinal, model_offset);

@@ -73,6 +73,7 @@ static bool setup(const run_t *r)
 typedef struct seen_segments {
     uintptr_t base[MODEL_MAX_SEGMENTS];
     size_t count;
+    bool gone[MODEL_MAX_SEGMENTS]; /* expandable: the model's reservations given back, by id */
 } seen_segments_t;
 
 /* Segments the model gave back: their bases no longer name them (the device may hand the
@@ -84,6 +85,9 @@ static void forget_released(seen_segments_t *seen, model_t *m)
     for (size_t i = 0; i < seen->count; i++)
         if (m->released[i])
             seen->base[i] = 0;
+    for (size_t i = 0; i < m->segments; i++)
+        if (m->released[i])
+            seen->gone[i] = true;
     memset(m->released, 0, sizeof(m->released));
     m->any_released = false;
 }
@@ -95,12 +99,23 @@ static int64_t device_allocs(void)
     return cca_get_device_stats(0, &ds) == CCA_OK ? ds.num_device_alloc : -1;
 }
 
-static bool segment_seen(const seen_segments_t *seen, uintptr_t base)
+/* Expandable segments: the reservations cca holds that none of the model's is at (made by
+ * the call just now, even if it then failed: a growth larger than a reservation makes one at
+ * each try), oldest first, as where the model's new ones go, so that both order their
+ * reservations alike (cca lists its segments newest first). */
+static void offer_new_reservations(const seen_segments_t *seen, model_t *m)
 {
-    for (size_t i = 0; i < seen->count; i++)
-        if (seen->base[i] == base)
-            return true;
-    return false;
+    m->offered_count = m->offered_next = 0;
+    for (const cca_segment_t *seg = cca_state->devices[0].segments; seg; seg = seg->next_seg) {
+        bool known = !seg->es;
+        for (size_t i = 0; i < m->segments && !known; i++)
+            known = !seen->gone[i] && m->seg_base[i] == seg->base;
+        if (!known && m->offered_count < sizeof(m->offered_list) / sizeof(m->offered_list[0])) {
+            memmove(&m->offered_list[1], &m->offered_list[0], m->offered_count * sizeof(m->offered_list[0]));
+            m->offered_list[0] = seg->base;
+            m->offered_count++;
+        }
+    }
 }
 
 static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
@@ -192,12 +207,10 @@ static long lockstep_run(const run_t *r)
         }
         void *base = NULL;
         size_t seg_size = 0;
-        if (st == CCA_OK && m->expandable) {
-            /* the block's reservation; one not seen before was made for this request: the
-             * model's new one, if it makes one, goes there too */
-            base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)live[k], false)->segment->base;
-            if (!segment_seen(seen, (uintptr_t)base))
-                m->offered_base = (uintptr_t)base;
+        if (m->expandable) { /* the block's reservation; new ones of cca's, where the model's go */
+            if (st == CCA_OK)
+                base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)live[k], false)->segment->base;
+            offer_new_reservations(seen, m);
         } else if (st == CCA_OK) {
             expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
             /* a segment cca made for this request (maybe at the address of one it gave back in
@@ -209,6 +222,7 @@ static long lockstep_run(const run_t *r)
         }
         blocks[k] = model_malloc(m, size, stream);
         m->offered_base = 0;
+        m->offered_count = 0;
         forget_released(seen, m); /* (before cca's new segments are counted) */
         if (m->failed) {
             HARNESS_FAIL("step %ld: the model ran out of host memory or segment ids", i);
@@ -234,10 +248,13 @@ static long lockstep_run(const run_t *r)
         used[k] = r->uses && mt64_pick(&rng, 4) == 0;
         if (used[k])
             expect_ok(cca_record_stream(live[k], USE_STREAM));
-        size_t ordinal = segment_ordinal(seen, (uintptr_t)base);
         size_t offset = (uintptr_t)live[k] - (uintptr_t)base;
         size_t model_ordinal = model_segment(blocks[k]);
         size_t model_offset = blocks[k]->addr - m->seg_base[model_ordinal];
+        /* the same segment: the same in the order segments were made (expandable: the same
+         * reservation, at the same address) */
+        size_t ordinal = m->expandable ? ((uintptr_t)base == m->seg_base[model_ordinal] ? model_ordinal : SIZE_MAX)
+                                       : segment_ordinal(seen, (uintptr_t)base);
         if (ordinal != model_ordinal || offset != model_offset) {
             if (differ++ < 5)
                 printf("  step %ld, %zu bytes: cca segment %zu offset %zu, the model segment %zu offset %zu\n",
