@@ -85,9 +85,10 @@ typedef struct model {
     bool expandable;          /* expandable segments (segments: reservations) */
     size_t total_memory;      /* the device's, which a reservation spans 9/8 of */
     uint64_t maps, unmaps;    /* expandable: ranges mapped, unmapped */
-    uintptr_t offered_list[8];/* expandable: where the next new reservations go, in turn (after
-                                 offered_base), as long as offered_next < offered_count */
-    unsigned offered_count, offered_next;
+    const uint64_t *address_list; /* expandable: where new reservations go, in turn (the
+                                 addresses a simulated device hands out in order), as long
+                                 as address_next < address_count */
+    size_t address_count, address_next;
 } model_t;
 
 static inline void model_free(model_t *m, uintptr_t addr, cca_block_t *block);
@@ -368,8 +369,8 @@ static inline cca_block_t *model_find_expandable(model_t *m, model_pool_t *pool,
         return NULL;
     }
     uintptr_t at = m->offered_base;
-    if (!at && m->offered_next < m->offered_count)
-        at = m->offered_list[m->offered_next++];
+    if (!at && m->address_next < m->address_count)
+        at = (uintptr_t)m->address_list[m->address_next++];
     block->addr = at ? at : m->next_base;
     block->size = reservation;
     block->requested_size = m->segments; /* its reservation's id */

@@ -72,41 +72,16 @@ static int64_t device_allocs(void)
     return ds.num_device_alloc;
 }
 
-/* Expandable segments: the model's reservations given back (by id). */
-static bool gone[MODEL_MAX_SEGMENTS];
-
 /* Released segments' bases forgotten (the device may hand their addresses out again). */
 static void forget_released(model_t *m)
 {
     if (!m->any_released)
         return;
-    for (size_t i = 0; i < m->segments; i++)
-        if (m->released[i])
-            gone[i] = true;
     for (size_t i = 0; i < base_count; i++)
         if (m->released[i])
             bases[i] = 0;
     memset(m->released, 0, sizeof(m->released));
     m->any_released = false;
-}
-
-/* Expandable segments: the reservations cca holds that none of the model's is at (made by
- * the call just now, even if it then failed: a growth larger than a reservation makes one at
- * each try), oldest first, as where the model's new ones go, so that both order their
- * reservations alike (cca lists its segments newest first). */
-static void offer_new_reservations(model_t *m)
-{
-    m->offered_count = m->offered_next = 0;
-    for (const cca_segment_t *seg = cca_state->devices[0].segments; seg; seg = seg->next_seg) {
-        bool known = !seg->es;
-        for (size_t i = 0; i < m->segments && !known; i++)
-            known = !gone[i] && m->seg_base[i] == seg->base;
-        if (!known && m->offered_count < sizeof(m->offered_list) / sizeof(m->offered_list[0])) {
-            memmove(&m->offered_list[1], &m->offered_list[0], m->offered_count * sizeof(m->offered_list[0]));
-            m->offered_list[0] = seg->base;
-            m->offered_count++;
-        }
-    }
 }
 
 /* A size from two bytes: 2^(a % 28) plus b/256 of it (1 byte to just under 256 MiB). */
@@ -132,6 +107,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.devices = 1;
     cfg.manual_events = true;
     cfg.total_memory = cap ? cap : 64ull << 30;
+    /* expandable: the device hands reservations out at these addresses in turn, and the
+     * model takes them in the same turn, so the same reservation is at the same address */
+    static uint64_t addresses[MODEL_MAX_SEGMENTS];
+    if (expandable) {
+        uint64_t stride = (cfg.total_memory + cfg.total_memory / 8 + (44ull << 20)) & ~((2ull << 20) - 1);
+        for (size_t i = 0; i < MODEL_MAX_SEGMENTS; i++)
+            addresses[i] = 0x100000000000ull + i * stride;
+        cfg.addresses = addresses;
+        cfg.address_count = MODEL_MAX_SEGMENTS;
+    }
     cca_backend_t *sim = NULL;
     cca_shutdown();
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim: %s", cca_last_error()->message);
@@ -147,13 +132,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = cap;
     m->expandable = expandable;
+    if (expandable) {
+        m->address_list = addresses;
+        m->address_count = MODEL_MAX_SEGMENTS;
+    }
     m->total_memory = cca_state->devices[0].total_memory;
     if (gc) { /* the fraction's allowed bytes as cca computed them */
         m->cap = cca_state->devices[0].allowed_memory_maximum;
         m->gc_threshold = cs->garbage_collection_threshold;
     }
     base_count = 0;
-    memset(gone, 0, sizeof(gone));
     int64_t made_before = 0;
     slot_t slots[SLOTS];
     memset(slots, 0, sizeof(slots));
@@ -174,10 +162,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   cca_last_error()->message);
             void *base = NULL;
             size_t seg_size = 0;
-            if (expandable) { /* the block's reservation; a new one of cca's, where the model's goes */
+            if (expandable) { /* the block's reservation */
                 if (st == CCA_OK)
                     base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)sl->ptr, false)->segment->base;
-                offer_new_reservations(m);
             } else if (st == CCA_OK) {
                 CHECK(cca_get_base_allocation(sl->ptr, &base, &seg_size) == CCA_OK, "base");
                 int64_t made = device_allocs();
@@ -187,8 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             sl->block = model_malloc(m, bytes, stream);
             m->offered_base = 0;
-            m->offered_count = 0;
-            forget_released(m);
+                forget_released(m);
             CHECK(!m->failed, "the model ran out of host memory or segment ids");
             CHECK((st == CCA_OK) == (sl->block != NULL), "%zu bytes: cca %s, the model %s", bytes,
                   st == CCA_OK ? "allocated" : "out of memory", sl->block ? "allocated" : "out of memory");

@@ -50,12 +50,23 @@ typedef struct run {
                                 settings: the collection by age), 0: none */
 } run_t;
 
+/* Expandable segments: the addresses the simulated device hands reservations out at, in turn;
+ * the model takes them in the same turn, so the same reservation is at the same address. */
+static uint64_t reservation_addresses[MODEL_MAX_SEGMENTS];
+
 static bool setup(const run_t *r)
 {
     cca_sim_config_t cfg = {0};
     cfg.devices = 1;
     cfg.manual_events = r->uses;
     cfg.total_memory = r->cap ? r->cap : 64ull << 30;
+    if (strstr(r->settings, "expandable_segments:True")) {
+        uint64_t stride = (cfg.total_memory + cfg.total_memory / 8 + (44ull << 20)) & ~((2ull << 20) - 1);
+        for (size_t i = 0; i < MODEL_MAX_SEGMENTS; i++)
+            reservation_addresses[i] = 0x100000000000ull + i * stride;
+        cfg.addresses = reservation_addresses;
+        cfg.address_count = MODEL_MAX_SEGMENTS;
+    }
     cca_shutdown();
     if (cca_sim_create(&cfg, &sim) != CCA_OK || cca_init_with_backend(sim, r->settings) != CCA_OK) {
         HARNESS_FAIL("cannot bring cca up: %s", cca_last_error()->message);
@@ -73,7 +84,6 @@ static bool setup(const run_t *r)
 typedef struct seen_segments {
     uintptr_t base[MODEL_MAX_SEGMENTS];
     size_t count;
-    bool gone[MODEL_MAX_SEGMENTS]; /* expandable: the model's reservations given back, by id */
 } seen_segments_t;
 
 /* Segments the model gave back: their bases no longer name them (the device may hand the
@@ -85,9 +95,6 @@ static void forget_released(seen_segments_t *seen, model_t *m)
     for (size_t i = 0; i < seen->count; i++)
         if (m->released[i])
             seen->base[i] = 0;
-    for (size_t i = 0; i < m->segments; i++)
-        if (m->released[i])
-            seen->gone[i] = true;
     memset(m->released, 0, sizeof(m->released));
     m->any_released = false;
 }
@@ -97,25 +104,6 @@ static int64_t device_allocs(void)
 {
     cca_device_stats_t ds;
     return cca_get_device_stats(0, &ds) == CCA_OK ? ds.num_device_alloc : -1;
-}
-
-/* Expandable segments: the reservations cca holds that none of the model's is at (made by
- * the call just now, even if it then failed: a growth larger than a reservation makes one at
- * each try), oldest first, as where the model's new ones go, so that both order their
- * reservations alike (cca lists its segments newest first). */
-static void offer_new_reservations(const seen_segments_t *seen, model_t *m)
-{
-    m->offered_count = m->offered_next = 0;
-    for (const cca_segment_t *seg = cca_state->devices[0].segments; seg; seg = seg->next_seg) {
-        bool known = !seg->es;
-        for (size_t i = 0; i < m->segments && !known; i++)
-            known = !seen->gone[i] && m->seg_base[i] == seg->base;
-        if (!known && m->offered_count < sizeof(m->offered_list) / sizeof(m->offered_list[0])) {
-            memmove(&m->offered_list[1], &m->offered_list[0], m->offered_count * sizeof(m->offered_list[0]));
-            m->offered_list[0] = seg->base;
-            m->offered_count++;
-        }
-    }
 }
 
 static size_t segment_ordinal(seen_segments_t *seen, uintptr_t base)
@@ -162,6 +150,10 @@ static long lockstep_run(const run_t *r)
         m->divisions[i] = cs->roundup_power2_divisions[i];
     m->cap = r->cap;
     m->expandable = cs->expandable_segments;
+    if (m->expandable) {
+        m->address_list = reservation_addresses;
+        m->address_count = MODEL_MAX_SEGMENTS;
+    }
     m->total_memory = cca_state->devices[0].total_memory;
     if (r->fraction > 0.0) { /* the fraction's allowed bytes as cca computed them */
         m->cap = cca_state->devices[0].allowed_memory_maximum;
@@ -207,10 +199,9 @@ static long lockstep_run(const run_t *r)
         }
         void *base = NULL;
         size_t seg_size = 0;
-        if (m->expandable) { /* the block's reservation; new ones of cca's, where the model's go */
+        if (m->expandable) { /* the block's reservation */
             if (st == CCA_OK)
                 base = (void *)ptrmap_find(cca_state->ptrmap, (uintptr_t)live[k], false)->segment->base;
-            offer_new_reservations(seen, m);
         } else if (st == CCA_OK) {
             expect_ok(cca_get_base_allocation(live[k], &base, &seg_size));
             /* a segment cca made for this request (maybe at the address of one it gave back in
@@ -222,7 +213,6 @@ static long lockstep_run(const run_t *r)
         }
         blocks[k] = model_malloc(m, size, stream);
         m->offered_base = 0;
-        m->offered_count = 0;
         forget_released(seen, m); /* (before cca's new segments are counted) */
         if (m->failed) {
             HARNESS_FAIL("step %ld: the model ran out of host memory or segment ids", i);
