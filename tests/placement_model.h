@@ -640,8 +640,8 @@ static inline void model_garbage_collect(model_t *m)
 /* An allocation of size bytes on stream (0 .. MODEL_STREAMS - 1): its block, or NULL: out of
  * memory (m->ooms counted, nothing else changed but the blocks the attempt gave back), or out
  * of host memory or of segment ids (m->failed). PyTorch's malloc: the finished frees back,
- * best fit, then (after the collection, if on) a new segment; past the cap, the oversize blocks that make room given back,
- * then every cached block, then a retry. */
+ * best fit, then (after the collection, if on) a new segment or a growth; past the cap, the
+ * oversize blocks that make room given back, then every cached block, then a retry. */
 static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream)
 {
     model_process(m);

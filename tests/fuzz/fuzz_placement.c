@@ -122,7 +122,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(cca_sim_create(&cfg, &sim) == CCA_OK, "sim: %s", cca_last_error()->message);
     CHECK(cca_init_with_backend(sim, settings) == CCA_OK, "init: %s", cca_last_error()->message);
     if (gc)
-        CHECK(cca_set_memory_fraction(fraction_of[gc], 0) == CCA_OK, "fraction: %s", cca_last_error()->message);
+        CHECK(cca_set_memory_fraction(fraction_of[gc], 0) == CCA_OK, "fraction: %s",
+              cca_last_error()->message);
     model_t *m = malloc(sizeof(*m));
     CHECK(m && model_init(m), "out of host memory");
     const cca_settings_t *cs = &cca_state->settings;

@@ -243,8 +243,9 @@ static long lockstep_run(const run_t *r)
         size_t model_offset = blocks[k]->addr - m->seg_base[model_ordinal];
         /* the same segment: the same in the order segments were made (expandable: the same
          * reservation, at the same address) */
-        size_t ordinal = m->expandable ? ((uintptr_t)base == m->seg_base[model_ordinal] ? model_ordinal : SIZE_MAX)
-                                       : segment_ordinal(seen, (uintptr_t)base);
+        size_t ordinal = !m->expandable ? segment_ordinal(seen, (uintptr_t)base)
+                         : (uintptr_t)base == m->seg_base[model_ordinal] ? model_ordinal
+                                                                         : SIZE_MAX;
         if (ordinal != model_ordinal || offset != model_offset) {
             if (differ++ < 5)
                 printf("  step %ld, %zu bytes: cca segment %zu offset %zu, the model segment %zu offset %zu\n",
@@ -402,10 +403,12 @@ TEST(garbage_collection_lands_where_the_model_puts_it)
 {
     EXPECT_AGREE({"garbage_collection_threshold:0.6", 512, 100000, 8 * MiB, 51, 1, false, false, 0, 0,
                   1.0 / 128},
-                 {"garbage_collection_threshold:0.9", 512, 100000, 8 * MiB, 54, 1, true, false, 0, 0, 1.0 / 256},
+                 {"garbage_collection_threshold:0.9", 512, 100000, 8 * MiB, 54, 1, true, false, 0, 0,
+                  1.0 / 256},
                  {"garbage_collection_threshold:0.8,max_split_size_mb:32", 128, 50000, 96 * MiB, 52, 1, false,
                   false, 0, 0, 1.0 / 32},
-                 {"garbage_collection_threshold:0.5", 256, 100000, 16 * MiB, 53, 4, true, false, 0, 0, 1.0 / 64});
+                 {"garbage_collection_threshold:0.5", 256, 100000, 16 * MiB, 53, 4, true, false, 0, 0,
+                  1.0 / 64});
 }
 
 /* Expandable segments: one reservation per stream and kind, mapped in 2 MiB and 20 MiB
