@@ -279,6 +279,16 @@ static inline void model_complete(model_t *m)
 
 static inline void model_merge(model_t *m, model_pool_t *pool, cca_block_t *block, cca_block_t *n);
 
+/* Addresses for n reservations of a device of total_memory bytes, apart (a simulated device
+ * hands reservations out from such a list in turn, and the model, given it as address_list,
+ * takes them in the same turn: the same reservation is at the same address on both sides). */
+static inline void model_reservation_addresses(uint64_t *out, size_t n, size_t total_memory)
+{
+    uint64_t stride = (total_memory + total_memory / 8 + (44ull << 20)) & ~((2ull << 20) - 1);
+    for (size_t i = 0; i < n; i++)
+        out[i] = 0x100000000000ull + i * stride;
+}
+
 /* The bytes a reservation of pool's kind maps at a time. */
 static inline size_t model_granule(bool small)
 {
@@ -345,6 +355,19 @@ static inline void model_link(cca_block_t *b, cca_block_t *before, cca_block_t *
         before->next = b;
     if (after)
         after->prev = b;
+}
+
+/* The neighbour n (out of its bin or list) joined into block, its struct given back. */
+static inline void model_absorb(model_t *m, cca_block_t *block, cca_block_t *n)
+{
+    if (n == block->prev) {
+        block->addr = n->addr;
+        model_link(block, n->prev, block->next);
+    } else {
+        model_link(block, block->prev, n->next);
+    }
+    block->size += n->size;
+    model_block_delete(m, n);
 }
 
 /* PyTorch's find_expandable_block: the lowest unmapped run of the pool (or the free block
@@ -481,15 +504,7 @@ static inline void model_unmap_block(model_t *m, model_pool_t *pool, cca_block_t
         if (!n || n->mapped || n->allocated)
             continue;
         model_unmapped_remove(pool, n);
-        if (side) {
-            b->size += n->size;
-            model_link(b, b->prev, n->next);
-        } else {
-            b->addr = n->addr;
-            b->size += n->size;
-            model_link(b, n->prev, b->next);
-        }
-        model_block_delete(m, n);
+        model_absorb(m, b, n);
     }
     if (!b->prev && !b->next) { /* the reservation, nothing mapped: given back */
         m->released[model_segment(b)] = true;
@@ -706,11 +721,7 @@ static inline cca_block_t *model_malloc(model_t *m, size_t size, unsigned stream
         front->size = rsize;
         front->requested_size = block->requested_size;
         front->mapped = block->mapped;
-        front->prev = block->prev;
-        if (front->prev)
-            front->prev->next = front;
-        front->next = block;
-        block->prev = front;
+        model_link(front, block->prev, block);
         block->addr += rsize;
         block->size = rest;
         model_bin(m, pool, block);
@@ -732,18 +743,7 @@ static inline void model_merge(model_t *m, model_pool_t *pool, cca_block_t *bloc
     if (!n || !n->in_bin)
         return;
     bins_remove(&pool->bins, n);
-    if (n == block->prev) {
-        block->addr = n->addr;
-        block->prev = n->prev;
-        if (block->prev)
-            block->prev->next = block;
-    } else {
-        block->next = n->next;
-        if (block->next)
-            block->next->prev = block;
-    }
-    block->size += n->size;
-    model_block_delete(m, n);
+    model_absorb(m, block, n);
 }
 
 /* The free of block at addr (with_map: found by its address; else block itself). */

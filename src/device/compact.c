@@ -22,8 +22,9 @@
  * moves only once known done; aliased blocks are on the device's aliased
  * list only, their bytes in aliased_bytes. Every function runs with the
  * device lock and the growth's stream pool lock held; other stream pools
- * are locked while they are looked at. Layer: beside expandable.c (through
- * expandable.h), below alloc.c, release.c and plan.c, its callers.
+ * are locked while they are looked at. Layer: beside expandable.c (they
+ * share expandable.h; expandable.c calls it before a growth), below
+ * release.c and plan.c, its other callers.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1559,9 +1559,6 @@ cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 cca_status_t expandable_release_orphans(cca_device_t *dev);
 /* Give peer access to every mapped range of dev (device lock held; peer in peer_mask). */
 cca_status_t expandable_add_peer(cca_device_t *dev, int peer);
-/* Free memory the cache holds in the device's segments and the largest free block
- * (whole granules of an expandable free run counted as the piece they could serve). */
-void expandable_free_extent(cca_device_t *dev, size_t *free_bytes, size_t *largest);
 /* Shutdown: give every expandable segment and orphan back to the backend, unlink them. */
 void expandable_device_shutdown(cca_device_t *dev);
 

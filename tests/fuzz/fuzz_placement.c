@@ -111,9 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * model takes them in the same turn, so the same reservation is at the same address */
     static uint64_t addresses[MODEL_MAX_SEGMENTS];
     if (expandable) {
-        uint64_t stride = (cfg.total_memory + cfg.total_memory / 8 + (44ull << 20)) & ~((2ull << 20) - 1);
-        for (size_t i = 0; i < MODEL_MAX_SEGMENTS; i++)
-            addresses[i] = 0x100000000000ull + i * stride;
+        model_reservation_addresses(addresses, MODEL_MAX_SEGMENTS, cfg.total_memory);
         cfg.addresses = addresses;
         cfg.address_count = MODEL_MAX_SEGMENTS;
     }

@@ -61,9 +61,7 @@ static bool setup(const run_t *r)
     cfg.manual_events = r->uses;
     cfg.total_memory = r->cap ? r->cap : 64ull << 30;
     if (strstr(r->settings, "expandable_segments:True")) {
-        uint64_t stride = (cfg.total_memory + cfg.total_memory / 8 + (44ull << 20)) & ~((2ull << 20) - 1);
-        for (size_t i = 0; i < MODEL_MAX_SEGMENTS; i++)
-            reservation_addresses[i] = 0x100000000000ull + i * stride;
+        model_reservation_addresses(reservation_addresses, MODEL_MAX_SEGMENTS, cfg.total_memory);
         cfg.addresses = reservation_addresses;
         cfg.address_count = MODEL_MAX_SEGMENTS;
     }
