@@ -142,6 +142,17 @@ cca_status_t cca_set_settings(const char *settings);
  */
 cca_status_t cca_settings_describe(const char *settings, char **text);
 
+/**
+ * The settings in force now, after initialisation and any cca_set_settings:
+ * the same lines as cca_settings_describe (key, value, source), read under
+ * the settings lock. Before initialisation, those cca_init would start with
+ * (cca_settings_describe(NULL)). *text is allocated with malloc; the caller
+ * frees it. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (text NULL),
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BAD_SETTINGS (before initialisation, an
+ * invalid CCA_ALLOC_CONF). Thread-safe.
+ */
+cca_status_t cca_settings_current(char **text);
+
 /* ------------------------------------------------------------------------ */
 /* The device caching allocator                                             */
 /* ------------------------------------------------------------------------ */
