@@ -138,8 +138,37 @@ def _load_adapter(verbose):
         lib.cca_torch_adapter_install.restype = ctypes.c_int
         lib.cca_torch_adapter_install_pinned.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.cca_torch_adapter_install_pinned.restype = ctypes.c_int
+        lib.cca_torch_adapter_note_settings.argtypes = [ctypes.c_char_p]
+        lib.cca_torch_adapter_note_settings.restype = ctypes.c_int
+        lib.cca_torch_adapter_force_uncached.argtypes = [ctypes.c_int]
+        lib.cca_torch_adapter_force_uncached.restype = ctypes.c_int
         _adapter = lib
     return _adapter
+
+
+def pytorch_alloc_conf(environ=None):
+    """PyTorch's allocator settings string from the environment, as PyTorch 2.11 reads it:
+    PYTORCH_ALLOC_CONF where it is set (even empty), else PYTORCH_CUDA_ALLOC_CONF, else ""."""
+    environ = os.environ if environ is None else environ
+    if "PYTORCH_ALLOC_CONF" in environ:
+        return environ["PYTORCH_ALLOC_CONF"]
+    return environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+
+
+def install_settings(settings=None, environ=None):
+    """The settings string install() applies: settings when given, else $CCA_ALLOC_CONF
+    (when not empty), else PyTorch's (pytorch_alloc_conf)."""
+    if settings is not None:
+        return settings
+    environ = os.environ if environ is None else environ
+    return environ.get("CCA_ALLOC_CONF") or pytorch_alloc_conf(environ)
+
+
+def no_caching_requested(environ=None):
+    """Whether PYTORCH_NO_CUDA_MEMORY_CACHING asks for uncached allocations (set and not
+    "0"): the adapter then allocates with cudaMalloc / cudaFree on each call, as PyTorch."""
+    value = (os.environ if environ is None else environ).get("PYTORCH_NO_CUDA_MEMORY_CACHING")
+    return bool(value) and value != "0"
 
 
 def _apply_settings(text):
@@ -204,6 +233,8 @@ def _follow_runtime_settings(torch):
             old = os.environ.get("CCA_ALLOC_CONF")
             old = (old or "").rstrip(", \t\r\n")  # (a trailing comma, allowed alone)
             os.environ["CCA_ALLOC_CONF"] = "%s,%s" % (old, text) if old else text  # later keys win
+        if _mode == "adapter" and _adapter is not None:  # snapshots report it, as PyTorch's
+            _adapter.cca_torch_adapter_note_settings(env.encode())
         return result
     _set_allocator_settings._cca_follows = True
     _set_allocator_settings.__doc__ = original.__doc__
@@ -214,7 +245,10 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
     """Make cca PyTorch's CUDA allocator in this process. Call it before the
     first CUDA allocation (before any tensor goes to the GPU); after it,
     RuntimeError. settings: cca's settings string (PYTORCH_CUDA_ALLOC_CONF
-    syntax); None takes $CCA_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF.
+    syntax); None takes $CCA_ALLOC_CONF, else PyTorch's variable
+    ($PYTORCH_ALLOC_CONF where set, else $PYTORCH_CUDA_ALLOC_CONF).
+    PYTORCH_NO_CUDA_MEMORY_CACHING (set, not "0") makes every allocation
+    uncached (cudaMalloc / cudaFree), as in PyTorch.
     fallback: when the adapter cannot be built, use PyTorch's pluggable
     allocator path (with a warning saying what is lost) instead of raising.
     pinned: with the adapter, cca's pinned host allocator also serves
@@ -230,8 +264,7 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
         raise RuntimeError("cca.torch.install() must run before the first CUDA call of the process: "
                            "PyTorch's CUDA allocator is already in use here. Call it at the start of "
                            "the program, before any tensor is put on the GPU.")
-    if settings is None:
-        settings = os.environ.get("CCA_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    settings = install_settings(settings)
     _apply_settings(settings)
     try:
         adapter = _load_adapter(verbose)
@@ -252,6 +285,7 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
     if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
     _mode = "adapter"
+    adapter.cca_torch_adapter_force_uncached(int(no_caching_requested()))
     _pinned = bool(pinned) and adapter.cca_torch_adapter_install_pinned(err, len(err)) == 0
     if pinned and not _pinned:  # the device allocator is cca's already: go on, and say so
         warnings.warn("cca.torch: PyTorch's pinned host allocator stays in use: "

@@ -17,6 +17,8 @@
  * measuring calls.
  */
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -28,12 +30,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -59,12 +64,146 @@ inline void check(cca_status_t st, const char *what)
         raise_cca(st, what);
 }
 
+/*
+ * torch.cuda._gpu_trace (and CSAN, torch.cuda._sanitizer, over it): PyTorch's
+ * allocator tells the Python tracer of every allocation it hands out and every
+ * free it is asked for (c10::impl::GPUTrace). The call is looked up by its
+ * signature, so a torch whose tracer has another shape builds (and traces nothing).
+ */
+template <typename VTable>
+auto call_trace_allocation(const VTable *vt, uintptr_t p, int)
+    -> decltype(vt->trace_gpu_memory_allocation(c10::DeviceType::CUDA, p), void())
+{
+    vt->trace_gpu_memory_allocation(c10::DeviceType::CUDA, p);
+}
+template <typename VTable> void call_trace_allocation(const VTable *, uintptr_t, long) {}
+template <typename VTable>
+auto call_trace_deallocation(const VTable *vt, uintptr_t p, int)
+    -> decltype(vt->trace_gpu_memory_deallocation(c10::DeviceType::CUDA, p), void())
+{
+    vt->trace_gpu_memory_deallocation(c10::DeviceType::CUDA, p);
+}
+template <typename VTable> void call_trace_deallocation(const VTable *, uintptr_t, long) {}
+
+inline void gpu_trace_allocation(void *ptr)
+{
+    const c10::impl::PyInterpreter *interp = c10::impl::GPUTrace::get_trace();
+    if (C10_UNLIKELY(interp != nullptr) && ptr)
+        call_trace_allocation((*interp).operator->(), reinterpret_cast<uintptr_t>(ptr), 0);
+}
+inline void gpu_trace_deallocation(void *ptr)
+{
+    const c10::impl::PyInterpreter *interp = c10::impl::GPUTrace::get_trace();
+    if (C10_UNLIKELY(interp != nullptr) && ptr)
+        call_trace_deallocation((*interp).operator->(), reinterpret_cast<uintptr_t>(ptr), 0);
+}
+
+/*
+ * torch.profiler(profile_memory=True): PyTorch's allocator reports each
+ * allocation (+ the block's size) and free (- its size) with the device's
+ * allocated and reserved totals after it. cca gives no block size by pointer,
+ * so the size is the change of allocated_bytes across the call (the block's
+ * rounded size, as PyTorch's block->size; another thread allocating on the
+ * device at the same instant can blur one report). Only while the profiler
+ * records memory: otherwise one thread-local read per call.
+ */
+int64_t allocated_now(c10::DeviceIndex device)
+{
+    cca_device_stats_t s;
+    if (cca_get_device_stats(device, &s) != CCA_OK)
+        return 0;
+    return s.allocated_bytes[CCA_STAT_ALL].current;
+}
+void report_to_profiler(void *ptr, int64_t size, c10::DeviceIndex device)
+{
+    cca_device_stats_t s;
+    if (!ptr || cca_get_device_stats(device, &s) != CCA_OK)
+        return;
+    c10::reportMemoryUsageToProfiler(ptr, size, static_cast<size_t>(s.allocated_bytes[CCA_STAT_ALL].current),
+                                     static_cast<size_t>(s.reserved_bytes[CCA_STAT_ALL].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+}
+/* The device of a pointer cca handed out (for the profiler's free reports). */
+c10::DeviceIndex device_of(void *ptr)
+{
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return c10::cuda::current_device();
+    }
+    return static_cast<c10::DeviceIndex>(attr.device);
+}
+
+/* Free a block cca handed out, with PyTorch's trace and profiler reports. */
+cca_status_t free_block(void *ptr)
+{
+    if (!ptr)
+        return CCA_OK;
+    gpu_trace_deallocation(ptr);
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+        c10::DeviceIndex device = device_of(ptr);
+        int64_t before = allocated_now(device);
+        cca_status_t st = cca_free(ptr);
+        if (st == CCA_OK)
+            report_to_profiler(ptr, allocated_now(device) - before, device);
+        return st;
+    }
+    return cca_free(ptr);
+}
+
 /* The deleter of every DataPtr cca hands out; also how recordStream knows its own. */
 void delete_block(void *ptr)
 {
-    cca_status_t st = cca_free(ptr);
+    cca_status_t st = free_block(ptr);
     if (st != CCA_OK) /* a deleter cannot throw: say it */
         std::fprintf(stderr, "cca: free: %s: %s\n", cca_status_str(st), cca_last_error()->message);
+}
+
+/*
+ * Uncached allocations, as PyTorch makes them while its caching allocator is
+ * disabled (torch.cuda.caching_allocator_enable(False)) or under
+ * PYTORCH_NO_CUDA_MEMORY_CACHING: cudaMalloc and cudaFree on each call,
+ * outside the cache and its statistics, traced as PyTorch traces them. The
+ * set lets raw_delete tell them from cca's blocks whatever the mode is then.
+ */
+std::mutex uncached_lock;
+std::unordered_set<void *> uncached_ptrs;
+std::atomic<size_t> uncached_count{0};
+
+void *uncached_alloc(size_t size)
+{
+    void *ptr = nullptr;
+    if (size == 0)
+        return nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+    {
+        std::lock_guard<std::mutex> g(uncached_lock);
+        uncached_ptrs.insert(ptr);
+        uncached_count.store(uncached_ptrs.size(), std::memory_order_relaxed);
+    }
+    gpu_trace_allocation(ptr);
+    return ptr;
+}
+/* Forget ptr if it is an uncached allocation: true if it was. */
+bool take_uncached(void *ptr)
+{
+    if (uncached_count.load(std::memory_order_relaxed) == 0)
+        return false;
+    std::lock_guard<std::mutex> g(uncached_lock);
+    if (!uncached_ptrs.erase(ptr))
+        return false;
+    uncached_count.store(uncached_ptrs.size(), std::memory_order_relaxed);
+    return true;
+}
+void uncached_delete(void *ptr)
+{
+    if (!ptr)
+        return;
+    take_uncached(ptr);
+    gpu_trace_deallocation(ptr);
+    cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess) /* a deleter cannot throw: say it */
+        std::fprintf(stderr, "cca: cudaFree of an uncached allocation: %s\n", cudaGetErrorString(err));
 }
 
 /*
@@ -297,6 +436,94 @@ void ipc_close(const std::string &handle, c10::DeviceIndex device, void *ptr)
         t.open.erase(it);
 }
 
+/*
+ * _snapshot()["allocator_settings"]: PyTorch's AllocatorConfigInfo leaves its
+ * fields uninitialised, so each is set here from cca's settings in force (its
+ * field names have changed between versions: each is set only where the
+ * installed torch has it).
+ */
+#define CCA_CONFIG_SETTER(field)                                                                   \
+    template <typename Info, typename Value>                                                       \
+    auto set_##field(Info &info, const Value &v, int)->decltype(info.field = v, void())            \
+    {                                                                                              \
+        info.field = v;                                                                            \
+    }                                                                                              \
+    template <typename Info, typename Value> void set_##field(Info &, const Value &, long) {}
+CCA_CONFIG_SETTER(garbage_collection_threshold)
+CCA_CONFIG_SETTER(max_split_size)
+CCA_CONFIG_SETTER(pinned_num_register_threads)
+CCA_CONFIG_SETTER(expandable_segments)
+CCA_CONFIG_SETTER(release_lock_on_malloc)
+CCA_CONFIG_SETTER(pinned_use_host_register)
+CCA_CONFIG_SETTER(graph_capture_record_stream_reuse)
+CCA_CONFIG_SETTER(last_allocator_settings)
+CCA_CONFIG_SETTER(roundup_power2_divisions)
+#undef CCA_CONFIG_SETTER
+
+/* cca's settings in force ("key value (source)" lines of cca_settings_current) by key. */
+std::unordered_map<std::string, std::string> current_settings()
+{
+    std::unordered_map<std::string, std::string> out;
+    char *text = nullptr;
+    if (cca_settings_current(&text) != CCA_OK)
+        return out;
+    const char *line = text;
+    while (*line) {
+        const char *end = std::strchr(line, '\n');
+        std::string l(line, end ? static_cast<size_t>(end - line) : std::strlen(line));
+        size_t space = l.find(' '), paren = l.rfind(" (");
+        if (space != std::string::npos && paren != std::string::npos && paren > space)
+            out[l.substr(0, space)] = l.substr(space + 1, paren - space - 1);
+        if (!end)
+            break;
+        line = end + 1;
+    }
+    std::free(text);
+    return out;
+}
+
+/*
+ * roundup_power2_divisions as cca prints it: "[]" (none), one value for every
+ * interval, or a list "[a:x,b:y,>:z]" where each entry covers the intervals up
+ * to its own (interval a in MiB is index log2(a)) and '>' the rest. PyTorch
+ * keeps one number per interval (16).
+ */
+std::vector<size_t> parse_roundup(const std::string &text, size_t intervals)
+{
+    std::vector<size_t> out(intervals, 0);
+    if (text.empty() || text == "[]")
+        return out;
+    if (text[0] != '[') {
+        std::fill(out.begin(), out.end(), static_cast<size_t>(std::strtoull(text.c_str(), nullptr, 10)));
+        return out;
+    }
+    size_t next = 0, pos = 1;
+    while (pos < text.size() && next < intervals) {
+        size_t comma = text.find_first_of(",]", pos);
+        std::string entry = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        size_t colon = entry.find(':');
+        if (colon == std::string::npos)
+            break;
+        size_t value = static_cast<size_t>(std::strtoull(entry.c_str() + colon + 1, nullptr, 10));
+        size_t last = intervals - 1;
+        if (entry.compare(0, colon, ">") != 0) {
+            unsigned long long mib = std::strtoull(entry.c_str(), nullptr, 10);
+            size_t index = 0;
+            while (mib > 1 && index < intervals - 1) {
+                mib >>= 1;
+                index++;
+            }
+            last = index;
+        }
+        for (; next <= last && next < intervals; next++)
+            out[next] = value;
+        if (comma == std::string::npos || text[comma] == ']')
+            break;
+        pos = comma + 1;
+    }
+    return out;
+}
+
 /* A private pool's checkpoint, owned by PyTorch's cudagraph trees. */
 struct PoolState final : cc::AllocatorState {
     explicit PoolState(cca_pool_state_t *s) : state(s) {}
@@ -309,14 +536,14 @@ class CcaAllocator final : public cc::CUDAAllocator {
     c10::DataPtr allocate(size_t size) override
     {
         c10::DeviceIndex device = c10::cuda::current_device();
-        void *ptr = nullptr;
-        if (size != 0)
-            check(cca_malloc_device(&ptr, size, device,
-                                    reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream())),
-                  "allocate");
+        if (C10_UNLIKELY(uncached())) {
+            void *p = uncached_alloc(size);
+            return {p, p, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+        }
+        void *ptr = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream(), "allocate");
         return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
     }
-    c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+    c10::DeleterFnPtr raw_deleter() const override { return uncached() ? &uncached_delete : &delete_block; }
     void copy_data(void *dest, const void *src, std::size_t count) const override
     {
         C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
@@ -331,7 +558,15 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         return raw_alloc_on(nbytes, c10::cuda::current_device(), stream);
     }
-    void raw_delete(void *ptr) override { check(cca_free(ptr), "raw_delete"); }
+    void raw_delete(void *ptr) override
+    {
+        if (take_uncached(ptr)) { /* made while caching was off, whatever the mode is now */
+            gpu_trace_deallocation(ptr);
+            C10_CUDA_CHECK(cudaFree(ptr));
+            return;
+        }
+        check(free_block(ptr), "raw_delete");
+    }
 
     void init(int device_count) override
     {
@@ -385,8 +620,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
         }
         return out;
     }
-    void enable(bool value) override { enabled_ = value; }
-    bool isEnabled() const override { return enabled_; }
+    /* torch.cuda.caching_allocator_enable: off, every allocation is uncached (as PyTorch's) */
+    void enable(bool value) override { enabled_.store(value, std::memory_order_relaxed); }
+    bool isEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
     void emptyCache(c10::cuda::MempoolId_t mempool_id) override
     {
         if (mempool_id.first == 0 && mempool_id.second == 0)
@@ -441,9 +677,19 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void resetPeakStats(c10::DeviceIndex device) override { check(cca_reset_peak_stats(device), "resetPeakStats"); }
 
+    /*
+     * As PyTorch's: the history is read before the segments are walked, so the
+     * snapshot entry this call records shows in the next snapshot's history,
+     * not in its own (a C++ snapshot's last entry is the program's last action).
+     */
     cc::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool_id, bool include_traces) override
     {
         cc::SnapshotInfo out;
+        cca_trace_entry_t *list = nullptr;
+        size_t count = 0;
+        if (include_traces)
+            check(cca_history_get(&list, &count), "snapshot");
+        std::unique_ptr<cca_trace_entry_t, void (*)(cca_trace_entry_t *)> entries(list, &cca_history_free);
         cca_snapshot_t *raw = nullptr;
         check(cca_snapshot(&raw), "snapshot");
         std::unique_ptr<cca_snapshot_t, void (*)(cca_snapshot_t *)> snap(raw, &cca_snapshot_free);
@@ -480,17 +726,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
         int devices = 0;
         check(cca_device_count(&devices), "snapshot");
         out.device_traces.resize(devices);
-        cca_device_stats_t stats;
-        if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
-            out.config_metadata.max_split_size = static_cast<size_t>(stats.max_split_size);
-        out.config_metadata.last_allocator_settings = settings_;
-        out.config_metadata.expandable_segments = expandable_setting();
+        fill_config(out.config_metadata, devices);
         if (!include_traces)
             return out;
-        cca_trace_entry_t *list = nullptr;
-        size_t count = 0;
-        check(cca_history_get(&list, &count), "snapshot");
-        std::unique_ptr<cca_trace_entry_t, void (*)(cca_trace_entry_t *)> entries(list, &cca_history_free);
         for (size_t i = 0; i < count; i++) {
             const cca_trace_entry_t &e = list[i];
             cc::TraceEntry::Action action;
@@ -730,7 +968,39 @@ class CcaAllocator final : public cc::CUDAAllocator {
         return setting_is("backend cudaMallocAsync") ? "cudaMallocAsync" : "native";
     }
 
+    /* PyTorch's AllocatorConfigInfo of a snapshot, every field from cca's settings in force. */
+    template <typename Info> void fill_config(Info &md, int devices)
+    {
+        std::unordered_map<std::string, std::string> now = current_settings();
+        auto flag = [&](const char *key) { return now[key] == "True"; };
+        cca_device_stats_t stats;
+        size_t max_split = std::numeric_limits<size_t>::max();
+        if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
+            max_split = static_cast<size_t>(stats.max_split_size);
+        set_max_split_size(md, max_split, 0);
+        set_garbage_collection_threshold(md, std::strtod(now["garbage_collection_threshold"].c_str(), nullptr), 0);
+        set_pinned_num_register_threads(
+            md, static_cast<size_t>(std::strtoull(now["pinned_num_register_threads"].c_str(), nullptr, 10)), 0);
+        set_expandable_segments(md, flag("expandable_segments"), 0);
+        set_release_lock_on_malloc(md, flag("release_lock_on_cudamalloc"), 0);
+        set_pinned_use_host_register(md, flag("pinned_use_cuda_host_register"), 0);
+        set_graph_capture_record_stream_reuse(md, flag("graph_capture_record_stream_reuse"), 0);
+        {
+            std::lock_guard<std::mutex> g(settings_lock_);
+            set_last_allocator_settings(md, settings_, 0);
+        }
+        set_roundup_power2_divisions(md, parse_roundup(now["roundup_power2_divisions"], 16), 0);
+    }
+    /* The last settings string applied (install's, then each _set_allocator_settings'). */
+    void note_settings(const std::string &text)
+    {
+        std::lock_guard<std::mutex> g(settings_lock_);
+        settings_ = text;
+    }
+
     std::string settings_;
+    std::mutex settings_lock_;
+    std::atomic<bool> force_uncached_{false}; /* PYTORCH_NO_CUDA_MEMORY_CACHING (install's) */
 
   private:
     static cca_stream_t current_stream(c10::DeviceIndex device)
@@ -748,13 +1018,31 @@ class CcaAllocator final : public cc::CUDAAllocator {
         std::free(text);
         return on;
     }
-    bool expandable_setting() { return setting_is("expandable_segments True"); }
     void *raw_alloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream)
     {
+        if (C10_UNLIKELY(uncached()))
+            return uncached_alloc(nbytes);
+        return malloc_on(nbytes, device, stream, "raw_alloc");
+    }
+    /* cca's block, with PyTorch's trace and profiler reports. */
+    static void *malloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char *what)
+    {
         void *ptr = nullptr;
-        if (nbytes != 0)
-            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), "raw_alloc");
+        if (nbytes == 0)
+            return nullptr;
+        if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+            int64_t before = allocated_now(device);
+            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), what);
+            report_to_profiler(ptr, allocated_now(device) - before, device);
+        } else {
+            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), what);
+        }
+        gpu_trace_allocation(ptr);
         return ptr;
+    }
+    bool uncached() const
+    {
+        return force_uncached_.load(std::memory_order_relaxed) || !enabled_.load(std::memory_order_relaxed);
     }
     /* PyTorch's own free-memory callbacks (e.g. CUDA IPC's reference counts). */
     static bool run_free_memory_callbacks(void *)
@@ -794,7 +1082,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         check(st, program_asked ? "attachOutOfMemoryObserver" : "init");
         oom_forwarded_ = true;
     }
-    bool enabled_ = true;
+    std::atomic<bool> enabled_{true};
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};
 };
 
@@ -990,6 +1278,9 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
             alloc->settings_ = settings;
         installed = alloc; /* kept for the life of the process */
         cc::allocator.store(installed.get());
+        /* torch.accelerator's memory functions find the allocator through c10's table
+         * (c10::getDeviceAllocator(kCUDA)): cca there too, above PyTorch's registration */
+        c10::SetAllocator(c10::DeviceType::CUDA, installed.get(), std::numeric_limits<uint8_t>::max());
         return 0;
     } catch (const std::exception &e) {
         std::snprintf(err, err_size, "%s", e.what());
@@ -1018,6 +1309,37 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install_
         std::snprintf(err, err_size, "%s", e.what());
         return -1;
     }
+}
+
+/*
+ * The settings string a program applied at run time
+ * (torch.cuda.memory._set_allocator_settings), which snapshots report as
+ * PYTORCH_CUDA_ALLOC_CONF, as PyTorch's report its last one. Returns 0, or -1
+ * when cca is not installed.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_note_settings(const char *text)
+{
+    if (!installed || !text)
+        return -1;
+    try {
+        installed->note_settings(text);
+        return 0;
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
+/*
+ * PYTORCH_NO_CUDA_MEMORY_CACHING, as install() reads it: every allocation
+ * uncached (cudaMalloc / cudaFree on each call), as PyTorch's. Returns 0, or
+ * -1 when cca is not installed.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_force_uncached(int on)
+{
+    if (!installed)
+        return -1;
+    installed->force_uncached_.store(on != 0, std::memory_order_relaxed);
+    return 0;
 }
 
 /* The torch version the adapter was compiled against (to rebuild when it changes). */

@@ -390,7 +390,8 @@ class InstallLogic(unittest.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.assertEqual(self.mod.install(fallback=True), "pluggable")
-            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "backend:cudaMallocAsync,release_lock_on_cudamalloc:True")
+            # PyTorch 2.11 reads PYTORCH_ALLOC_CONF where it is set: so does install
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "expandable_segments:True")
             self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "release_lock_on_cudamalloc:True")
             self.assertEqual(os.environ["PYTORCH_ALLOC_CONF"], "expandable_segments:True")
         finally:
@@ -398,6 +399,47 @@ class InstallLogic(unittest.TestCase):
                 os.environ.pop("PYTORCH_ALLOC_CONF", None)
             else:
                 os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def test_pytorch_variables_in_pytorchs_order(self):
+        """install()'s settings: its argument, else CCA_ALLOC_CONF (not empty), else
+        PYTORCH_ALLOC_CONF where set (even empty, as PyTorch 2.11's get_env), else
+        PYTORCH_CUDA_ALLOC_CONF."""
+        f = self.mod.install_settings
+        self.assertEqual(f("max_split_size_mb:64", {"CCA_ALLOC_CONF": "x"}), "max_split_size_mb:64")
+        self.assertEqual(f("", {"CCA_ALLOC_CONF": "x"}), "")
+        env = {"CCA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2", "PYTORCH_CUDA_ALLOC_CONF": "c:3"}
+        self.assertEqual(f(None, env), "a:1")
+        env["CCA_ALLOC_CONF"] = ""
+        self.assertEqual(f(None, env), "b:2")
+        env["PYTORCH_ALLOC_CONF"] = ""
+        self.assertEqual(f(None, env), "")
+        del env["PYTORCH_ALLOC_CONF"]
+        self.assertEqual(f(None, env), "c:3")
+        self.assertEqual(f(None, {}), "")
+        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": "c:3"}), "c:3")
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:1"  # would be refused
+        saved = os.environ.get("PYTORCH_ALLOC_CONF")
+        os.environ["PYTORCH_ALLOC_CONF"] = "roundup_power2_divisions:4"
+        try:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.assertEqual(self.mod.install(fallback=True), "pluggable")
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "roundup_power2_divisions:4")
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_ALLOC_CONF", None)
+            else:
+                os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def test_no_caching_variable(self):
+        """PYTORCH_NO_CUDA_MEMORY_CACHING: set and not "0" asks for uncached allocations."""
+        f = self.mod.no_caching_requested
+        self.assertTrue(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
+        self.assertTrue(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "yes"}))
+        self.assertFalse(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}))
+        self.assertFalse(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": ""}))
+        self.assertFalse(f({}))
 
     def test_runtime_settings_follow(self):
         """After install, torch.cuda.memory._set_allocator_settings applies to PyTorch's settings
@@ -482,8 +524,10 @@ class InstallLogic(unittest.TestCase):
                 err.value = b"kept its own"
                 return -1
             return 0
+        uncached = []
         self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_install=install,
-                                                  cca_torch_adapter_install_pinned=install_pinned)
+                                                  cca_torch_adapter_install_pinned=install_pinned,
+                                                  cca_torch_adapter_force_uncached=uncached.append)
         import warnings
         refuse = True
         with warnings.catch_warnings(record=True) as caught:
@@ -501,6 +545,18 @@ class InstallLogic(unittest.TestCase):
         self.assertEqual(calls[3:], ["install", "pinned"])
         self.assertTrue(self.mod.pinned_installed())
         self.mod._pinned = False
+        self.assertEqual(uncached, [0, 0, 0])  # PYTORCH_NO_CUDA_MEMORY_CACHING unset
+        saved = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        try:
+            self.mod._mode = None
+            self.assertEqual(self.mod.install(pinned=False), "adapter")
+            self.assertEqual(uncached[3:], [1])  # the adapter allocates uncached, as PyTorch
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+            else:
+                os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = saved
 
     def test_adapter_command(self):
         cmd = self.mod.adapter_command("/tmp/out.so")
