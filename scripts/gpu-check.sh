@@ -43,6 +43,15 @@
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
 #     through the adapter against native, then on the checked library).
+#   GPU_CHECK_ONLY=pytorch-tests  PyTorch's own test/test_cuda.py (its memory,
+#     allocator, graph, pool, snapshot and pinned-memory tests, selected with
+#     pytest -k) natively and with cca, each without and with expandable
+#     segments (scripts/pytorch_tests.py): build the library (Release), then
+#     PyTorch's hooks around the allocator against native
+#     (tests/cuda/torch_hooks.py), then the four pytest runs; one table, and
+#     the tests that pass natively and fail with cca. The test file is
+#     upstream code, kept out of the repository in .pytorch-tests/ (copy it
+#     there); about 6 minutes (give it GPU_CHECK_BUDGET=480 or more).
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -149,6 +158,21 @@ run_torch_adapter_async() {
         python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" --job train-resnet50-async \
         --job annotations --job pinned
 }
+# PyTorch's hooks around its allocator (torch.accelerator, caching_allocator_enable, the
+# profiler, GPU trace, snapshot settings), cca against native.
+run_torch_hooks() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_hooks.py" "$root/build-gpu-release/libcca.so"
+}
+# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests, four ways (one table).
+run_pytorch_tests() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" OUT="$logs" \
+        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --budget "$1"
+}
+build_library() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF &&
+        cmake --build "$root/build-gpu-release" -j "$jobs" --target cca_shared
+}
 # torch.multiprocessing CUDA tensors through the adapter, both processes on cca.
 run_torch_ipc() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
@@ -235,7 +259,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -292,6 +316,18 @@ torch-compile)
     grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
+pytorch-tests)
+    run_step build-library "$(left 360)" build_library
+    run_step torch-hooks "$(left 330)" run_torch_hooks
+    # the pytest runs stop themselves 20 s before the step's limit
+    limit=$(left 0)
+    run_step pytorch-tests "$limit" run_pytorch_tests "$((limit - 20))"
+    only_steps
+    grep -E '^(PASS|FAIL)' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /'
+    sed -n '/^| test /,$p' "$logs/pytorch-tests.log" 2>/dev/null
+    grep -E '^(native|cca)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
 compact)
     run_step build-compact "$(left 200)" build_compact
     run_step ctest-compact "$(left 150)" run_ctest_compact
@@ -303,7 +339,7 @@ compact)
     finish_run
     ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile, pytorch-tests)" >&2
     exit 2
     ;;
 esac
@@ -348,6 +384,13 @@ else
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
+# PyTorch's hooks around the allocator (about 60 s): in the full run only with a budget of
+# 600 s or more; GPU_CHECK_ONLY=pytorch-tests runs it.
+if [ "$budget" -ge 600 ]; then
+    run_step torch-hooks "$(left 140)" run_torch_hooks
+else
+    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=pytorch-tests runs it)"
+fi
 # CUDA tensors between processes through PyTorch (about 50 s): in the full run only with a
 # budget of 600 s or more; GPU_CHECK_ONLY=multigpu runs it.
 if [ "$budget" -ge 600 ]; then
