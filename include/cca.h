@@ -898,8 +898,10 @@ typedef void (*cca_context_release_fn)(const char *context, void *arg);
 void cca_set_context_release(cca_context_release_fn fn, void *arg);
 
 /**
- * Start or stop recording the allocation history into a ring of max_entries
- * entries (0 counts as 1; the oldest are overwritten). when says which
+ * Start or stop recording the allocation history into a ring of at most
+ * max_entries entries (0 counts as 1; beyond it the oldest are overwritten).
+ * max_entries is a bound, not a size: the ring grows as entries come, so
+ * SIZE_MAX (PyTorch's default, sys.maxsize) keeps every entry. when says which
  * entries get the context of context_fn (required unless when is
  * CCA_RECORD_CONTEXT_NEVER). Stopping clears the history. Calling it again
  * while recording changes the settings and keeps the newest entries. Needs no

@@ -247,6 +247,8 @@ static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, 
 }
 
 /* Append one entry and call the trackers (trace_lock held). */
+static void ring_grow_locked(void);
+
 static void record_locked(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
                           cca_stream_t stream, trace_ctx_t *context)
 {
@@ -264,6 +266,8 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     }
     if (!history_on || !ring.capacity)
         return;
+    if (ring.count == ring.capacity && ring.capacity < ring.bound)
+        ring_grow_locked();
     trace_entry_t *e = &ring.entries[ring.next];
     ctx_unref(e->context);
     ctx_unref(e->compile);
@@ -317,24 +321,52 @@ static void ring_free_locked(void)
     memset(&ring, 0, sizeof(ring));
 }
 
-cca_status_t trace_enable(size_t capacity)
+/* Slots first allocated for a history (more as entries come, up to its bound). */
+#define RING_FIRST_SLOTS 1024
+
+/*
+ * The ring is full below its bound: double its slots (at most to the bound). It has
+ * not wrapped (trace_ring_t), so the entries stay where they are and the next one
+ * goes after them. Out of host memory: the bound becomes the slots held, and the
+ * ring keeps the newest entries from then on.
+ */
+static void ring_grow_locked(void)
 {
-    if (capacity == 0)
-        capacity = 1;
+    size_t slots = ring.capacity <= ring.bound / 2 ? ring.capacity * 2 : ring.bound;
+    trace_entry_t *entries = NULL;
+    if (slots <= SIZE_MAX / sizeof(*entries))
+        entries = realloc(ring.entries, slots * sizeof(*entries));
+    if (!entries) {
+        ring.bound = ring.capacity;
+        return;
+    }
+    memset(entries + ring.capacity, 0, (slots - ring.capacity) * sizeof(*entries));
+    ring.next = ring.capacity;
+    ring.entries = entries;
+    ring.capacity = slots;
+}
+
+cca_status_t trace_enable(size_t bound)
+{
+    if (bound == 0)
+        bound = 1;
     pthread_mutex_lock(&trace_lock);
-    if (ring.capacity == capacity) {
+    if (ring.capacity && ring.bound == bound) {
         history_on = true;
         update_active_locked();
         pthread_mutex_unlock(&trace_lock);
         return CCA_OK;
     }
-    pthread_mutex_unlock(&trace_lock);
-    trace_entry_t *entries = calloc(capacity, sizeof(*entries));
-    if (!entries)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu history entries", capacity);
-    pthread_mutex_lock(&trace_lock);
-    /* keep the newest entries that fit */
-    size_t keep = ring.count < capacity ? ring.count : capacity;
+    /* keep the newest entries that fit, in a ring of their number of slots or more */
+    size_t keep = ring.count < bound ? ring.count : bound;
+    size_t slots = bound < RING_FIRST_SLOTS ? bound : RING_FIRST_SLOTS;
+    if (slots < keep)
+        slots = keep;
+    trace_entry_t *entries = calloc(slots, sizeof(*entries));
+    if (!entries) {
+        pthread_mutex_unlock(&trace_lock);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu history entries", slots);
+    }
     size_t first = ring.capacity ? (ring.next + ring.capacity - keep) % ring.capacity : 0;
     for (size_t i = 0; i < keep; i++) {
         trace_entry_t *src = &ring.entries[(first + i) % ring.capacity];
@@ -344,9 +376,10 @@ cca_status_t trace_enable(size_t capacity)
     uint64_t total = ring.total;
     ring_free_locked();
     ring.entries = entries;
-    ring.capacity = capacity;
+    ring.capacity = slots;
+    ring.bound = bound;
     ring.count = keep;
-    ring.next = keep % capacity;
+    ring.next = keep % slots;
     ring.total = total;
     history_on = true;
     update_active_locked();

@@ -261,6 +261,77 @@ TEST(history_ring_wraps)
     cca_history_free(e);
 }
 
+/* Rounds first.. first + count - 1: malloc and free of 512 * (1 + i % 50) bytes, 3 entries each. */
+static void history_rounds(int first, int count)
+{
+    for (int i = first; i < first + count; i++)
+        cca_free(xmalloc_dev(512 * (size_t)(1 + i % 50), 0, S1));
+}
+
+/* Entries [from, n) of e are rounds first.. of history_rounds, in order. */
+static void expect_rounds(const cca_trace_entry_t *e, size_t from, size_t n, int first)
+{
+    size_t bad = 0;
+    for (size_t k = from; k < n; k++) {
+        size_t round = (size_t)first + (k - from) / 3;
+        cca_trace_action_t want[3] = {CCA_TRACE_ALLOC, CCA_TRACE_FREE_REQUESTED, CCA_TRACE_FREE_COMPLETED};
+        if (e[k].action != want[(k - from) % 3] || e[k].size != 512 * (1 + round % 50))
+            bad++;
+    }
+    expect_eq_u64(bad, 0);
+}
+
+/*
+ * max_entries is a bound, not a size (PyTorch's default is sys.maxsize): the ring
+ * grows as entries come, past its first slots, and keeps every entry in order;
+ * a bound reached later still keeps the newest.
+ */
+TEST(history_huge_bound_grows)
+{
+    setup(0);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, (size_t)INT64_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_true(cca_history_enabled());
+    void *keep = xmalloc_dev(100, 0, S1); /* segment_alloc + alloc */
+    history_rounds(0, 1500);                /* 4,500 entries: the ring grows several times */
+    size_t n;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, 2 + 3 * 1500);
+    expect_eq_i64(e[0].action, CCA_TRACE_SEGMENT_ALLOC);
+    expect_eq_i64(e[1].action, CCA_TRACE_ALLOC);
+    expect_rounds(e, 2, n, 0);
+    cca_history_free(e);
+    /* SIZE_MAX too; the same bound again changes nothing */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, SIZE_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, SIZE_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(1500, 10);
+    e = history(&n);
+    expect_eq_u64(n, 2 + 3 * 1510);
+    expect_rounds(e, 2, n, 0);
+    cca_history_free(e);
+    /* a bound below the entries held keeps the newest, then wraps */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 3000, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    e = history(&n);
+    expect_eq_u64(n, 3000);
+    expect_rounds(e, 0, n, 1510 - 1000);
+    cca_history_free(e);
+    history_rounds(1510, 700);
+    e = history(&n);
+    expect_eq_u64(n, 3000);
+    expect_rounds(e, 0, n, 2210 - 1000);
+    cca_history_free(e);
+    /* a bound not reached yet grows from a partly filled ring */
+    expect_eq_i64(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 2500, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(0, 100);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 2001, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(100, 900);
+    e = history(&n);
+    expect_eq_u64(n, 2001);
+    expect_rounds(e, 0, n, 1000 - 667);
+    cca_history_free(e);
+    cca_free(keep);
+}
+
 static int context_calls;
 
 static const char *context_fn(void *arg)
@@ -1026,6 +1097,7 @@ int main(void)
     RUN(snapshot_streams_and_devices_sorted);
     RUN(history_order_and_fields);
     RUN(history_ring_wraps);
+    RUN(history_huge_bound_grows);
     RUN(context_levels);
     RUN(trackers_observers_annotations);
     RUN(snapshot_consistent_under_concurrency);
