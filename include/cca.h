@@ -125,8 +125,11 @@ cca_status_t cca_set_device(int device);
 
 /**
  * Apply a settings string at run time (same syntax as PYTORCH_CUDA_ALLOC_CONF:
- * "key:value,key:value"). Only the keys named change. On error nothing
- * changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
+ * "key:value,key:value"), as PyTorch's _set_allocator_settings: the keys named
+ * change, and max_split_size_mb, roundup_power2_divisions and
+ * garbage_collection_threshold return to their defaults unless named (PyTorch
+ * resets them before reading each string); every other key keeps its value. On
+ * error nothing changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
  * key:value and what is allowed), CCA_ERR_NOT_SUPPORTED (a key that can only
  * be set before initialisation, e.g. backend).
  */
