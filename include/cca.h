@@ -184,6 +184,18 @@ cca_status_t cca_empty_cache(void);
 /** Total cached-free bytes and the largest cached free block of a device. */
 cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block);
 
+/**
+ * PyTorch's cacheInfo, with which cuDNN sizes its workspaces: *largest in and
+ * out. On entry 0 asks for a first guess, the device's free memory (the
+ * backend's mem_get_info, cudaMemGetInfo); any other value is the caller's own.
+ * On return *largest is the larger of that and the largest cached free block
+ * (any pool, private pools included). With backend:cudaMallocAsync, the
+ * largest block found by trial allocation (cca_cache_info's). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (largest NULL, device out of range), or the
+ * backend's mem_get_info error (*largest unchanged). Thread-safe.
+ */
+cca_status_t cca_cache_info_largest(int device, size_t *largest);
+
 /** Base address and size of the segment holding ptr (any pointer inside a live block). */
 cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size);
 

@@ -221,10 +221,65 @@ TEST(max_split_expandable)
     max_split_expandable(1000, true);
 }
 
+/* ---- cacheInfo ------------------------------------------------------------------------- */
+
+/*
+ * PyTorch's cacheInfo (cuDNN's workspace size): *largest 0 on entry starts from the
+ * device's free memory, then the largest cached free block if larger; a caller's
+ * own guess is kept unless a cached block is larger. Before, cca answered from its
+ * cache alone: 0 on a fresh device, so cuDNN chose algorithms without workspace.
+ */
+TEST(cache_info_largest)
+{
+    const size_t total = 1024 * MiB;
+    setup("", total);
+    size_t device_free = 0, device_total = 0;
+    expect_ok(cca_mem_get_info(0, &device_free, &device_total));
+    size_t largest = 0;
+    expect_ok(cca_cache_info_largest(0, &largest)); /* a fresh device: its free memory */
+    expect_eq_u64(largest, device_free);
+    expect_true(largest > 0);
+    void *a = xmalloc(100 * MiB);
+    expect_ok(cca_free(a)); /* cached: 100 MiB */
+    expect_ok(cca_mem_get_info(0, &device_free, &device_total));
+    largest = 0;
+    expect_ok(cca_cache_info_largest(0, &largest));
+    expect_eq_u64(largest, device_free);
+    largest = 1; /* the caller's guess: the cached block is larger */
+    expect_ok(cca_cache_info_largest(0, &largest));
+    expect_eq_u64(largest, 100 * MiB);
+    largest = 4 * total; /* larger than anything: kept */
+    expect_ok(cca_cache_info_largest(0, &largest));
+    expect_eq_u64(largest, 4 * total);
+    /* a private pool's cached block counts too */
+    const cca_mempool_id_t pool = {0, 21};
+    expect_ok(cca_pool_create(0, pool));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, pool));
+    void *p = xmalloc(300 * MiB);
+    expect_ok(cca_end_allocate_to_pool(0, pool));
+    expect_ok(cca_free(p));
+    largest = 1;
+    expect_ok(cca_cache_info_largest(0, &largest));
+    expect_eq_u64(largest, 300 * MiB);
+    /* the device's free memory unknown: its error, *largest unchanged */
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_MEM_GET_INFO, 1, false, CCA_ERR_BACKEND));
+    largest = 0;
+    expect_status(cca_cache_info_largest(0, &largest), CCA_ERR_BACKEND);
+    expect_eq_u64(largest, 0);
+    expect_status(cca_cache_info_largest(0, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_cache_info_largest(1, &largest), CCA_ERR_INVALID_ARGUMENT);
+    expect_status(cca_cache_info_largest(-1, &largest), CCA_ERR_INVALID_ARGUMENT);
+    expect_ok(cca_release_pool(0, pool));
+    expect_ok(cca_empty_cache());
+    expect_valid();
+    cca_shutdown();
+}
+
 int main(void)
 {
     RUN(allocator_settings);
     RUN(run_time_strings_reset_only_pytorchs_keys);
     RUN(max_split_expandable);
+    RUN(cache_info_largest);
     return harness_done();
 }
