@@ -396,7 +396,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void cacheInfo(c10::DeviceIndex device, size_t *largest) override
     {
-        check(cca_cache_info(device, nullptr, largest), "cacheInfo");
+        check(cca_cache_info_largest(device, largest), "cacheInfo"); /* PyTorch: 0 in starts from free memory */
     }
     void *getBaseAllocation(void *ptr, size_t *size) override
     {
