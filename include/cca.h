@@ -1053,6 +1053,8 @@ typedef struct cca_segment_info {
     uint64_t owner_private_pool_id[2]; /**< (0, 0): the default pools */
     size_t block_count;
     cca_block_info_t *blocks; /**< in address order */
+    const char *context;    /**< user context of the allocation that created the segment (the
+                                 run at the segment's start of an expandable one), or NULL */
 } cca_segment_info_t;
 
 /** Every segment of every device, sorted by address. */

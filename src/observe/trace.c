@@ -49,6 +49,9 @@ static cca_context_fn context_fn;      /* the user's context callback */
 static void *context_arg;
 static int context_level;              /* cca_record_context_t */
 static live_ctx_t *live[LIVE_BUCKETS]; /* contexts of live allocations */
+/* contexts of the allocations that created segments, by the segment's first address (PyTorch's
+ * context_when_segment_allocated): set by segment_alloc, and by segment_map where none is */
+static live_ctx_t *segs[LIVE_BUCKETS];
 static tracker_t *trackers;
 static size_t tracker_count;
 /* PyTorch's compile contexts (a stack per device) and user metadata (one per device) */
@@ -155,17 +158,22 @@ static size_t live_bucket(int device, uintptr_t addr)
     return (size_t)(x & (LIVE_BUCKETS - 1));
 }
 
-static live_ctx_t **live_find_locked(int device, uintptr_t addr)
+static live_ctx_t **table_find_locked(live_ctx_t **table, int device, uintptr_t addr)
 {
-    live_ctx_t **link = &live[live_bucket(device, addr)];
+    live_ctx_t **link = &table[live_bucket(device, addr)];
     while (*link && !((*link)->device == device && (*link)->addr == addr))
         link = &(*link)->next;
     return link;
 }
 
-static void live_put_locked(int device, uintptr_t addr, trace_ctx_t *c)
+static live_ctx_t **live_find_locked(int device, uintptr_t addr)
 {
-    live_ctx_t **link = live_find_locked(device, addr);
+    return table_find_locked(live, device, addr);
+}
+
+static void table_put_locked(live_ctx_t **table, int device, uintptr_t addr, trace_ctx_t *c)
+{
+    live_ctx_t **link = table_find_locked(table, device, addr);
     if (*link) {
         ctx_unref((*link)->context);
         (*link)->context = ctx_ref(c);
@@ -181,16 +189,28 @@ static void live_put_locked(int device, uintptr_t addr, trace_ctx_t *c)
     *link = l;
 }
 
-static void live_clear_locked(void)
+/* Drop the entries of table on device within [addr, addr + size) (all of them: device -1). */
+static void table_drop_locked(live_ctx_t **table, int device, uintptr_t addr, size_t size)
 {
     for (size_t i = 0; i < LIVE_BUCKETS; i++) {
-        while (live[i]) {
-            live_ctx_t *l = live[i];
-            live[i] = l->next;
-            ctx_unref(l->context);
-            free(l);
+        live_ctx_t **link = &table[i];
+        while (*link) {
+            live_ctx_t *l = *link;
+            if (device < 0 || (l->device == device && l->addr >= addr && l->addr - addr < size)) {
+                *link = l->next;
+                ctx_unref(l->context);
+                free(l);
+            } else {
+                link = &l->next;
+            }
         }
     }
+}
+
+static void live_clear_locked(void)
+{
+    table_drop_locked(live, -1, 0, 0);
+    table_drop_locked(segs, -1, 0, 0);
 }
 
 static _Atomic long copies_countdown; /* tests (trace_test_fail_copies) */
@@ -215,6 +235,21 @@ bool trace_block_context(int device, uintptr_t addr, char **out)
     return ok;
 }
 
+bool trace_segment_context(int device, uintptr_t addr, char **out)
+{
+    char *copy = NULL;
+    bool ok = true;
+    pthread_mutex_lock(&trace_lock);
+    live_ctx_t *l = *table_find_locked(segs, device, addr);
+    if (l && l->context) {
+        copy = cca_countdown_hit(&copies_countdown) ? NULL : strdup(l->context->text);
+        ok = copy != NULL;
+    }
+    pthread_mutex_unlock(&trace_lock);
+    *out = copy;
+    return ok;
+}
+
 /* ---- recording ------------------------------------------------------------------ */
 
 static void update_active_locked(void)
@@ -228,8 +263,13 @@ static void update_active_locked(void)
 static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, uintptr_t addr)
 {
     trace_ctx_t *own = thread_ctx;
-    if (own && action == CCA_TRACE_ALLOC && context_level >= CCA_RECORD_CONTEXT_STATE)
-        live_put_locked(device, addr, own);
+    if (own && context_level >= CCA_RECORD_CONTEXT_STATE) {
+        if (action == CCA_TRACE_ALLOC)
+            table_put_locked(live, device, addr, own);
+        else if (action == CCA_TRACE_SEGMENT_ALLOC ||
+                 (action == CCA_TRACE_SEGMENT_MAP && !*table_find_locked(segs, device, addr)))
+            table_put_locked(segs, device, addr, own);
+    }
     if (context_level < CCA_RECORD_CONTEXT_ALLOC)
         return NULL;
     switch (action) {
@@ -299,6 +339,19 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
             link = live_find_locked(device, addr);
     }
     record_locked(device, action, addr, size, stream, context);
+    if (action == CCA_TRACE_SEGMENT_FREE) { /* the segment's context goes with it */
+        live_ctx_t **seg = table_find_locked(segs, device, addr);
+        if (*seg) {
+            live_ctx_t *l = *seg;
+            *seg = l->next;
+            ctx_unref(l->context);
+            free(l);
+        }
+    } else if (action == CCA_TRACE_SEGMENT_UNMAP && history_on && context_level > CCA_RECORD_CONTEXT_NEVER) {
+        /* (rare: empty_cache, out of memory) a range mapped again later takes the context
+         * of that mapping, where PyTorch keeps a segment's first context through its unmap */
+        table_drop_locked(segs, device, addr, size);
+    }
     if (link && *link) {
         live_ctx_t *l = *link;
         *link = l->next;

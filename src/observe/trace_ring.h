@@ -49,6 +49,11 @@ void trace_disable(void);
  * none. False: out of host memory for the copy (*out NULL). */
 bool trace_block_context(int device, uintptr_t addr, char **out);
 
+/* Copy of the context of the allocation that created the segment starting at (device,
+ * addr) (PyTorch's context_when_segment_allocated) into *out, malloc'd; NULL if none.
+ * False: out of host memory for the copy (*out NULL). */
+bool trace_segment_context(int device, uintptr_t addr, char **out);
+
 /* Tests: the n-th copy of a live allocation's context from now (trace_block_context)
  * fails (0: none), as it would with the host out of memory. */
 void trace_test_fail_copies(long n);

@@ -974,6 +974,91 @@ static const char *latin1_context(void *arg)
     return "/home/jos\xe9/train.py:12"; /* a Latin-1 path: not UTF-8 */
 }
 
+/* The segment of a snapshot holding p, or NULL. */
+static const cca_segment_info_t *segment_of(const cca_snapshot_t *snap, const void *p)
+{
+    for (size_t i = 0; snap && i < snap->segment_count; i++) {
+        const cca_segment_info_t *seg = &snap->segments[i];
+        if ((uintptr_t)p >= seg->address && (uintptr_t)p < seg->address + seg->total_size)
+            return seg;
+    }
+    return NULL;
+}
+
+static const char *segment_context_of(const cca_snapshot_t *snap, const void *p)
+{
+    const cca_segment_info_t *seg = segment_of(snap, p);
+    return seg && seg->context ? seg->context : "";
+}
+
+/*
+ * A segment carries the context of the allocation that created it (PyTorch's
+ * context_when_segment_allocated: the segment's `frames` in snapshots), at level
+ * STATE and up: kept while later allocations split it, dropped with the
+ * segment. For an expandable segment, the allocation that first mapped its
+ * start; its growth keeps that context.
+ */
+TEST(segment_context)
+{
+    setup(0);
+    context_calls = 0;
+    expect_eq_i64(cca_record_history(true, context_fn, "seg", 100, CCA_RECORD_CONTEXT_STATE), CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1); /* creates a small segment: seg-1 */
+    void *b = xmalloc_dev(1000, 0, S1); /* in the same segment: seg-2 */
+    cca_snapshot_t *snap = take();
+    expect_eq_str(segment_context_of(snap, a), "seg-1\nframe two");
+    expect_true(segment_of(snap, a) == segment_of(snap, b));
+    cca_snapshot_free(snap);
+    /* the pickle: the segment's frames, one per line */
+    char path[128];
+    path_in_tmp(path, sizeof(path), "segment_frames.pickle");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    const pv_node_t *segs = root ? key(root, "segments") : NULL;
+    size_t with_frames = 0;
+    for (size_t i = 0; segs && i < pv_len(segs); i++) {
+        const pv_node_t *frames = key(pv_at(segs, i), "frames");
+        if (frames && pv_len(frames) == 2 && pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"), "seg-1") &&
+            pv_str_eq(pv_dict_get(pv_at(frames, 1), "filename"), "frame two"))
+            with_frames++;
+    }
+    expect_eq_u64(with_frames, 1);
+    pv_doc_free(doc);
+    /* the segment goes: a new one takes the context of its own creation */
+    cca_free(a);
+    cca_free(b);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    void *c = xmalloc_dev(1000, 0, S1); /* seg-3 */
+    snap = take();
+    expect_eq_str(segment_context_of(snap, c), "seg-3\nframe two");
+    cca_snapshot_free(snap);
+    cca_free(c);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    /* an expandable segment: the allocation that mapped its start */
+    expect_eq_i64(cca_set_settings("expandable_segments:True"), CCA_OK);
+    void *d = xmalloc_dev(30 * MiB, 0, S1); /* maps the segment's start: seg-4 */
+    void *e = xmalloc_dev(30 * MiB, 0, S1); /* grows it: seg-5 */
+    snap = take();
+    expect_true(segment_of(snap, d) && segment_of(snap, d)->is_expandable);
+    expect_true(segment_of(snap, d) == segment_of(snap, e));
+    expect_eq_str(segment_context_of(snap, d), "seg-4\nframe two");
+    cca_snapshot_free(snap);
+    cca_free(d);
+    cca_free(e);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    /* below STATE: none */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    void *f = xmalloc_dev(1000, 0, S1);
+    snap = take();
+    expect_true(segment_of(snap, f) && segment_of(snap, f)->context == NULL);
+    cca_snapshot_free(snap);
+    cca_free(f);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
 /*
  * A context or annotation that is not UTF-8 (a Latin-1 path) is written with
  * each bad byte as U+FFFD, as Python decodes with errors="replace"; before,
@@ -1106,6 +1191,7 @@ int main(void)
     RUN(compile_contexts_and_user_metadata);
     RUN(dump_read_by_python_and_svg);
     RUN(dump_of_text_that_is_not_utf8);
+    RUN(segment_context);
     RUN(snapshot_out_of_memory_for_a_context);
     RUN(svg_escapes_a_files_segment_type);
     cca_shutdown();
