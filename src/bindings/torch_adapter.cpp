@@ -463,6 +463,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
             si.is_large = s.is_large;
             si.is_expandable = s.is_expandable;
             si.owner_private_pool_id = owner;
+            si.context_when_allocated = find_context(s.context); /* the segment's creation */
             for (size_t b = 0; b < s.block_count; b++) {
                 const cca_block_info_t &blk = s.blocks[b];
                 cc::BlockInfo bi;
