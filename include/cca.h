@@ -125,8 +125,11 @@ cca_status_t cca_set_device(int device);
 
 /**
  * Apply a settings string at run time (same syntax as PYTORCH_CUDA_ALLOC_CONF:
- * "key:value,key:value"). Only the keys named change. On error nothing
- * changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
+ * "key:value,key:value"), as PyTorch's _set_allocator_settings: the keys named
+ * change, and max_split_size_mb, roundup_power2_divisions and
+ * garbage_collection_threshold return to their defaults unless named (PyTorch
+ * resets them before reading each string); every other key keeps its value. On
+ * error nothing changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
  * key:value and what is allowed), CCA_ERR_NOT_SUPPORTED (a key that can only
  * be set before initialisation, e.g. backend).
  */
@@ -191,6 +194,18 @@ cca_status_t cca_empty_cache(void);
 
 /** Total cached-free bytes and the largest cached free block of a device. */
 cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block);
+
+/**
+ * PyTorch's cacheInfo, with which cuDNN sizes its workspaces: *largest in and
+ * out. On entry 0 asks for a first guess, the device's free memory (the
+ * backend's mem_get_info, cudaMemGetInfo); any other value is the caller's own.
+ * On return *largest is the larger of that and the largest cached free block
+ * (any pool, private pools included). With backend:cudaMallocAsync, the
+ * largest block found by trial allocation (cca_cache_info's). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (largest NULL, device out of range), or the
+ * backend's mem_get_info error (*largest unchanged). Thread-safe.
+ */
+cca_status_t cca_cache_info_largest(int device, size_t *largest);
 
 /** Base address and size of the segment holding ptr (any pointer inside a live block). */
 cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size);
@@ -909,8 +924,10 @@ typedef void (*cca_context_release_fn)(const char *context, void *arg);
 void cca_set_context_release(cca_context_release_fn fn, void *arg);
 
 /**
- * Start or stop recording the allocation history into a ring of max_entries
- * entries (0 counts as 1; the oldest are overwritten). when says which
+ * Start or stop recording the allocation history into a ring of at most
+ * max_entries entries (0 counts as 1; beyond it the oldest are overwritten).
+ * max_entries is a bound, not a size: the ring grows as entries come, so
+ * SIZE_MAX (PyTorch's default, sys.maxsize) keeps every entry. when says which
  * entries get the context of context_fn (required unless when is
  * CCA_RECORD_CONTEXT_NEVER). Stopping clears the history. Calling it again
  * while recording changes the settings and keeps the newest entries. Needs no
@@ -1047,6 +1064,8 @@ typedef struct cca_segment_info {
     uint64_t owner_private_pool_id[2]; /**< (0, 0): the default pools */
     size_t block_count;
     cca_block_info_t *blocks; /**< in address order */
+    const char *context;    /**< user context of the allocation that created the segment (the
+                                 run at the segment's start of an expandable one), or NULL */
 } cca_segment_info_t;
 
 /** Every segment of every device, sorted by address. */

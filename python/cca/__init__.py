@@ -12,6 +12,7 @@ Standard library only (ctypes over libcca.so). PyTorch integration is in
 import ctypes
 import json as _json
 import os
+import sys
 
 from . import _lib
 from ._lib import library_path
@@ -224,12 +225,18 @@ def empty_cache():
     _check(lib, lib.cca_empty_cache(), "empty_cache")
 
 
-def record_history(enabled=True, max_entries=100000):
+def record_history(enabled=True, max_entries=sys.maxsize):
     """Start (or stop, which clears it) recording the allocation history, without
     stacks (cca.torch's install records PyTorch's stacks through
-    torch.cuda.memory._record_memory_history)."""
+    torch.cuda.memory._record_memory_history). max_entries bounds the history
+    (the oldest entries go beyond it); it is not allocated up front, so the
+    default, sys.maxsize as PyTorch's, keeps everything."""
+    max_entries = int(max_entries)
+    if max_entries < 0:
+        raise ValueError("record_history: max_entries must be >= 0, not %d" % max_entries)
     lib = _lib.load()
-    _check(lib, lib.cca_record_history(bool(enabled), None, None, int(max_entries), 0),
+    _check(lib, lib.cca_record_history(bool(enabled), None, None,
+                                       min(max_entries, ctypes.c_size_t(-1).value), 0),
            "record_history")
 
 

@@ -632,7 +632,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void cacheInfo(c10::DeviceIndex device, size_t *largest) override
     {
-        check(cca_cache_info(device, nullptr, largest), "cacheInfo");
+        check(cca_cache_info_largest(device, largest), "cacheInfo"); /* PyTorch: 0 in starts from free memory */
     }
     void *getBaseAllocation(void *ptr, size_t *size) override
     {
@@ -709,6 +709,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
             si.is_large = s.is_large;
             si.is_expandable = s.is_expandable;
             si.owner_private_pool_id = owner;
+            si.context_when_allocated = find_context(s.context); /* the segment's creation */
             for (size_t b = 0; b < s.block_count; b++) {
                 const cca_block_info_t &blk = s.blocks[b];
                 cc::BlockInfo bi;

@@ -538,6 +538,34 @@ cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_bl
     return CCA_OK;
 }
 
+cca_status_t cca_cache_info_largest(int device, size_t *largest)
+{
+    if (!largest)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info_largest: largest is NULL");
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info_largest: device %d is out of range",
+                         device);
+    if (async_enabled())
+        return async_cache_info(device, NULL, largest);
+    size_t guess = *largest;
+    if (guess == 0) { /* PyTorch: the free memory as an optimistic first guess */
+        cca_backend_t *be = cca_state->backend;
+        size_t total = 0;
+        st = be->mem_get_info(be->ctx, device, &guess, &total);
+        if (st != CCA_OK)
+            return st;
+    }
+    size_t cached_largest = 0;
+    st = cca_cache_info(device, NULL, &cached_largest);
+    if (st != CCA_OK)
+        return st;
+    *largest = cached_largest > guess ? cached_largest : guess;
+    return CCA_OK;
+}
+
 cca_status_t cca_memory_stats_extra(int device, cca_stat_entry_t *out, size_t count)
 {
     if (!out || count < CCA_MEMORY_STATS_EXTRA_COUNT)

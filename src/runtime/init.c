@@ -88,6 +88,7 @@ static void lock_world(bool lock)
 static cca_status_t set_settings_locked(const char *text)
 {
     cca_settings_t next = cca_state->settings;
+    settings_reset_for_new_string(&next); /* as PyTorch's setAllocatorSettings */
     cca_status_t st = settings_parse(&next, text, CCA_SRC_ARGUMENT);
     if (st != CCA_OK)
         return st;

@@ -226,6 +226,22 @@ class ThisProcess(unittest.TestCase):
         live = [b for s in j["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
         self.assertEqual(len(live), 4)
 
+    def test_history_default_bound_is_not_allocated(self):
+        # PyTorch's default max_entries is sys.maxsize: a bound, not a size
+        cca.record_history(True)
+        cca.record_history(True, max_entries=sys.maxsize)
+        for _ in range(3):
+            self.malloc(MiB)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.pickle")
+            cca.dump_snapshot(path)
+            j = cca.snapshot_to_json(path)
+        cca.record_history(False)
+        actions = [e["action"] for e in j["device_traces"][0]]
+        self.assertEqual(actions.count("alloc"), 3)
+        with self.assertRaises(ValueError):
+            cca.record_history(True, max_entries=-1)
+
     def test_replay_refused_while_serving(self):
         self.malloc(MiB)
         with self.assertRaises(cca.CcaError) as cm:
