@@ -20,7 +20,7 @@ __all__ = [
     "CcaError", "OutOfMemoryError", "library_path", "settings", "replay", "snapshot_to_json",
     "snapshot_to_svg", "memory_stats", "memory_summary", "device_stats", "reset_peak_stats",
     "reset_accumulated_stats", "empty_cache", "record_history", "dump_snapshot", "backend",
-    "is_initialized", "set_settings", "set_memory_fraction", "host_stats",
+    "is_initialized", "set_settings", "set_memory_fraction", "host_stats", "host_empty_cache",
 ]
 
 _STATUS_OUT_OF_MEMORY = 3
@@ -235,6 +235,12 @@ def host_stats():
     s = _lib.HostStats()
     _check(lib, lib.cca_host_get_stats(ctypes.byref(s)), "host_stats")
     return s
+
+
+def host_empty_cache():
+    """Give back to the system every cached pinned host block whose recorded work is done."""
+    lib = _lib.load()
+    _check(lib, lib.cca_host_empty_cache(), "host_empty_cache")
 
 
 def memory_summary(device=0, abbreviated=False):

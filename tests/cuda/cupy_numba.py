@@ -9,7 +9,8 @@ memory once, whichever library frees it last.
 Usage: python3 tests/cuda/cupy_numba.py [LIBCCA] [--part NAME]...
   LIBCCA: the libcca.so to use (sets CCA_LIBRARY); without it the cca package
   on PYTHONPATH finds its own (the installed one, or the build tree's).
-  Parts: cupy, cupy-expandable, cupy-compact, numba, numba-ipc, interop, smoke
+  Parts: cupy, cupy-expandable, cupy-compact, numba, numba-ipc, numba-ipc-expandable,
+  interop, smoke
   (smoke: one CuPy and one Numba kernel, for the installed package); default:
   all but smoke. Each part runs in its own process.
 Prints one "PASS part.check" or "FAIL part.check" line per check (a failure
@@ -26,7 +27,8 @@ import traceback
 
 HERE = os.path.abspath(__file__)
 N = 1 << 20
-PARTS = ["cupy", "cupy-expandable", "cupy-compact", "numba", "numba-ipc", "interop"]
+PARTS = ["cupy", "cupy-expandable", "cupy-compact", "numba", "numba-ipc", "numba-ipc-expandable",
+         "interop"]
 results = []
 
 
@@ -93,13 +95,17 @@ def part_cupy():
 
     @check("cupy.allocations_come_from_cca")
     def _():
+        w = cupy.ones(256, dtype=cupy.float32)  # warm-up: whatever CuPy keeps after its first kernels
+        float(cupy.sum(w * 2 + 1))
+        del w
+        gc.collect()
         base = allocations()
         x = cupy.arange(N, dtype=cupy.float32)
         expect(isinstance(x.data.mem._owner, cca.cupy._DeviceBlock), "the array's memory is not cca's")
         expect(allocations() == base + 1, "cca counts %d blocks, expected %d" % (allocations(), base + 1))
         y = x * 2 + 1                                   # an elementwise kernel
-        s = float(cupy.sum(y))                          # a reduction (its temporaries too)
-        expect(s == float(np.sum(np.arange(N, dtype=np.float32) * 2 + 1)), "sum %r" % s)
+        s = float(cupy.sum(y, dtype=cupy.float64))      # a reduction (its temporaries too)
+        expect(s == float(N) * N, "sum %r" % s)         # the sum of 2i + 1 below N
         z = cupy.ones(N, dtype=cupy.float32)
         saxpy(((N + 255) // 256,), (256,), (cupy.float32(3.0), x, z, cupy.int64(N)))
         expect(np.array_equal(cupy.asnumpy(z), 3 * np.arange(N, dtype=np.float32) + 1), "saxpy result")
@@ -178,7 +184,7 @@ def part_cupy():
         expect(np.array_equal(out, 3 * np.arange(N, dtype=np.float32)), "pinned round trip")
         del h, out, d
         gc.collect()
-        cca.empty_cache()
+        cca.host_empty_cache()
         expect(cca.host_stats().active_requests.current == before, "pinned blocks left")
 
     @check("cupy.out_of_memory_then_recovery")
@@ -204,7 +210,7 @@ def part_cupy():
         expect(float(chunks[0][:10].sum()) == 10.0, "memory before the error")
         del chunks
         again = cupy.ones(1 << 28, dtype=cupy.float32)
-        expect(float(again.sum()) == float(1 << 28), "after recovery")
+        expect(float(again.sum(dtype=cupy.float64)) == float(1 << 28), "after recovery")
         del again
         cca.set_memory_fraction(1.0)
         cca.empty_cache()
@@ -239,7 +245,9 @@ def part_cupy():
         del own, ours
         cca.cupy.install()
 
-    expect(cca.cupy.free_failures() == [], "frees failed: %r" % cca.cupy.free_failures())
+    @check("cupy.no_failed_frees")
+    def _():
+        expect(cca.cupy.free_failures() == [], "frees failed: %r" % cca.cupy.free_failures())
 
 
 def part_cupy_settings(settings):
@@ -274,8 +282,14 @@ def part_cupy_settings(settings):
         expect(snap["segments"] and all(s.get("is_expandable") for s in snap["segments"]),
                "segments are not expandable under %s" % settings)
         del x, y, live
+        gc.collect()
+        before = cca.memory_stats()["reserved_bytes.all.current"]
         cca.empty_cache()
-        expect(cca.memory_stats()["reserved_bytes.all.current"] == 0, "empty_cache left memory")
+        after = cca.memory_stats()
+        expect(after["reserved_bytes.all.current"] < before, "empty_cache gave nothing back")
+        expect(after["reserved_bytes.all.current"] <= after["allocated_bytes.all.current"] + (64 << 20),
+               "empty_cache kept %d bytes beyond the live ones" % (after["reserved_bytes.all.current"]
+                                                                  - after["allocated_bytes.all.current"]))
 
 
 # ---- Numba --------------------------------------------------------------------------------
@@ -325,6 +339,11 @@ def part_numba():
 
     @check("numba.kernels_on_cca_memory")
     def _():
+        w = cuda.to_device(np.ones(256, dtype=np.float32))  # warm-up: the first launch
+        add[1, 256](w, w, w)
+        cuda.synchronize()
+        del w
+        gc.collect()
         base = allocations()
         a = cuda.to_device(np.arange(N, dtype=np.float32))
         b = cuda.to_device(np.ones(N, dtype=np.float32))
@@ -427,12 +446,14 @@ def part_numba():
         gc.collect()
         again = cuda.to_device(np.ones(1 << 26, dtype=np.float32))
         scale[(1 << 26) // 256, 256](again, 2.0)
-        expect(float(again.copy_to_host().sum()) == float(2 << 26), "after recovery")
+        expect(float(again.copy_to_host().sum(dtype=np.float64)) == float(2 << 26), "after recovery")
         del again
         cca.set_memory_fraction(1.0)
         cca.empty_cache()
 
-    expect(cca.numba.free_failures() == [], "frees failed: %r" % cca.numba.free_failures())
+    @check("numba.no_failed_frees")
+    def _():
+        expect(cca.numba.free_failures() == [], "frees failed: %r" % cca.numba.free_failures())
 
 
 def ipc_consumer(queue, answers):
@@ -454,14 +475,14 @@ def ipc_consumer(queue, answers):
         answers.put(("error", traceback.format_exc(), 0, False))
 
 
-def part_numba_ipc():
+def part_numba_ipc(name):
     import multiprocessing
     import numpy as np
     from numba import cuda
     import cca
     import cca.numba
 
-    @check("numba-ipc.between_processes")
+    @check(name + ".between_processes")
     def _():
         ctx = multiprocessing.get_context("spawn")
         queue, answers = ctx.Queue(), ctx.Queue()
@@ -478,6 +499,11 @@ def part_numba_ipc():
         host = arr.copy_to_host()
         expect(np.array_equal(host[1024:], 2 * np.arange(1024, N, dtype=np.float32)), "child's writes")
         expect(np.array_equal(host[:1024], np.arange(1024, dtype=np.float32)), "outside the view")
+        if "expandable" in name:
+            with tempfile.TemporaryDirectory() as tmp:
+                cca.dump_snapshot(os.path.join(tmp, "s.pickle"))
+                snap = cca.snapshot_to_json(os.path.join(tmp, "s.pickle"))
+            expect(all(s.get("is_expandable") for s in snap["segments"]), "not expandable segments")
         del arr, view
         gc.collect()
         lib = cca._lib.load()
@@ -549,7 +575,7 @@ def part_interop():
         del d
         gc.collect()
         expect(allocations() == base + 1, "the block went with Numba's array")
-        expect(float((c * 2).sum()) == float(2 * ref.sum()), "CuPy's view")
+        expect(float((c * 2).sum(dtype=cupy.float64)) == 2 * float(ref.sum(dtype=np.float64)), "CuPy's view")
         del c
         gc.collect()
         expect(allocations() == base, "the block outlived both owners")
@@ -575,7 +601,8 @@ def part_interop():
         y = cupy.from_dlpack(x)
         del x
         gc.collect()
-        expect(float(y.sum()) == float(ref.sum()) and allocations() == base + 1, "DLPack round trip")
+        expect(float(y.sum(dtype=cupy.float64)) == float(ref.sum(dtype=np.float64))
+               and allocations() == base + 1, "DLPack round trip")
         del y
         gc.collect()
         expect(allocations() == base, "the block outlived both owners")
@@ -605,7 +632,7 @@ def part_smoke():
             cca.cupy.install()
             x = cupy.arange(N, dtype=cupy.float32)
             expect(isinstance(x.data.mem._owner, cca.cupy._DeviceBlock), "not cca's")
-            expect(float((x * 2).sum()) == float(2 * np.arange(N, dtype=np.float32).sum()), "result")
+            expect(float((x * 2).sum(dtype=cupy.float64)) == float(N) * (N - 1), "result")
     try:
         from numba import cuda
         import cca.numba
@@ -620,7 +647,7 @@ def part_smoke():
             d = cuda.to_device(np.ones(N, dtype=np.float32))
             expect(isinstance(cuda.current_context().memory_manager, cca.numba.CCAMemoryManager), "manager")
             scale[(N + 255) // 256, 256](d, 5.0)
-            expect(float(d.copy_to_host().sum()) == 5.0 * N, "result")
+            expect(float(d.copy_to_host().sum(dtype=np.float64)) == 5.0 * N, "result")
 
 
 def worker(part):
@@ -632,8 +659,8 @@ def worker(part):
         part_cupy_settings("compact_memory")
     elif part == "numba":
         part_numba()
-    elif part == "numba-ipc":
-        part_numba_ipc()
+    elif part in ("numba-ipc", "numba-ipc-expandable"):
+        part_numba_ipc(part)
     elif part == "interop":
         part_interop()
     elif part == "smoke":
@@ -669,7 +696,8 @@ def main(argv):
         print("SKIPPED: neither CuPy nor Numba is installed")
         return 77
     needs = {"cupy": ["cupy"], "cupy-expandable": ["cupy"], "cupy-compact": ["cupy"],
-             "numba": ["numba"], "numba-ipc": ["numba"], "interop": ["cupy", "numba"], "smoke": []}
+             "numba": ["numba"], "numba-ipc": ["numba"], "numba-ipc-expandable": ["numba"],
+             "interop": ["cupy", "numba"], "smoke": []}
     failed = []
     for part in parts:
         missing = [m for m in needs.get(part, []) if not {"cupy": cupy_ok, "numba": numba_ok}[m]]
@@ -679,6 +707,8 @@ def main(argv):
         penv = dict(env)
         if part.startswith("numba"):
             penv["NUMBA_CUDA_MEMORY_MANAGER"] = "cca.numba"
+        if part.endswith("-expandable") and part.startswith("numba"):
+            penv["CCA_ALLOC_CONF"] = "expandable_segments:True"  # both processes
         t0 = time.time()
         try:
             rc = subprocess.run([sys.executable, HERE, "--worker", part], env=penv, timeout=300).returncode
