@@ -27,6 +27,7 @@ __all__ = ["install", "uninstall", "installed", "allocator", "malloc", "malloc_p
 _STATUS_OUT_OF_MEMORY = 3
 
 _module = None          # cupy, once imported
+_bound = None           # what malloc calls (see _bind)
 _previous = None        # CuPy's device allocator before install()
 _pinned = False         # install() made cca CuPy's pinned memory allocator
 _free_failures = []     # (pointer, message) of frees that failed in a finaliser (kept: 16)
@@ -90,8 +91,14 @@ class _HostBlock:
             _note_free_failure(self.ptr, st)
 
 
-def _device_id(cupy):
-    return cupy.cuda.runtime.getDevice()
+def _bind():
+    """The calls malloc makes, looked up once: (getDevice, get_current_stream,
+    UnownedMemory, MemoryPointer, cca_malloc_device)."""
+    global _bound
+    cupy = _cupy()
+    _bound = (cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream, cupy.cuda.UnownedMemory,
+              cupy.cuda.MemoryPointer, _lib.load().cca_malloc_device)
+    return _bound
 
 
 def _out_of_memory(cupy, lib, size, device, cause):
@@ -111,26 +118,33 @@ def malloc(size):
     cupy.cuda.memory.OutOfMemoryError (its cause cca's OutOfMemoryError, with
     PyTorch's message) when cca cannot find the memory even after Python's
     garbage collection has run, and cca.CcaError for any other failure."""
-    cupy = _cupy()
-    lib = _lib.load()
-    size = int(size)
+    get_device, current_stream, unowned, pointer, malloc_device = _bound or _bind()
     if size < 0:
         raise ValueError("cca.cupy.malloc: size must not be negative (%d)" % size)
-    device = _device_id(cupy)
-    stream = cupy.cuda.get_current_stream().ptr
+    device = get_device()
+    stream = current_stream().ptr
     out = ctypes.c_void_p()
-    st = lib.cca_malloc_device(ctypes.byref(out), size, device, stream)
+    st = malloc_device(ctypes.byref(out), size, device, stream)
+    if st != 0:
+        st = _retry(out, size, device, stream, st)
+    ptr = out.value or 0
+    return pointer(unowned(ptr, size, _DeviceBlock(ptr) if ptr else None, device), 0)
+
+
+def _retry(out, size, device, stream, st):
+    """malloc's slow path: after an out-of-memory, one garbage collection (arrays
+    held only by reference cycles, as CuPy's own pool does) and one more try;
+    then the error, as CuPy's OutOfMemoryError or cca.CcaError."""
+    lib = _lib.load()
     if st == _STATUS_OUT_OF_MEMORY:
-        gc.collect()  # arrays held only by reference cycles (as CuPy's own pool does)
+        gc.collect()
         st = lib.cca_malloc_device(ctypes.byref(out), size, device, stream)
     if st != 0:
         try:
             cca._check(lib, st, "cca.cupy.malloc(%d) on device %d" % (size, device))
         except cca.OutOfMemoryError as e:
-            raise _out_of_memory(cupy, lib, size, device, e) from e
-    ptr = out.value or 0
-    mem = cupy.cuda.UnownedMemory(ptr, size, _DeviceBlock(ptr) if ptr else None, device)
-    return cupy.cuda.MemoryPointer(mem, 0)
+            raise _out_of_memory(_cupy(), lib, size, device, e) from e
+    return st
 
 
 def malloc_pinned(size):

@@ -384,7 +384,7 @@ class CuPy(Fakes):
     def setUp(self):
         super().setUp()
         import cca.cupy
-        cca.cupy._module = None
+        cca.cupy._module = cca.cupy._bound = None
         self.cc = cca.cupy
         self.cupy = sys.modules["cupy"]
         self.cupy.cuda.set_allocator(self.cupy.get_default_memory_pool().malloc)
