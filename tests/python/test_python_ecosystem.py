@@ -56,6 +56,26 @@ def start_sim(manual_events=True):
     return be
 
 
+def backend_op(name):
+    """The value of CCA_OP_<name> in cca_backend.h's enum (from the header itself)."""
+    with open(os.path.join(ROOT, "include", "cca_backend.h")) as f:
+        text = f.read()
+    ops = []
+    for line in text[text.index("CCA_OP_MALLOC = 0"):].splitlines():
+        word = line.strip().split("=")[0].strip(" ,")
+        if not word.startswith("CCA_OP_"):
+            break
+        ops.append(word)
+    return ops.index("CCA_OP_" + name)
+
+
+def inject_fault(backend, op, nth=1):
+    lib = _lib.load()
+    lib.cca_sim_inject_fault.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_bool,
+                                         ctypes.c_int]
+    assert lib.cca_sim_inject_fault(backend, backend_op(op), nth, False, 4) == 0  # CCA_ERR_BACKEND
+
+
 def allocations():
     return cca.memory_stats()["allocation.all.current"]
 
@@ -502,6 +522,60 @@ class CuPy(Fakes):
         del q  # no stream named: back at once
         self.assertEqual(cca.host_stats().active_requests.current, 0)
 
+    def test_a_failing_backend_is_ccas_error_and_loses_nothing(self):
+        self.cc.install()
+        inject_fault(self.backend, "MALLOC")
+        with self.assertRaises(cca.CcaError) as cm:
+            self.cupy.cuda.alloc(MiB)
+        self.assertEqual(cm.exception.status, "CCA_ERR_BACKEND")
+        self.assertNotIsInstance(cm.exception, MemoryError)
+        self.assertEqual(allocations(), 0)
+        p = self.cupy.cuda.alloc(MiB)
+        self.assertEqual(allocations(), 1)
+        inject_fault(self.backend, "HOST_ALLOC")
+        with self.assertRaises(cca.CcaError):
+            self.cupy.cuda.alloc_pinned_memory(4096)
+        h = self.cupy.cuda.alloc_pinned_memory(4096)
+        self.assertEqual(cca.host_stats().active_requests.current, 1)
+        del p, h
+
+    def test_threads(self):
+        """Four threads allocate and free through CuPy's allocator on two streams each, one
+        of them marking blocks used on the other; nothing is left and no free fails."""
+        import random
+        self.cc.install()
+        cupy = self.cupy
+        errors = []
+
+        def work(seed):
+            rng = random.Random(seed)
+            live = []
+            try:
+                for _ in range(400):
+                    stream = cupy.cuda.Stream(0x100 * (1 + seed * 2 + rng.randrange(2)))
+                    with stream:
+                        if live and rng.random() < 0.5:
+                            live.pop(rng.randrange(len(live)))
+                        else:
+                            p = cupy.cuda.alloc(rng.choice((512, 4096, 65536)))
+                            if rng.random() < 0.2:
+                                self.cc.record_stream(p, 0x9000 + seed)
+                            live.append(p)
+            except Exception as e:  # reported below
+                errors.append(e)
+            live.clear()
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        for k in range(4):
+            self.complete(0x9000 + k)
+        gc.collect()
+        self.assertEqual(allocations(), 0)
+
     def test_scope_is_this_threads(self):
         cupy = self.cupy
         with self.cc.allocator():
@@ -595,6 +669,19 @@ class Numba(Fakes):
         again = self.mm.memalloc(40 * MiB)
         self.assertEqual(allocations(), 1)
         del again
+
+    def test_a_failing_backend_is_ccas_error_and_loses_nothing(self):
+        inject_fault(self.backend, "MALLOC")
+        with self.assertRaises(cca.CcaError) as cm:
+            self.mm.memalloc(MiB)
+        self.assertEqual(cm.exception.status, "CCA_ERR_BACKEND")
+        self.assertEqual((len(self.mm.allocations), allocations()), (0, 0))
+        inject_fault(self.backend, "HOST_ALLOC")
+        with self.assertRaises(cca.CcaError):
+            self.mm.memhostalloc(4096)
+        mem, host = self.mm.memalloc(MiB), self.mm.memhostalloc(4096)
+        self.assertEqual((allocations(), cca.host_stats().active_requests.current), (1, 1))
+        del mem, host
 
     def test_pinned_host_arrays(self):
         pinned = self.mm.memhostalloc(10000)
