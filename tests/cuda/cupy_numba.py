@@ -489,9 +489,17 @@ def part_numba_ipc(name):
         arr = cuda.to_device(np.arange(N, dtype=np.float32))
         cuda.synchronize()
         view = arr[1024:]
+        try:
+            handle = view.get_ipc_handle()
+        except cca.CcaError as e:
+            if "expandable" in name and e.status == "CCA_ERR_NOT_SUPPORTED":
+                print("   SKIPPED: this driver cannot share expandable segments here: %s" % e)
+                return
+            raise
         child = ctx.Process(target=ipc_consumer, args=(queue, answers))
         child.start()
-        queue.put(view.get_ipc_handle())
+        queue.put(handle)
+        del handle
         kind, total, size, same = answers.get(timeout=120)
         child.join(60)
         expect(kind == "CCAIpcHandle", "child: %s" % total)
