@@ -393,7 +393,14 @@ def part_numba():
     @check("numba.memory_info")
     def _():
         info = cuda.current_context().get_memory_info()
-        free, total = cuda.cudadrv.driver.driver.cuMemGetInfo()
+        drv = cuda.cudadrv.driver.driver
+        if cca.numba._nv_binding():
+            free, total = drv.cuMemGetInfo()
+        else:  # Numba's ctypes binding
+            import ctypes
+            f, t = ctypes.c_size_t(), ctypes.c_size_t()
+            drv.cuMemGetInfo(ctypes.byref(f), ctypes.byref(t))
+            free, total = f.value, t.value
         expect(info.total == total and 0 < info.free <= info.total, "%r vs %r" % (info, (free, total)))
 
     @check("numba.defer_cleanup")
@@ -426,7 +433,7 @@ def part_numba():
 
     @check("numba.out_of_memory_then_recovery")
     def _():
-        oom = cuda.cudadrv.driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        oom = cca.numba._oom_code()
         try:
             cuda.device_array(1 << 48, dtype=np.uint8)
             raise AssertionError("256 TiB did not raise")
