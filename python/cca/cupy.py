@@ -25,6 +25,7 @@ __all__ = ["install", "uninstall", "installed", "allocator", "malloc", "malloc_p
            "record_stream", "free_failures"]
 
 _STATUS_OUT_OF_MEMORY = 3
+_SIZE_MAX = ctypes.c_size_t(-1).value  # (ctypes would wrap a larger size around)
 
 _module = None          # cupy, once imported
 _bound = None           # what malloc calls (see _bind)
@@ -119,32 +120,46 @@ def malloc(size):
     PyTorch's message) when cca cannot find the memory even after Python's
     garbage collection has run, and cca.CcaError for any other failure."""
     get_device, current_stream, unowned, pointer, malloc_device = _bound or _bind()
-    if size < 0:
-        raise ValueError("cca.cupy.malloc: size must not be negative (%d)" % size)
     device = get_device()
     stream = current_stream().ptr
     out = ctypes.c_void_p()
-    st = malloc_device(ctypes.byref(out), size, device, stream)
-    if st != 0:
-        st = _retry(out, size, device, stream, st)
+    if 0 <= size <= _SIZE_MAX:
+        st = malloc_device(ctypes.byref(out), size, device, stream)
+        if st != 0:
+            _retry(out, size, device, stream, st)
+    else:
+        _too_large(size, device, stream)
     ptr = out.value or 0
     return pointer(unowned(ptr, size, _DeviceBlock(ptr) if ptr else None, device), 0)
 
 
-def _retry(out, size, device, stream, st):
+def _too_large(size, device, stream):
+    """Raise for a size no size_t holds: ValueError below 0, else CuPy's
+    OutOfMemoryError (cca's error for the largest size as its cause)."""
+    if size < 0:
+        raise ValueError("cca.cupy.malloc: size must not be negative (%d)" % size)
+    out = ctypes.c_void_p()
+    lib = _lib.load()
+    st = lib.cca_malloc_device(ctypes.byref(out), _SIZE_MAX, device, stream)
+    if st == 0:  # (cannot happen: cca refuses 1 EB and more)
+        lib.cca_free(out)
+    _retry(out, _SIZE_MAX, device, stream, st or _STATUS_OUT_OF_MEMORY, requested=size)
+
+
+def _retry(out, size, device, stream, st, requested=None):
     """malloc's slow path: after an out-of-memory, one garbage collection (arrays
     held only by reference cycles, as CuPy's own pool does) and one more try;
     then the error, as CuPy's OutOfMemoryError or cca.CcaError."""
     lib = _lib.load()
+    requested = size if requested is None else requested
     if st == _STATUS_OUT_OF_MEMORY:
         gc.collect()
         st = lib.cca_malloc_device(ctypes.byref(out), size, device, stream)
     if st != 0:
         try:
-            cca._check(lib, st, "cca.cupy.malloc(%d) on device %d" % (size, device))
+            cca._check(lib, st, "cca.cupy.malloc(%d) on device %d" % (requested, device))
         except cca.OutOfMemoryError as e:
-            raise _out_of_memory(_cupy(), lib, size, device, e) from e
-    return st
+            raise _out_of_memory(_cupy(), lib, requested, device, e) from e
 
 
 def malloc_pinned(size):
@@ -157,7 +172,7 @@ def malloc_pinned(size):
     if size < 0:
         raise ValueError("cca.cupy.malloc_pinned: size must not be negative (%d)" % size)
     out = ctypes.c_void_p()
-    st = lib.cca_host_malloc(ctypes.byref(out), size)
+    st = lib.cca_host_malloc(ctypes.byref(out), min(size, _SIZE_MAX))
     if st == _STATUS_OUT_OF_MEMORY:
         gc.collect()
         st = lib.cca_host_malloc(ctypes.byref(out), size)

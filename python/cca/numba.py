@@ -26,6 +26,7 @@ from . import _lib
 __all__ = ["CCAMemoryManager", "CCAIpcHandle", "install", "record_stream", "free_failures"]
 
 _STATUS_OUT_OF_MEMORY = 3
+_SIZE_MAX = ctypes.c_size_t(-1).value  # (ctypes would wrap a larger size around)
 _free_failures = []  # (pointer, message) of frees that failed in a finaliser (kept: 16)
 
 try:
@@ -244,11 +245,12 @@ if _drv is not None:
             lib = _lib.load()
             device = self._device()
             out = ctypes.c_void_p()
-            st = lib.cca_malloc_device(ctypes.byref(out), size, device, None)
+            csize = min(size, _SIZE_MAX)  # beyond it: cca's out-of-memory for the largest size
+            st = lib.cca_malloc_device(ctypes.byref(out), csize, device, None)
             if st == _STATUS_OUT_OF_MEMORY:
                 gc.collect()                 # arrays held only by reference cycles
                 self.deallocations.clear()   # Numba's own pending (host) frees
-                st = lib.cca_malloc_device(ctypes.byref(out), size, device, None)
+                st = lib.cca_malloc_device(ctypes.byref(out), csize, device, None)
             _check_or_oom(lib, st, "cca.numba: memalloc(%d) on device %d" % (size, device))
             ptr = out.value
             mem = _CCAPointer(ctx, _devptr(ptr), size,
@@ -262,11 +264,12 @@ if _drv is not None:
                 return super().memhostalloc(size, mapped, portable, wc)
             lib = _lib.load()
             out = ctypes.c_void_p()
-            st = lib.cca_host_malloc(ctypes.byref(out), size)
+            csize = min(size, _SIZE_MAX)
+            st = lib.cca_host_malloc(ctypes.byref(out), csize)
             if st == _STATUS_OUT_OF_MEMORY:
                 gc.collect()
                 self.deallocations.clear()
-                st = lib.cca_host_malloc(ctypes.byref(out), size)
+                st = lib.cca_host_malloc(ctypes.byref(out), csize)
             _check_or_oom(lib, st, "cca.numba: memhostalloc(%d)" % size)
             ptr = out.value
             fin = _finalizer(self.allocations, self._frees, "cca_host_free", ptr)

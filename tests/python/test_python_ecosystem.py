@@ -503,6 +503,13 @@ class CuPy(Fakes):
         del again
         with self.assertRaises(ValueError):
             self.cc.malloc(-1)
+        with self.assertRaises(self.cupy.cuda.memory.OutOfMemoryError) as cm:
+            self.cupy.cuda.alloc((1 << 64) + 512)  # not 512 bytes, as a wrapped size_t would be
+        self.assertEqual(cm.exception.size, (1 << 64) + 512)
+        with self.assertRaises(cca.CcaError) as cm:  # cca's host allocator: 1 EB or more is invalid
+            self.cupy.cuda.alloc_pinned_memory((1 << 64) + 512)
+        self.assertEqual(cm.exception.status, "CCA_ERR_INVALID_ARGUMENT")
+        self.assertEqual((allocations(), cca.host_stats().active_requests.current), (0, 0))
 
     def test_pinned_memory(self):
         self.cc.install()
@@ -669,6 +676,12 @@ class Numba(Fakes):
         again = self.mm.memalloc(40 * MiB)
         self.assertEqual(allocations(), 1)
         del again
+        with self.assertRaises(self.drv.CudaAPIError):  # not 512 bytes, as a wrapped size_t would be
+            self.mm.memalloc((1 << 64) + 512)
+        with self.assertRaises(cca.CcaError) as cm:  # cca's host allocator: 1 EB or more is invalid
+            self.mm.memhostalloc((1 << 64) + 512)
+        self.assertEqual(cm.exception.status, "CCA_ERR_INVALID_ARGUMENT")
+        self.assertEqual((allocations(), cca.host_stats().active_requests.current), (0, 0))
 
     def test_a_failing_backend_is_ccas_error_and_loses_nothing(self):
         inject_fault(self.backend, "MALLOC")
