@@ -247,7 +247,7 @@ def _stream_pointer(stream):
     if stream is None:
         return 0
     ptr = getattr(stream, "ptr", stream)
-    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr < 0:
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or not 0 <= ptr <= _SIZE_MAX:
         raise TypeError("stream must be a cupy.cuda.Stream (or its .ptr), not %s"
                         % type(stream).__name__)
     return ptr

@@ -356,7 +356,7 @@ def _stream_address(stream):
         value = _address(handle)
     except (TypeError, ValueError):
         value = -1
-    if value < 0:
+    if not 0 <= value <= _SIZE_MAX:
         raise TypeError("stream must be a numba.cuda stream (or its handle), not %s"
                         % type(stream).__name__)
     return value
