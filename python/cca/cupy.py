@@ -172,10 +172,11 @@ def malloc_pinned(size):
     if size < 0:
         raise ValueError("cca.cupy.malloc_pinned: size must not be negative (%d)" % size)
     out = ctypes.c_void_p()
-    st = lib.cca_host_malloc(ctypes.byref(out), min(size, _SIZE_MAX))
+    csize = min(size, _SIZE_MAX)  # beyond it: cca's error for the largest size
+    st = lib.cca_host_malloc(ctypes.byref(out), csize)
     if st == _STATUS_OUT_OF_MEMORY:
         gc.collect()
-        st = lib.cca_host_malloc(ctypes.byref(out), size)
+        st = lib.cca_host_malloc(ctypes.byref(out), csize)
     cca._check(lib, st, "cca.cupy.malloc_pinned(%d)" % size)
     return cupy.cuda.PinnedMemoryPointer(_HostBlock(out.value or 0, size), 0)
 
