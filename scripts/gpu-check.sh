@@ -20,6 +20,7 @@
 #      trees (tests/cuda/torch_compile.py), both only with GPU_CHECK_BUDGET >=
 #      600, with two GPUs peer access (tests/cuda/torch_peer.py), and
 #      bench/torch_bench.py (below a 600 s budget without BERT and ViT);
+#   5b. CuPy and Numba on cca (tests/cuda/cupy_numba.py, from the build tree);
 #   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
@@ -59,6 +60,11 @@
 #     compact: step times, peak reserved, the compact run's moves, growths past
 #     pending granules and synchronisations); about 4-6 minutes (give it
 #     GPU_CHECK_BUDGET=600).
+#   GPU_CHECK_ONLY=python-ecosystem  CuPy and Numba on cca only: build the library
+#     (Release), run tests/cuda/cupy_numba.py from the build tree, then from a
+#     `cmake --install` prefix (its smoke part), then bench/python_ecosystem_bench.py
+#     (allocate + free from Python: cca beside CuPy's pool, Numba's default and RMM's
+#     where installed); about 2-3 minutes.
 # shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
 set -u -o pipefail
 
@@ -243,6 +249,31 @@ run_ctest_multigpu() {
 export multigpu_tests
 export -f build_multigpu run_ctest_multigpu
 
+# CuPy and Numba on cca (tests/cuda/cupy_numba.py): from the build tree, and from an installed prefix.
+run_python_ecosystem() {
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+        python3 "$root/tests/cuda/cupy_numba.py" "$root/build-gpu-release/libcca.so"
+}
+run_python_ecosystem_installed() {
+    local prefix="$root/build-gpu-release/install-prefix" site
+    rm -rf "$prefix"
+    cmake --install "$root/build-gpu-release" --prefix "$prefix" || return 1
+    for site in "$prefix"/lib/python3*/site-packages; do break; done
+    [ -d "$site" ] || { echo "no site-packages under $prefix"; return 1; }
+    (cd / && env -u CCA_LIBRARY PYTHONPATH="$site" CCA_EXPECT_PREFIX="$prefix" \
+        python3 "$root/tests/cuda/cupy_numba.py" --part smoke)
+}
+run_python_ecosystem_bench() {
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+        python3 "$root/bench/python_ecosystem_bench.py" "$root/build-gpu-release/libcca.so"
+}
+build_python_ecosystem() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
+        return 1
+    cmake --build "$root/build-gpu-release" -j "$jobs" --target cca_static cca_shared cca_cli
+}
+export -f run_python_ecosystem run_python_ecosystem_installed run_python_ecosystem_bench build_python_ecosystem
+
 # GPU_CHECK_ONLY=compact: the compact_memory GPU tests and the PyTorch step times.
 build_compact() {
     cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
@@ -338,8 +369,20 @@ compact)
     grep -E '^\| |^cca compact' "$logs/torch-bench.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
+python-ecosystem)
+    run_step build-python-ecosystem "$(left 150)" build_python_ecosystem
+    run_step python-ecosystem "$(left 90)" run_python_ecosystem
+    run_step python-ecosystem-installed "$(left 60)" run_python_ecosystem_installed
+    run_step python-ecosystem-bench "$(left 0)" run_python_ecosystem_bench
+    only_steps
+    grep -E '^(PASS|FAIL|SKIPPED|part |python-ecosystem:)' "$logs/python-ecosystem.log" \
+        "$logs/python-ecosystem-installed.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^\| |^SKIPPED|^FAILED' "$logs/python-ecosystem-bench.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile, pytorch-tests)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile," \
+        "pytorch-tests, python-ecosystem)" >&2
     exit 2
     ;;
 esac
@@ -370,6 +413,7 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
+run_step python-ecosystem "$(left 200)" run_python_ecosystem
 # cudaMallocAsync under PyTorch (three ResNet-50 trainings, about 70 s), the annotations and
 # the pinned memory (about 60 s) only with a budget of 600 s or more; GPU_CHECK_ONLY=multigpu
 # runs them.

@@ -21,7 +21,7 @@ __all__ = [
     "CcaError", "OutOfMemoryError", "library_path", "settings", "replay", "snapshot_to_json",
     "snapshot_to_svg", "memory_stats", "memory_summary", "device_stats", "reset_peak_stats",
     "reset_accumulated_stats", "empty_cache", "record_history", "dump_snapshot", "backend",
-    "is_initialized",
+    "is_initialized", "set_settings", "set_memory_fraction", "host_stats", "host_empty_cache",
 ]
 
 _STATUS_OUT_OF_MEMORY = 3
@@ -65,6 +65,34 @@ def settings(text=None):
             continue
         result[parts[0]] = (" ".join(parts[1:-1]), parts[-1].strip("()"))
     return result
+
+
+def set_settings(text):
+    """Apply a settings string (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
+    "expandable_segments:True,compact_memory:True") to this process's cca:
+    at once when cca is serving allocations (only the keys named change),
+    else merged into $CCA_ALLOC_CONF, which cca reads when it starts (later
+    keys win). Raises CcaError naming the offending key:value; nothing
+    changes then."""
+    if not isinstance(text, str):
+        raise TypeError("settings must be a string, not %s" % type(text).__name__)
+    settings(text)  # validates
+    lib = _lib.load()
+    if lib.cca_is_initialized():
+        _check(lib, lib.cca_set_settings(text.encode()), "settings")
+        return
+    text = text.strip(", \t\r\n")
+    if text:
+        old = (os.environ.get("CCA_ALLOC_CONF") or "").rstrip(", \t\r\n")
+        os.environ["CCA_ALLOC_CONF"] = "%s,%s" % (old, text) if old else text
+
+
+def set_memory_fraction(fraction, device=0):
+    """Limit this process's cca to fraction (0..1] of a device's memory (as
+    torch.cuda.set_per_process_memory_fraction): beyond it, allocations fail
+    with the out-of-memory error."""
+    lib = _lib.load()
+    _check(lib, lib.cca_set_memory_fraction(float(fraction), int(device)), "set_memory_fraction")
 
 
 def _result_dict(r):
@@ -198,6 +226,22 @@ def device_stats(device=0):
     s = _lib.DeviceStats()
     _check(lib, lib.cca_get_device_stats(device, ctypes.byref(s)), "device_stats")
     return s
+
+
+def host_stats():
+    """The pinned host allocator's statistics (cca_host_stats_t: allocations,
+    allocated_bytes, active_requests, active_bytes, each with current, peak,
+    allocated and freed; num_host_alloc, num_host_free)."""
+    lib = _lib.load()
+    s = _lib.HostStats()
+    _check(lib, lib.cca_host_get_stats(ctypes.byref(s)), "host_stats")
+    return s
+
+
+def host_empty_cache():
+    """Give back to the system every cached pinned host block whose recorded work is done."""
+    lib = _lib.load()
+    _check(lib, lib.cca_host_empty_cache(), "host_empty_cache")
 
 
 def memory_summary(device=0, abbreviated=False):

@@ -78,6 +78,18 @@ class DeviceStats(ctypes.Structure):
                 ("oversize_segments", Stat), ("max_split_size", ctypes.c_int64)]
 
 
+class DurationStat(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_int64), ("max", ctypes.c_int64), ("min", ctypes.c_int64),
+                ("count", ctypes.c_int64)]
+
+
+class HostStats(ctypes.Structure):
+    _fields_ = [("allocations", Stat), ("allocated_bytes", Stat), ("active_requests", Stat),
+                ("active_bytes", Stat), ("num_host_alloc", ctypes.c_int64),
+                ("num_host_free", ctypes.c_int64), ("host_alloc_time", DurationStat),
+                ("host_free_time", DurationStat)]
+
+
 class StatEntry(ctypes.Structure):
     _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_int64)]
 
@@ -146,6 +158,21 @@ def load():
         "cca_settings_describe": (st, [cp, ctypes.POINTER(vp)]),
         "cca_malloc_device": (st, [ctypes.POINTER(vp), sz, ctypes.c_int, vp]),
         "cca_free": (st, [vp]),
+        "cca_record_stream": (st, [vp, vp]),
+        "cca_get_device": (st, [ctypes.POINTER(ctypes.c_int)]),
+        "cca_mem_get_info": (st, [ctypes.c_int, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+        "cca_set_memory_fraction": (st, [ctypes.c_double, ctypes.c_int]),
+        "cca_host_malloc": (st, [ctypes.POINTER(vp), sz]),
+        "cca_host_free": (st, [vp]),
+        "cca_host_record_event": (st, [vp, vp]),
+        "cca_host_empty_cache": (st, []),
+        "cca_host_get_stats": (st, [ctypes.POINTER(HostStats)]),
+        "cca_ipc_handle_size": (st, [vp, ctypes.POINTER(sz)]),
+        "cca_ipc_get_handle_bytes": (st, [vp, vp, vp, sz, ctypes.POINTER(sz)]),
+        "cca_ipc_open_bytes": (st, [cp, sz, vp, ctypes.POINTER(vp), ctypes.POINTER(sz)]),
+        "cca_ipc_close": (st, [vp]),
+        "cca_ipc_release_handle_bytes": (st, [cp, sz]),
+        "cca_ipc_collect": (st, [ctypes.POINTER(sz)]),
         "cca_empty_cache": (st, []),
         "cca_get_device_stats": (st, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
         "cca_memory_stats": (st, [ctypes.c_int, ctypes.POINTER(StatEntry), sz]),

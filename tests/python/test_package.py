@@ -269,6 +269,7 @@ class Layout(unittest.TestCase):
         mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
+                   "cca_host_stats_t": (_lib.HostStats, "host_free_time"),
                    "cca_replay_options_t": (_lib.ReplayOptions, "sequential"),
                    "cca_replay_result_t": (_lib.ReplayResult, "overlapped")}
         seen = set()
