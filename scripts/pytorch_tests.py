@@ -46,9 +46,11 @@ def run_one(name, use_cca, expandable, test_file, lib, select, limit, log_dir, s
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CCA_ALLOC_CONF", "CCA_TORCH_INSTALL"):
         env.pop(k, None)
-    paths = [os.path.join(ROOT, "python")]
+    # pytorch_compat's plugin lets a test file slightly newer than the installed torch import
+    paths = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "cuda", "pytorch_compat")]
     if shim:
         paths.append(os.path.join(ROOT, "tests", "cuda", "pytorch_shim"))
+    env["CCA_PYTORCH_TEST_FILE"] = os.path.abspath(test_file)
     if use_cca:
         paths.insert(0, os.path.join(ROOT, "tests", "cuda", "pytorch_site"))
         env["CCA_TORCH_INSTALL"] = "1"
@@ -57,7 +59,7 @@ def run_one(name, use_cca, expandable, test_file, lib, select, limit, log_dir, s
     if expandable:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     cmd = [sys.executable, "-m", "pytest", os.path.basename(test_file), "-k", select, "-v", "-rA",
-           "-p", "no:cacheprovider", "--timeout=90", "--no-header", "-W", "ignore"]
+           "-p", "no:cacheprovider", "-p", "cca_pytorch_compat", "--timeout=90", "--no-header", "-W", "ignore"]
     log = os.path.join(log_dir, "pytorch-tests-%s.log" % name)
     t0 = time.time()
     with open(log, "w") as out:
