@@ -314,7 +314,8 @@ cc::TraceEntry to_entry(const cca_trace_entry_t &e, cc::TraceEntry::Action actio
                         std::shared_ptr<c10::GatheredContext> ctx)
 {
     cc::TraceEntry te(action, static_cast<c10::DeviceIndex>(e.device), static_cast<size_t>(e.addr), e.size,
-                      reinterpret_cast<cudaStream_t>(e.stream), c10::cuda::MempoolId_t{0, 0}, 0,
+                      reinterpret_cast<cudaStream_t>(e.stream),
+                      c10::cuda::MempoolId_t{e.pool.first, e.pool.second}, 0,
                       std::move(ctx));
     te.time_.t_ = static_cast<time_t>(e.time_us);
     te.compile_context_ = e.compile_context ? e.compile_context : "N/A";
