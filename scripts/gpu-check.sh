@@ -47,11 +47,15 @@
 #     allocator, graph, pool, snapshot and pinned-memory tests, selected with
 #     pytest -k) natively and with cca, each without and with expandable
 #     segments (scripts/pytorch_tests.py): build the library (Release), then
-#     PyTorch's hooks around the allocator against native
-#     (tests/cuda/torch_hooks.py), then the four pytest runs; one table, and
-#     the tests that pass natively and fail with cca. The test file is
-#     upstream code, kept out of the repository in .pytorch-tests/ (copy it
-#     there); about 6 minutes (give it GPU_CHECK_BUDGET=480 or more).
+#     the four pytest runs; one table, and the tests that pass natively and
+#     fail with cca. The test file is upstream code, kept out of the
+#     repository in .pytorch-tests/ (copy it there); about 6 minutes (give it
+#     GPU_CHECK_BUDGET=480 or more).
+#   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
+#     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
+#     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,
+#     PYTORCH_ALLOC_CONF, the profiler, GPU trace, snapshot settings and
+#     entries, trace trackers' pool ids); about 2 minutes.
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -318,14 +322,19 @@ torch-compile)
     ;;
 pytorch-tests)
     run_step build-library "$(left 360)" build_library
-    run_step torch-hooks "$(left 330)" run_torch_hooks
     # the pytest runs stop themselves 20 s before the step's limit
     limit=$(left 0)
     run_step pytorch-tests "$limit" run_pytorch_tests "$((limit - 20))"
     only_steps
-    grep -E '^(PASS|FAIL)' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /'
+    grep -E '^(native|cca|expecttest|adapter)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
     sed -n '/^| test /,$p' "$logs/pytorch-tests.log" 2>/dev/null
-    grep -E '^(native|cca)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
+torch-hooks)
+    run_step build-library "$(left 200)" build_library
+    run_step torch-hooks "$(left 0)" run_torch_hooks
+    only_steps
+    grep -E '^(PASS|FAIL)|differences' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-400 | sed 's/^/  /'
     finish_run
     ;;
 compact)
@@ -339,7 +348,7 @@ compact)
     finish_run
     ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile, pytorch-tests)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile, pytorch-tests, torch-hooks)" >&2
     exit 2
     ;;
 esac
@@ -384,12 +393,12 @@ else
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
-# PyTorch's hooks around the allocator (about 60 s): in the full run only with a budget of
-# 600 s or more; GPU_CHECK_ONLY=pytorch-tests runs it.
+# PyTorch's hooks around the allocator (about 2 minutes): in the full run only with a budget of
+# 600 s or more; GPU_CHECK_ONLY=torch-hooks runs it.
 if [ "$budget" -ge 600 ]; then
     run_step torch-hooks "$(left 140)" run_torch_hooks
 else
-    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=pytorch-tests runs it)"
+    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=torch-hooks runs it)"
 fi
 # CUDA tensors between processes through PyTorch (about 50 s): in the full run only with a
 # budget of 600 s or more; GPU_CHECK_ONLY=multigpu runs it.

@@ -8,7 +8,9 @@ Usage: python3 tests/cuda/torch_hooks.py [LIBCCA_SO] [--job NAME]...
   (PYTORCH_NO_CUDA_MEMORY_CACHING=1), snapshot-entry (a snapshot's own entry shows in the next
   one only), profiler (torch.profiler's memory events), settings (_snapshot's
   allocator_settings after run-time changes), alloc-conf (PYTORCH_ALLOC_CONF read first),
-  gpu-trace (torch.cuda._gpu_trace and CSAN see every allocation and free). All by default.
+  gpu-trace (torch.cuda._gpu_trace and CSAN see every allocation and free), pool-id (the
+  allocator's trace trackers, as NCCL's registration hook attaches them, see each entry's
+  MemPool; a small C++ extension compiled with torch's load_inline). All by default.
 """
 import json
 import os
@@ -20,7 +22,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 JOBS = ("accelerator", "disable", "no-caching", "snapshot-entry", "profiler", "settings", "alloc-conf",
-        "gpu-trace")
+        "gpu-trace", "pool-id")
+
+TRACKER_SOURCE = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+static std::mutex seen_lock;
+static std::vector<std::tuple<int, unsigned long long, unsigned long long>> seen;
+
+void attach() {
+    c10::cuda::CUDACachingAllocator::get()->attachAllocatorTraceTracker(
+        [](const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
+            std::lock_guard<std::mutex> g(seen_lock);
+            seen.emplace_back(static_cast<int>(te.action_), te.mempool_.first, te.mempool_.second);
+        });
+}
+
+std::vector<std::tuple<int, unsigned long long, unsigned long long>> entries() {
+    std::lock_guard<std::mutex> g(seen_lock);
+    return seen;
+}
+"""
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
 
 
 def start(mode):
@@ -166,6 +194,29 @@ def job_gpu_trace(torch):
     return out
 
 
+def job_pool_id(torch):
+    """TraceEntry::mempool_ as trackers see it (NCCL's tensor registration hook reads it):
+    each action of a MemPool's blocks and segments names the pool, the default pool's (0, 0)."""
+    from torch.utils.cpp_extension import load_inline
+    ext = load_inline(name="cca_test_trace_tracker", cpp_sources=[TRACKER_SOURCE],
+                      functions=["attach", "entries"], with_cuda=True)
+    ext.attach()
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    y = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    del x, y
+    torch.cuda.synchronize()
+    pid = tuple(pool.id)
+    del pool
+    torch.cuda.empty_cache()
+    seen = set()
+    for action, first, second in ext.entries():
+        tag = "pool" if (first, second) == pid else "default" if (first, second) == (0, 0) else "other"
+        seen.add("%s:%s" % (ACTIONS[action] if 0 <= action < len(ACTIONS) else action, tag))
+    return {"seen": sorted(seen)}
+
+
 def worker(mode, job):
     torch = start(mode)
     return globals()["job_" + job.replace("-", "_")](torch)
@@ -232,6 +283,8 @@ def main():
             ok = not diff and n["second"] != n["first"]
             if diff:
                 print("  differences (native, cca): %s" % diff)
+        elif job == "pool-id":
+            ok = c == n and "alloc:pool" in n["seen"] and "segment_alloc:pool" in n["seen"]
         elif job == "alloc-conf":
             ok = c == n == {"expandable": [True]}
         else:
