@@ -36,7 +36,9 @@
 #     (torch_adapter.py --job train-resnet50-async, one GPU), the annotations
 #     (with two GPUs, one made on the second) and the pinned memory through
 #     PyTorch (--job annotations, --job pinned), CUDA tensors between
-#     processes (torch_ipc.py, one GPU), the two-rank NCCL run (torch_ddp.py)
+#     processes (torch_ipc.py, one GPU), the two-rank NCCL runs (torch_ddp.py;
+#     torch_nccl.py: DDP and FSDP2 on the adapter with NCCL's registration hook
+#     and a MemPool of ncclMemAlloc memory registered with the process group)
 #     and peer access through PyTorch's copies and CuPy kernels
 #     (torch_peer.py); about 4-6 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
@@ -143,6 +145,12 @@ run_torch() {
 # Two ranks of torch.distributed (NCCL) on cca against the native run; needs 2 GPUs.
 run_torch_ddp() {
     python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
+}
+# Two ranks on the adapter against native: DDP and FSDP2 with NCCL's registration hook, and a
+# MemPool of ncclMemAlloc memory registered with the process group; needs 2 GPUs.
+run_torch_nccl() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_nccl.py" "$root/build-gpu-release/libcca.so"
 }
 # The threaded workloads spread over two GPUs, on both backends; needs 2 GPUs.
 run_bench_2gpu() {
@@ -263,7 +271,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_nccl run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -299,6 +307,7 @@ multigpu)
     run_step torch-ipc "$(left 180)" run_torch_ipc
     if [ "${gpu_count:-0}" -ge 2 ]; then
         run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
+        run_step torch-nccl-2gpu "$(left 90)" run_torch_nccl
         run_step torch-peer-2gpu "$(left 0)" run_torch_peer
     else
         echo "== torch-ddp-2gpu: needs two GPUs (${gpu_count:-0} here)"
@@ -309,7 +318,7 @@ multigpu)
     # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
-    grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^(PASS|FAIL)' "$logs/torch-nccl-2gpu.log" "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
 torch-compile)
