@@ -67,7 +67,8 @@ def job_accelerator(torch):
     torch.accelerator.empty_cache()
     torch.accelerator.reset_peak_memory_stats()
     torch.accelerator.reset_accumulated_memory_stats()
-    out = {"initialised": torch._C._accelerator_isAllocatorInitialized()}
+    initialised = getattr(torch._C, "_accelerator_isAllocatorInitialized", None)
+    out = {"initialised": initialised() if initialised else None}
     before = torch.accelerator.memory_stats()
     out["has_active"] = "active_bytes.all.current" in before
     a0 = before.get("active_bytes.all.current", -1)
