@@ -162,7 +162,10 @@ def job_settings(torch):
         "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6,"
         "release_lock_on_cudamalloc:True")
     second = torch.cuda.memory._snapshot()["allocator_settings"]
-    torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4,release_lock_on_cudamalloc:False")
+    # every key of the last string again: whether a string resets the keys it leaves out is the
+    # settings' own business, not the snapshot's
+    torch.cuda.memory._set_allocator_settings(
+        "roundup_power2_divisions:4,garbage_collection_threshold:0.6,release_lock_on_cudamalloc:False")
     third = torch.cuda.memory._snapshot()["allocator_settings"]
     return {"first": first, "second": second, "third": third}
 
