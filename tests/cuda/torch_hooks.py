@@ -149,10 +149,10 @@ def job_profiler(torch):
         y = x * x + x * x
         del y
     snap = _profile_to_snapshot(prof)
-    actions = [e["action"] for trace in snap["device_traces"] for e in trace]
-    text = json.dumps(snap)
+    actions = [e.get("action") for trace in snap.get("device_traces", []) for e in trace]
+    text = json.dumps(snap, default=str)
     return {"allocs": actions.count("alloc"), "frees": actions.count("free_completed") + actions.count("free"),
-            "names_test": "torch_hooks.py" in text, "segments": len(snap["segments"]) > 0}
+            "names_test": "torch_hooks.py" in text, "segments": len(snap.get("segments", [])) > 0}
 
 
 def job_settings(torch):
