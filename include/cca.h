@@ -901,6 +901,8 @@ typedef struct cca_trace_entry {
     const char *context;  /**< the user context, or NULL; an annotation's name */
     const char *compile_context; /**< the device's compile context then, or NULL ("N/A") */
     const char *user_metadata;   /**< the device's user metadata then, or NULL ("") */
+    cca_mempool_id_t pool;       /**< the private pool of the block or segment, (0, 0) for the
+                                      default pools and entries of neither */
 } cca_trace_entry_t;
 
 /**

@@ -37,7 +37,9 @@
 #     (torch_adapter.py --job train-resnet50-async, one GPU), the annotations
 #     (with two GPUs, one made on the second) and the pinned memory through
 #     PyTorch (--job annotations, --job pinned), CUDA tensors between
-#     processes (torch_ipc.py, one GPU), the two-rank NCCL run (torch_ddp.py)
+#     processes (torch_ipc.py, one GPU), the two-rank NCCL runs (torch_ddp.py;
+#     torch_nccl.py: DDP and FSDP2 on the adapter with NCCL's registration hook
+#     and a MemPool of ncclMemAlloc memory registered with the process group)
 #     and peer access through PyTorch's copies and CuPy kernels
 #     (torch_peer.py); about 4-6 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
@@ -48,11 +50,15 @@
 #     allocator, graph, pool, snapshot and pinned-memory tests, selected with
 #     pytest -k) natively and with cca, each without and with expandable
 #     segments (scripts/pytorch_tests.py): build the library (Release), then
-#     PyTorch's hooks around the allocator against native
-#     (tests/cuda/torch_hooks.py), then the four pytest runs; one table, and
-#     the tests that pass natively and fail with cca. The test file is
-#     upstream code, kept out of the repository in .pytorch-tests/ (copy it
-#     there); about 6 minutes (give it GPU_CHECK_BUDGET=480 or more).
+#     the four pytest runs; one table, and the tests that pass natively and
+#     fail with cca. The test file is upstream code, kept out of the
+#     repository in .pytorch-tests/ (copy it there); about 6 minutes (give it
+#     GPU_CHECK_BUDGET=480 or more).
+#   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
+#     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
+#     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,
+#     PYTORCH_ALLOC_CONF, the profiler, GPU trace, snapshot settings and
+#     entries, trace trackers' pool ids); about 2 minutes.
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -145,6 +151,12 @@ run_torch() {
 # Two ranks of torch.distributed (NCCL) on cca against the native run; needs 2 GPUs.
 run_torch_ddp() {
     python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
+}
+# Two ranks on the adapter against native: DDP and FSDP2 with NCCL's registration hook, and a
+# MemPool of ncclMemAlloc memory registered with the process group; needs 2 GPUs.
+run_torch_nccl() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_nccl.py" "$root/build-gpu-release/libcca.so"
 }
 # The threaded workloads spread over two GPUs, on both backends; needs 2 GPUs.
 run_bench_2gpu() {
@@ -290,7 +302,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_nccl run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -326,6 +338,7 @@ multigpu)
     run_step torch-ipc "$(left 180)" run_torch_ipc
     if [ "${gpu_count:-0}" -ge 2 ]; then
         run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
+        run_step torch-nccl-2gpu "$(left 90)" run_torch_nccl
         run_step torch-peer-2gpu "$(left 0)" run_torch_peer
     else
         echo "== torch-ddp-2gpu: needs two GPUs (${gpu_count:-0} here)"
@@ -336,7 +349,7 @@ multigpu)
     # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
-    grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^(PASS|FAIL)' "$logs/torch-nccl-2gpu.log" "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
 torch-compile)
@@ -349,14 +362,19 @@ torch-compile)
     ;;
 pytorch-tests)
     run_step build-library "$(left 360)" build_library
-    run_step torch-hooks "$(left 330)" run_torch_hooks
     # the pytest runs stop themselves 20 s before the step's limit
     limit=$(left 0)
     run_step pytorch-tests "$limit" run_pytorch_tests "$((limit - 20))"
     only_steps
-    grep -E '^(PASS|FAIL)' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /'
+    grep -E '^(native|cca|expecttest|adapter)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
     sed -n '/^| test /,$p' "$logs/pytorch-tests.log" 2>/dev/null
-    grep -E '^(native|cca)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
+torch-hooks)
+    run_step build-library "$(left 200)" build_library
+    run_step torch-hooks "$(left 0)" run_torch_hooks
+    only_steps
+    grep -E '^(PASS|FAIL)|differences' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-400 | sed 's/^/  /'
     finish_run
     ;;
 compact)
@@ -382,7 +400,7 @@ python-ecosystem)
     ;;
 *)
     echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile," \
-        "pytorch-tests, python-ecosystem)" >&2
+        "pytorch-tests, torch-hooks, python-ecosystem)" >&2
     exit 2
     ;;
 esac
@@ -428,12 +446,12 @@ else
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
-# PyTorch's hooks around the allocator (about 60 s): in the full run only with a budget of
-# 600 s or more; GPU_CHECK_ONLY=pytorch-tests runs it.
+# PyTorch's hooks around the allocator (about 2 minutes): in the full run only with a budget of
+# 600 s or more; GPU_CHECK_ONLY=torch-hooks runs it.
 if [ "$budget" -ge 600 ]; then
     run_step torch-hooks "$(left 140)" run_torch_hooks
 else
-    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=pytorch-tests runs it)"
+    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=torch-hooks runs it)"
 fi
 # CUDA tensors between processes through PyTorch (about 50 s): in the full run only with a
 # budget of 600 s or more; GPU_CHECK_ONLY=multigpu runs it.

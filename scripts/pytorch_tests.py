@@ -118,6 +118,18 @@ def main():
         print("FAIL pytorch-tests: the adapter did not build:\n" + (build.stdout + build.stderr)[-3000:])
         return 1
     print("adapter:", build.stdout.strip())
+    # a test process of the cca runs serves its tensors from cca (checked the way they start)
+    probe = ("import torch, cca.torch; torch.zeros(1, device='cuda'); "
+             "print(cca.torch.installed(), torch.cuda.memory_allocated() > 0)")
+    env = dict(os.environ, CCA_LIBRARY=lib, CCA_TORCH_INSTALL="1", PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "tests", "cuda", "pytorch_site"), os.path.join(ROOT, "python")]))
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    probe_run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    if probe_run.returncode != 0 or probe_run.stdout.split() != ["adapter", "True"]:
+        print("FAIL pytorch-tests: cca is not installed in a test process:\n%s%s"
+              % (probe_run.stdout, probe_run.stderr[-3000:]))
+        return 1
     runs = [r for r in RUNS if not a.only or r[0] in a.only]
     results = {}
     deadline = time.time() + a.budget

@@ -13,8 +13,14 @@
  * (python/cca/torch.py compiles it against the installed headers). It
  * exports C functions for ctypes: cca_torch_adapter_install (the device
  * allocator), cca_torch_adapter_install_pinned (cca's pinned host allocator
- * as PyTorch's host allocator for CUDA), cca_torch_adapter_abi and two
- * measuring calls.
+ * as PyTorch's host allocator for CUDA), cca_torch_adapter_note_settings
+ * (a run-time settings string, for snapshots), cca_torch_adapter_force_uncached
+ * (PYTORCH_NO_CUDA_MEMORY_CACHING), cca_torch_adapter_abi and two measuring
+ * calls.
+ *
+ * It is longer than the house's 1,200 lines: cca.torch compiles this one
+ * source against the installed torch when a program installs cca, and the
+ * interface it implements is PyTorch's whole allocator interface.
  */
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
@@ -314,7 +320,8 @@ cc::TraceEntry to_entry(const cca_trace_entry_t &e, cc::TraceEntry::Action actio
                         std::shared_ptr<c10::GatheredContext> ctx)
 {
     cc::TraceEntry te(action, static_cast<c10::DeviceIndex>(e.device), static_cast<size_t>(e.addr), e.size,
-                      reinterpret_cast<cudaStream_t>(e.stream), c10::cuda::MempoolId_t{0, 0}, 0,
+                      reinterpret_cast<cudaStream_t>(e.stream),
+                      c10::cuda::MempoolId_t{e.pool.first, e.pool.second}, 0,
                       std::move(ctx));
     te.time_.t_ = static_cast<time_t>(e.time_us);
     te.compile_context_ = e.compile_context ? e.compile_context : "N/A";
@@ -979,9 +986,10 @@ class CcaAllocator final : public cc::CUDAAllocator {
         if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
             max_split = static_cast<size_t>(stats.max_split_size);
         set_max_split_size(md, max_split, 0);
-        set_garbage_collection_threshold(md, std::strtod(now["garbage_collection_threshold"].c_str(), nullptr), 0);
-        set_pinned_num_register_threads(
-            md, static_cast<size_t>(std::strtoull(now["pinned_num_register_threads"].c_str(), nullptr, 10)), 0);
+        double gc_threshold = std::strtod(now["garbage_collection_threshold"].c_str(), nullptr);
+        size_t register_threads = std::strtoull(now["pinned_num_register_threads"].c_str(), nullptr, 10);
+        set_garbage_collection_threshold(md, gc_threshold, 0);
+        set_pinned_num_register_threads(md, register_threads, 0);
         set_expandable_segments(md, flag("expandable_segments"), 0);
         set_release_lock_on_malloc(md, flag("release_lock_on_cudamalloc"), 0);
         set_pinned_use_host_register(md, flag("pinned_use_cuda_host_register"), 0);

@@ -471,7 +471,8 @@ cca_status_t expandable_map_block(cca_device_t *dev, cca_block_t *to_map, size_t
     stat2_inc(dev->stats.reserved_bytes, pool_stat_type(pool->is_small), (int64_t)mapped);
     dev->stats.num_device_alloc++;
     stats_unlock(dev);
-    trace_record(dev->index, CCA_TRACE_SEGMENT_MAP, expandable_granule_addr(seg, begin), mapped, seg->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_MAP, expandable_granule_addr(seg, begin), mapped,
+                      seg->stream, pools_id_of(pool->owner));
     *out = to_map;
     return CCA_OK;
 }
@@ -667,7 +668,8 @@ void expandable_take_out(cca_device_t *dev, cca_block_t *block, size_t begin, si
     stat2_dec(dev->stats.reserved_bytes, pool_stat_type(pool->is_small), (int64_t)usize);
     dev->stats.num_device_free++;
     stats_unlock(dev);
-    trace_record(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream,
+                      pools_id_of(pool->owner));
 }
 
 /* Wait for the work of stream on dev: a stream the program has destroyed

@@ -121,8 +121,8 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
     cca_status_t st = pool_segment_give_back(dev, seg);
     if (st != CCA_OK)
         return st;
-    trace_record(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
-                 block->pool->owner->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
+                      block->pool->owner->stream, pools_id_of(block->pool->owner));
     dev->total_allocated_memory -= block->size;
     if (block->pool->owner->private_pool)
         block->pool->owner->private_pool->segment_count--;

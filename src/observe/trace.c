@@ -290,7 +290,7 @@ static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, 
 static void ring_grow_locked(void);
 
 static void record_locked(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                          cca_stream_t stream, trace_ctx_t *context)
+                          cca_stream_t stream, trace_ctx_t *context, cca_mempool_id_t pool)
 {
     int64_t now = cca_wall_us();
     bool known = device >= 0 && device < CCA_MAX_DEVICES;
@@ -300,7 +300,7 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     if (tracker_count) {
         cca_trace_entry_t pub = {action, device, (uint64_t)addr, size, stream, now,
                                  context ? context->text : NULL, compile ? compile->text : NULL,
-                                 md ? md->text : NULL};
+                                 md ? md->text : NULL, pool};
         for (size_t i = 0; i < tracker_count; i++)
             trackers[i].fn(&pub, trackers[i].arg);
     }
@@ -321,6 +321,7 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     e->context = ctx_ref(context);
     e->compile = ctx_ref(compile);
     e->user_md = ctx_ref(md);
+    e->pool = pool;
     ring.next = (ring.next + 1) % ring.capacity;
     if (ring.count < ring.capacity)
         ring.count++;
@@ -328,7 +329,7 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
 }
 
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                       cca_stream_t stream)
+                       cca_stream_t stream, cca_mempool_id_t pool)
 {
     pthread_mutex_lock(&trace_lock);
     trace_ctx_t *context = NULL;
@@ -338,7 +339,7 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
         if (action == CCA_TRACE_FREE_COMPLETED)
             link = live_find_locked(device, addr);
     }
-    record_locked(device, action, addr, size, stream, context);
+    record_locked(device, action, addr, size, stream, context, pool);
     if (action == CCA_TRACE_SEGMENT_FREE) { /* the segment's context goes with it */
         live_ctx_t **seg = table_find_locked(segs, device, addr);
         if (*seg) {
@@ -601,7 +602,7 @@ cca_status_t cca_record_annotation_fields(const char *const *keys, const char *c
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
     pthread_mutex_lock(&trace_lock);
-    record_locked(device, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c);
+    record_locked(device, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c, (cca_mempool_id_t){0, 0});
     pthread_mutex_unlock(&trace_lock);
     ctx_unref(c);
     return CCA_OK;
@@ -642,7 +643,7 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
     for (size_t i = 0; i < n; i++) {
         const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
         copy[i] = (cca_trace_entry_t){e->action, e->device, (uint64_t)e->addr, e->size,
-                                      e->stream, e->time_us, NULL, NULL, NULL};
+                                      e->stream, e->time_us, NULL, NULL, NULL, e->pool};
         if (e->context) {
             size_t len = ctx_bytes(e->action, e->context->text);
             memcpy(strings, e->context->text, len);

@@ -24,6 +24,7 @@ typedef struct trace_entry {
     trace_ctx_t *context; /* a reference, or NULL */
     trace_ctx_t *compile; /* the device's compile context then: a reference, or NULL */
     trace_ctx_t *user_md; /* the device's user metadata then: a reference, or NULL */
+    cca_mempool_id_t pool; /* the block's or segment's private pool, (0, 0): default */
 } trace_entry_t;
 
 /*

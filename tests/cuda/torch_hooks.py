@@ -8,7 +8,9 @@ Usage: python3 tests/cuda/torch_hooks.py [LIBCCA_SO] [--job NAME]...
   (PYTORCH_NO_CUDA_MEMORY_CACHING=1), snapshot-entry (a snapshot's own entry shows in the next
   one only), profiler (torch.profiler's memory events), settings (_snapshot's
   allocator_settings after run-time changes), alloc-conf (PYTORCH_ALLOC_CONF read first),
-  gpu-trace (torch.cuda._gpu_trace and CSAN see every allocation and free). All by default.
+  gpu-trace (torch.cuda._gpu_trace and CSAN see every allocation and free), pool-id (the
+  allocator's trace trackers, as NCCL's registration hook attaches them, see each entry's
+  MemPool; a small C++ extension compiled with torch's load_inline). All by default.
 """
 import json
 import os
@@ -20,7 +22,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 JOBS = ("accelerator", "disable", "no-caching", "snapshot-entry", "profiler", "settings", "alloc-conf",
-        "gpu-trace")
+        "gpu-trace", "pool-id")
+
+TRACKER_SOURCE = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+static std::mutex seen_lock;
+static std::vector<std::tuple<int, unsigned long long, unsigned long long>> seen;
+
+void attach() {
+    c10::cuda::CUDACachingAllocator::get()->attachAllocatorTraceTracker(
+        [](const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
+            std::lock_guard<std::mutex> g(seen_lock);
+            seen.emplace_back(static_cast<int>(te.action_), te.mempool_.first, te.mempool_.second);
+        });
+}
+
+std::vector<std::tuple<int, unsigned long long, unsigned long long>> entries() {
+    std::lock_guard<std::mutex> g(seen_lock);
+    return seen;
+}
+"""
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
 
 
 def start(mode):
@@ -39,7 +67,8 @@ def job_accelerator(torch):
     torch.accelerator.empty_cache()
     torch.accelerator.reset_peak_memory_stats()
     torch.accelerator.reset_accumulated_memory_stats()
-    out = {"initialised": torch._C._accelerator_isAllocatorInitialized()}
+    initialised = getattr(torch._C, "_accelerator_isAllocatorInitialized", None)
+    out = {"initialised": initialised() if initialised else None}
     before = torch.accelerator.memory_stats()
     out["has_active"] = "active_bytes.all.current" in before
     a0 = before.get("active_bytes.all.current", -1)
@@ -120,10 +149,10 @@ def job_profiler(torch):
         y = x * x + x * x
         del y
     snap = _profile_to_snapshot(prof)
-    actions = [e["action"] for trace in snap["device_traces"] for e in trace]
-    text = json.dumps(snap)
+    actions = [e.get("action") for trace in snap.get("device_traces", []) for e in trace]
+    text = json.dumps(snap, default=str)
     return {"allocs": actions.count("alloc"), "frees": actions.count("free_completed") + actions.count("free"),
-            "names_test": "torch_hooks.py" in text, "segments": len(snap["segments"]) > 0}
+            "names_test": "torch_hooks.py" in text, "segments": len(snap.get("segments", [])) > 0}
 
 
 def job_settings(torch):
@@ -133,7 +162,10 @@ def job_settings(torch):
         "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6,"
         "release_lock_on_cudamalloc:True")
     second = torch.cuda.memory._snapshot()["allocator_settings"]
-    torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4,release_lock_on_cudamalloc:False")
+    # every key of the last string again: whether a string resets the keys it leaves out is the
+    # settings' own business, not the snapshot's
+    torch.cuda.memory._set_allocator_settings(
+        "roundup_power2_divisions:4,garbage_collection_threshold:0.6,release_lock_on_cudamalloc:False")
     third = torch.cuda.memory._snapshot()["allocator_settings"]
     return {"first": first, "second": second, "third": third}
 
@@ -164,6 +196,29 @@ def job_gpu_trace(torch):
     out = {"alloc_seen": [pa in seen["alloc"], pb in seen["alloc"], p in seen["alloc"]],
            "free_seen": [pa in seen["free"], pb in seen["free"], p in seen["free"]]}
     return out
+
+
+def job_pool_id(torch):
+    """TraceEntry::mempool_ as trackers see it (NCCL's tensor registration hook reads it):
+    each action of a MemPool's blocks and segments names the pool, the default pool's (0, 0)."""
+    from torch.utils.cpp_extension import load_inline
+    ext = load_inline(name="cca_test_trace_tracker", cpp_sources=[TRACKER_SOURCE],
+                      functions=["attach", "entries"], with_cuda=True)
+    ext.attach()
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    y = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    del x, y
+    torch.cuda.synchronize()
+    pid = tuple(pool.id)
+    del pool
+    torch.cuda.empty_cache()
+    seen = set()
+    for action, first, second in ext.entries():
+        tag = "pool" if (first, second) == pid else "default" if (first, second) == (0, 0) else "other"
+        seen.add("%s:%s" % (ACTIONS[action] if 0 <= action < len(ACTIONS) else action, tag))
+    return {"seen": sorted(seen)}
 
 
 def worker(mode, job):
@@ -232,6 +287,8 @@ def main():
             ok = not diff and n["second"] != n["first"]
             if diff:
                 print("  differences (native, cca): %s" % diff)
+        elif job == "pool-id":
+            ok = c == n and "alloc:pool" in n["seen"] and "segment_alloc:pool" in n["seen"]
         elif job == "alloc-conf":
             ok = c == n == {"expandable": [True]}
         else:

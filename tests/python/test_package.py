@@ -495,6 +495,28 @@ class InstallLogic(unittest.TestCase):
         finally:
             lib.cca_shutdown()
 
+    def test_runtime_settings_reach_the_adapters_snapshots(self):
+        """With the adapter, each string given to _set_allocator_settings is passed on for the
+        snapshots' allocator_settings (PYTORCH_CUDA_ALLOC_CONF there: the last one, as
+        PyTorch's); the pluggable path has no adapter to tell."""
+        import types
+        import warnings
+        seen, noted = [], []
+        self.memory._set_allocator_settings = seen.append
+        _lib.load().cca_shutdown()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.assertEqual(self.mod.install(fallback=True), "pluggable")
+        set_settings = self.memory._set_allocator_settings
+        set_settings("roundup_power2_divisions:4")
+        self.assertEqual(noted, [])
+        self.mod._mode = "adapter"
+        self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_note_settings=noted.append)
+        set_settings("garbage_collection_threshold:0.5,max_split_size_mb:40")
+        self.assertEqual(noted, [b"garbage_collection_threshold:0.5,max_split_size_mb:40"])
+        self.assertEqual(seen, ["roundup_power2_divisions:4", "garbage_collection_threshold:0.5,max_split_size_mb:40"])
+        os.environ.pop("CCA_ALLOC_CONF", None)
+
     def test_measuring_calls(self):
         """time_allocator_pairs / expandable_segment_sizes: arguments and results through
         ctypes, and the adapter's error as RuntimeError (a stand-in adapter library)."""

@@ -1497,6 +1497,67 @@ TEST(replay_of_graph_and_mempool_traces)
     }
 }
 
+/* Trackers and history see each entry's private pool: PyTorch's TraceEntry carries it (NCCL's
+ * registration hook registers the segments of the pools registered with a process group). */
+typedef struct pool_seen {
+    int n;
+    cca_trace_action_t action[16];
+    cca_mempool_id_t pool[16];
+} pool_seen_t;
+
+static void note_pool(const cca_trace_entry_t *e, void *arg)
+{
+    pool_seen_t *seen = arg;
+    if (seen->n < 16) {
+        seen->action[seen->n] = e->action;
+        seen->pool[seen->n++] = e->pool;
+    }
+}
+
+static bool is_pool(cca_mempool_id_t a, cca_mempool_id_t b)
+{
+    return a.first == b.first && a.second == b.second;
+}
+
+TEST(trace_entries_carry_the_private_pool)
+{
+    setup(0, false);
+    pool_seen_t seen = {0};
+    cca_mempool_id_t none = {0, 0};
+    expect_ok(cca_attach_trace_tracker(note_pool, &seen));
+    expect_ok(cca_record_history(true, NULL, NULL, 64, CCA_RECORD_CONTEXT_NEVER));
+    expect_ok(cca_pool_create(0, M1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, M1, S2));
+    void *p = xmalloc(3000, S2); /* segment_alloc, alloc: in M1 */
+    void *q = xmalloc(3000, S1); /* segment_alloc, alloc: default pool */
+    expect_ok(cca_free(p));      /* free_requested, free_completed: M1 */
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_empty_cache()); /* segment_free: M1 */
+    expect_eq_i64(seen.n, 7);
+    static const cca_trace_action_t want[7] = {CCA_TRACE_SEGMENT_ALLOC, CCA_TRACE_ALLOC,
+                                               CCA_TRACE_SEGMENT_ALLOC, CCA_TRACE_ALLOC,
+                                               CCA_TRACE_FREE_REQUESTED, CCA_TRACE_FREE_COMPLETED,
+                                               CCA_TRACE_SEGMENT_FREE};
+    const bool in_m1[7] = {true, true, false, false, true, true, true};
+    for (int i = 0; i < seen.n && i < 7; i++) {
+        expect_eq_i64(seen.action[i], want[i]);
+        expect_true(is_pool(seen.pool[i], in_m1[i] ? M1 : none));
+    }
+    cca_trace_entry_t *list = NULL;
+    size_t count = 0;
+    expect_ok(cca_history_get(&list, &count));
+    expect_eq_u64(count, 7);
+    for (size_t i = 0; i < count && i < 7; i++)
+        expect_true(is_pool(list[i].pool, in_m1[i] ? M1 : none));
+    cca_history_free(list);
+    expect_ok(cca_detach_trace_tracker(note_pool, &seen));
+    expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+    expect_ok(cca_free(q));
+    expect_valid();
+}
+
 int main(void)
 {
     RUN(ids);
@@ -1528,5 +1589,6 @@ int main(void)
     RUN(pool_allocator_oom_and_shutdown);
     RUN(pool_allocator_no_expandable_segments);
     RUN(pool_allocator_misuse);
+    RUN(trace_entries_carry_the_private_pool);
     return harness_done();
 }

@@ -24,7 +24,13 @@ def _chain():
 
 _chain()
 if os.environ.get("CCA_TORCH_INSTALL") == "1":
-    import cca.torch  # noqa: E402
+    # site.py reports an exception here and goes on, which would run the process on PyTorch's
+    # own allocator unnoticed: a failure ends the process instead
+    try:
+        import cca.torch
 
-    if cca.torch.install(fallback=False) != "adapter":
-        raise SystemExit("cca.torch.install() did not install the adapter")
+        mode = cca.torch.install(fallback=False)
+    except Exception as e:  # noqa: BLE001
+        raise SystemExit("cca.torch.install() failed in sitecustomize: %s" % e)
+    if mode != "adapter":
+        raise SystemExit("cca.torch.install() did not install the adapter (%s)" % mode)
