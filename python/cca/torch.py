@@ -161,8 +161,10 @@ def pytorch_alloc_conf(environ=None):
 
 
 def install_settings(settings=None, environ=None):
-    """The settings string install() applies: settings when given, else $CCA_ALLOC_CONF
-    (when not empty), else PyTorch's (pytorch_alloc_conf)."""
+    """The settings string cca runs with: settings when given, else $CCA_ALLOC_CONF (when not
+    empty), else PyTorch's (pytorch_alloc_conf). install() applies it at once on the
+    pluggable path; the adapter makes the same choice when PyTorch initialises its
+    allocator (startup_settings in torch_adapter.cpp)."""
     if settings is not None:
         return settings
     environ = os.environ if environ is None else environ
