@@ -49,16 +49,24 @@
 #   GPU_CHECK_ONLY=pytorch-tests  PyTorch's own test/test_cuda.py (its memory,
 #     allocator, graph, pool, snapshot and pinned-memory tests, selected with
 #     pytest -k) natively and with cca, each without and with expandable
-#     segments (scripts/pytorch_tests.py): build the library (Release), then
-#     the four pytest runs; one table, and the tests that pass natively and
-#     fail with cca. The test file is upstream code, kept out of the
-#     repository in .pytorch-tests/ (copy it there); about 6 minutes (give it
-#     GPU_CHECK_BUDGET=480 or more).
+#     segments (scripts/pytorch_tests.py --parallel): build the library
+#     (Release), then the four pytest runs at once on the GPU (two pytest
+#     processes each), then each test that passed natively and not with cca
+#     run again alone, serially, natively and with cca (a test disturbed by
+#     the concurrent runs is not a regression); one table of final results
+#     (re-run ones marked *), and for each regression left the end of its
+#     failure report. The test file is upstream code, kept out of the
+#     repository in .pytorch-tests/ (copy it there); about 5.5 minutes: the
+#     step takes what the budget leaves (the runs at once stop a quarter of
+#     it, at most 120 s, before its end, for the re-runs); give it
+#     GPU_CHECK_BUDGET=400 or more.
 #   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
 #     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
 #     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,
-#     PYTORCH_ALLOC_CONF, the profiler, GPU trace, snapshot settings and
-#     entries, trace trackers' pool ids); about 2 minutes.
+#     PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF together, either set
+#     after install and before CUDA starts, per_process_memory_fraction from
+#     them, the profiler, GPU trace, snapshot settings and entries, trace
+#     trackers' pool ids); about 2.5 minutes.
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -182,10 +190,11 @@ run_torch_hooks() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_hooks.py" "$root/build-gpu-release/libcca.so"
 }
-# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests, four ways (one table).
+# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests, four ways at once, differing
+# tests re-run alone (one table).
 run_pytorch_tests() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" OUT="$logs" \
-        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --budget "$1"
+        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --parallel --budget "$1"
 }
 build_library() {
     cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF &&
@@ -366,7 +375,8 @@ pytorch-tests)
     limit=$(left 0)
     run_step pytorch-tests "$limit" run_pytorch_tests "$((limit - 20))"
     only_steps
-    grep -E '^(native|cca|expecttest|adapter)' "$logs/pytorch-tests.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^(native|cca|expecttest|adapter|the [0-9] runs|re-run|  (native|cca))' "$logs/pytorch-tests.log" \
+        2>/dev/null | sed 's/^/  /'
     sed -n '/^| test /,$p' "$logs/pytorch-tests.log" 2>/dev/null
     finish_run
     ;;

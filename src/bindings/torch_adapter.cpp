@@ -14,7 +14,8 @@
  * exports C functions for ctypes: cca_torch_adapter_install (the device
  * allocator), cca_torch_adapter_install_pinned (cca's pinned host allocator
  * as PyTorch's host allocator for CUDA), cca_torch_adapter_note_settings
- * (a run-time settings string, for snapshots), cca_torch_adapter_force_uncached
+ * (a run-time settings string, for snapshots), cca_torch_adapter_defer_settings
+ * (a run-time settings string given before cca started), cca_torch_adapter_force_uncached
  * (PYTORCH_NO_CUDA_MEMORY_CACHING), cca_torch_adapter_abi and two measuring
  * calls.
  *
@@ -43,6 +44,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -490,6 +492,181 @@ std::unordered_map<std::string, std::string> current_settings()
 }
 
 /*
+ * The settings cca starts with are read when PyTorch initialises its allocator
+ * (init(device_count), or a first use before it), as PyTorch reads its own
+ * then: a program may set PYTORCH_ALLOC_CONF after install() and before its
+ * first CUDA call. install()'s explicit string wins (the caller applied it);
+ * else CCA_ALLOC_CONF when not empty (cca_init reads it); else PyTorch
+ * 2.11's variables: PYTORCH_CUDA_ALLOC_CONF where set (even empty), else
+ * PYTORCH_ALLOC_CONF.
+ */
+std::atomic<bool> settings_explicit{false};
+
+struct StartupSettings {
+    std::string variable; /* the variable read ("" when none) */
+    std::string raw;      /* its value, as written (snapshots report it) */
+    std::string text;     /* what cca applies of PyTorch's ("": cca reads CCA_ALLOC_CONF itself) */
+};
+
+/* text split at its top-level commas (commas inside [...] do not end a setting). */
+std::vector<std::string> split_settings(const std::string &text)
+{
+    std::vector<std::string> parts;
+    int depth = 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= text.size(); i++) {
+        char c = i < text.size() ? text[i] : ',';
+        if (c == '[')
+            depth++;
+        else if (c == ']')
+            depth = depth > 0 ? depth - 1 : 0;
+        else if (c == ',' && depth == 0) {
+            parts.push_back(text.substr(start, i - start));
+            start = i + 1;
+        }
+    }
+    return parts;
+}
+
+/* s without its whitespace (PyTorch's tokenizer drops it). */
+std::string squeeze(const std::string &s)
+{
+    std::string out;
+    for (char c : s)
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            out += c;
+    return out;
+}
+
+/* The key of one "key:value" setting, and its value. */
+std::string setting_key(const std::string &part) { return squeeze(part.substr(0, part.find(':'))); }
+std::string setting_value(const std::string &part)
+{
+    size_t colon = part.find(':');
+    return colon == std::string::npos ? std::string() : squeeze(part.substr(colon + 1));
+}
+
+/*
+ * Under backend:cudaMallocAsync PyTorch never reads its native allocator's
+ * keys, so a value it would refuse there goes unnoticed (its own test sets
+ * release_lock_on_cudamalloc:none). cca keeps each setting it accepts alone and
+ * leaves the others out, with a warning naming them.
+ */
+std::string async_settings(const std::string &text)
+{
+    std::vector<std::string> parts = split_settings(text);
+    bool async = false;
+    for (const std::string &p : parts)
+        if (setting_key(p) == "backend")
+            async = setting_value(p) == "cudaMallocAsync";
+    if (!async)
+        return text;
+    std::string kept, dropped;
+    for (const std::string &p : parts) {
+        if (squeeze(p).empty())
+            continue;
+        char *described = nullptr;
+        if (cca_settings_describe(p.c_str(), &described) == CCA_OK) {
+            kept += (kept.empty() ? "" : ",") + p;
+            std::free(described);
+        } else {
+            dropped += (dropped.empty() ? "" : ",") + p;
+        }
+    }
+    if (!dropped.empty())
+        TORCH_WARN("cca: backend:cudaMallocAsync does not read ", dropped, ": left out");
+    return kept;
+}
+
+/* The settings of PyTorch's variables cca starts with (text empty: cca reads its own). */
+StartupSettings startup_settings()
+{
+    StartupSettings out;
+    if (settings_explicit.load())
+        return out;
+    const char *own = std::getenv("CCA_ALLOC_CONF");
+    if (own && *own) { /* cca_init reads it */
+        out.variable = "CCA_ALLOC_CONF";
+        out.raw = own;
+        return out;
+    }
+    for (const char *name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+        const char *value = std::getenv(name);
+        if (value) {
+            out.variable = name;
+            out.raw = value;
+            out.text = async_settings(value);
+            break;
+        }
+    }
+    return out;
+}
+
+/*
+ * Start cca with startup_settings() (CCA_ALLOC_CONF holds them while cca_init
+ * reads them, and is then restored), unless cca runs already. A bad setting
+ * raises naming PyTorch's variable. per_process_memory_fraction:0 is a limit of
+ * 0 bytes in PyTorch (cca's own 0 means none): the limit is set so.
+ */
+std::mutex start_lock;
+std::vector<std::string> deferred_settings; /* run-time strings given before cca started (start_lock) */
+
+void apply_deferred_settings()
+{
+    std::vector<std::string> pending;
+    pending.swap(deferred_settings);
+    for (const std::string &text : pending)
+        check(cca_set_settings(text.c_str()), "_set_allocator_settings");
+}
+
+void start_cca()
+{
+    std::lock_guard<std::mutex> g(start_lock);
+    if (cca_is_initialized())
+        return;
+    StartupSettings s = startup_settings();
+    if (s.text.empty()) {
+        check(cca_init(), "init");
+        apply_deferred_settings();
+        return;
+    }
+    char *described = nullptr;
+    cca_status_t st = cca_settings_describe(s.text.c_str(), &described);
+    if (st != CCA_OK)
+        TORCH_CHECK_VALUE(false, "cca: ", s.variable, "=", s.raw, ": ", cca_last_error()->message);
+    std::free(described);
+    const char *own = std::getenv("CCA_ALLOC_CONF"); /* unset or empty here */
+    bool was_set = own != nullptr;
+    setenv("CCA_ALLOC_CONF", s.text.c_str(), 1);
+    st = cca_init();
+    if (was_set)
+        setenv("CCA_ALLOC_CONF", "", 1);
+    else
+        unsetenv("CCA_ALLOC_CONF");
+    check(st, "init");
+    bool zero_fraction = false;
+    for (const std::string &p : split_settings(s.text))
+        if (setting_key(p) == "per_process_memory_fraction")
+            zero_fraction = std::strtod(setting_value(p).c_str(), nullptr) == 0.0;
+    int devices = 0;
+    if (zero_fraction && cca_device_count(&devices) == CCA_OK)
+        for (int d = 0; d < devices; d++)
+            check(cca_set_memory_fraction(0.0, d), "init");
+    apply_deferred_settings();
+}
+
+/* A run-time settings string given before cca started: applied once it starts, after the
+ * settings it starts with (at once when it runs already). */
+void defer_settings(const std::string &text)
+{
+    std::lock_guard<std::mutex> g(start_lock);
+    if (cca_is_initialized())
+        check(cca_set_settings(text.c_str()), "_set_allocator_settings");
+    else
+        deferred_settings.push_back(text);
+}
+
+/*
  * roundup_power2_divisions as cca prints it: "[]" (none), one value for every
  * interval, or a list "[a:x,b:y,>:z]" where each entry covers the intervals up
  * to its own (interval a in MiB is index log2(a)) and '>' the rest. PyTorch
@@ -578,7 +755,12 @@ class CcaAllocator final : public cc::CUDAAllocator {
     void init(int device_count) override
     {
         (void)device_count;
-        check(cca_init(), "init");
+        start_cca();
+        {
+            std::lock_guard<std::mutex> g(settings_lock_);
+            if (settings_.empty() && !settings_explicit.load()) /* PyTorch reports its variable's */
+                settings_ = startup_settings().raw;
+        }
         check(cca_register_free_memory_callback(&run_free_memory_callbacks, nullptr), "init");
         attach_oom_forwarder(false);
         async_ = setting_is("backend cudaMallocAsync");
@@ -1016,12 +1198,14 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         return reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
     }
-    /* Whether the settings cca starts with (environment, then install()'s) have the line
-     * "KEY VALUE" (cca_settings_describe's). */
+    /* Whether cca's settings (in force, else those it will start with) have the line
+     * "KEY VALUE" (cca_settings_current's / cca_settings_describe's). */
     static bool setting_is(const char *key_value)
     {
         char *text = nullptr;
-        if (cca_settings_describe(nullptr, &text) != CCA_OK)
+        cca_status_t st = cca_is_initialized() ? cca_settings_current(&text)
+                                               : cca_settings_describe(startup_settings().text.c_str(), &text);
+        if (st != CCA_OK)
             return false;
         bool on = std::strstr(text, key_value) != nullptr;
         std::free(text);
@@ -1192,8 +1376,11 @@ struct CcaHostAllocator final : public at::HostAllocator {
         if (previous && captured_request())
             return previous->allocate(size);
         void *ptr = nullptr;
-        if (size != 0)
+        if (size != 0) {
+            if (C10_UNLIKELY(!cca_is_initialized()))
+                start_cca(); /* with the settings of PyTorch's variables, as the device side */
             check(cca_host_malloc(&ptr, size), "pinned allocate");
+        }
         return {ptr, ptr, &delete_host_block, c10::Device(c10::DeviceType::CPU)};
     }
     c10::DeleterFnPtr raw_deleter() const override { return &delete_host_block; }
@@ -1264,9 +1451,10 @@ CcaHostAllocator host_allocator;
 /*
  * Make cca PyTorch's CUDA allocator, as torch.cuda.memory.change_current_allocator
  * does: refused once PyTorch's allocator has been initialised (after the first
- * CUDA call). settings (may be NULL) is the settings string cca runs with, as
- * snapshots report it (the caller applies it). Returns 0, or -1 with the
- * reason in err.
+ * CUDA call). settings is the settings string cca runs with, as snapshots
+ * report it (the caller applies it); NULL: cca reads its settings when
+ * PyTorch initialises the allocator (startup_settings). Returns 0, or -1 with
+ * the reason in err.
  */
 extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(const char *settings, char *err,
                                                                                 size_t err_size)
@@ -1283,6 +1471,7 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
         if (installed && current == installed.get())
             return 0;
         auto alloc = std::make_shared<CcaAllocator>();
+        settings_explicit.store(settings != nullptr);
         if (settings)
             alloc->settings_ = settings;
         installed = alloc; /* kept for the life of the process */
@@ -1334,6 +1523,26 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_note_set
         installed->note_settings(text);
         return 0;
     } catch (const std::exception &) {
+        return -1;
+    }
+}
+
+/*
+ * A run-time settings string (torch.cuda.memory._set_allocator_settings,
+ * validated by the caller) given before cca started: applied when it starts,
+ * after the settings it starts with (at once when cca runs already). Returns
+ * 0, or -1 with the reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_defer_settings(const char *text, char *err,
+                                                                                       size_t err_size)
+{
+    try {
+        if (!text)
+            throw std::invalid_argument("settings text is NULL");
+        defer_settings(text);
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
         return -1;
     }
 }

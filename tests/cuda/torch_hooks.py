@@ -7,7 +7,11 @@ Usage: python3 tests/cuda/torch_hooks.py [LIBCCA_SO] [--job NAME]...
   False: raw and tensor allocations bypass the cache), no-caching
   (PYTORCH_NO_CUDA_MEMORY_CACHING=1), snapshot-entry (a snapshot's own entry shows in the next
   one only), profiler (torch.profiler's memory events), settings (_snapshot's
-  allocator_settings after run-time changes), alloc-conf (PYTORCH_ALLOC_CONF read first),
+  allocator_settings after run-time changes), alloc-conf (with PYTORCH_ALLOC_CONF and
+  PYTORCH_CUDA_ALLOC_CONF both set, the second decides), late-conf (PYTORCH_ALLOC_CONF set after
+  install, before CUDA starts, chooses the backend: PyTorch's test_allocator_backend),
+  fraction-conf (per_process_memory_fraction from PYTORCH_CUDA_ALLOC_CONF, 0.0 included, and
+  its refusal of -0.1 and 1.1: test_allocator_memory_fraction_setting),
   gpu-trace (torch.cuda._gpu_trace and CSAN see every allocation and free), pool-id (the
   allocator's trace trackers, as NCCL's registration hook attaches them, see each entry's
   MemPool; a small C++ extension compiled with torch's load_inline). All by default.
@@ -22,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 JOBS = ("accelerator", "disable", "no-caching", "snapshot-entry", "profiler", "settings", "alloc-conf",
-        "gpu-trace", "pool-id")
+        "late-conf", "fraction-conf", "gpu-trace", "pool-id")
+CHILD_JOBS = ("late-conf", "fraction-conf")  # each starts its own processes, as PyTorch's tests
 
 TRACKER_SOURCE = r"""
 #include <torch/extension.h>
@@ -172,7 +177,8 @@ def job_settings(torch):
 
 def job_alloc_conf(torch):
     """PYTORCH_ALLOC_CONF=expandable_segments:True and PYTORCH_CUDA_ALLOC_CONF=
-    expandable_segments:False (set by the parent): PyTorch 2.11 reads the first."""
+    expandable_segments:False (set by the parent): PyTorch 2.11 runs without expandable
+    segments (its CUDA allocator reads PYTORCH_CUDA_ALLOC_CONF where set)."""
     x = torch.empty(8 << 20, device="cuda")
     segs = torch.cuda.memory._snapshot()["segments"]
     del x
@@ -221,7 +227,71 @@ def job_pool_id(torch):
     return {"seen": sorted(seen)}
 
 
+def child_env(mode, env_extra):
+    """A new interpreter's environment, with cca installed at its start in mode "cca" (as
+    scripts/pytorch_tests.py's test processes: tests/cuda/pytorch_site/sitecustomize.py)."""
+    env = dict(os.environ)
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CCA_ALLOC_CONF", "CCA_TORCH_INSTALL"):
+        env.pop(k, None)
+    paths = [os.path.join(ROOT, "python")]
+    if mode == "cca":
+        paths.insert(0, os.path.join(ROOT, "tests", "cuda", "pytorch_site"))
+        env["CCA_TORCH_INSTALL"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(env_extra)
+    return env
+
+
+def children(mode, script, env_extras):
+    """script run at once in one new interpreter per environment: (rc, stdout, stderr) each."""
+    import subprocess
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=child_env(mode, extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for extra in env_extras]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
+def job_late_conf(mode):
+    """test_allocator_backend: PYTORCH_ALLOC_CONF set by the program after the interpreter
+    started (with cca: after install) and before CUDA starts chooses cudaMallocAsync, with a
+    value PyTorch never reads under that backend (release_lock_on_cudamalloc:none)."""
+    script = ("import os\n"
+              "os.environ['PYTORCH_ALLOC_CONF'] = 'max_split_size_mb:20,backend:cudaMallocAsync,"
+              "release_lock_on_cudamalloc:none'\n"
+              "import torch\n"
+              "torch.cuda.init()\n"
+              "x = torch.ones(1 << 20, device='cuda')\n"
+              "print(torch.cuda.get_allocator_backend(), float(x.sum()))\n")
+    rc, out, err = children(mode, script, [{}])[0]
+    return {"rc": rc, "out": out.strip(), "err": err[-600:] if rc else ""}
+
+
+def job_fraction_conf(mode):
+    """test_allocator_memory_fraction_setting: PYTORCH_CUDA_ALLOC_CONF=
+    per_process_memory_fraction:X gives get_per_process_memory_fraction X (0.0: a zero
+    limit); -0.1 and 1.1 stop the process with "per_process_memory_fraction is invalid"."""
+    script = ("import torch\n"
+              "device = torch._C._cuda_getDevice()\n"
+              "print(torch.cuda.memory.get_per_process_memory_fraction(device), end='')\n")
+    out = {}
+    values = ("0.0", "0.5", "1.0", "-0.1", "1.1")
+    runs = children(mode, script, [{"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:" + v} for v in values])
+    for value, (rc, stdout, stderr) in zip(values, runs):
+        if rc == 0:
+            out[value] = stdout
+        elif "per_process_memory_fraction is invalid" in stderr:
+            out[value] = "refused"
+        else:
+            out[value] = "rc %d: %s" % (rc, stderr[-400:])
+    return out
+
+
 def worker(mode, job):
+    if job in CHILD_JOBS:
+        return globals()["job_" + job.replace("-", "_")](mode)
     torch = start(mode)
     return globals()["job_" + job.replace("-", "_")](torch)
 
@@ -290,7 +360,11 @@ def main():
         elif job == "pool-id":
             ok = c == n and "alloc:pool" in n["seen"] and "segment_alloc:pool" in n["seen"]
         elif job == "alloc-conf":
-            ok = c == n == {"expandable": [True]}
+            ok = c == n == {"expandable": [False]}
+        elif job == "late-conf":
+            ok = c == n and n["rc"] == 0 and n["out"].split()[0] == "cudaMallocAsync"
+        elif job == "fraction-conf":
+            ok = c == n == {"0.0": "0.0", "0.5": "0.5", "1.0": "1.0", "-0.1": "refused", "1.1": "refused"}
         else:
             ok = c == n and all(n["alloc_seen"]) and all(n["free_seen"])
         report(ok, "%s: native %s; cca %s" % (job, json.dumps(n)[:900], json.dumps(c)[:900]))

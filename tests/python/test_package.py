@@ -407,8 +407,9 @@ class InstallLogic(unittest.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.assertEqual(self.mod.install(fallback=True), "pluggable")
-            # PyTorch 2.11 reads PYTORCH_ALLOC_CONF where it is set: so does install
-            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "expandable_segments:True")
+            # PyTorch 2.11 reads PYTORCH_CUDA_ALLOC_CONF where it is set: so does install
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"],
+                             "backend:cudaMallocAsync,release_lock_on_cudamalloc:True")
             self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "release_lock_on_cudamalloc:True")
             self.assertEqual(os.environ["PYTORCH_ALLOC_CONF"], "expandable_segments:True")
         finally:
@@ -419,24 +420,29 @@ class InstallLogic(unittest.TestCase):
 
     def test_pytorch_variables_in_pytorchs_order(self):
         """install()'s settings: its argument, else CCA_ALLOC_CONF (not empty), else
-        PYTORCH_ALLOC_CONF where set (even empty, as PyTorch 2.11's get_env), else
-        PYTORCH_CUDA_ALLOC_CONF."""
+        PYTORCH_CUDA_ALLOC_CONF where set (even empty, as PyTorch 2.11's get_env), else
+        PYTORCH_ALLOC_CONF: measured on PyTorch 2.11, PYTORCH_ALLOC_CONF=expandable_segments:True
+        with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False runs without expandable
+        segments, and a backend key in PYTORCH_ALLOC_CONF is not read then."""
         f = self.mod.install_settings
         self.assertEqual(f("max_split_size_mb:64", {"CCA_ALLOC_CONF": "x"}), "max_split_size_mb:64")
         self.assertEqual(f("", {"CCA_ALLOC_CONF": "x"}), "")
         env = {"CCA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2", "PYTORCH_CUDA_ALLOC_CONF": "c:3"}
         self.assertEqual(f(None, env), "a:1")
         env["CCA_ALLOC_CONF"] = ""
-        self.assertEqual(f(None, env), "b:2")
-        env["PYTORCH_ALLOC_CONF"] = ""
-        self.assertEqual(f(None, env), "")
-        del env["PYTORCH_ALLOC_CONF"]
         self.assertEqual(f(None, env), "c:3")
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ""
+        self.assertEqual(f(None, env), "")
+        del env["PYTORCH_CUDA_ALLOC_CONF"]
+        self.assertEqual(f(None, env), "b:2")
         self.assertEqual(f(None, {}), "")
-        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": "c:3"}), "c:3")
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:1"  # would be refused
+        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_ALLOC_CONF": "b:2"}), "b:2")
+        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                                                      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+                         "expandable_segments:False")
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:4"
         saved = os.environ.get("PYTORCH_ALLOC_CONF")
-        os.environ["PYTORCH_ALLOC_CONF"] = "roundup_power2_divisions:4"
+        os.environ["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:1"  # would be refused
         try:
             import warnings
             with warnings.catch_warnings():
@@ -448,6 +454,72 @@ class InstallLogic(unittest.TestCase):
                 os.environ.pop("PYTORCH_ALLOC_CONF", None)
             else:
                 os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def _stand_in_adapter(self):
+        """The adapter's exported calls, recorded (no torch to build it against here)."""
+        import types
+        rec = {"install": [], "defer": [], "note": []}
+        adapter = types.SimpleNamespace(
+            cca_torch_adapter_install=lambda text, err, n: rec["install"].append(text) or 0,
+            cca_torch_adapter_force_uncached=lambda on: 0,
+            cca_torch_adapter_install_pinned=lambda err, n: 0,
+            cca_torch_adapter_defer_settings=lambda text, err, n: rec["defer"].append(text) or 0,
+            cca_torch_adapter_note_settings=lambda text: rec["note"].append(text) or 0)
+
+        def load(verbose):
+            self.mod._adapter = adapter
+            return adapter
+        saved = self.mod._load_adapter
+        self.mod._load_adapter = load
+        self.addCleanup(setattr, self.mod, "_load_adapter", saved)
+        self.addCleanup(setattr, self.mod, "_adapter", None)
+        return rec
+
+    def _set_env(self, name, value):
+        saved = os.environ.get(name)
+        self.addCleanup(lambda: os.environ.pop(name, None) if saved is None else os.environ.update({name: saved}))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def test_adapter_reads_pytorchs_variables_when_cuda_starts(self):
+        """With the adapter and no settings argument, install() leaves PyTorch's variables to
+        the adapter, which reads them when PyTorch initialises its allocator (a program may set
+        PYTORCH_ALLOC_CONF after install, before its first CUDA call, as PyTorch's own
+        test_allocator_backend does): nothing goes into CCA_ALLOC_CONF (child processes would
+        inherit it, and it would hide their own PyTorch variables), and a backend key stays
+        in PyTorch's variables (the adapter runs that backend). An explicit string is applied
+        at install, and the backend key then leaves PyTorch's variables."""
+        rec = self._stand_in_adapter()
+        _lib.load().cca_shutdown()
+        self._set_env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync,per_process_memory_fraction:0.0")
+        self._set_env("PYTORCH_ALLOC_CONF", None)
+        self.assertEqual(self.mod.install(), "adapter")
+        self.assertEqual(rec["install"], [None])
+        self.assertNotIn("CCA_ALLOC_CONF", os.environ)
+        self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync,per_process_memory_fraction:0.0")
+        # a run-time string before cca starts waits in the adapter, not in CCA_ALLOC_CONF
+        self.memory._set_allocator_settings = lambda env: None
+        self.mod._follow_runtime_settings(sys.modules["torch"])
+        self.memory._set_allocator_settings("expandable_segments:True,backend:cudaMallocAsync")
+        self.assertEqual(rec["defer"], [b"expandable_segments:True"])
+        self.assertNotIn("CCA_ALLOC_CONF", os.environ)
+        with self.assertRaises(cca.CcaError):
+            self.memory._set_allocator_settings("expandable_segments:maybe")
+        self.assertEqual(rec["defer"], [b"expandable_segments:True"])
+        # explicit settings: applied now, passed on, backend key out of PyTorch's variables
+        self.mod._mode = None
+        self.assertEqual(self.mod.install(settings="roundup_power2_divisions:2"), "adapter")
+        self.assertEqual(rec["install"], [None, b"roundup_power2_divisions:2"])
+        self.assertEqual(os.environ.get("CCA_ALLOC_CONF"), "roundup_power2_divisions:2")
+        self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "per_process_memory_fraction:0.0")
+
+    def test_backend_decided_elsewhere(self):
+        f = self.mod._backend_decided_elsewhere
+        self.assertTrue(f(True, {}))
+        self.assertTrue(f(False, {"CCA_ALLOC_CONF": "backend:native"}))
+        self.assertFalse(f(False, {"CCA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}))
 
     def test_no_caching_variable(self):
         """PYTORCH_NO_CUDA_MEMORY_CACHING: set and not "0" asks for uncached allocations."""
@@ -511,9 +583,13 @@ class InstallLogic(unittest.TestCase):
         set_settings("roundup_power2_divisions:4")
         self.assertEqual(noted, [])
         self.mod._mode = "adapter"
-        self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_note_settings=noted.append)
+        deferred = []
+        self.mod._adapter = types.SimpleNamespace(
+            cca_torch_adapter_note_settings=noted.append,
+            cca_torch_adapter_defer_settings=lambda text, err, n: deferred.append(text) or 0)
         set_settings("garbage_collection_threshold:0.5,max_split_size_mb:40")
         self.assertEqual(noted, [b"garbage_collection_threshold:0.5,max_split_size_mb:40"])
+        self.assertEqual(deferred, noted)  # cca not started: waits in the adapter
         self.assertEqual(seen, ["roundup_power2_divisions:4", "garbage_collection_threshold:0.5,max_split_size_mb:40"])
         os.environ.pop("CCA_ALLOC_CONF", None)
 

@@ -4,7 +4,10 @@ import (...)` lines ask for and X lacks is taken from a sibling module of torch'
 that has it (names move between common_cuda and common_utils), else given a stand-in that
 skips the test that uses it (a TEST_* or PLATFORM_SUPPORTS_* flag is False). The same for every
 run, native and cca alike, so the comparison stays fair. The test file is found through the
-CCA_PYTORCH_TEST_FILE environment variable."""
+CCA_PYTORCH_TEST_FILE environment variable.
+
+With CCA_PYTEST_SHARD=K/N, only every N-th selected test from the K-th (0-based) runs, after -k
+has chosen them: scripts/pytorch_tests.py splits a run over N processes so."""
 import ast
 import functools
 import importlib
@@ -65,3 +68,29 @@ def pytest_configure(config):
         filled = _fill(path)
         if filled:
             print("cca_pytorch_compat: filled in " + ", ".join(filled))
+
+
+def shard_of(items, shard):
+    """The items of shard "K/N": every N-th from the K-th; (kept, left out)."""
+    k, n = (int(x) for x in shard.split("/"))
+    if n < 1 or not 0 <= k < n:
+        raise ValueError("CCA_PYTEST_SHARD=%s: expected K/N with 0 <= K < N" % shard)
+    kept = [item for i, item in enumerate(items) if i % n == k]
+    left = [item for i, item in enumerate(items) if i % n != k]
+    return kept, left
+
+
+try:
+    import pytest
+
+    @pytest.hookimpl(trylast=True)  # after -k has deselected
+    def pytest_collection_modifyitems(config, items):
+        shard = os.environ.get("CCA_PYTEST_SHARD")
+        if not shard:
+            return
+        kept, left = shard_of(items, shard)
+        if left:
+            config.hook.pytest_deselected(items=left)
+        items[:] = kept
+except ImportError:  # imported outside pytest (its unit test)
+    pass
