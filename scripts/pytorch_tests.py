@@ -290,7 +290,7 @@ def main():
         return 1
     print("adapter:", build.stdout.strip())
     # a test process of the cca runs serves its tensors from cca (checked the way they start)
-    probe = ("import torch, cca.torch; torch.zeros(1, device='cuda'); "
+    probe = ("import torch, cca.torch; x = torch.zeros(1, device='cuda'); "
              "print(cca.torch.installed(), torch.cuda.memory_allocated() > 0)")
     env = dict(os.environ, CCA_LIBRARY=lib, CCA_TORCH_INSTALL="1", PYTHONPATH=os.pathsep.join(
         [os.path.join(ROOT, "tests", "cuda", "pytorch_site"), os.path.join(ROOT, "python")]))
