@@ -5,8 +5,11 @@ error of a step that fails. The same steps pass on the simulated backend
 (tests/unit/test_torch_cases.c, max_split_expandable); this says where a GPU differs.
 Exits 77 when torch or a GPU is missing, 1 when cca fails a step native PyTorch passes.
 
-Usage: python3 tests/cuda/torch_case_max_split_expandable.py [LIBCCA_SO] [--expandable]
+Usage: python3 tests/cuda/torch_case_max_split_expandable.py [LIBCCA_SO] [--expandable] [--default-stream]
   --expandable: both processes start with expandable_segments:True (test_cuda_expandable_segments).
+  --default-stream: the steps on the default stream; without it on a stream of their own, made
+  before and destroyed after an earlier use (PyTorch's TestCase runs each test of TestCuda on
+  a fresh non-default stream: _do_cuda_non_default_stream).
 """
 import json
 import os
@@ -20,13 +23,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_common import skipped  # noqa: E402
 
 
-def worker(use_cca):
+def worker(use_cca, side_stream):
     import torch
     if use_cca:
         import cca.torch
         cca.torch.install()
-    mb = 1024 * 1024
     torch.ones(1, device="cuda")  # as an earlier test leaves the process: CUDA up
+    if not side_stream:
+        return steps_of(torch)
+    earlier = torch.cuda.Stream()  # an earlier test's stream, gone since, its blocks cached
+    with torch.cuda.stream(earlier):
+        x = torch.ones(30 * 1024 * 1024, dtype=torch.int8, device="cuda")
+        del x
+    earlier.synchronize()
+    del earlier
+    with torch.cuda.stream(torch.cuda.Stream()):
+        return steps_of(torch)
+
+
+def steps_of(torch):
+    mb = 1024 * 1024
     steps = []
 
     def note(name, err=None):
@@ -75,14 +91,15 @@ def worker(use_cca):
     print(json.dumps({"info": info, "steps": steps, "as_pytorch_expects": ok}))
 
 
-def run(use_cca, lib, expandable):
+def run(use_cca, lib, expandable, default_stream):
     env = dict(os.environ)
     if lib:
         env["CCA_LIBRARY"] = lib
     if expandable:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         env["CCA_ALLOC_CONF"] = "expandable_segments:True"
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "cca" if use_cca else "native"],
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "cca" if use_cca else "native"]
+    out = subprocess.run(cmd + (["--default-stream"] if default_stream else []),
                          env=env, capture_output=True, text=True, timeout=600)
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
     if out.returncode or not lines:
@@ -93,7 +110,7 @@ def run(use_cca, lib, expandable):
 
 def main():
     if "--worker" in sys.argv:
-        worker(sys.argv[sys.argv.index("--worker") + 1] == "cca")
+        worker(sys.argv[sys.argv.index("--worker") + 1] == "cca", "--default-stream" not in sys.argv)
         return 0
     if skipped():
         return 77
@@ -101,7 +118,8 @@ def main():
     expandable = "--expandable" in sys.argv
     results = {}
     for use_cca in (False, True):
-        results["cca" if use_cca else "native"] = r = run(use_cca, args[0] if args else None, expandable)
+        results["cca" if use_cca else "native"] = r = run(use_cca, args[0] if args else None, expandable,
+                                                          "--default-stream" in sys.argv)
         print("%s: %s" % ("cca" if use_cca else "native", json.dumps(r, indent=1)))
     native, mine = results["native"], results["cca"]
     if native and native["as_pytorch_expects"] and not (mine and mine["as_pytorch_expects"]):
