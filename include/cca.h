@@ -828,6 +828,51 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 /** Free what a replay result holds. */
 void cca_replay_result_free(cca_replay_result_t *result);
 
+/** How many entries each ranking of cca_replay_explain_t keeps. */
+#define CCA_EXPLAIN_TOP 8
+
+/** One line of a ranking: what it is, its bytes, and how many things it counts. */
+typedef struct cca_explain_entry {
+    char name[160];          /**< a call site "file:line function", an annotation, a stream, a segment */
+    uint64_t bytes;          /**< live bytes (segments: cached free bytes) */
+    uint64_t count;          /**< live allocations (segments: free pieces) */
+} cca_explain_entry_t;
+
+/**
+ * What a replay held at the peak of its reserved memory: the moment after the
+ * trace event that first took reserved memory to its peak.
+ */
+typedef struct cca_replay_explain {
+    uint64_t peak_event;          /**< index of that event in the device's trace */
+    uint64_t reserved_bytes;      /**< reserved then (the peak) */
+    uint64_t live_bytes;          /**< in blocks the program held (allocated or pending free) */
+    uint64_t live_requested_bytes; /**< what the program asked for in them */
+    uint64_t live_allocations;
+    uint64_t cached_free_bytes;   /**< reserved in no live block (fragmentation) */
+    uint64_t largest_free_bytes;  /**< the largest free piece */
+    uint64_t segments;            /**< segments then */
+    uint64_t segments_with_free;  /**< of which hold a free piece */
+    uint64_t frames_distinct, annotations_distinct, streams_distinct; /**< groups found */
+    size_t frame_count, annotation_count, stream_count, segment_count; /**< entries filled below */
+    cca_explain_entry_t frames[CCA_EXPLAIN_TOP];      /**< live bytes by allocation call site */
+    cca_explain_entry_t annotations[CCA_EXPLAIN_TOP]; /**< by the innermost annotation open
+                                                           at the allocation (record_function) */
+    cca_explain_entry_t streams[CCA_EXPLAIN_TOP];     /**< by stream */
+    cca_explain_entry_t free_segments[CCA_EXPLAIN_TOP]; /**< segments by cached free bytes */
+} cca_replay_explain_t;
+
+/**
+ * Replay a trace as cca_replay_file does (never on a second thread) and
+ * report in *explain what was live at the peak of reserved memory, ranked by
+ * the allocations' call sites (their first frame outside torch), annotations
+ * and streams, and where the cached free memory lay. Reads the file a second
+ * time for the frames and annotations. Same statuses as cca_replay_file;
+ * *result is filled as there (free it with cca_replay_result_free) and holds
+ * nothing on error.
+ */
+cca_status_t cca_replay_explain(const char *path, const cca_replay_options_t *options,
+                                cca_replay_result_t *result, cca_replay_explain_t *explain);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@
 
 #include "device.h"
 #include "replay_events.h"
+#include "replay_observe.h"
 #include "state.h"
 
 /* A private-pool operation of the program (cca_meta["pool_events"]). */
@@ -404,6 +405,7 @@ typedef struct replay_stream {
     replay_view_t view;
     addr_rule_t rule;
     uint64_t wait_ns;
+    const replay_observer_t *observer; /* NULL: none (replay_observe.h) */
 } replay_stream_t;
 
 /* Whether an event past i is (or becomes) available; waits for the reader if needed. */
@@ -622,8 +624,9 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
-                             "event %zu: alloc of %llu bytes failed: %.60s", i,
-                             (unsigned long long)e->size, cca_last_error()->message);
+                             "event %zu: alloc of %llu bytes failed (%s), PyTorch's did not", i,
+                             (unsigned long long)e->size,
+                             as == CCA_ERR_OUT_OF_MEMORY ? "out of memory" : cca_status_str(as));
                 r->address_mismatches += trace_addresses;
                 break;
             }
@@ -641,6 +644,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 goto out;
             }
             le->ptr = (uint64_t)(uintptr_t)p;
+            if (stream->observer)
+                stream->observer->on_alloc(stream->observer->ctx, i, le->ptr);
             if (graphs.pending && !graphs.rng_allocs) {
                 st = begin_capture_route(graphs.pending);
                 graphs.pending = NULL;
@@ -693,6 +698,10 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         default:
             break;
+        }
+        if (stream->observer && !stream->observer->after_event(stream->observer->ctx, i)) {
+            st = cca_last_error()->status;
+            goto out;
         }
     }
     const struct calls_mark *half = calls_log_at(&log, i / 2); /* i: the number of events */
@@ -863,6 +872,12 @@ static bool spec_holds(const spec_t *s, const replay_config_t *want, size_t nops
 cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
                              cca_replay_result_t *result)
 {
+    return replay_file_observed(path, options, NULL, result);
+}
+
+cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *options,
+                                  const replay_observer_t *observer, cca_replay_result_t *result)
+{
     if (!path || !result)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_replay_file: path and result are required");
     cca_replay_options_t opt;
@@ -881,7 +896,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     replay_feed_t feed;
     spec_t *spec = NULL;
     pthread_t spec_thread;
-    if (!opt.sequential && !history && replay_feed_init(&feed)) {
+    if (!opt.sequential && !history && !observer && replay_feed_init(&feed)) {
         spec = calloc(1, sizeof(*spec));
         if (spec) {
             spec->stream.feed = &feed;
@@ -936,6 +951,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         memset(&whole, 0, sizeof(whole));
         whole.trace = &trace;
         whole.view = (replay_view_t){n, trace.streams, true, true};
+        whole.observer = observer;
         cca_backend_t *sim = NULL;
         st = replay_init(&cfg, &opt, &whole, r, &sim);
         if (st != CCA_OK)
@@ -988,6 +1004,8 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         st = cca_dump_snapshot_svg(opt.svg_path);
 
 out_shutdown:
+    if (st != CCA_OK)
+        cca_replay_result_free(r); /* a failed --snapshot/--svg write: the caller gets nothing */
     cca_shutdown();
 out_history:
     if (history)
