@@ -839,8 +839,9 @@ typedef struct cca_explain_entry {
 } cca_explain_entry_t;
 
 /**
- * What a replay held at the peak of its reserved memory: the moment after the
- * trace event that first took reserved memory to its peak.
+ * What a replay held at the peak of its reserved memory: of the moments (after
+ * a trace event) at the highest reservation, the first with the most bytes
+ * allocated.
  */
 typedef struct cca_replay_explain {
     uint64_t peak_event;          /**< index of that event in the device's trace */

@@ -130,7 +130,7 @@ int replay_explain(const char *path, const cca_replay_options_t *opt, bool json)
     printf("  settings '%s': peak reserved %.1f MiB", r.settings, (double)r.peak_reserved_bytes / MIB);
     if (r.has_expected)
         printf(" (PyTorch: %.1f MiB)", (double)r.expected_peak_reserved_bytes / MIB);
-    printf(", first reached at event %" PRIu64 " of %" PRIu64 "\n", x.peak_event, r.events);
+    printf(", at event %" PRIu64 " of %" PRIu64 "\n", x.peak_event, r.events);
     printf("At the peak:\n");
     printf("  live         %10.1f MiB in %" PRIu64 " allocations (%.1f MiB requested)\n",
            (double)x.live_bytes / MIB, x.live_allocations, (double)x.live_requested_bytes / MIB);

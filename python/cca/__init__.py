@@ -66,14 +66,14 @@ def settings(text=None):
     return result
 
 
-def _result_dict(r):
+def _result_dict(r, trace_addresses):
     stats = {r.memory_stats[i].key.decode(): r.memory_stats[i].value
              for i in range(_lib.MEMORY_STATS_COUNT) if r.memory_stats[i].key}
     out = {
         "settings": r.settings.decode(),
         "events": r.events, "allocs": r.allocs, "frees": r.frees,
         "segment_allocs": r.segment_allocs, "segment_frees": r.segment_frees,
-        "ooms": r.ooms, "pool_ops": r.pool_ops, "address_mismatches": r.address_mismatches,
+        "ooms": r.ooms, "pool_ops": r.pool_ops,
         "late_segment_allocs": r.late_segment_allocs, "late_segment_frees": r.late_segment_frees,
         "step_allocations": r.step_allocations,
         "last_step_segment_allocs": r.last_step_segment_allocs,
@@ -89,9 +89,10 @@ def _result_dict(r):
         "events_per_second": r.events_per_second,
         "memory_stats": stats,
         "memory_summary": ctypes.string_at(r.memory_summary).decode() if r.memory_summary else "",
-        "first_address_mismatch": r.first_address_mismatch.decode(),
-        "expected": None,
     }
+    if trace_addresses:  # compared with PyTorch's addresses: `cca replay --json` says so too
+        out["address_mismatches"] = r.address_mismatches
+        out["first_address_mismatch"] = r.first_address_mismatch.decode()
     if r.has_expected:
         out["expected"] = {
             "allocs": r.expected_allocs, "segment_allocs": r.expected_segment_allocs,
@@ -132,6 +133,8 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
         addresses = "trace" if settings is None else "fresh"
     if addresses not in ("trace", "fresh"):
         raise ValueError("addresses must be 'trace' or 'fresh', not %r" % (addresses,))
+    if not os.path.isfile(path):  # a FIFO would block the reading; a folder cannot be read
+        raise CcaError("CCA_ERR_IO", "replay: %s is not a regular file" % (path,))
     opts = _lib.ReplayOptions()
     opts.settings = settings.encode() if settings is not None else None
     opts.cap = int(cap or 0)
@@ -146,7 +149,7 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
     try:
         _check(lib, st, "replay %s" % path)
-        return _result_dict(res)
+        return _result_dict(res, opts.trace_addresses)
     finally:
         lib.cca_replay_result_free(ctypes.byref(res))
 

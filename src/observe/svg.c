@@ -121,8 +121,28 @@ static double col_x(size_t c, size_t cols)
     return MARGIN_LEFT + PLOT_WIDTH * (double)c / (double)cols;
 }
 
+/* The first column whose step (rep, increasing) is at or past step t; cols if none. */
+static size_t first_column_at(const size_t *rep, size_t cols, size_t t)
+{
+    size_t lo = 0, hi = cols;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rep[mid] < t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* A byte count drawn as a double, back as bytes (clamped). */
+static uint64_t bytes_of(double v)
+{
+    return v <= 0 ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+}
+
 /* A band's polygon: its bottom edge left to right, its top edge back. */
-static void draw_band(cca_strbuf_t *sb, const band_t *b, const uint64_t *base, size_t cols,
+static void draw_band(cca_strbuf_t *sb, const band_t *b, const double *base, size_t cols,
                       double y0, double scale, const char *colour, const char *title)
 {
     sb_printf(sb, "<polygon fill=\"%s\" points=\"", colour);
@@ -137,7 +157,7 @@ static void draw_band(cca_strbuf_t *sb, const band_t *b, const uint64_t *base, s
             else
                 while (r > b->col0 && base[(r - 1) - b->col0] == base[c - b->col0])
                     r--;
-            double y = y0 - (double)(base[c - b->col0] + (edge ? b->size : 0)) * scale;
+            double y = y0 - (base[c - b->col0] + (edge ? (double)b->size : 0)) * scale;
             double xa = edge == 0 ? col_x(c, cols) : col_x(c + 1, cols);
             double xb = edge == 0 ? col_x(r + 1, cols) : col_x(r, cols);
             sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", xa, y, xb, y);
@@ -158,7 +178,8 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
     band_t *bands = calloc(n ? n : 1, sizeof(*bands));
     band_t **order = calloc(n ? n : 1, sizeof(*order));
     addr_map_t map = {0};
-    uint64_t *summ = NULL, *stack_top = NULL, *base = NULL;
+    double *summ = NULL, *stack_top = NULL, *base = NULL, *active = NULL;
+    size_t *rep = NULL;
     double height = -1;
     if (!bands || !order || !map_init(&map, n))
         goto out;
@@ -191,58 +212,74 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
         height = 28;
         goto out;
     }
+    /* Each column shows one step: the one of its steps with the most active bytes, so
+     * that a peak lasting a single step keeps its height. A band is drawn in the
+     * columns whose step it spans (a contiguous run, or none). Sums are doubles: sizes
+     * from a file may be anything up to 2^64 - 1, and a picture needs no more than 53
+     * bits of them. */
     size_t cols = steps < PLOT_COLUMNS ? steps : PLOT_COLUMNS;
+    active = calloc(steps + 1, sizeof(*active));
+    rep = calloc(cols, sizeof(*rep));
+    if (!active || !rep)
+        goto out;
     for (size_t i = 0; i < nb; i++) {
         band_t *b = &bands[i];
         if (b->end == SIZE_MAX)
             b->end = steps;
-        b->col0 = b->start * cols / steps;
-        b->col1 = b->end * cols / steps;
-        if (b->col1 <= b->col0)
-            b->col1 = b->col0 + 1;
-        if (b->col1 > cols)
-            b->col1 = cols;
-        order[i] = b;
+        active[b->start] += (double)b->size;
+        active[b->end] -= (double)b->size;
     }
-    qsort(order, nb, sizeof(*order), band_by_size);
-    for (size_t i = 0; i < nb && i < PLOT_BANDS; i++)
+    double running = 0;
+    for (size_t t = 0, c = 0; t < steps; t++) {
+        running += active[t];
+        active[t] = running;
+        c = t * cols / steps;
+        if (t == 0 || t * cols / steps != (t - 1) * cols / steps || active[t] > active[rep[c]])
+            rep[c] = t;
+    }
+    size_t visible = 0;
+    for (size_t i = 0; i < nb; i++) {
+        band_t *b = &bands[i];
+        b->col0 = first_column_at(rep, cols, b->start);
+        b->col1 = first_column_at(rep, cols, b->end);
+        if (b->col1 > b->col0)
+            order[visible++] = b;
+    }
+    qsort(order, visible, sizeof(*order), band_by_size);
+    for (size_t i = 0; i < visible && i < PLOT_BANDS; i++)
         order[i]->drawn = true;
     summ = calloc(cols + 1, sizeof(*summ));
     stack_top = calloc(cols, sizeof(*stack_top));
     base = calloc(cols, sizeof(*base));
     if (!summ || !stack_top || !base)
         goto out;
-    int64_t running = 0;
-    int64_t *delta = (int64_t *)calloc(cols + 1, sizeof(*delta));
-    if (!delta)
-        goto out;
     for (size_t i = 0; i < nb; i++)
-        if (!bands[i].drawn) {
-            delta[bands[i].col0] += (int64_t)bands[i].size;
-            delta[bands[i].col1] -= (int64_t)bands[i].size;
+        if (!bands[i].drawn && bands[i].col1 > bands[i].col0) {
+            summ[bands[i].col0] += (double)bands[i].size; /* a difference array first */
+            summ[bands[i].col1] -= (double)bands[i].size;
         }
+    running = 0;
     for (size_t c = 0; c < cols; c++) {
-        running += delta[c];
-        summ[c] = (uint64_t)running;
+        running += summ[c];
+        summ[c] = running > 0 ? running : 0;
         stack_top[c] = summ[c];
     }
-    free(delta);
     /* the stack height: drawn bands in allocation order on top of the summary band */
-    uint64_t peak = 1;
+    double peak = 1;
     for (size_t i = 0; i < nb; i++)
         if (bands[i].drawn)
             for (size_t c = bands[i].col0; c < bands[i].col1; c++)
-                stack_top[c] += bands[i].size;
+                stack_top[c] += (double)bands[i].size;
     for (size_t c = 0; c < cols; c++)
         if (stack_top[c] > peak)
             peak = stack_top[c];
     double y0 = top + 24 + PLOT_HEIGHT, scale = PLOT_HEIGHT / (double)peak;
     char s_peak[32], s_half[32];
-    fmt_size(peak, s_peak, sizeof(s_peak));
-    fmt_size(peak / 2, s_half, sizeof(s_half));
+    fmt_size(bytes_of(peak), s_peak, sizeof(s_peak));
+    fmt_size(bytes_of(peak / 2), s_half, sizeof(s_half));
     sb_printf(sb, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">device %d: "
               "active memory over time by allocation (%zu allocations, %zu drawn)</text>\n",
-              MARGIN_LEFT, top + 16, device, nb, nb < PLOT_BANDS ? nb : (size_t)PLOT_BANDS);
+              MARGIN_LEFT, top + 16, device, nb, visible < PLOT_BANDS ? visible : (size_t)PLOT_BANDS);
     sb_printf(sb, "<g font-size=\"11\" text-anchor=\"end\"><text x=\"%.0f\" y=\"%.1f\">%s</text>"
               "<text x=\"%.0f\" y=\"%.1f\">%s</text><text x=\"%.0f\" y=\"%.1f\">0</text></g>\n",
               MARGIN_LEFT - 6, y0 - PLOT_HEIGHT + 4, s_peak, MARGIN_LEFT - 6,
@@ -252,17 +289,20 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
     /* the summary band */
     for (size_t c = 0; c < cols; c++)
         base[c] = 0;
+    sb_printf(sb, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">each column: "
+              "the step of its %zu with the most active bytes</text>\n", MARGIN_LEFT + PLOT_WIDTH,
+              top + 16, (steps + cols - 1) / cols);
     bool any_summ = false;
     for (size_t c = 0; c < cols && !any_summ; c++)
         any_summ = summ[c] > 0;
     if (any_summ) {
         sb_append(sb, "<polygon fill=\"#bbbbbb\" points=\"");
         for (size_t c = 0; c < cols; c++)
-            sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", col_x(c, cols), y0 - (double)summ[c] * scale,
-                      col_x(c + 1, cols), y0 - (double)summ[c] * scale);
+            sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", col_x(c, cols), y0 - summ[c] * scale,
+                      col_x(c + 1, cols), y0 - summ[c] * scale);
         sb_printf(sb, "%.1f,%.2f %.1f,%.2f\"><title>%zu smaller allocations, summed</title>"
                   "</polygon>\n", col_x(cols, cols), y0, col_x(0, cols), y0,
-                  nb > PLOT_BANDS ? nb - PLOT_BANDS : (size_t)0);
+                  visible > PLOT_BANDS ? visible - PLOT_BANDS : (size_t)0);
     }
     for (size_t c = 0; c < cols; c++)
         stack_top[c] = summ[c];
@@ -273,7 +313,7 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
             continue;
         for (size_t c = b->col0; c < b->col1; c++) {
             base[c - b->col0] = stack_top[c];
-            stack_top[c] += b->size;
+            stack_top[c] += (double)b->size;
         }
         char title[96], s_size[32];
         fmt_size(b->size, s_size, sizeof(s_size));
@@ -292,6 +332,8 @@ out:
     free(summ);
     free(stack_top);
     free(base);
+    free(active);
+    free(rep);
     return height;
 }
 

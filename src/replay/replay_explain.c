@@ -2,8 +2,9 @@
  * replay_explain.c - what a replay held at the peak of its reserved memory
  * (cca_replay_explain): the replay runs with an observer (replay_observe.h)
  * that maps cca's pointers to the trace events that allocated them and, each
- * time reserved memory passes its highest so far, takes a snapshot of the
- * segments; the last one is the peak. The live blocks are then named from the
+ * time reserved memory passes its highest so far (or, there, allocated memory
+ * does), takes a snapshot of the segments; the last one is the peak: of the
+ * moments at the highest reservation, the one with the most bytes allocated. The live blocks are then named from the
  * trace (read again as a tree): their first frame outside torch, the
  * innermost annotation open when they were allocated, their stream.
  *
@@ -34,6 +35,7 @@ typedef struct explain_ctx {
     ptr_slot_t *slots;
     size_t cap, used;
     int64_t best;            /* the highest reserved bytes seen */
+    int64_t best_allocated;  /* the most allocated bytes seen while reserved was at best */
     bool oom;                /* out of host memory while watching */
     /* the capture at `best` */
     uint64_t event;
@@ -178,9 +180,11 @@ static bool after_event(void *ctx, size_t index)
     if (cca_get_device_stats(0, &stats) != CCA_OK)
         return false;
     int64_t reserved = stats.reserved_bytes[CCA_STAT_ALL].current;
-    if (reserved <= c->best)
+    int64_t allocated = stats.allocated_bytes[CCA_STAT_ALL].current;
+    if (reserved < c->best || (reserved == c->best && allocated <= c->best_allocated))
         return true;
     c->best = reserved;
+    c->best_allocated = allocated;
     return capture(c, index);
 }
 
@@ -421,6 +425,7 @@ cca_status_t cca_replay_explain(const char *path, const cca_replay_options_t *op
     explain_ctx_t c;
     memset(&c, 0, sizeof(c));
     c.best = -1;
+    c.best_allocated = -1;
     replay_observer_t obs = {&c, on_alloc, after_event};
     cca_status_t st = replay_file_observed(path, &opt, &obs, result);
     if (st == CCA_OK && c.best >= 0) {
