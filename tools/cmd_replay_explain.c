@@ -159,9 +159,12 @@ int replay_explain(const char *path, const cca_replay_options_t *opt, bool json)
         double change = r.peak_reserved_bytes
                             ? 100.0 * (double)(alt[k].peak - r.peak_reserved_bytes) / (double)r.peak_reserved_bytes
                             : 0.0;
-        printf("  %-56s %10.1f MiB %+6.1f%%%s\n", alt[k].settings, (double)alt[k].peak / MIB, change,
-               !strncmp(what_if[k], "garbage_collection", 18) ? "  (acts only under a memory fraction or cap)"
-                                                             : "");
+        printf("  %-56s %10.1f MiB %+6.1f%%", alt[k].settings, (double)alt[k].peak / MIB, change);
+        if (alt[k].ooms)
+            printf("  (%" PRIu64 " allocations out of memory)", alt[k].ooms);
+        else if (!strncmp(what_if[k], "garbage_collection", 18) && alt[k].peak == r.peak_reserved_bytes)
+            printf("  (acts only under a per-process memory fraction)");
+        printf("\n");
     }
     cca_replay_result_free(&r);
     return 0;

@@ -17,7 +17,8 @@ from . import _lib
 from ._lib import library_path
 
 __all__ = [
-    "CcaError", "OutOfMemoryError", "library_path", "settings", "replay", "snapshot_to_json",
+    "CcaError", "OutOfMemoryError", "library_path", "settings", "replay", "explain", "fit",
+    "snapshot_to_json",
     "snapshot_to_svg", "memory_stats", "memory_summary", "device_stats", "reset_peak_stats",
     "reset_accumulated_stats", "empty_cache", "record_history", "dump_snapshot", "backend",
     "is_initialized",
@@ -105,13 +106,49 @@ def _result_dict(r, trace_addresses):
     return out
 
 
+def _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot=None, svg=None,
+             sequential=False, what="replay"):
+    lib = _lib.load()
+    if lib.cca_is_initialized():
+        raise CcaError("CCA_ERR_BUSY", "%s: cca is initialised in this process and a replay "
+                       "would reset it; replay in another process (e.g. `cca replay --json`)" % what)
+    if not os.path.isfile(path):  # a FIFO would block the reading; a folder cannot be read
+        raise CcaError("CCA_ERR_IO", "%s: %s is not a regular file" % (what, path))
+    if addresses is None:
+        addresses = "trace" if settings is None else "fresh"
+    if addresses not in ("trace", "fresh"):
+        raise ValueError("addresses must be 'trace' or 'fresh', not %r" % (addresses,))
+    opts = _lib.ReplayOptions()
+    opts.settings = settings.encode() if settings is not None else None
+    opts.cap = int(cap or 0)
+    opts.total_memory = int(total_memory or 0)
+    opts.trace_addresses = addresses == "trace"
+    opts.ignore_fraction = not fraction
+    opts.device = int(device)
+    opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
+    opts.svg_path = os.fsencode(svg) if svg else None
+    opts.sequential = bool(sequential)
+    return lib, opts
+
+
+def _replay_opts(lib, path, opts):
+    res = _lib.ReplayResult()
+    st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
+    try:
+        _check(lib, st, "replay %s" % path)
+        return _result_dict(res, opts.trace_addresses)
+    finally:
+        lib.cca_replay_result_free(ctypes.byref(res))
+
+
 def replay(path, settings=None, cap=None, total_memory=None, addresses=None, device=0,
            fraction=True, snapshot=None, svg=None, sequential=False):
     """Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's
     file, pickle, gzip or not) through cca on a simulated device, as
-    `cca replay --json` does, and return the result as a dict: peaks, segment
-    counts, OOMs, address mismatches against PyTorch, the 122 memory_stats,
-    the summary text, and under "expected" what the trace says PyTorch did.
+    `cca replay --json` does, and return the result as a dict with the same
+    keys: peaks, segment counts, OOMs, the 122 memory_stats, the summary
+    text, address_mismatches when the addresses were compared, and under
+    "expected" (when the trace carries it) what PyTorch did.
 
     settings: a settings string (None: the trace's own); cap: a smaller
     device in bytes; total_memory: the simulated device's size; addresses:
@@ -125,33 +162,105 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     The replay runs on cca's own state: it refuses (CcaError
     CCA_ERR_BUSY) in a process where cca is serving allocations (e.g. after
     cca.torch.install()); run it in another process there."""
-    lib = _lib.load()
-    if lib.cca_is_initialized():
-        raise CcaError("CCA_ERR_BUSY", "replay: cca is initialised in this process and a replay "
-                       "would reset it; replay in another process (e.g. `cca replay --json`)")
-    if addresses is None:
-        addresses = "trace" if settings is None else "fresh"
-    if addresses not in ("trace", "fresh"):
-        raise ValueError("addresses must be 'trace' or 'fresh', not %r" % (addresses,))
-    if not os.path.isfile(path):  # a FIFO would block the reading; a folder cannot be read
-        raise CcaError("CCA_ERR_IO", "replay: %s is not a regular file" % (path,))
-    opts = _lib.ReplayOptions()
-    opts.settings = settings.encode() if settings is not None else None
-    opts.cap = int(cap or 0)
-    opts.total_memory = int(total_memory or 0)
-    opts.trace_addresses = addresses == "trace"
-    opts.ignore_fraction = not fraction
-    opts.device = int(device)
-    opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
-    opts.svg_path = os.fsencode(svg) if svg else None
-    opts.sequential = bool(sequential)
-    res = _lib.ReplayResult()
-    st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
+    lib, opts = _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot, svg,
+                         sequential)
+    return _replay_opts(lib, path, opts)
+
+
+# PyTorch settings whose effect explain() shows, each added to the trace's own (as the CLI)
+_WHAT_IF = ("expandable_segments:True", "max_split_size_mb:256", "roundup_power2_divisions:4",
+            "garbage_collection_threshold:0.8")
+
+
+def _sets_key(settings, extra):
+    key = extra[:extra.index(":") + 1]
+    return any(settings.startswith(key, i) and (i == 0 or settings[i - 1] in ", ")
+               for i in range(len(settings)))
+
+
+def _ranking(entries, n, count_key):
+    return [{"name": e.name.decode("utf-8", "replace"), "bytes": e.bytes, count_key: e.count}
+            for e in entries[:n]]
+
+
+def explain(path, settings=None, cap=None, total_memory=None, addresses=None, device=0, fraction=True):
+    """What a replay held at the peak of its reserved memory, as
+    `cca replay --explain --json`: {"replay": replay()'s dict, "explain": the
+    live bytes by call site, annotation and stream and the cached free bytes by
+    segment at the peak, "settings": the peak reserved under other PyTorch
+    settings}. Arguments as replay()."""
+    lib, opts = _options(path, settings, cap, total_memory, addresses, device, fraction, what="explain")
+    res, x = _lib.ReplayResult(), _lib.ReplayExplain()
+    st = lib.cca_replay_explain(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res), ctypes.byref(x))
     try:
-        _check(lib, st, "replay %s" % path)
-        return _result_dict(res, opts.trace_addresses)
+        _check(lib, st, "explain %s" % path)
+        r = _result_dict(res, opts.trace_addresses)
     finally:
         lib.cca_replay_result_free(ctypes.byref(res))
+    ex = {k: getattr(x, k) for k in ("peak_event", "reserved_bytes", "live_bytes", "live_requested_bytes",
+                                     "live_allocations", "cached_free_bytes", "largest_free_bytes",
+                                     "segments", "segments_with_free")}
+    ex["frames"] = _ranking(x.frames, x.frame_count, "allocations")
+    ex["annotations"] = _ranking(x.annotations, x.annotation_count, "allocations")
+    ex["streams"] = _ranking(x.streams, x.stream_count, "allocations")
+    ex["free_segments"] = _ranking(x.free_segments, x.segment_count, "free_pieces")
+    alternatives = []
+    for extra in _WHAT_IF:
+        if _sets_key(r["settings"], extra):
+            continue
+        alt = r["settings"] + ("," if r["settings"] else "") + extra
+        try:
+            a = replay(path, settings=alt, cap=cap, total_memory=total_memory, addresses="fresh",
+                       device=device, fraction=fraction, sequential=True)
+            alternatives.append({"settings": alt, "peak_reserved_bytes": a["peak_reserved_bytes"],
+                                 "unexpected_ooms": a["unexpected_ooms"]})
+        except CcaError:
+            alternatives.append({"settings": alt, "error": True})
+    return {"replay": r, "explain": ex, "settings": alternatives}
+
+
+_FIT_GRAIN = 2 << 20  # caps tried are multiples of 2 MiB, as the command line's
+
+
+def fit(path, settings=None, cap=None, total_memory=None, device=0, fraction=True):
+    """The smallest device on which the trace runs without an out-of-memory
+    error, found by replaying it under capped devices (bisection, 2 MiB
+    steps), for each settings string (None in the list: the trace's own;
+    settings None: the trace's own, expandable segments, compact memory), as
+    `cca replay --fit --json`: a list of {"settings", "trace_settings",
+    "peak_reserved_bytes", "fits", "fit_bytes", "reserved_at_fit_bytes",
+    "replays"} (or "error")."""
+    if settings is None:
+        settings = [None, "expandable_segments:True", "compact_memory:True"]
+    elif isinstance(settings, str):
+        raise ValueError("fit: settings is a list of settings strings")
+    rows = []
+    for s in settings:
+        row = {"settings": s or "", "trace_settings": s is None}
+
+        def attempt(c):
+            r = replay(path, settings=s, cap=c, total_memory=total_memory, addresses="fresh",
+                       device=device, fraction=fraction)
+            return r["unexpected_ooms"] == 0, r["peak_reserved_bytes"]
+        try:
+            fits, peak = attempt(cap)
+            replays, hi, at_fit = 1, 0, 0
+            if fits:
+                hi, lo, at_fit = -(-peak // _FIT_GRAIN) * _FIT_GRAIN, 0, peak
+                while hi - lo > _FIT_GRAIN:
+                    mid = lo + (hi - lo) // 2 // _FIT_GRAIN * _FIT_GRAIN
+                    ok, p = attempt(mid)
+                    replays += 1
+                    if ok:
+                        hi, at_fit = mid, p
+                    else:
+                        lo = mid
+            row.update({"peak_reserved_bytes": peak, "fits": fits, "fit_bytes": hi,
+                        "reserved_at_fit_bytes": at_fit, "replays": replays})
+        except CcaError as e:
+            row["error"] = str(e)
+        rows.append(row)
+    return rows
 
 
 def snapshot_to_json(path):

@@ -118,6 +118,26 @@ class ReplayResult(ctypes.Structure):
                 ("overlapped", ctypes.c_bool)]
 
 
+EXPLAIN_TOP = 8
+
+
+class ExplainEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 160), ("bytes", ctypes.c_uint64), ("count", ctypes.c_uint64)]
+
+
+class ReplayExplain(ctypes.Structure):
+    _fields_ = [("peak_event", ctypes.c_uint64), ("reserved_bytes", ctypes.c_uint64),
+                ("live_bytes", ctypes.c_uint64), ("live_requested_bytes", ctypes.c_uint64),
+                ("live_allocations", ctypes.c_uint64), ("cached_free_bytes", ctypes.c_uint64),
+                ("largest_free_bytes", ctypes.c_uint64), ("segments", ctypes.c_uint64),
+                ("segments_with_free", ctypes.c_uint64), ("frames_distinct", ctypes.c_uint64),
+                ("annotations_distinct", ctypes.c_uint64), ("streams_distinct", ctypes.c_uint64),
+                ("frame_count", ctypes.c_size_t), ("annotation_count", ctypes.c_size_t),
+                ("stream_count", ctypes.c_size_t), ("segment_count", ctypes.c_size_t),
+                ("frames", ExplainEntry * EXPLAIN_TOP), ("annotations", ExplainEntry * EXPLAIN_TOP),
+                ("streams", ExplainEntry * EXPLAIN_TOP), ("free_segments", ExplainEntry * EXPLAIN_TOP)]
+
+
 class Error(ctypes.Structure):
     _fields_ = [("status", ctypes.c_int), ("message", ctypes.c_char * 2048),
                 ("file", ctypes.c_char_p), ("line", ctypes.c_int), ("backend_code", ctypes.c_long)]
@@ -158,6 +178,8 @@ def load():
         "cca_snapshot_file_to_svg": (st, [cp, cp]),
         "cca_replay_file": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult)]),
         "cca_replay_result_free": (None, [ctypes.POINTER(ReplayResult)]),
+        "cca_replay_explain": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult),
+                                    ctypes.POINTER(ReplayExplain)]),
     }
     for name, (res, args) in decl.items():
         fn = getattr(lib, name)

@@ -17,5 +17,7 @@ int main(void)
     SHOW(cca_device_stats_t, max_split_size);
     SHOW(cca_replay_options_t, sequential);
     SHOW(cca_replay_result_t, overlapped);
+    SHOW(cca_explain_entry_t, count);
+    SHOW(cca_replay_explain_t, free_segments);
     return 0;
 }
