@@ -201,10 +201,14 @@ int replay_fit(const char *path, const cca_replay_options_t *opt, char **setting
         list = defaults;
         count = (int)(sizeof(defaults) / sizeof(defaults[0]));
     }
+    int width = 44; /* the settings column: as wide as its longest string */
+    for (int i = 0; i < count; i++)
+        if (list[i] && (int)strlen(list[i]) > width)
+            width = (int)strlen(list[i]) > 200 ? 200 : (int)strlen(list[i]);
     if (json)
         printf("[");
     else
-        printf("cca replay --fit: %s\n%-44s %14s %16s %16s %8s\n", path, "settings", "peak reserved",
+        printf("cca replay --fit: %s\n%-*s %14s %16s %16s %8s\n", path, width, "settings", "peak reserved",
                "smallest device", "reserved there", "replays");
     int rc = 0;
     for (int i = 0; i < count; i++) {
@@ -249,11 +253,11 @@ int replay_fit(const char *path, const cca_replay_options_t *opt, char **setting
                        peak, fits ? "true" : "false", hi, peak_at_fit, replays);
             }
         } else if (st != CCA_OK) {
-            printf("%-44s error: %s\n", label, cca_last_error()->message);
+            printf("%-*s error: %s\n", width, label, cca_last_error()->message);
         } else if (!fits) {
-            printf("%-44s %10.1f MiB %16s\n", label, (double)peak / MIB, "out of memory as given");
+            printf("%-*s %10.1f MiB %16s\n", width, label, (double)peak / MIB, "out of memory as given");
         } else {
-            printf("%-44s %10.1f MiB %12.1f MiB %12.1f MiB %8u\n", label, (double)peak / MIB,
+            printf("%-*s %10.1f MiB %12.1f MiB %12.1f MiB %8u\n", width, label, (double)peak / MIB,
                    (double)hi / MIB, (double)peak_at_fit / MIB, replays);
         }
         rc |= st != CCA_OK;
