@@ -127,10 +127,18 @@ int replay_explain(const char *path, const cca_replay_options_t *opt, bool json)
         return 0;
     }
     printf("cca replay --explain: %s\n", path);
-    printf("  settings '%s': peak reserved %.1f MiB", r.settings, (double)r.peak_reserved_bytes / MIB);
+    printf("  settings '%s': peak reserved %.1f MiB, at event %" PRIu64 " of %" PRIu64 "\n", r.settings,
+           (double)x.reserved_bytes / MIB, x.peak_event, r.events);
+    bool reset = (uint64_t)r.peak_reserved_bytes != x.reserved_bytes; /* the program reset the peaks */
+    if (reset)
+        printf("  the trace resets the peak statistics: peak reserved since its last reset %.1f MiB",
+               (double)r.peak_reserved_bytes / MIB);
+    else if (r.has_expected)
+        printf("  PyTorch's peak reserved");
     if (r.has_expected)
-        printf(" (PyTorch: %.1f MiB)", (double)r.expected_peak_reserved_bytes / MIB);
-    printf(", at event %" PRIu64 " of %" PRIu64 "\n", x.peak_event, r.events);
+        printf("%s %.1f MiB", reset ? " (PyTorch's" : ":", (double)r.expected_peak_reserved_bytes / MIB);
+    if (reset || r.has_expected)
+        printf("%s\n", reset && r.has_expected ? ")" : "");
     printf("At the peak:\n");
     printf("  live         %10.1f MiB in %" PRIu64 " allocations (%.1f MiB requested)\n",
            (double)x.live_bytes / MIB, x.live_allocations, (double)x.live_requested_bytes / MIB);
@@ -146,7 +154,7 @@ int replay_explain(const char *path, const cca_replay_options_t *opt, bool json)
     print_ranking("Live memory by stream", x.streams, x.stream_count, x.streams_distinct, x.live_bytes, "allocs");
     print_ranking("Cached free memory by segment", x.free_segments, x.segment_count, x.segments_with_free,
                   x.cached_free_bytes, "pieces");
-    printf("Peak reserved under other settings (replayed):\n");
+    printf("Peak reserved under other settings (replayed%s):\n", reset ? "; since the last reset of the peaks" : "");
     printf("  %-56s %10.1f MiB\n", r.settings[0] ? r.settings : "(PyTorch's default)",
            (double)r.peak_reserved_bytes / MIB);
     for (size_t k = 0; k < nwhat; k++) {
