@@ -106,14 +106,21 @@ def _result_dict(r, trace_addresses):
     return out
 
 
+def _regular_file(path, what):
+    """Refuse what cca would not read as a file before opening it: a FIFO would block."""
+    if not os.path.exists(path):
+        raise CcaError("CCA_ERR_IO", "%s: cannot open %s: no such file" % (what, path))
+    if not os.path.isfile(path):
+        raise CcaError("CCA_ERR_IO", "%s: %s is not a regular file" % (what, path))
+
+
 def _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot=None, svg=None,
              sequential=False, what="replay"):
     lib = _lib.load()
     if lib.cca_is_initialized():
         raise CcaError("CCA_ERR_BUSY", "%s: cca is initialised in this process and a replay "
                        "would reset it; replay in another process (e.g. `cca replay --json`)" % what)
-    if not os.path.isfile(path):  # a FIFO would block the reading; a folder cannot be read
-        raise CcaError("CCA_ERR_IO", "%s: %s is not a regular file" % (what, path))
+    _regular_file(path, what)
     if addresses is None:
         addresses = "trace" if settings is None else "fresh"
     if addresses not in ("trace", "fresh"):
@@ -266,6 +273,7 @@ def fit(path, settings=None, cap=None, total_memory=None, device=0, fraction=Tru
 def snapshot_to_json(path):
     """Read a snapshot pickle (PyTorch's or cca's, .gz or not) as a dict
     (segments, device_traces, allocator_settings, ...)."""
+    _regular_file(path, "snapshot_to_json")
     lib = _lib.load()
     out = ctypes.c_void_p()
     _check(lib, lib.cca_snapshot_file_to_json(os.fsencode(path), ctypes.byref(out)),
@@ -275,6 +283,7 @@ def snapshot_to_json(path):
 
 def snapshot_to_svg(path, svg_path):
     """Draw a snapshot pickle as a self-contained SVG file."""
+    _regular_file(path, "snapshot_to_svg")
     lib = _lib.load()
     _check(lib, lib.cca_snapshot_file_to_svg(os.fsencode(path), os.fsencode(svg_path)),
            "snapshot_to_svg %s" % path)

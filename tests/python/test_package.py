@@ -124,9 +124,11 @@ class Replay(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             fifo = os.path.join(d, "fifo")
             os.mkfifo(fifo)
-            with self.assertRaises(cca.CcaError) as cm:
-                cca.replay(fifo)
-            self.assertIn("not a regular file", str(cm.exception))
+            for call in (cca.replay, cca.snapshot_to_json, cca.explain,
+                         lambda p: cca.snapshot_to_svg(p, os.path.join(d, "out.svg"))):
+                with self.assertRaises(cca.CcaError) as cm:
+                    call(fifo)
+                self.assertIn("not a regular file", str(cm.exception))
 
     @unittest.skipUnless(cli(), "the cca command is not built")
     def test_explain_equals_the_command_line(self):
