@@ -866,8 +866,9 @@ typedef struct cca_replay_explain {
  * Replay a trace as cca_replay_file does (never on a second thread) and
  * report in *explain what was live at the peak of reserved memory, ranked by
  * the allocations' call sites (their first frame outside torch), annotations
- * and streams, and where the cached free memory lay. Reads the file a second
- * time for the frames and annotations. Same statuses as cca_replay_file;
+ * and streams, and where the cached free memory lay. Reads the file again for
+ * the events' times and streams (and, where they carry frames, once more as a
+ * tree). Same statuses as cca_replay_file;
  * *result is filled as there (free it with cca_replay_result_free) and holds
  * nothing on error.
  */

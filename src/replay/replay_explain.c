@@ -4,9 +4,11 @@
  * that maps cca's pointers to the trace events that allocated them and, each
  * time reserved memory passes its highest so far (or, there, allocated memory
  * does), takes a snapshot of the segments; the last one is the peak: of the
- * moments at the highest reservation, the one with the most bytes allocated. The live blocks are then named from the
- * trace (read again as a tree): their first frame outside torch, the
- * innermost annotation open when they were allocated, their stream.
+ * moments at the highest reservation, the first with the most bytes
+ * allocated. The live blocks are then named from the trace, read again: their
+ * stream and time (the innermost annotation open then) in a streaming pass,
+ * their first frame outside torch from a tree of the file, read only when
+ * they carry frames.
  *
  * Invariant: a capture describes cca's state after one trace event, whole.
  */
@@ -15,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pickle.h"
+#include "pickle_stream.h"
 #include "replay_observe.h"
 
 /* cca pointer -> the trace event that placed it last (open addressing, never deleted). */
@@ -347,35 +349,148 @@ static const pv_node_t *annotation_at(const pv_node_t *list, int device, int64_t
     return depth ? stack[depth - 1] : NULL;
 }
 
-/* Name and sum the live blocks of c from the trace at path (device). */
-static cca_status_t name_live(const char *path, int device, const explain_ctx_t *c, cca_replay_explain_t *x)
+/* What the trace says of one live block's allocation event. */
+typedef struct event_info {
+    uint64_t index;      /* the event (sorted, distinct) */
+    int64_t time_us;
+    uint64_t stream;
+    bool seen, has_time, has_frames;
+    char site[160];      /* its call site */
+} event_info_t;
+
+enum { TAG_TIME_US, TAG_STREAM, TAG_FRAMES, TAG_COUNT };
+static const char *const info_tags[TAG_COUNT] = {"time_us", "stream", "frames"};
+
+typedef struct info_reader {
+    event_info_t *info;
+    size_t count;
+    size_t device;
+    bool frames;         /* some wanted event has frames: the tree is read for them */
+} info_reader_t;
+
+static event_info_t *info_find(event_info_t *info, size_t count, uint64_t index)
 {
+    size_t lo = 0, hi = count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (info[mid].index < index)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < count && info[lo].index == index ? &info[lo] : NULL;
+}
+
+static pk_mode_t info_field_mode(void *ctx, const char *key, size_t len)
+{
+    (void)ctx;
+    if (len == 13 && !memcmp(key, "device_traces", 13))
+        return PK_RECORDS;
+    if (len == 20 && !memcmp(key, "external_annotations", 20))
+        return PK_TREE;
+    return PK_SKIP;
+}
+
+static cca_status_t info_record(void *ctx, const pk_record_t *rec)
+{
+    info_reader_t *r = ctx;
+    if (rec->group != r->device || strcmp(rec->field, "device_traces"))
+        return CCA_OK;
+    event_info_t *e = info_find(r->info, r->count, rec->index);
+    if (!e)
+        return CCA_OK;
+    const pk_value_t *t = rec->by_tag[TAG_TIME_US], *s = rec->by_tag[TAG_STREAM], *f = rec->by_tag[TAG_FRAMES];
+    e->seen = true;
+    e->has_time = t && t->kind == PV_INT && !t->is_u64;
+    e->time_us = e->has_time ? t->num.i : 0;
+    e->stream = s && s->kind == PV_INT ? s->num.u : 0;
+    e->has_frames = f && (f->kind == PV_LIST || f->kind == PV_TUPLE || (f->node && pv_len(f->node)));
+    r->frames |= e->has_frames;
+    return CCA_OK;
+}
+
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * The events of c's live blocks as the trace at path (device) gives them: time,
+ * stream, call site. One streaming pass; a second, as a tree, only when some of
+ * them carry frames. *out (sorted by index) is the caller's to free.
+ */
+static cca_status_t read_info(const char *path, int device, const explain_ctx_t *c, event_info_t **out,
+                              size_t *count, pv_doc_t **fields)
+{
+    *out = NULL;
+    *count = 0;
+    uint64_t *idx = malloc((c->nlive ? c->nlive : 1) * sizeof(*idx));
+    event_info_t *info = calloc(c->nlive ? c->nlive : 1, sizeof(*info));
+    if (!idx || !info) {
+        free(idx);
+        free(info);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory explaining the peak");
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < c->nlive; i++)
+        if (c->live[i].index != UINT64_MAX)
+            idx[n++] = c->live[i].index;
+    if (n)
+        qsort(idx, n, sizeof(*idx), u64_cmp);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!distinct || idx[i] != info[distinct - 1].index)
+            info[distinct++].index = idx[i];
+    free(idx);
+    info_reader_t r = {info, distinct, (size_t)device, false};
+    pk_handler_t h = {.ctx = &r, .symbols = info_tags, .symbol_count = TAG_COUNT,
+                      .field_mode = info_field_mode, .record = info_record};
+    cca_status_t st = pickle_stream_file(path, &h, fields);
     pv_doc_t *doc = NULL;
-    cca_status_t st = pickle_load_file(path, &doc);
-    if (st != CCA_OK)
-        return st;
-    const pv_node_t *root = pv_doc_root(doc);
-    const pv_node_t *traces = pv_dict_get(root, "device_traces");
+    if (st == CCA_OK && r.frames)
+        st = pickle_load_file(path, &doc);
+    const pv_node_t *traces = doc ? pv_dict_get(pv_doc_root(doc), "device_traces") : NULL;
     const pv_node_t *trace = traces && pv_kind(traces) == PV_LIST && (size_t)device < pv_len(traces)
                                  ? pv_at(traces, (size_t)device) : NULL;
     size_t nev = trace && pv_kind(trace) == PV_LIST ? pv_len(trace) : 0;
-    const pv_node_t *annotations = pv_dict_get(root, "external_annotations");
+    for (size_t i = 0; st == CCA_OK && i < distinct; i++) {
+        const pv_node_t *ev = info[i].has_frames && info[i].index < nev ? pv_at(trace, info[i].index) : NULL;
+        if (ev && pv_kind(ev) == PV_DICT)
+            call_site(ev, info[i].site, sizeof(info[i].site));
+        else
+            snprintf(info[i].site, sizeof(info[i].site), "(no stack recorded)");
+    }
+    pv_doc_free(doc);
+    if (st != CCA_OK) {
+        free(info);
+        return st;
+    }
+    *out = info;
+    *count = distinct;
+    return CCA_OK;
+}
+
+/* Name and sum the live blocks of c from the trace at path (device). */
+static cca_status_t name_live(const char *path, int device, const explain_ctx_t *c, cca_replay_explain_t *x)
+{
+    event_info_t *info = NULL;
+    size_t ninfo = 0;
+    pv_doc_t *fields = NULL;
+    cca_status_t st = read_info(path, device, c, &info, &ninfo, &fields);
+    if (st != CCA_OK)
+        return st;
+    const pv_node_t *annotations = pv_dict_get(pv_doc_root(fields), "external_annotations");
     groups_t frames = {0}, notes = {0}, streams = {0};
     char name[160];
     bool ok = true;
     for (size_t i = 0; i < c->nlive && ok; i++) {
         const live_block_t *b = &c->live[i];
-        const pv_node_t *ev = b->index < nev ? pv_at(trace, (size_t)b->index) : NULL;
-        if (ev && pv_kind(ev) != PV_DICT)
+        const event_info_t *ev = b->index != UINT64_MAX ? info_find(info, ninfo, b->index) : NULL;
+        if (ev && !ev->seen)
             ev = NULL;
-        if (ev)
-            call_site(ev, name, sizeof(name));
-        else
-            snprintf(name, sizeof(name), "(allocated before the trace)");
-        ok = groups_add(&frames, name, b->size);
-        int64_t t = 0;
-        const pv_node_t *tn = ev ? pv_dict_get(ev, "time_us") : NULL;
-        const pv_node_t *note = tn && pv_get_int(tn, &t) ? annotation_at(annotations, device, t) : NULL;
+        ok = groups_add(&frames, ev ? ev->site : "(allocated before the trace)", b->size);
+        const pv_node_t *note = ev && ev->has_time ? annotation_at(annotations, device, ev->time_us) : NULL;
         const char *s;
         size_t len;
         if (note && pv_get_str(note, &s, &len))
@@ -383,17 +498,10 @@ static cca_status_t name_live(const char *path, int device, const explain_ctx_t 
         else
             snprintf(name, sizeof(name), "(no annotation open)");
         ok = ok && groups_add(&notes, name, b->size);
-        uint64_t stream = 0;
-        const pv_node_t *sn = ev ? pv_dict_get(ev, "stream") : NULL;
-        if (sn && !pv_get_u64(sn, &stream)) {
-            int64_t v = 0;
-            pv_get_int(sn, &v);
-            stream = (uint64_t)v;
-        }
         if (!ev)
             snprintf(name, sizeof(name), "(unknown)");
-        else if (stream)
-            snprintf(name, sizeof(name), "stream 0x%" PRIx64, stream);
+        else if (ev->stream)
+            snprintf(name, sizeof(name), "stream 0x%" PRIx64, ev->stream);
         else
             snprintf(name, sizeof(name), "default stream");
         ok = ok && groups_add(&streams, name, b->size);
@@ -408,7 +516,8 @@ static cca_status_t name_live(const char *path, int device, const explain_ctx_t 
     free(frames.items);
     free(notes.items);
     free(streams.items);
-    pv_doc_free(doc);
+    free(info);
+    pv_doc_free(fields);
     return st;
 }
 
