@@ -311,6 +311,11 @@ int cmd_replay(int argc, char **argv)
             path = a;
         }
     }
+    if (!path && list_count > 0) {
+        fprintf(stderr, "cca replay: no TRACE given: %s takes the settings strings after it, up to the "
+                "next option ('%s' is one); put TRACE first\n", fit ? "--fit" : "--compare", list[list_count - 1]);
+        return 2;
+    }
     if (!path) {
         usage(stderr);
         return 2;

@@ -181,6 +181,10 @@ for cap in 18014398509481985K 18446744073709551616 99999999999999999999T -1 ''; 
     if [ $rc -eq 2 ] && grep -q "expected a size" "$tmp/err"; then ok "cap_refused '$cap'"; else fail "cap_refused '$cap'" "rc $rc"; fi
 done
 
+"$cca" replay --fit "$trace" >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "put TRACE first" "$tmp/err"; then ok trace_after_fit; else fail trace_after_fit "rc $rc"; fi
+
 mkfifo "$tmp/fifo"
 timeout 20 "$cca" replay "$tmp/fifo" >/dev/null 2>"$tmp/err"
 rc=$?
