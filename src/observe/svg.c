@@ -4,7 +4,8 @@
  * each allocation a band from its alloc to its free_completed, stacked in
  * allocation order, so the top of the stack is the active bytes) and the
  * segment map (like segment_plot: one row per segment, blocks coloured by
- * state).
+ * state), once at the peak of each trace's reserved memory (rebuilt from its
+ * segment and block events) and once as the snapshot's segments list has it.
  *
  * The output needs nothing outside the file: no script, no external font
  * or stylesheet; tooltips are <title> elements. Its size is bounded: the
@@ -337,6 +338,250 @@ out:
     return height;
 }
 
+/* ---- the segments at the peak of reserved memory ------------------------------------- */
+
+/* A segment (or a contiguous mapped range of an expandable one) as the trace builds it. */
+typedef struct range {
+    uint64_t addr, size;
+    bool expandable;
+} range_t;
+
+typedef struct ranges {
+    range_t *v;            /* sorted by address, disjoint */
+    size_t n, cap;
+} ranges_t;
+
+/* Index of the first range ending past addr. */
+static size_t ranges_find(const ranges_t *r, uint64_t addr)
+{
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->v[mid].addr + r->v[mid].size <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool ranges_insert(ranges_t *r, size_t at, range_t x)
+{
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 64;
+        range_t *v = realloc(r->v, cap * sizeof(*v));
+        if (!v)
+            return false;
+        r->v = v;
+        r->cap = cap;
+    }
+    memmove(&r->v[at + 1], &r->v[at], (r->n - at) * sizeof(*r->v));
+    r->v[at] = x;
+    r->n++;
+    return true;
+}
+
+/* Add [addr, addr + size); a mapped range joins the expandable ranges it touches. */
+static bool ranges_add(ranges_t *r, uint64_t addr, uint64_t size, bool expandable)
+{
+    if (!size || addr + size < addr)
+        return true; /* nothing, or past the address space: not drawn */
+    size_t at = ranges_find(r, addr);
+    if (at < r->n && r->v[at].addr < addr + size)
+        return true; /* overlaps what is there: an inconsistent trace, left as it is */
+    if (expandable && at > 0 && r->v[at - 1].expandable && r->v[at - 1].addr + r->v[at - 1].size == addr) {
+        r->v[at - 1].size += size;
+        if (at < r->n && r->v[at].expandable && r->v[at].addr == addr + size) {
+            r->v[at - 1].size += r->v[at].size;
+            memmove(&r->v[at], &r->v[at + 1], (r->n - at - 1) * sizeof(*r->v));
+            r->n--;
+        }
+        return true;
+    }
+    if (expandable && at < r->n && r->v[at].expandable && r->v[at].addr == addr + size) {
+        r->v[at].addr = addr;
+        r->v[at].size += size;
+        return true;
+    }
+    return ranges_insert(r, at, (range_t){addr, size, expandable});
+}
+
+/* Take [addr, addr + size) out (a segment freed, or part of a mapped range unmapped). */
+static bool ranges_remove(ranges_t *r, uint64_t addr, uint64_t size)
+{
+    size_t at = ranges_find(r, addr);
+    if (at == r->n || r->v[at].addr > addr || addr + size < addr)
+        return true; /* not there: an inconsistent trace, left as it is */
+    range_t *x = &r->v[at];
+    uint64_t end = addr + size, xend = x->addr + x->size;
+    if (end >= xend) {
+        if (x->addr == addr) {
+            memmove(&r->v[at], &r->v[at + 1], (r->n - at - 1) * sizeof(*r->v));
+            r->n--;
+        } else {
+            x->size = addr - x->addr;
+        }
+        return true;
+    }
+    if (x->addr == addr) {
+        x->addr = end;
+        x->size = xend - end;
+        return true;
+    }
+    x->size = addr - x->addr; /* a hole in the middle: two ranges */
+    return ranges_insert(r, at + 1, (range_t){end, xend - end, x->expandable});
+}
+
+/* A block live at the peak. */
+typedef struct peak_block {
+    uint64_t addr, size;
+    bool pending;          /* freed, its free not completed */
+} peak_block_t;
+
+static int block_by_addr(const void *a, const void *b)
+{
+    const peak_block_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+typedef enum { ACT_OTHER, ACT_ALLOC, ACT_FREE_REQ, ACT_FREE_DONE, ACT_SEG_ALLOC, ACT_SEG_FREE,
+               ACT_MAP, ACT_UNMAP } act_t;
+
+static act_t action_of(const pv_node_t *e)
+{
+    const pv_node_t *a = pv_kind(e) == PV_DICT ? pv_dict_get(e, "action") : NULL;
+    static const char *const names[] = {"alloc", "free_requested", "free_completed", "segment_alloc",
+                                        "segment_free", "segment_map", "segment_unmap"};
+    for (size_t i = 0; a && i < sizeof(names) / sizeof(names[0]); i++)
+        if (pv_str_eq(a, names[i]))
+            return (act_t)(ACT_ALLOC + i);
+    return ACT_OTHER;
+}
+
+/*
+ * The segments of one device's trace at the peak of its reserved memory (the
+ * segments its events allocate and map; of the moments at the highest
+ * reservation, the first with the most bytes allocated), blocks coloured by
+ * state, at vertical offset top. Returns its height (0: the trace has no
+ * segment events), or -1 on no memory.
+ */
+static double peak_map(cca_strbuf_t *sb, const pv_node_t *trace, int device, double top)
+{
+    size_t n = pv_len(trace), peak_at = SIZE_MAX;
+    double reserved = 0, allocated = 0, best = 0, best_alloc = -1;
+    for (size_t i = 0; i < n; i++) {
+        const pv_node_t *e = pv_at(trace, i);
+        double size = (double)get_u64(e, "size");
+        switch (action_of(e)) {
+        case ACT_ALLOC: allocated += size; break;
+        case ACT_FREE_DONE: allocated -= size; break;
+        case ACT_SEG_ALLOC: case ACT_MAP: reserved += size; break;
+        case ACT_SEG_FREE: case ACT_UNMAP: reserved -= size; break;
+        default: continue;
+        }
+        if (reserved > best || (reserved == best && reserved > 0 && allocated > best_alloc)) {
+            best = reserved;
+            best_alloc = allocated;
+            peak_at = i;
+        }
+    }
+    if (peak_at == SIZE_MAX)
+        return 0;
+    ranges_t segs = {0};
+    addr_map_t map = {0};
+    peak_block_t *blocks = calloc(n ? n : 1, sizeof(*blocks));
+    size_t nb = 0;
+    double height = -1;
+    bool ok = blocks && map_init(&map, n);
+    for (size_t i = 0; ok && i <= peak_at; i++) {
+        const pv_node_t *e = pv_at(trace, i);
+        uint64_t addr = get_u64(e, "addr"), size = get_u64(e, "size");
+        size_t slot;
+        switch (action_of(e)) {
+        case ACT_ALLOC:
+            slot = map_slot(&map, addr);
+            map.keys[slot] = addr + 1;
+            map.vals[slot] = nb;
+            blocks[nb++] = (peak_block_t){addr, size, false};
+            break;
+        case ACT_FREE_REQ: case ACT_FREE_DONE:
+            slot = map_slot(&map, addr);
+            if (map.keys[slot] && map.vals[slot] != SIZE_MAX) {
+                blocks[map.vals[slot]].pending = true;
+                if (action_of(e) == ACT_FREE_DONE) {
+                    blocks[map.vals[slot]].size = 0; /* gone */
+                    map.vals[slot] = SIZE_MAX;
+                }
+            }
+            break;
+        case ACT_SEG_ALLOC: ok = ranges_add(&segs, addr, size, false); break;
+        case ACT_MAP: ok = ranges_add(&segs, addr, size, true); break;
+        case ACT_SEG_FREE: case ACT_UNMAP: ok = ranges_remove(&segs, addr, size); break;
+        default: break;
+        }
+    }
+    if (!ok)
+        goto out;
+    size_t live = 0;
+    for (size_t i = 0; i < nb; i++)
+        if (blocks[i].size)
+            blocks[live++] = blocks[i];
+    qsort(blocks, live, sizeof(*blocks), block_by_addr);
+    char s_res[32], s_alloc[32];
+    fmt_size(bytes_of(best), s_res, sizeof(s_res));
+    fmt_size(bytes_of(best_alloc), s_alloc, sizeof(s_alloc));
+    sb_printf(sb, "<text x=\"10\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">device %d at the peak "
+              "of reserved memory: %s reserved, %s allocated, after event %zu of %zu (%zu segments)"
+              "</text>\n", top + 16, device, s_res, s_alloc, peak_at, n, segs.n);
+    double y = top + 24;
+    size_t rows = segs.n < MAP_ROWS ? segs.n : MAP_ROWS;
+    for (size_t r = 0; r < rows; r++) {
+        const range_t *g = &segs.v[r];
+        char s_total[32];
+        fmt_size(g->size, s_total, sizeof(s_total));
+        sb_printf(sb, "<text x=\"10\" y=\"%.1f\" font-size=\"10\" font-family=\"monospace\">%d 0x%llx %s%s"
+                  "</text>\n<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"#cfe8cf\" "
+                  "stroke=\"#999\" stroke-width=\"0.5\"><title>segment 0x%llx: %s at the peak</title></rect>\n",
+                  y + ROW_HEIGHT - 2, device, (unsigned long long)g->addr, s_total,
+                  g->expandable ? " expandable" : "", MAP_LABEL, y, MAP_WIDTH, ROW_HEIGHT,
+                  (unsigned long long)g->addr, s_total);
+        /* the live blocks inside it (the rest of the row is free: the background) */
+        size_t lo = 0, hi = live;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (blocks[mid].addr < g->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (size_t j = lo; j < live && blocks[j].addr - g->addr < g->size; j++) {
+            const peak_block_t *b = &blocks[j];
+            uint64_t off = b->addr - g->addr, size = b->size < g->size - off ? b->size : g->size - off;
+            double x = MAP_LABEL + MAP_WIDTH * (double)off / (double)g->size;
+            double w = MAP_WIDTH * (double)size / (double)g->size;
+            char s_size[32];
+            fmt_size(b->size, s_size, sizeof(s_size));
+            sb_printf(sb, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" "
+                      "stroke=\"#fff\" stroke-width=\"0.3\"><title>0x%llx: %s, %s</title></rect>\n", x, y,
+                      w < 0.3 ? 0.3 : w, ROW_HEIGHT, b->pending ? "#ff9f1c" : "#d62728",
+                      (unsigned long long)b->addr, s_size, b->pending ? "active_pending_free" : "active_allocated");
+        }
+        y += ROW_HEIGHT + 2;
+    }
+    if (rows < segs.n) {
+        sb_printf(sb, "<text x=\"10\" y=\"%.1f\" font-size=\"11\">%zu more segments not drawn</text>\n",
+                  y + 10, segs.n - rows);
+        y += 16;
+    }
+    height = y - top + 8;
+out:
+    free(segs.v);
+    free(blocks);
+    free(map.keys);
+    free(map.vals);
+    return height;
+}
+
 /* ---- segment map ------------------------------------------------------------------- */
 
 static const char *state_colour(const pv_node_t *state)
@@ -352,7 +597,7 @@ static double segment_map(cca_strbuf_t *sb, const pv_node_t *segments, double to
 {
     size_t n = pv_len(segments);
     sb_printf(sb, "<text x=\"10\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">segments "
-              "(%zu): one row each, blocks in address order</text>\n", top + 16, n);
+              "in the snapshot (%zu): one row each, blocks in address order</text>\n", top + 16, n);
     double legend_y = top + 24;
     const char *names[] = {"active_allocated", "active_pending_free", "inactive"};
     const char *colours[] = {"#d62728", "#ff9f1c", "#cfe8cf"};
@@ -428,11 +673,12 @@ cca_status_t svg_render(const pv_node_t *root, cca_strbuf_t *out)
         if (pv_kind(trace) != PV_LIST || (pv_len(trace) == 0 && ndev > 1))
             continue;
         double h = trace_plot(&body, trace, (int)d, y);
-        if (h < 0) {
+        double hp = h < 0 ? h : peak_map(&body, trace, (int)d, y + h);
+        if (h < 0 || hp < 0) {
             sb_free(&body);
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory drawing a snapshot");
         }
-        y += h;
+        y += h + hp;
     }
     y += segment_map(&body, segments, y);
     sb_printf(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"

@@ -232,6 +232,45 @@ assert axis == want, (axis, want)
 EOP
 then ok svg_keeps_peaks; else fail svg_keeps_peaks "$(cat "$tmp/err")"; fi
 
+# the segments at the peak of reserved memory, rebuilt from the trace's events: a hand-made
+# trace (the peak is its last event: 22 MiB in 2 segments, 3 live blocks, one freed and
+# waiting for its stream) and GPT-2's
+python3 - "$tmp/peakmap.pickle" <<'EOP'
+import pickle, sys
+MiB, A = 1 << 20, 0x7f0000000000
+def ev(a, addr, size, stream=0):
+    return {"action": a, "addr": addr, "size": size, "stream": stream, "time_us": 0}
+trace = [ev("segment_alloc", A, 20 * MiB), ev("alloc", A, 8 * MiB), ev("alloc", A + 8 * MiB, 4 * MiB),
+         ev("free_requested", A, 8 * MiB), ev("free_completed", A, 8 * MiB),
+         ev("segment_alloc", A + 32 * MiB, 2 * MiB, 7), ev("alloc", A + 32 * MiB, 512, 7),
+         ev("free_requested", A + 8 * MiB, 4 * MiB), ev("alloc", A + 32 * MiB + 512, 512, 7)]
+pickle.dump({"segments": [], "device_traces": [trace]}, open(sys.argv[1], "wb"))
+EOP
+if "$cca" snapshot "$tmp/peakmap.pickle" --svg "$tmp/peakmap.svg" 2>"$tmp/err" &&
+    "$cca" snapshot "$svgtrace" --svg "$tmp/gpt2.svg" 2>>"$tmp/err" &&
+    python3 - "$tmp/peakmap.svg" "$tmp/gpt2.svg" "$svgtrace" <<'EOP'
+import gzip, pickle, re, sys
+svg = open(sys.argv[1]).read()
+title = re.search(r"device 0 at the peak of reserved memory: ([^<]*)<", svg).group(1)
+assert title == "22.0MiB reserved, 4.0MiB allocated, after event 8 of 9 (2 segments)", title
+states = re.findall(r"<title>0x[0-9a-f]+: [^,]*, (active_[a-z_]+)</title>", svg)
+assert sorted(states) == ["active_allocated", "active_allocated", "active_pending_free"], states
+# GPT-2: the peak's segment count as the trace's events give it
+d = pickle.load(gzip.open(sys.argv[3]))
+live, best, count = set(), 0, 0
+res = 0
+for e in d["device_traces"][0]:
+    if e["action"] == "segment_alloc":
+        live.add(e["addr"]); res += e["size"]
+    elif e["action"] == "segment_free":
+        live.discard(e["addr"]); res -= e["size"]
+    if res > best:
+        best, count = res, len(live)
+title = re.search(r"device 0 at the peak of reserved memory: ([^<]*)<", open(sys.argv[2]).read()).group(1)
+assert title.endswith("(%d segments)" % count) and title.startswith("%.1fGiB reserved" % (best / 2**30)), title
+EOP
+then ok svg_segments_at_the_peak; else fail svg_segments_at_the_peak "$(cat "$tmp/err")"; fi
+
 # sizes near 2^62 summed in the picture: no signed overflow (UBSan in make test), a finite axis
 python3 - "$tmp/huge.pickle" <<'EOP'
 import pickle, sys
