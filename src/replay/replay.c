@@ -24,6 +24,8 @@
 
 #include "device.h"
 #include "replay_events.h"
+#include "replay_live.h"
+#include "replay_start.h"
 #include "state.h"
 
 /* A private-pool operation of the program (cca_meta["pool_events"]). */
@@ -44,86 +46,6 @@ typedef struct pool_op {
     cca_mempool_id_t id;
     uint64_t stream;        /* graph_capture: the capture stream */
 } pool_op_t;
-
-/* Live blocks: trace address -> cca pointer (and the private stream if deferred). */
-typedef struct live_entry {
-    uint64_t key;      /* trace address; 0 = empty */
-    uint64_t ptr;      /* cca's pointer */
-    uint64_t hold;     /* private stream holding it after free_requested, 0 if none */
-    bool tomb;
-} live_entry_t;
-
-typedef struct live_map {
-    live_entry_t *slots;
-    size_t cap, count, used;
-} live_map_t;
-
-static inline size_t live_hash(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return (size_t)k;
-}
-
-static bool live_grow(live_map_t *m)
-{
-    size_t cap = m->cap ? m->cap * 2 : 1024;
-    live_entry_t *slots = calloc(cap, sizeof(*slots));
-    if (!slots)
-        return false;
-    for (size_t i = 0; i < m->cap; i++) {
-        live_entry_t *e = &m->slots[i];
-        if (!e->key || e->tomb)
-            continue;
-        size_t j = live_hash(e->key) & (cap - 1);
-        while (slots[j].key)
-            j = (j + 1) & (cap - 1);
-        slots[j] = *e;
-    }
-    free(m->slots);
-    m->slots = slots;
-    m->cap = cap;
-    m->used = m->count;
-    return true;
-}
-
-static live_entry_t *live_find(live_map_t *m, uint64_t key)
-{
-    if (!m->cap)
-        return NULL;
-    for (size_t j = live_hash(key) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
-        live_entry_t *e = &m->slots[j];
-        if (!e->key)
-            return NULL;
-        if (e->key == key && !e->tomb)
-            return e;
-    }
-}
-
-static live_entry_t *live_put(live_map_t *m, uint64_t key)
-{
-    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
-        return NULL;
-    size_t j = live_hash(key) & (m->cap - 1);
-    while (m->slots[j].key && !(m->slots[j].key == key && !m->slots[j].tomb) && !m->slots[j].tomb)
-        j = (j + 1) & (m->cap - 1);
-    live_entry_t *e = &m->slots[j];
-    if (!e->key)
-        m->used++;
-    e->key = key;
-    e->tomb = false;
-    e->ptr = 0;
-    e->hold = 0;
-    m->count++;
-    return e;
-}
-
-static void live_del(live_map_t *m, live_entry_t *e)
-{
-    e->tomb = true;
-    m->count--;
-}
 
 /* ---- reading the snapshot ------------------------------------------------------- */
 
@@ -261,10 +183,13 @@ static cca_status_t apply_pool_op(const pool_op_t *op, size_t index, graph_state
     case POOL_EMPTY_CACHE: st = cca_empty_cache(); break;
     case POOL_RESET_PEAKS: st = cca_reset_peak_stats(0); break;
     }
-    if (st != CCA_OK)
-        return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s",
-                         index, (unsigned long long)op->id.first, (unsigned long long)op->id.second,
-                         cca_last_error()->message);
+    if (st != CCA_OK) {
+        /* the cause is copied out first: cca_raise writes the record it is read from */
+        char why[sizeof(cca_last_error()->message)];
+        snprintf(why, sizeof(why), "%s", cca_last_error()->message);
+        return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s", index,
+                         (unsigned long long)op->id.first, (unsigned long long)op->id.second, why);
+    }
     return CCA_OK;
 }
 
@@ -294,8 +219,47 @@ static const char *skip_title(const char *text)
     return p ? p + 1 : text;
 }
 
-/* Compare the end state with the trace's cca_meta. */
-static void compare_expected(const pv_node_t *root, const replay_trace_t *trace, cca_replay_result_t *r)
+/*
+ * PyTorch's peak reserved over the events from `from` on (and any reset of the
+ * peaks among them): its reserved bytes at the end (end_reserved), less the
+ * segment events undone from the last.
+ */
+static int64_t recorded_peak_reserved(const replay_trace_t *trace, const pool_op_t *ops, size_t nops,
+                                      size_t from, int64_t end_reserved)
+{
+    for (size_t k = 0; k < nops; k++)
+        if (ops[k].kind == POOL_RESET_PEAKS && ops[k].at > from && ops[k].at <= trace->count)
+            from = ops[k].at;
+    int64_t reserved = end_reserved, peak = end_reserved;
+    for (size_t i = trace->count; i-- > from;) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->invalid)
+            continue;
+        if (e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP)
+            reserved -= (int64_t)e->size;
+        else if (e->kind == EV_SEGMENT_FREE || e->kind == EV_SEGMENT_UNMAP)
+            reserved += (int64_t)e->size;
+        if (reserved > peak)
+            peak = reserved;
+    }
+    return peak;
+}
+
+/* Whether a memory_stats key is a current value (the rest are peaks and counts). */
+static bool current_key(const char *key)
+{
+    size_t n = strlen(key);
+    return n > 8 && !strcmp(key + n - 8, ".current");
+}
+
+/*
+ * Compare the end state with the trace's cca_meta. For a replay of the
+ * recorded part only (a start state inferred, or peaks from an event on),
+ * PyTorch's peak reserved is taken over that part, and only the current
+ * values compare (peaks and counts before the recording are unknown).
+ */
+static void compare_expected(const pv_node_t *root, const replay_trace_t *trace, const pool_op_t *ops,
+                             size_t nops, size_t peaks_from, cca_replay_result_t *r)
 {
     for (size_t i = 0; i < trace->count; i++) {
         switch (replay_ev(trace, i)->kind) {
@@ -309,14 +273,17 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     const pv_node_t *meta = pv_dict_get(root, "cca_meta");
     const pv_node_t *fstats = meta ? pv_dict_get(meta, "final_memory_stats") : NULL;
     const pv_node_t *fsummary = meta ? pv_dict_get(meta, "final_memory_summary") : NULL;
-    if (!fstats || pv_kind(fstats) != PV_DICT)
-        return;
+    if (!fstats || pv_kind(fstats) != PV_DICT || r->device != 0)
+        return; /* cca_meta describes device 0 */
     r->has_expected = true;
-    const pv_node_t *pr = pv_dict_get(fstats, "reserved_bytes.all.peak");
+    bool part = r->recorded_part_only || peaks_from;
     int64_t v;
+    const pv_node_t *pr = pv_dict_get(fstats, part ? "reserved_bytes.all.current" : "reserved_bytes.all.peak");
     if (pr && pv_get_int(pr, &v))
-        r->expected_peak_reserved_bytes = v;
+        r->expected_peak_reserved_bytes = part ? recorded_peak_reserved(trace, ops, nops, peaks_from, v) : v;
     for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
+        if (r->recorded_part_only && !current_key(r->memory_stats[i].key))
+            continue;
         const pv_node_t *node = pv_dict_get(fstats, r->memory_stats[i].key);
         bool same = node && pv_get_int(node, &v) && v == r->memory_stats[i].value;
         if (!same) {
@@ -329,11 +296,28 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     }
     const char *text;
     size_t len;
-    if (fsummary && pv_get_str(fsummary, &text, &len) && r->memory_summary) {
+    if (!r->recorded_part_only && fsummary && pv_get_str(fsummary, &text, &len) && r->memory_summary) {
         char *copy = strndup(text, len);
         r->summary_matches = copy && !strcmp(skip_title(copy), skip_title(r->memory_summary));
         free(copy);
     }
+}
+
+/*
+ * The pool operations of a trace whose first `skipped` events were left out:
+ * those before them are gone (their effect is in the inferred start state),
+ * the others move up.
+ */
+static void shift_pool_ops(pool_op_t *ops, size_t *nops, size_t skipped)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < *nops; i++) {
+        if (ops[i].at < skipped)
+            continue;
+        ops[n] = ops[i];
+        ops[n++].at -= skipped;
+    }
+    *nops = n;
 }
 
 /* ---- the replay loop ----------------------------------------------------------------- */
@@ -404,6 +388,10 @@ typedef struct replay_stream {
     replay_view_t view;
     addr_rule_t rule;
     uint64_t wait_ns;
+    const replay_start_t *start; /* the state before the first event (NULL: none) */
+    const uint64_t *start_addrs; /* the addresses building it takes, handed out first */
+    size_t nstart_addrs, next_start_addr;
+    uint64_t start_allocs, start_frees; /* backend calls building it made */
 } replay_stream_t;
 
 /* Whether an event past i is (or becomes) available; waits for the reader if needed. */
@@ -423,6 +411,11 @@ static bool stream_more(replay_stream_t *s, size_t i)
 static bool stream_addresses(void *ctx, uint64_t *out, size_t cap, size_t *got)
 {
     replay_stream_t *s = ctx;
+    *got = 0;
+    while (s->next_start_addr < s->nstart_addrs && *got < cap)
+        out[(*got)++] = s->start_addrs[s->next_start_addr++];
+    if (*got)
+        return true;
     for (;;) {
         *got = addr_rule_scan(&s->rule, s->trace, s->view.published, out, cap);
         if (*got)
@@ -568,10 +561,26 @@ static size_t last_step_start(const replay_trace_t *trace, size_t nevents, size_
  * replay (CCA_ERR_IO for a trace whose reading failed: the reader has the
  * error).
  */
+/* A live cca block holding trace address addr (cca placed an allocation elsewhere). */
+static bool inside_live_block(uint64_t addr)
+{
+    cca_block_t *b = ptrmap_find_containing(cca_state->ptrmap, (uintptr_t)addr);
+    return b && b->allocated && b->addr < addr;
+}
+
+/* Whether event i, a free_completed, follows its free_requested at once. */
+static bool completes_previous(const replay_trace_t *trace, size_t i)
+{
+    const replay_event_t *e = replay_ev(trace, i), *prev = i ? replay_ev(trace, i - 1) : NULL;
+    return prev && prev->kind == EV_FREE_REQUESTED && prev->addr == e->addr && !prev->deferred;
+}
+
 static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, size_t nops,
-                               bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
+                               const cca_replay_options_t *opt, cca_backend_t *sim,
                                cca_replay_result_t *r)
 {
+    bool trace_addresses = opt->trace_addresses, strict = opt->strict;
+    uint64_t event_lag = opt->event_lag;
     const replay_trace_t *trace = stream->trace;
     calls_log_t log = {0};
     const cca_device_t *dev0 = &cca_state->devices[0];
@@ -581,12 +590,22 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     size_t next_op = 0;
     graph_state_t graphs = {0, NULL, 0};
     size_t i;
+    if (stream->start && stream->start->ngroups) {
+        st = start_build(stream->start, sim, trace_addresses, &next_hold, &live, r);
+        if (st != CCA_OK)
+            goto out;
+        stream->start_allocs = (uint64_t)dev0->stats.num_device_alloc;
+        stream->start_frees = (uint64_t)dev0->stats.num_device_free;
+    }
     for (i = 0;; i++) {
         bool end = !stream_more(stream, i);
         if (end && !stream->view.ok) {
             st = cca_raise(CCA_ERR_IO, "the trace could not be read");
             goto out;
         }
+        if (!end && opt->peaks_from_event && i + trace->skipped == opt->peaks_from_event &&
+            (st = cca_reset_peak_stats(0)) != CCA_OK)
+            goto out;
         for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
             st = apply_pool_op(&ops[next_op], next_op, &graphs);
             if (st != CCA_OK)
@@ -603,6 +622,21 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
         const replay_event_t *e = replay_ev(trace, i);
         uint64_t stream_handle = stream->view.streams[e->stream];
+        if (e->invalid) {
+            st = replay_note_inconsistency(r, strict, "event %zu: size %lld is negative or 1 EB or more", i,
+                                           (long long)e->size);
+            if (st != CCA_OK)
+                goto out;
+            if (e->kind == EV_ALLOC) { /* its free is left out too */
+                live_entry_t *le = live_find(&live, e->addr);
+                if (!le && !(le = live_put(&live, e->addr))) {
+                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                    goto out;
+                }
+                le->ptr = 0;
+            }
+            continue;
+        }
         if (graphs.pending && e->kind == EV_ALLOC && stream_handle == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
@@ -617,6 +651,13 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         case EV_ALLOC: {
             void *p = NULL;
             r->allocs++;
+            live_entry_t *old = live_find(&live, e->addr);
+            if (old && old->ptr) {
+                st = replay_note_inconsistency(r, strict, "event %zu: an allocation at 0x%llx, inside a live "
+                                               "block", i, (unsigned long long)e->addr);
+                if (st != CCA_OK)
+                    goto out;
+            }
             cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream_handle);
             if (as != CCA_OK) {
                 r->unexpected_ooms++;
@@ -625,9 +666,26 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                              "event %zu: alloc of %llu bytes failed: %.60s", i,
                              (unsigned long long)e->size, cca_last_error()->message);
                 r->address_mismatches += trace_addresses;
+                live_entry_t *le = old ? old : live_put(&live, e->addr);
+                if (!le) {
+                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                    goto out;
+                }
+                le->ptr = 0; /* its free is left out */
+                le->hold = 0;
                 break;
             }
             if (trace_addresses && (uint64_t)(uintptr_t)p != e->addr) {
+                /* as long as every allocation landed at PyTorch's address, cca's blocks are
+                 * PyTorch's: one holding this address is a live block of the trace */
+                if (!(old && old->ptr) && !r->address_mismatches && inside_live_block(e->addr)) {
+                    st = replay_note_inconsistency(r, strict, "event %zu: an allocation at 0x%llx, inside a "
+                                                   "live block", i, (unsigned long long)e->addr);
+                    if (st != CCA_OK) {
+                        cca_free(p);
+                        goto out;
+                    }
+                }
                 if (!r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
                              "event %zu: alloc of %llu bytes at 0x%llx, PyTorch 0x%llx", i,
@@ -635,12 +693,14 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                              (unsigned long long)e->addr);
                 r->address_mismatches++;
             }
-            live_entry_t *le = live_put(&live, e->addr);
+            live_entry_t *le = old ? old : live_put(&live, e->addr);
             if (!le) {
+                cca_free(p);
                 st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
                 goto out;
             }
             le->ptr = (uint64_t)(uintptr_t)p;
+            le->hold = 0;
             if (graphs.pending && !graphs.rng_allocs) {
                 st = begin_capture_route(graphs.pending);
                 graphs.pending = NULL;
@@ -651,8 +711,22 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         case EV_FREE_REQUESTED: {
             live_entry_t *le = live_find(&live, e->addr);
-            if (!le || le->hold)
-                break; /* allocated before the trace began, or failed here */
+            if (!le || le->hold) {
+                st = replay_note_inconsistency(r, strict, "event %zu: a free of 0x%llx, %s", i,
+                                               (unsigned long long)e->addr,
+                                               le ? "freed already" : "a block never allocated nor live "
+                                                                      "before the first event");
+                if (st != CCA_OK)
+                    goto out;
+                break;
+            }
+            if (!le->ptr) { /* an allocation that failed, or was left out */
+                if (e->deferred)
+                    le->hold = 1; /* until its free_completed */
+                else
+                    live_del(&live, le);
+                break;
+            }
             r->frees++;
             if (e->deferred) {
                 le->hold = next_hold++;
@@ -669,8 +743,21 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         case EV_FREE_COMPLETED: {
             live_entry_t *le = live_find(&live, e->addr);
-            if (!le || !le->hold)
+            if (!le || !le->hold) {
+                if (!le && completes_previous(trace, i))
+                    break;
+                st = replay_note_inconsistency(r, strict, "event %zu: free_completed of 0x%llx, %s", i,
+                                               (unsigned long long)e->addr,
+                                               le ? "never requested" : "a block never allocated nor live "
+                                                                        "before the first event");
+                if (st != CCA_OK)
+                    goto out;
                 break;
+            }
+            if (!le->ptr) {
+                live_del(&live, le);
+                break;
+            }
             cca_sim_complete_stream(sim, 0, (cca_stream_t)(uintptr_t)le->hold, false);
             live_del(&live, le);
             st = alloc_process_events();
@@ -722,7 +809,9 @@ typedef struct replay_config {
 
 #define DEFAULT_TOTAL (80ull << 30)
 
-static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt, replay_config_t *cfg)
+/* The configuration of the trace (or the options'); a NaN fraction is an inconsistency, ignored. */
+static cca_status_t trace_config(const pv_node_t *root, const cca_replay_options_t *opt, replay_config_t *cfg,
+                                 cca_replay_result_t *r)
 {
     const pv_node_t *meta = pv_dict_get(root, "cca_meta");
     cfg->total = 0;
@@ -735,6 +824,13 @@ static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt,
         if (f)
             pv_get_double(f, &cfg->fraction);
     }
+    if (cfg->fraction != cfg->fraction) {
+        cfg->fraction = 0.0;
+        cca_status_t st = replay_note_inconsistency(r, opt->strict,
+                                                    "cca_meta.fraction is NaN: no memory fraction applied");
+        if (st != CCA_OK)
+            return st;
+    }
     if (opt->total_memory)
         cfg->total = opt->total_memory;
     if (!cfg->total)
@@ -745,6 +841,7 @@ static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt,
         snprintf(cfg->settings, sizeof(cfg->settings), "%s", opt->settings);
     else
         trace_settings(root, cfg->settings, sizeof(cfg->settings));
+    return CCA_OK;
 }
 
 /*
@@ -826,7 +923,7 @@ static void *spec_main(void *arg)
     if (s->expandable && !s->opt.total_memory)
         return NULL; /* the device size shapes every reservation: it cannot be guessed */
     uint64_t t0 = cca_now_ns();
-    s->st = run_events(&s->stream, NULL, 0, s->opt.trace_addresses, s->opt.event_lag, s->sim, &s->r);
+    s->st = run_events(&s->stream, NULL, 0, &s->opt, s->sim, &s->r);
     uint64_t busy = cca_now_ns() - t0 - s->stream.wait_ns;
     s->seconds = (double)busy / 1e9;
     s->finished = s->st == CCA_OK;
@@ -878,6 +975,11 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     pv_doc_t *doc = NULL;
     replay_trace_t trace;
     memset(&trace, 0, sizeof(trace));
+    replay_start_t start;
+    memset(&start, 0, sizeof(start));
+    uint64_t *start_addrs = NULL, *start_mapped = NULL;
+    size_t nstart_addrs = 0;
+    uint64_t start_allocs = 0, start_frees = 0;
     replay_feed_t feed;
     spec_t *spec = NULL;
     pthread_t spec_thread;
@@ -898,7 +1000,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
             replay_feed_destroy(&feed); /* replayed after the reading, as without a thread */
         }
     }
-    cca_status_t st = replay_load(path, opt.device, spec ? &feed : NULL, &doc, &trace);
+    cca_status_t st = replay_load(path, opt.device, opt.first_event, spec ? &feed : NULL, &doc, &trace);
     if (spec)
         pthread_join(spec_thread, NULL);
     pool_op_t *ops = NULL;
@@ -913,12 +1015,29 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
+    shift_pool_ops(ops, &nops, trace.skipped);
     replay_config_t cfg;
-    trace_config(root, &opt, &cfg);
+    st = trace_config(root, &opt, &cfg, r);
+    if (st == CCA_OK)
+        st = start_infer(root, &trace, opt.device, cfg.total + cfg.total / 8, opt.strict, &start, r);
+    if (st == CCA_OK)
+        st = start_addresses(&start, &start_addrs, &start_mapped, &nstart_addrs);
+    if (st != CCA_OK) {
+        if (spec && spec->up)
+            cca_shutdown();
+        goto out_events;
+    }
 
-    if (spec && spec_holds(spec, &cfg, nops, &trace)) {
+    if (spec && !start.ngroups && spec_holds(spec, &cfg, nops, &trace)) {
         double load_seconds = r->load_seconds;
+        uint64_t inconsistencies = r->inconsistencies;
+        char first[sizeof(r->first_inconsistency)];
+        memcpy(first, r->first_inconsistency, sizeof(first));
         *r = spec->r;
+        if (inconsistencies) { /* the configuration's and the inference's come first */
+            memcpy(r->first_inconsistency, first, sizeof(first));
+            r->inconsistencies += inconsistencies;
+        }
         r->load_seconds = load_seconds;
         r->overlapped = true;
         r->seconds = spec->seconds;
@@ -936,13 +1055,24 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         memset(&whole, 0, sizeof(whole));
         whole.trace = &trace;
         whole.view = (replay_view_t){n, trace.streams, true, true};
+        whole.start = &start;
+        whole.start_addrs = start_addrs;
+        whole.nstart_addrs = nstart_addrs;
+        for (size_t k = 0; k < nstart_addrs; k++) {
+            if (start_mapped[k] && whole.rule.nresv < sizeof(whole.rule.resv) / sizeof(whole.rule.resv[0])) {
+                whole.rule.resv[whole.rule.nresv].base = start_addrs[k];
+                whole.rule.resv[whole.rule.nresv++].mapped = start_mapped[k];
+            }
+        }
         cca_backend_t *sim = NULL;
         st = replay_init(&cfg, &opt, &whole, r, &sim);
         if (st != CCA_OK)
             goto out_history;
         uint64_t t1 = cca_now_ns();
-        st = run_events(&whole, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
+        st = run_events(&whole, ops, nops, &opt, sim, r);
         r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+        start_allocs = whole.start_allocs;
+        start_frees = whole.start_frees;
         if (st != CCA_OK)
             goto out_shutdown;
     }
@@ -959,6 +1089,12 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         r->last_step_segment_allocs = r->segment_allocs - r->last_step_segment_allocs;
         r->last_step_segment_frees = r->segment_frees - r->last_step_segment_frees;
     }
+    /* the backend calls of the events only: building the start state made the others */
+    r->segment_allocs -= start_allocs;
+    r->segment_frees -= start_frees;
+    r->device = opt.device;
+    r->device_count = trace.devices;
+    r->recorded_part_only = start.nranges > 0;
     /* the cache's free figures from the extra statistics: with backend:cudaMallocAsync,
      * cca_cache_info's trial allocation would grow the pool and the peaks read below */
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
@@ -981,7 +1117,8 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->peak_active_bytes = stats.active_bytes[CCA_STAT_ALL].peak;
     cca_memory_stats(0, r->memory_stats, CCA_MEMORY_STATS_COUNT);
     cca_memory_summary(0, false, &r->memory_summary);
-    compare_expected(root, &trace, r);
+    compare_expected(root, &trace, ops, nops, opt.peaks_from_event > trace.skipped ?
+                     opt.peaks_from_event - trace.skipped : 0, r);
     if (opt.snapshot_path)
         st = cca_dump_snapshot(opt.snapshot_path);
     if (st == CCA_OK && opt.svg_path)
@@ -998,6 +1135,9 @@ out_events:
         free(spec);
     }
     free(ops);
+    free(start_addrs);
+    free(start_mapped);
+    start_free(&start);
     replay_trace_free(&trace);
     pv_doc_free(doc);
     return st;
