@@ -25,173 +25,9 @@
 #include "device.h"
 #include "replay_events.h"
 #include "replay_live.h"
+#include "replay_pools.h"
 #include "replay_start.h"
 #include "state.h"
-
-/* A private-pool operation of the program (cca_meta["pool_events"]). */
-typedef enum pool_op_kind {
-    POOL_GRAPH_CAPTURE,     /* empty_cache, then route the capture stream to the pool */
-    POOL_GRAPH_CAPTURE_END, /* end that route */
-    POOL_GRAPH_DELETE,      /* the graph is gone: release its pool */
-    POOL_MEMPOOL_BEGIN,     /* use_mem_pool: route the (only) thread to the pool */
-    POOL_MEMPOOL_END,       /* end of use_mem_pool: end the route, release the pool */
-    POOL_MEMPOOL_DELETE,    /* the MemPool is gone: release its pool, empty its cache */
-    POOL_EMPTY_CACHE,       /* torch.cuda.empty_cache() */
-    POOL_RESET_PEAKS,       /* torch.cuda.reset_peak_memory_stats() */
-} pool_op_kind_t;
-
-typedef struct pool_op {
-    uint64_t at;            /* applied before trace event `at` */
-    pool_op_kind_t kind;
-    cca_mempool_id_t id;
-    uint64_t stream;        /* graph_capture: the capture stream */
-} pool_op_t;
-
-/* ---- reading the snapshot ------------------------------------------------------- */
-
-static bool get_u64_field(const pv_node_t *dict, const char *key, uint64_t *out)
-{
-    const pv_node_t *n = pv_dict_get(dict, key);
-    if (!n)
-        return false;
-    if (pv_get_u64(n, out))
-        return true;
-    int64_t v;
-    if (pv_get_int(n, &v)) {
-        *out = (uint64_t)v;
-        return true;
-    }
-    return false;
-}
-
-/* Decode cca_meta["pool_events"] (absent: none). */
-static cca_status_t decode_pool_ops(const pv_node_t *root, pool_op_t **out, size_t *count)
-{
-    static const struct {
-        const char *name;
-        pool_op_kind_t kind;
-    } names[] = {
-        {"graph_capture", POOL_GRAPH_CAPTURE},   {"graph_capture_end", POOL_GRAPH_CAPTURE_END},
-        {"graph_delete", POOL_GRAPH_DELETE},     {"mempool_begin", POOL_MEMPOOL_BEGIN},
-        {"mempool_end", POOL_MEMPOOL_END},       {"mempool_delete", POOL_MEMPOOL_DELETE},
-        {"empty_cache", POOL_EMPTY_CACHE},       {"reset_peaks", POOL_RESET_PEAKS},
-    };
-    *out = NULL;
-    *count = 0;
-    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
-    const pv_node_t *list = meta ? pv_dict_get(meta, "pool_events") : NULL;
-    if (!list)
-        return CCA_OK;
-    if (pv_kind(list) != PV_LIST)
-        return cca_raise(CCA_ERR_FORMAT, "cca_meta.pool_events is not a list");
-    size_t n = pv_len(list);
-    pool_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
-    if (!ops)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu pool events", n);
-    for (size_t i = 0; i < n; i++) {
-        const pv_node_t *e = pv_at(list, i);
-        const pv_node_t *op = pv_kind(e) == PV_DICT ? pv_dict_get(e, "op") : NULL;
-        size_t k = 0;
-        while (op && k < sizeof(names) / sizeof(names[0]) && !pv_str_eq(op, names[k].name))
-            k++;
-        if (!op || k == sizeof(names) / sizeof(names[0]) || !get_u64_field(e, "at", &ops[i].at) ||
-            (i && ops[i].at < ops[i - 1].at)) {
-            free(ops);
-            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: unknown op, or no \"at\" in program order", i);
-        }
-        ops[i].kind = names[k].kind;
-        const pv_node_t *pool = pv_dict_get(e, "pool");
-        if (ops[i].kind != POOL_EMPTY_CACHE && ops[i].kind != POOL_RESET_PEAKS) {
-            if (!pool || pv_len(pool) != 2 || !pv_get_u64(pv_at(pool, 0), &ops[i].id.first) ||
-                !pv_get_u64(pv_at(pool, 1), &ops[i].id.second)) {
-                free(ops);
-                return cca_raise(CCA_ERR_FORMAT, "pool event %zu: no [a, b] pool id", i);
-            }
-        }
-        if (ops[i].kind == POOL_GRAPH_CAPTURE && !get_u64_field(e, "stream", &ops[i].stream)) {
-            free(ops);
-            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: graph_capture without its stream", i);
-        }
-    }
-    *out = ops;
-    *count = n;
-    return CCA_OK;
-}
-
-/* Graph state of a replay: the capture whose route waits for the generator's allocations. */
-typedef struct graph_state {
-    unsigned live_graphs;       /* graphs captured and not deleted (generator registrations) */
-    const pool_op_t *pending;   /* a capture whose route has not begun yet */
-    unsigned rng_allocs;        /* generator allocations still expected before it begins */
-} graph_state_t;
-
-/* The size of each of the generator's seed and offset tensors (one int64). */
-#define RNG_STATE_ALLOC 8
-
-static cca_status_t begin_capture_route(const pool_op_t *op)
-{
-    return cca_begin_allocate_stream_to_pool(0, op->id, (cca_stream_t)(uintptr_t)op->stream);
-}
-
-/*
- * Apply one pool operation as the program's PyTorch did. A MemPool exists
- * from its first use (its constructor's createOrIncrefPool left no marker).
- */
-static cca_status_t apply_pool_op(const pool_op_t *op, size_t index, graph_state_t *g)
-{
-    cca_status_t st = CCA_OK;
-    int count;
-    switch (op->kind) {
-    case POOL_GRAPH_CAPTURE:
-        st = cca_empty_cache();
-        if (st == CCA_OK && g->live_graphs++ == 0) {
-            g->pending = op; /* the generator registers this first graph: 2 allocations */
-            g->rng_allocs = 2;
-        } else if (st == CCA_OK) {
-            st = begin_capture_route(op);
-        }
-        break;
-    case POOL_GRAPH_CAPTURE_END:
-        if (g->pending && g->pending->id.first == op->id.first &&
-            g->pending->id.second == op->id.second) {
-            st = begin_capture_route(g->pending); /* a capture that allocated nothing */
-            g->pending = NULL;
-        }
-        if (st == CCA_OK)
-            st = cca_end_allocate_to_pool(0, op->id);
-        break;
-    case POOL_GRAPH_DELETE:
-        g->live_graphs -= g->live_graphs > 0;
-        st = cca_release_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_BEGIN:
-        if (cca_pool_use_count(0, op->id, &count) != CCA_OK)
-            st = cca_pool_create(0, op->id);
-        if (st == CCA_OK)
-            st = cca_begin_allocate_thread_to_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_END:
-        st = cca_end_allocate_to_pool(0, op->id);
-        if (st == CCA_OK)
-            st = cca_release_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_DELETE:
-        st = cca_release_pool(0, op->id);
-        if (st == CCA_OK)
-            st = cca_empty_cache_pool(op->id);
-        break;
-    case POOL_EMPTY_CACHE: st = cca_empty_cache(); break;
-    case POOL_RESET_PEAKS: st = cca_reset_peak_stats(0); break;
-    }
-    if (st != CCA_OK) {
-        /* the cause is copied out first: cca_raise writes the record it is read from */
-        char why[sizeof(cca_last_error()->message)];
-        snprintf(why, sizeof(why), "%s", cca_last_error()->message);
-        return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s", index,
-                         (unsigned long long)op->id.first, (unsigned long long)op->id.second, why);
-    }
-    return CCA_OK;
-}
 
 /* The settings string the trace ran with (cca_meta.conf, else allocator_settings). */
 static void trace_settings(const pv_node_t *root, char *buf, size_t size)
@@ -303,23 +139,6 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     }
 }
 
-/*
- * The pool operations of a trace whose first `skipped` events were left out:
- * those before them are gone (their effect is in the inferred start state),
- * the others move up.
- */
-static void shift_pool_ops(pool_op_t *ops, size_t *nops, size_t skipped)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < *nops; i++) {
-        if (ops[i].at < skipped)
-            continue;
-        ops[n] = ops[i];
-        ops[n++].at -= skipped;
-    }
-    *nops = n;
-}
-
 /* ---- the replay loop ----------------------------------------------------------------- */
 
 /* Private streams holding deferred frees live far from any real stream handle. */
@@ -392,6 +211,9 @@ typedef struct replay_stream {
     const uint64_t *start_addrs; /* the addresses building it takes, handed out first */
     size_t nstart_addrs, next_start_addr;
     uint64_t start_allocs, start_frees; /* backend calls building it made */
+    const pool_carry_t *carry;   /* the private pools then */
+    size_t ncarry;
+    unsigned live_graphs;        /* graphs alive then */
 } replay_stream_t;
 
 /* Whether an event past i is (or becomes) available; waits for the reader if needed. */
@@ -588,7 +410,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
     size_t next_op = 0;
-    graph_state_t graphs = {0, NULL, 0};
+    graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
     if (stream->start && stream->start->ngroups) {
         st = start_build(stream->start, sim, trace_addresses, &next_hold, &live, r);
@@ -597,6 +419,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         stream->start_allocs = (uint64_t)dev0->stats.num_device_alloc;
         stream->start_frees = (uint64_t)dev0->stats.num_device_free;
     }
+    if (stream->ncarry && (st = replay_pools_restore(stream->carry, stream->ncarry)) != CCA_OK)
+        goto out;
     for (i = 0;; i++) {
         bool end = !stream_more(stream, i);
         if (end && !stream->view.ok) {
@@ -607,7 +431,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             (st = cca_reset_peak_stats(0)) != CCA_OK)
             goto out;
         for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
-            st = apply_pool_op(&ops[next_op], next_op, &graphs);
+            st = replay_apply_pool_op(&ops[next_op], next_op, &graphs);
             if (st != CCA_OK)
                 goto out;
             r->pool_ops++;
@@ -641,7 +465,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
             } else {
-                st = begin_capture_route(graphs.pending);
+                st = replay_capture_route(graphs.pending);
                 graphs.pending = NULL;
                 if (st != CCA_OK)
                     goto out;
@@ -702,7 +526,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             le->ptr = (uint64_t)(uintptr_t)p;
             le->hold = 0;
             if (graphs.pending && !graphs.rng_allocs) {
-                st = begin_capture_route(graphs.pending);
+                st = replay_capture_route(graphs.pending);
                 graphs.pending = NULL;
                 if (st != CCA_OK)
                     goto out;
@@ -980,6 +804,10 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     uint64_t *start_addrs = NULL, *start_mapped = NULL;
     size_t nstart_addrs = 0;
     uint64_t start_allocs = 0, start_frees = 0;
+    pool_carry_t *carry = NULL;
+    cca_mempool_id_t *alloc_pool = NULL;
+    size_t ncarry = 0;
+    unsigned live_graphs = 0;
     replay_feed_t feed;
     spec_t *spec = NULL;
     pthread_t spec_thread;
@@ -1006,7 +834,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     pool_op_t *ops = NULL;
     size_t nops = 0;
     if (st == CCA_OK)
-        st = decode_pool_ops(pv_doc_root(doc), &ops, &nops);
+        st = replay_decode_pool_ops(pv_doc_root(doc), &ops, &nops);
     if (st != CCA_OK) {
         if (spec && spec->up)
             cca_shutdown();
@@ -1015,11 +843,15 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->load_seconds = (double)(cca_now_ns() - t0) / 1e9;
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
-    shift_pool_ops(ops, &nops, trace.skipped);
     replay_config_t cfg;
-    st = trace_config(root, &opt, &cfg, r);
+    st = replay_pools_cut(ops, &nops, trace.skipped, &carry, &ncarry, &live_graphs);
     if (st == CCA_OK)
-        st = start_infer(root, &trace, opt.device, cfg.total + cfg.total / 8, opt.strict, &start, r);
+        st = trace_config(root, &opt, &cfg, r);
+    if (st == CCA_OK)
+        st = replay_pools_routes(ops, nops, carry, ncarry, &trace, &alloc_pool);
+    if (st == CCA_OK)
+        st = start_infer(root, &trace, opt.device, cfg.total + cfg.total / 8, alloc_pool, opt.strict, &start,
+                         r);
     if (st == CCA_OK)
         st = start_addresses(&start, &start_addrs, &start_mapped, &nstart_addrs);
     if (st != CCA_OK) {
@@ -1028,7 +860,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         goto out_events;
     }
 
-    if (spec && !start.ngroups && spec_holds(spec, &cfg, nops, &trace)) {
+    if (spec && !start.ngroups && !ncarry && spec_holds(spec, &cfg, nops, &trace)) {
         double load_seconds = r->load_seconds;
         uint64_t inconsistencies = r->inconsistencies;
         char first[sizeof(r->first_inconsistency)];
@@ -1056,6 +888,9 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         whole.trace = &trace;
         whole.view = (replay_view_t){n, trace.streams, true, true};
         whole.start = &start;
+        whole.carry = carry;
+        whole.ncarry = ncarry;
+        whole.live_graphs = live_graphs;
         whole.start_addrs = start_addrs;
         whole.nstart_addrs = nstart_addrs;
         for (size_t k = 0; k < nstart_addrs; k++) {
@@ -1137,6 +972,8 @@ out_events:
     free(ops);
     free(start_addrs);
     free(start_mapped);
+    free(carry);
+    free(alloc_pool);
     start_free(&start);
     replay_trace_free(&trace);
     pv_doc_free(doc);

@@ -403,8 +403,37 @@ static cca_status_t group_ranges(replay_start_t *s, const replay_trace_t *trace,
     return CCA_OK;
 }
 
+/*
+ * The pool of each range the snapshot does not give (freed in the trace): that
+ * of the first allocation in it (alloc_pool: the pool each event's allocation
+ * was routed to), before the range is freed.
+ */
+static void find_pools(infer_t *in, const replay_trace_t *trace, const cca_mempool_id_t *alloc_pool)
+{
+    for (size_t i = 0; i < trace->count; i++) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->invalid || (e->kind != EV_ALLOC && e->kind != EV_SEGMENT_FREE && e->kind != EV_SEGMENT_UNMAP))
+            continue;
+        size_t lo = 0, hi = in->nranges; /* the last range at or below e->addr */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (in->ranges[mid].addr <= e->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        start_range_t *rg = lo ? &in->ranges[lo - 1] : NULL;
+        if (!rg || rg->has_pool || e->addr >= rg->addr + rg->size)
+            continue;
+        rg->has_pool = true; /* an allocation says which; a free, that nothing will */
+        if (e->kind == EV_ALLOC)
+            rg->pool = alloc_pool[i];
+    }
+}
+
 cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int device, uint64_t span,
-                         bool strict, replay_start_t *out, cca_replay_result_t *r)
+                         const cca_mempool_id_t *alloc_pool, bool strict, replay_start_t *out,
+                         cca_replay_result_t *r)
 {
     infer_t in;
     start_block_t *blocks = NULL;
@@ -417,6 +446,26 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
         goto out;
     /* keep what is left: ranges and live blocks, in address order */
     qsort(in.ranges, in.nranges, sizeof(*in.ranges), cmp_range);
+    /* mapped ranges of a reservation that touch are one (a plain segment stays itself) */
+    size_t merged = 0;
+    for (size_t i = 0; i < in.nranges; i++) {
+        start_range_t *last = merged ? &in.ranges[merged - 1] : NULL, *rg = &in.ranges[i];
+        if (last && last->expandable && rg->expandable && last->addr + last->size == rg->addr &&
+            last->stream == rg->stream && (last->small < 0 || rg->small < 0 || last->small == rg->small)) {
+            last->size += rg->size;
+            if (last->small < 0)
+                last->small = rg->small;
+            if (!last->has_pool && rg->has_pool) {
+                last->has_pool = true;
+                last->pool = rg->pool;
+            }
+            continue;
+        }
+        in.ranges[merged++] = *rg;
+    }
+    in.nranges = merged;
+    if (alloc_pool)
+        find_pools(&in, trace, alloc_pool);
     size_t n = 0;
     blocks = malloc((in.nblocks ? in.nblocks : 1) * sizeof(*blocks));
     if (!blocks) {
@@ -653,10 +702,11 @@ static cca_status_t route_begin(const start_group_t *g)
     return st == CCA_OK ? cca_begin_allocate_thread_to_pool(0, g->pool) : st;
 }
 
+/* End the route (its use of the pool given back: the pool keeps the one it was made with). */
 static void route_end(const start_group_t *g)
 {
-    if (private_pool(g))
-        cca_end_allocate_to_pool(0, g->pool);
+    if (private_pool(g) && cca_end_allocate_to_pool(0, g->pool) == CCA_OK)
+        cca_release_pool(0, g->pool);
 }
 
 /* Carve group g into its pieces [first, last) with filler allocations. */

@@ -70,12 +70,14 @@ cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, cons
 
 /*
  * Infer the state before trace's first event from root's `segments` (those
- * of device) and the events; span: the bytes of an expandable reservation. Inconsistencies met are noted in r. Returns
+ * of device) and the events; span: the bytes of an expandable reservation;
+ * alloc_pool (NULL: all default): the pool each event's allocation went to. Inconsistencies met are noted in r. Returns
  * CCA_OK, CCA_ERR_OUT_OF_MEMORY, or CCA_ERR_FORMAT under strict. Free *out
  * with start_free whatever the outcome.
  */
 cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int device, uint64_t span,
-                         bool strict, replay_start_t *out, cca_replay_result_t *r);
+                         const cca_mempool_id_t *alloc_pool, bool strict, replay_start_t *out,
+                         cca_replay_result_t *r);
 void start_free(replay_start_t *s);
 
 /*
