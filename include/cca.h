@@ -827,7 +827,8 @@ typedef struct cca_replay_result {
     /* input that contradicts itself: an allocation inside a live block, a free of a block never
      * seen, a size negative or of 1 EB or more, a NaN memory fraction (options.strict: an error) */
     uint64_t inconsistencies;
-    char first_inconsistency[200];
+    char first_inconsistency[200]; /**< the earliest event's, named */
+    uint64_t first_inconsistency_event; /**< its event (UINT64_MAX: not an event's) */
 } cca_replay_result_t;
 
 /**
@@ -854,8 +855,11 @@ void cca_replay_result_free(cca_replay_result_t *result);
 /**
  * Replay every device of a snapshot (each device_traces entry, options->device
  * ignored), one result each: *results (malloc'd, *count of them) is freed with
- * cca_replay_results_free. Returns what cca_replay_file returns for the first
- * device that fails (nothing is returned then).
+ * cca_replay_results_free. A device's result says its index (result.device).
+ * options->snapshot_path and svg_path are written for device 0 only. Returns
+ * what cca_replay_file returns for the first device that fails (no results
+ * then), CCA_ERR_INVALID_ARGUMENT (path, results or count NULL),
+ * CCA_ERR_OUT_OF_MEMORY. Not thread-safe (cca is re-initialised per device).
  */
 cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
                                      cca_replay_result_t **results, size_t *count);

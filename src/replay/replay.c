@@ -390,11 +390,12 @@ static bool inside_live_block(uint64_t addr)
     return b && b->allocated && b->addr < addr;
 }
 
-/* Whether event i, a free_completed, follows its free_requested at once. */
+/* Whether event i, a free_completed, follows its free_requested at once (or opens the recording,
+ * which began between the two: PyTorch records both in one call, see replay_start.c). */
 static bool completes_previous(const replay_trace_t *trace, size_t i)
 {
     const replay_event_t *e = replay_ev(trace, i), *prev = i ? replay_ev(trace, i - 1) : NULL;
-    return prev && prev->kind == EV_FREE_REQUESTED && prev->addr == e->addr && !prev->deferred;
+    return !i || (prev->kind == EV_FREE_REQUESTED && prev->addr == e->addr && !prev->deferred);
 }
 
 static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, size_t nops,
@@ -446,8 +447,9 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
         const replay_event_t *e = replay_ev(trace, i);
         uint64_t stream_handle = stream->view.streams[e->stream];
+        size_t at = i + trace->skipped; /* the event's index in the trace as recorded */
         if (e->invalid) {
-            st = replay_note_inconsistency(r, strict, "event %zu: size %lld is negative or 1 EB or more", i,
+            st = replay_note_inconsistency(r, strict, at, "event %zu: size %lld is negative or 1 EB or more", at,
                                            (long long)e->size);
             if (st != CCA_OK)
                 goto out;
@@ -477,8 +479,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             r->allocs++;
             live_entry_t *old = live_find(&live, e->addr);
             if (old && old->ptr) {
-                st = replay_note_inconsistency(r, strict, "event %zu: an allocation at 0x%llx, inside a live "
-                                               "block", i, (unsigned long long)e->addr);
+                st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a live "
+                                               "block", at, (unsigned long long)e->addr);
                 if (st != CCA_OK)
                     goto out;
             }
@@ -503,8 +505,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 /* as long as every allocation landed at PyTorch's address, cca's blocks are
                  * PyTorch's: one holding this address is a live block of the trace */
                 if (!(old && old->ptr) && !r->address_mismatches && inside_live_block(e->addr)) {
-                    st = replay_note_inconsistency(r, strict, "event %zu: an allocation at 0x%llx, inside a "
-                                                   "live block", i, (unsigned long long)e->addr);
+                    st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a "
+                                                   "live block", at, (unsigned long long)e->addr);
                     if (st != CCA_OK) {
                         cca_free(p);
                         goto out;
@@ -536,7 +538,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         case EV_FREE_REQUESTED: {
             live_entry_t *le = live_find(&live, e->addr);
             if (!le || le->hold) {
-                st = replay_note_inconsistency(r, strict, "event %zu: a free of 0x%llx, %s", i,
+                st = replay_note_inconsistency(r, strict, at, "event %zu: a free of 0x%llx, %s", at,
                                                (unsigned long long)e->addr,
                                                le ? "freed already" : "a block never allocated nor live "
                                                                       "before the first event");
@@ -570,7 +572,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             if (!le || !le->hold) {
                 if (!le && completes_previous(trace, i))
                     break;
-                st = replay_note_inconsistency(r, strict, "event %zu: free_completed of 0x%llx, %s", i,
+                st = replay_note_inconsistency(r, strict, at, "event %zu: free_completed of 0x%llx, %s", at,
                                                (unsigned long long)e->addr,
                                                le ? "never requested" : "a block never allocated nor live "
                                                                         "before the first event");
@@ -650,7 +652,7 @@ static cca_status_t trace_config(const pv_node_t *root, const cca_replay_options
     }
     if (cfg->fraction != cfg->fraction) {
         cfg->fraction = 0.0;
-        cca_status_t st = replay_note_inconsistency(r, opt->strict,
+        cca_status_t st = replay_note_inconsistency(r, opt->strict, UINT64_MAX,
                                                     "cca_meta.fraction is NaN: no memory fraction applied");
         if (st != CCA_OK)
             return st;
@@ -844,7 +846,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    st = replay_pools_cut(ops, &nops, trace.skipped, &carry, &ncarry, &live_graphs);
+    st = replay_pools_cut(ops, &nops, trace.skipped, trace.releases_before, &carry, &ncarry, &live_graphs);
     if (st == CCA_OK)
         st = trace_config(root, &opt, &cfg, r);
     if (st == CCA_OK)
@@ -862,12 +864,15 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 
     if (spec && !start.ngroups && !ncarry && spec_holds(spec, &cfg, nops, &trace)) {
         double load_seconds = r->load_seconds;
-        uint64_t inconsistencies = r->inconsistencies;
+        uint64_t inconsistencies = r->inconsistencies, first_event = r->first_inconsistency_event;
         char first[sizeof(r->first_inconsistency)];
         memcpy(first, r->first_inconsistency, sizeof(first));
         *r = spec->r;
-        if (inconsistencies) { /* the configuration's and the inference's come first */
-            memcpy(r->first_inconsistency, first, sizeof(first));
+        if (inconsistencies) { /* the configuration's, with the replay's */
+            if (!r->inconsistencies || first_event <= r->first_inconsistency_event) {
+                memcpy(r->first_inconsistency, first, sizeof(first));
+                r->first_inconsistency_event = first_event;
+            }
             r->inconsistencies += inconsistencies;
         }
         r->load_seconds = load_seconds;
@@ -986,4 +991,52 @@ void cca_replay_result_free(cca_replay_result_t *result)
         return;
     free(result->memory_summary);
     result->memory_summary = NULL;
+}
+
+cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
+                                     cca_replay_result_t **results, size_t *count)
+{
+    if (!path || !results || !count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_replay_file_devices: path, results and count are required");
+    *results = NULL;
+    *count = 0;
+    cca_replay_options_t opt;
+    memset(&opt, 0, sizeof(opt));
+    if (options)
+        opt = *options;
+    opt.device = 0;
+    cca_replay_result_t first;
+    cca_status_t st = cca_replay_file(path, &opt, &first);
+    if (st != CCA_OK)
+        return st;
+    size_t n = first.device_count ? first.device_count : 1;
+    cca_replay_result_t *all = calloc(n, sizeof(*all));
+    if (!all) {
+        cca_replay_result_free(&first);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu replay results", n);
+    }
+    all[0] = first;
+    /* the files written at the end show one device: the first */
+    opt.snapshot_path = NULL;
+    opt.svg_path = NULL;
+    for (size_t d = 1; d < n; d++) {
+        opt.device = (int)d;
+        st = cca_replay_file(path, &opt, &all[d]);
+        if (st != CCA_OK) {
+            cca_replay_results_free(all, d);
+            return st;
+        }
+    }
+    *results = all;
+    *count = n;
+    return CCA_OK;
+}
+
+void cca_replay_results_free(cca_replay_result_t *results, size_t count)
+{
+    if (!results)
+        return;
+    for (size_t i = 0; i < count; i++)
+        cca_replay_result_free(&results[i]);
+    free(results);
 }

@@ -54,6 +54,7 @@ typedef struct replay_trace {
     size_t count;            /* events */
     size_t devices;          /* device_traces entries in the snapshot */
     size_t skipped;          /* events before the first one kept (replay_load's first_event) */
+    size_t releases_before;  /* segment frees and unmaps just before the first one kept */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */

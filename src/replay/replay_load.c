@@ -183,8 +183,14 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     if (rec->group != l->device)
         return CCA_OK;
     if (l->seen < l->first_event) {
+        const pk_value_t *action = rec->by_tag[TAG_ACTION];
+        int32_t tag = action && action->kind == PV_STR ? action->tag : -1;
         l->seen++;
         l->t->skipped++;
+        if (tag == TAG_SEGMENT_FREE || tag == TAG_SEGMENT_UNMAP)
+            l->t->releases_before++;
+        else
+            l->t->releases_before = 0;
         return CCA_OK;
     }
     size_t i = l->seen++;

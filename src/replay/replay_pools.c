@@ -163,8 +163,8 @@ static pool_carry_t *carry_of(pool_carry_t **carry, size_t *count, cca_mempool_i
     return &grown[(*count)++];
 }
 
-cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, pool_carry_t **out,
-                              size_t *count, unsigned *live_graphs)
+cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t releases_before,
+                              pool_carry_t **out, size_t *count, unsigned *live_graphs)
 {
     *out = NULL;
     *count = 0;
@@ -175,6 +175,11 @@ cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, pool
         if (op->at >= skipped) {
             ops[n] = *op;
             ops[n++].at -= skipped;
+            continue;
+        }
+        if (op->kind == POOL_EMPTY_CACHE && op->at + releases_before >= skipped) {
+            ops[n] = *op; /* the recording began among the segment frees it made: it goes on */
+            ops[n++].at = 0;
             continue;
         }
         if (op->kind == POOL_EMPTY_CACHE || op->kind == POOL_RESET_PEAKS)
@@ -265,9 +270,17 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
         if (carry[k].thread_route)
             routes[n++] = (struct route){carry[k].id, true, 0};
     }
+    bool releasing = false; /* segment frees right after a pool's release are its segments */
+    cca_mempool_id_t released = {0, 0};
     for (size_t i = 0; i < trace->count; i++) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->kind != EV_SEGMENT_FREE && e->kind != EV_SEGMENT_UNMAP)
+            releasing = false;
         for (; next < nops && ops[next].at <= i; next++) {
             const pool_op_t *op = &ops[next];
+            releasing = op->kind == POOL_GRAPH_DELETE || op->kind == POOL_MEMPOOL_END ||
+                        op->kind == POOL_MEMPOOL_DELETE;
+            released = op->id;
             if (op->kind == POOL_GRAPH_CAPTURE || op->kind == POOL_MEMPOOL_BEGIN) {
                 routes[n++] = (struct route){op->id, op->kind == POOL_MEMPOOL_BEGIN, op->stream};
             } else if (op->kind == POOL_GRAPH_CAPTURE_END || op->kind == POOL_MEMPOOL_END) {
@@ -280,7 +293,8 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
                 }
             }
         }
-        const replay_event_t *e = replay_ev(trace, i);
+        if ((e->kind == EV_SEGMENT_FREE || e->kind == EV_SEGMENT_UNMAP) && releasing)
+            pools[i] = released;
         if (e->kind != EV_ALLOC)
             continue;
         for (size_t k = 0; k < n; k++) {

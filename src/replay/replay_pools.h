@@ -60,10 +60,13 @@ typedef struct pool_carry {
 /*
  * The pools that the operations before event `skipped` leave (*out malloc'd,
  * *count of them) and the graphs alive then; then drop those operations and
- * move the others up by skipped. CCA_OK or CCA_ERR_OUT_OF_MEMORY.
+ * move the others up by skipped. An empty_cache among the releases_before
+ * segment frees and unmaps that the trace recorded just before its first
+ * event goes on at its start (its frees of the rest follow). CCA_OK or
+ * CCA_ERR_OUT_OF_MEMORY.
  */
-cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, pool_carry_t **out,
-                              size_t *count, unsigned *live_graphs);
+cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t releases_before,
+                              pool_carry_t **out, size_t *count, unsigned *live_graphs);
 /* Bring the pools to their carried use counts and routes (after the start state is built). */
 cca_status_t replay_pools_restore(const pool_carry_t *carry, size_t count);
 
@@ -71,7 +74,8 @@ struct replay_trace;
 /*
  * The pool each alloc event of trace was routed to ((0, 0): the default
  * pools) by the routes carry leaves and ops (moved up already) begin and
- * end: *out malloc'd (one per event), NULL without pool operations.
+ * end, and the pool whose release each segment free right after it gave
+ * back: *out malloc'd (one per event), NULL without pool operations.
  * CCA_OK or CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_carry_t *carry,

@@ -32,15 +32,18 @@
 #include "replay_start.h"
 #include "state.h"
 
-cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, const char *fmt, ...)
+cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, uint64_t event, const char *fmt, ...)
 {
     char text[sizeof(r->first_inconsistency)];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
-    if (!r->inconsistencies++)
+    /* the first: the earliest event's (the inference meets them from the last event back) */
+    if (!r->inconsistencies++ || event < r->first_inconsistency_event) {
         snprintf(r->first_inconsistency, sizeof(r->first_inconsistency), "%s", text);
+        r->first_inconsistency_event = event;
+    }
     if (strict)
         return cca_raise(CCA_ERR_FORMAT, "inconsistent trace: %s", text);
     return CCA_OK;
@@ -120,7 +123,8 @@ static work_block_t *block_find(infer_t *in, uint64_t addr)
     return e ? &in->blocks[e->ptr - 1] : NULL;
 }
 
-static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t size, bool pending)
+static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t size, bool pending,
+                      size_t event)
 {
     if (!grow((void **)&in->blocks, &in->cap_blocks, in->nblocks + 1, sizeof(*in->blocks)))
         return false;
@@ -128,7 +132,7 @@ static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t s
     if (!e)
         return false;
     e->ptr = in->nblocks + 1;
-    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending}, true};
+    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending, event}, true};
     return true;
 }
 
@@ -190,7 +194,7 @@ static cca_status_t read_end_state(const pv_node_t *root, int device, infer_t *i
                 requested = size;
             if (block_find(in, addr))
                 continue;
-            if (!block_add(in, addr, requested, size, pending))
+            if (!block_add(in, addr, requested, size, pending, SIZE_MAX))
                 return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the snapshot's blocks");
         }
     }
@@ -280,24 +284,30 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
             block_remove(in, b);
             return CCA_OK;
         }
-        return replay_note_inconsistency(r, strict,
+        return replay_note_inconsistency(r, strict, i + trace->skipped,
                                          "event %zu: a block allocated at 0x%llx is neither freed later "
-                                         "nor live in the snapshot's segments", i,
+                                         "nor live in the snapshot's segments", i + trace->skipped,
                                          (unsigned long long)e->addr);
     case EV_FREE_COMPLETED:
+        /* the recording's first event: PyTorch records a free's request and completion in
+         * one call unless the block was used on another stream, so the block was freed with it */
+        if (i == 0 && !block_find(in, e->addr))
+            return CCA_OK;
         if (block_find(in, e->addr))
-            return replay_note_inconsistency(r, strict, "event %zu: the block at 0x%llx is freed twice", i,
+            return replay_note_inconsistency(r, strict, i + trace->skipped,
+                                             "event %zu: the block at 0x%llx is freed twice", i + trace->skipped,
                                              (unsigned long long)e->addr);
-        if (!block_add(in, e->addr, e->size, 0, true))
+        if (!block_add(in, e->addr, e->size, 0, true, i))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the start state");
         return CCA_OK;
     case EV_FREE_REQUESTED:
         b = block_find(in, e->addr);
         if (b) {
             b->b.pending = false;
+            b->b.event = i;
             return CCA_OK;
         }
-        if (!block_add(in, e->addr, e->size, 0, false))
+        if (!block_add(in, e->addr, e->size, 0, false, i))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the start state");
         return CCA_OK;
     case EV_SEGMENT_ALLOC:
@@ -305,9 +315,9 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
         if (!range_remove(in, e->addr, e->size, &found))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the start state");
         if (!found)
-            return replay_note_inconsistency(r, strict,
+            return replay_note_inconsistency(r, strict, i + trace->skipped,
                                              "event %zu: memory mapped at 0x%llx is neither freed later "
-                                             "nor in the snapshot's segments", i,
+                                             "nor in the snapshot's segments", i + trace->skipped,
                                              (unsigned long long)e->addr);
         return CCA_OK;
     case EV_SEGMENT_FREE:
@@ -322,7 +332,8 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
         if (!range_remove(in, e->addr, e->size, &found) || !range_add(in, &rg))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the start state");
         if (found)
-            return replay_note_inconsistency(r, strict, "event %zu: memory at 0x%llx is freed twice", i,
+            return replay_note_inconsistency(r, strict, i + trace->skipped,
+                                             "event %zu: memory at 0x%llx is freed twice", i + trace->skipped,
                                              (unsigned long long)e->addr);
         return CCA_OK;
     }
@@ -406,7 +417,7 @@ static cca_status_t group_ranges(replay_start_t *s, const replay_trace_t *trace,
 /*
  * The pool of each range the snapshot does not give (freed in the trace): that
  * of the first allocation in it (alloc_pool: the pool each event's allocation
- * was routed to), before the range is freed.
+ * was routed to), or of the release that freed it.
  */
 static void find_pools(infer_t *in, const replay_trace_t *trace, const cca_mempool_id_t *alloc_pool)
 {
@@ -425,9 +436,8 @@ static void find_pools(infer_t *in, const replay_trace_t *trace, const cca_mempo
         start_range_t *rg = lo ? &in->ranges[lo - 1] : NULL;
         if (!rg || rg->has_pool || e->addr >= rg->addr + rg->size)
             continue;
-        rg->has_pool = true; /* an allocation says which; a free, that nothing will */
-        if (e->kind == EV_ALLOC)
-            rg->pool = alloc_pool[i];
+        rg->has_pool = true; /* an allocation says which, and a free by a pool's release */
+        rg->pool = alloc_pool[i];
     }
 }
 
@@ -440,12 +450,17 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     memset(&in, 0, sizeof(in));
     memset(out, 0, sizeof(*out));
     cca_status_t st = read_end_state(root, device, &in);
+    /* a snapshot without the device's segments says nothing of its end state: no start
+     * state, and the replay reports a free it cannot explain */
+    if (st != CCA_OK || !in.nranges)
+        goto out;
     for (size_t i = trace->count; st == CCA_OK && i-- > 0;)
         st = undo_event(&in, trace, i, strict, r);
     if (st != CCA_OK)
         goto out;
     /* keep what is left: ranges and live blocks, in address order */
-    qsort(in.ranges, in.nranges, sizeof(*in.ranges), cmp_range);
+    if (in.nranges)
+        qsort(in.ranges, in.nranges, sizeof(*in.ranges), cmp_range);
     /* mapped ranges of a reservation that touch are one (a plain segment stays itself) */
     size_t merged = 0;
     for (size_t i = 0; i < in.nranges; i++) {
@@ -485,9 +500,10 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
                       blocks[i].addr + (blocks[i].requested ? blocks[i].requested : 1) <=
                           in.ranges[ri].addr + in.ranges[ri].size;
         if (!inside) {
-            st = replay_note_inconsistency(r, strict,
-                                           "the block at 0x%llx (%llu bytes), freed in the trace, lies in "
-                                           "no segment of the snapshot", (unsigned long long)blocks[i].addr,
+            st = replay_note_inconsistency(r, strict, blocks[i].event + trace->skipped,
+                                           "event %zu: a free of 0x%llx (%llu bytes), a block never allocated "
+                                           "nor in a segment before the first event",
+                                           blocks[i].event + trace->skipped, (unsigned long long)blocks[i].addr,
                                            (unsigned long long)blocks[i].requested);
             if (st != CCA_OK)
                 goto out;
@@ -628,7 +644,7 @@ static bool group_pieces(builder_t *b, const start_group_t *g, size_t *bi, bool 
         const start_block_t *blk = &s->blocks[*bi];
         uint64_t size = blk->size ? blk->size : alloc_round_size(&cca_state->settings, blk->requested);
         if (blk->addr < pos || blk->addr + size > g->end) {
-            replay_note_inconsistency(b->r, false, "the block at 0x%llx (%llu bytes) overlaps another one",
+            replay_note_inconsistency(b->r, false, UINT64_MAX, "the block at 0x%llx (%llu bytes) overlaps another one",
                                       (unsigned long long)blk->addr, (unsigned long long)size);
             continue;
         }

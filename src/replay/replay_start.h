@@ -27,6 +27,7 @@ typedef struct start_block {
     uint64_t requested;   /* bytes asked for */
     uint64_t size;        /* the block's bytes where the snapshot says (live at the end), else 0 */
     bool pending;         /* freed before the first event, its stream's work not done yet */
+    size_t event;         /* the trace's first event on it (SIZE_MAX: none) */
 } start_block_t;
 
 /* A range of device memory that existed before the first event. */
@@ -62,11 +63,12 @@ typedef struct replay_start {
 } replay_start_t;
 
 /*
- * Count an inconsistency of the input, naming the first one in r; with
- * strict, raise it (CCA_ERR_FORMAT) and return that, else CCA_OK.
+ * Count an inconsistency of the input at event (UINT64_MAX: none), naming
+ * the earliest in r; with strict, raise it (CCA_ERR_FORMAT) and return that,
+ * else CCA_OK.
  */
-cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, uint64_t event, const char *fmt,
+                                       ...) __attribute__((format(printf, 4, 5)));
 
 /*
  * Infer the state before trace's first event from root's `segments` (those

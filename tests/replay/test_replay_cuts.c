@@ -61,8 +61,8 @@ static bool cut_matches_pytorch(const char *path, uint64_t k, cca_replay_result_
     return ok;
 }
 
-/* Cut name at k and compare with PyTorch's figures and the whole replay measured from k. */
-static void check_cut(const char *name, uint64_t k)
+/* Cut name at k and compare with PyTorch's figures; with whole, with the whole replay measured from k. */
+static void check_cut(const char *name, uint64_t k, bool whole_too)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/%s", trace_dir, name);
@@ -70,6 +70,10 @@ static void check_cut(const char *name, uint64_t k)
     expect_true(cut_matches_pytorch(path, k, &cut, false));
     expect_true(cut.recorded_part_only);
     expect_true(cut.inferred_segments > 0);
+    if (!whole_too) {
+        cca_replay_result_free(&cut);
+        return;
+    }
     cca_replay_options_t opt = {0};
     opt.trace_addresses = true;
     opt.peaks_from_event = k;
@@ -108,7 +112,9 @@ static int cmp_name(const void *a, const void *b)
  * Every bundled trace cut at a few points: early (the first segments'
  * blocks live), a third and two thirds in (mid-step: blocks live, free
  * stretches and, with expandable segments, mapped and unmapped ranges), and
- * the last event (nearly all of the state inferred).
+ * the last event (nearly all of the state inferred; often a free_completed
+ * whose request is cut off). The third is also compared with the whole
+ * replay measured from there, statistic by statistic.
  */
 TEST(every_trace_cut_at_several_points)
 {
@@ -140,7 +146,7 @@ TEST(every_trace_cut_at_several_points)
         cca_replay_result_free(&r);
         const uint64_t cuts[] = {n / 50 + 1, n / 3, 2 * n / 3 + 1, n - 1};
         for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++)
-            check_cut(names[t], cuts[c]);
+            check_cut(names[t], cuts[c], c == 1);
         printf("  %-48s cut at %llu, %llu, %llu, %llu\n", names[t], (unsigned long long)cuts[0],
                (unsigned long long)cuts[1], (unsigned long long)cuts[2], (unsigned long long)cuts[3]);
         free(names[t]);
