@@ -16,7 +16,7 @@ static void usage(FILE *out)
             "usage: cca replay TRACE [--settings STR] [--cap BYTES] [--total-memory BYTES]\n"
             "                        [--addresses trace|fresh] [--device N] [--no-fraction]\n"
             "                        [--json] [--snapshot OUT.pickle[.gz]] [--svg OUT.svg]\n"
-            "                        [--event-lag N] [--sequential]\n"
+            "                        [--event-lag N] [--sequential] [--strict]\n"
             "                        [--compare 'SETTINGS' ['SETTINGS'...]]\n"
             "Replays TRACE (a PyTorch memory snapshot, .pickle or .pickle.gz) through cca on a\n"
             "simulated device. BYTES accept K/M/G/T suffixes. --addresses trace (the default\n"
@@ -28,7 +28,10 @@ static void usage(FILE *out)
             "later, as on a GPU running behind the host (default 0: at once).\n"
             "The replay runs on a second thread while TRACE is read, and again after the\n"
             "reading if the trace's settings (at the end of the file) differ from what it\n"
-            "assumed; --sequential reads the whole file first. The result is the same.\n");
+            "assumed; --sequential reads the whole file first. The result is the same.\n"
+            "A snapshot recorded mid-run replays from the state before its first event,\n"
+            "inferred from its segments. Every device is replayed unless --device is given.\n"
+            "Inconsistent input is counted and named; --strict stops at it.\n");
 }
 
 static int parse_size(const char *text, size_t *out)
@@ -63,8 +66,19 @@ static void print_mib(const char *label, int64_t bytes)
 
 static void print_human(const char *path, const cca_replay_result_t *r, bool trace_addresses)
 {
-    printf("cca replay: %s\n", path);
+    if (r->device_count > 1)
+        printf("cca replay: %s, device %d\n", path, r->device);
+    else
+        printf("cca replay: %s\n", path);
     printf("  settings                     '%s'\n", r->settings);
+    if (r->recorded_part_only)
+        printf("  before the first event       %" PRIu64 " segments (%.1f MiB), %" PRIu64
+               " blocks live (%.1f MiB), inferred; the figures cover the recorded part\n",
+               r->inferred_segments, (double)r->inferred_reserved_bytes / 1048576.0, r->inferred_blocks,
+               (double)r->inferred_requested_bytes / 1048576.0);
+    if (r->inconsistencies)
+        printf("  inconsistent input           %" PRIu64 "  first: %s\n", r->inconsistencies,
+               r->first_inconsistency);
     printf("  events                       %" PRIu64 " (%.2f M events/s; load %.3f s, replay %.3f s%s)\n",
            r->events, r->events_per_second / 1e6, r->load_seconds, r->seconds,
            r->overlapped ? ", during the load" : "");
@@ -129,6 +143,12 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
 {
     printf("{\"settings\": ");
     json_string(r->settings);
+    printf(", \"device\": %d, \"device_count\": %zu, \"recorded_part_only\": %s, \"inferred_segments\": %" PRIu64
+           ", \"inferred_blocks\": %" PRIu64 ", \"inferred_reserved_bytes\": %" PRIu64
+           ", \"inferred_requested_bytes\": %" PRIu64 ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
+           r->device, r->device_count, r->recorded_part_only ? "true" : "false", r->inferred_segments,
+           r->inferred_blocks, r->inferred_reserved_bytes, r->inferred_requested_bytes, r->inconsistencies);
+    json_string(r->first_inconsistency);
     printf(", \"events\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"segment_allocs\": %" PRIu64
            ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64 ", \"pool_ops\": %" PRIu64,
            r->events, r->allocs, r->segment_allocs, r->segment_frees, r->ooms, r->pool_ops);
@@ -205,7 +225,7 @@ int cmd_replay(int argc, char **argv)
     cca_replay_options_t opt;
     memset(&opt, 0, sizeof(opt));
     const char *path = NULL, *addresses = NULL;
-    bool json = false;
+    bool json = false, one_device = false;
     int compare_at = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -219,6 +239,8 @@ int cmd_replay(int argc, char **argv)
             opt.ignore_fraction = true;
         } else if (!strcmp(a, "--sequential")) {
             opt.sequential = true;
+        } else if (!strcmp(a, "--strict")) {
+            opt.strict = true;
         } else if (!strcmp(a, "--compare")) {
             compare_at = i + 1;
             break;
@@ -261,6 +283,7 @@ int cmd_replay(int argc, char **argv)
                 return 2;
             }
             opt.device = (int)d;
+            one_device = true;
         } else if (a[0] == '-' || path) {
             fprintf(stderr, "cca replay: unexpected argument '%s'\n", a);
             usage(stderr);
@@ -281,16 +304,28 @@ int cmd_replay(int argc, char **argv)
         return compare(path, &opt, argv + compare_at, argc - compare_at);
     }
     opt.trace_addresses = addresses ? !strcmp(addresses, "trace") : opt.settings == NULL;
-    cca_replay_result_t r;
-    cca_status_t st = cca_replay_file(path, &opt, &r);
+    cca_replay_result_t one, *rs = &one;
+    size_t n = 1;
+    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one) : cca_replay_file_devices(path, &opt, &rs, &n);
     if (st != CCA_OK) {
         fprintf(stderr, "cca replay: %s: %s\n", path, cca_last_error()->message);
         return 1;
     }
-    if (json)
-        print_json(&r, opt.trace_addresses);
+    if (json && n > 1) /* one object per device, in a list */
+        printf("[");
+    for (size_t d = 0; d < n; d++) {
+        if (json && d)
+            printf(", ");
+        if (json)
+            print_json(&rs[d], opt.trace_addresses);
+        else
+            print_human(path, &rs[d], opt.trace_addresses);
+    }
+    if (json && n > 1)
+        printf("]\n");
+    if (one_device)
+        cca_replay_result_free(&one);
     else
-        print_human(path, &r, opt.trace_addresses);
-    cca_replay_result_free(&r);
+        cca_replay_results_free(rs, n);
     return 0;
 }

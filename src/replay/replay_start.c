@@ -275,8 +275,8 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
     const replay_event_t *e = replay_ev(trace, i);
     bool found;
     work_block_t *b;
-    if (e->invalid)
-        return CCA_OK;
+    if (e->invalid && e->kind != EV_ALLOC)
+        return CCA_OK; /* left out (an invalid alloc's block still begins there) */
     switch (e->kind) {
     case EV_ALLOC:
         b = block_find(in, e->addr);
@@ -449,13 +449,20 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     start_block_t *blocks = NULL;
     memset(&in, 0, sizeof(in));
     memset(out, 0, sizeof(*out));
+    /* sizes no request has: counted here, left out by the replay */
+    for (size_t i = 0; i < trace->count; i++) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->invalid)
+            replay_note_inconsistency(r, false, i + trace->skipped, "event %zu: size %lld is negative or 1 EB or more",
+                                      i + trace->skipped, (long long)e->size);
+    }
     cca_status_t st = read_end_state(root, device, &in);
     /* a snapshot without the device's segments says nothing of its end state: no start
      * state, and the replay reports a free it cannot explain */
     if (st != CCA_OK || !in.nranges)
         goto out;
     for (size_t i = trace->count; st == CCA_OK && i-- > 0;)
-        st = undo_event(&in, trace, i, strict, r);
+        st = undo_event(&in, trace, i, false, r);
     if (st != CCA_OK)
         goto out;
     /* keep what is left: ranges and live blocks, in address order */
@@ -500,7 +507,7 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
                       blocks[i].addr + (blocks[i].requested ? blocks[i].requested : 1) <=
                           in.ranges[ri].addr + in.ranges[ri].size;
         if (!inside) {
-            st = replay_note_inconsistency(r, strict, blocks[i].event + trace->skipped,
+            st = replay_note_inconsistency(r, false, blocks[i].event + trace->skipped,
                                            "event %zu: a free of 0x%llx (%llu bytes), a block never allocated "
                                            "nor in a segment before the first event",
                                            blocks[i].event + trace->skipped, (unsigned long long)blocks[i].addr,
@@ -529,6 +536,9 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     blocks = NULL;
     st = group_ranges(out, trace, span);
 out:
+    /* under strict the earliest of those met stops the replay */
+    if (st == CCA_OK && strict && r->inconsistencies)
+        st = cca_raise(CCA_ERR_FORMAT, "inconsistent trace: %s", r->first_inconsistency);
     free(blocks);
     free(in.ranges);
     free(in.blocks);
