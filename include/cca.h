@@ -758,6 +758,12 @@ typedef struct cca_replay_options {
                                   trace events later (a GPU running behind); 0: at once */
     bool sequential;         /**< read the whole file before replaying (no replay on a
                                   second thread while the file is read) */
+    bool strict;             /**< stop at the first inconsistency of the input (CCA_ERR_FORMAT)
+                                  instead of counting it */
+    uint64_t first_event;    /**< replay from this event of the trace on, as if the recording
+                                  had begun there (the state before it inferred) */
+    uint64_t peaks_from_event; /**< reset the peak statistics before this event (0: from the start):
+                                    peaks over the events from it on */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -805,6 +811,24 @@ typedef struct cca_replay_result {
     uint64_t compact_moves;       /**< growths that re-mapped free granules */
     uint64_t compact_pending_growths; /**< growths that mapped new memory, granules not yet done */
     bool overlapped;              /**< replayed while the file was read, on a second thread */
+    /* the device replayed, of the snapshot's device_traces */
+    int device;                   /**< its index */
+    size_t device_count;          /**< device_traces entries in the snapshot */
+    /* the state before the first event, for a trace recorded after the allocator had begun
+     * (history recorded late, or its ring wrapped): inferred from the snapshot's segments and
+     * the events as PyTorch's memory viewer does, and the replay started from it */
+    uint64_t inferred_segments;   /**< segments (expandable: mapped ranges) that existed before */
+    uint64_t inferred_blocks;     /**< blocks live before the first event */
+    uint64_t inferred_reserved_bytes;  /**< bytes of those segments */
+    uint64_t inferred_requested_bytes; /**< bytes those blocks were asked for */
+    bool recorded_part_only;      /**< a state was inferred: the peaks and the counts cover only
+                                       the recorded part; expected_peak_reserved_bytes is PyTorch's
+                                       over that part; only the .current statistics compare */
+    /* input that contradicts itself: an allocation inside a live block, a free of a block never
+     * seen, a size negative or of 1 EB or more, a NaN memory fraction (options.strict: an error) */
+    uint64_t inconsistencies;
+    char first_inconsistency[200]; /**< the earliest event's, named */
+    uint64_t first_inconsistency_event; /**< its event (UINT64_MAX: not an event's) */
 } cca_replay_result_t;
 
 /**
@@ -874,6 +898,21 @@ typedef struct cca_replay_explain {
  */
 cca_status_t cca_replay_explain(const char *path, const cca_replay_options_t *options,
                                 cca_replay_result_t *result, cca_replay_explain_t *explain);
+
+/**
+ * Replay every device of a snapshot (each device_traces entry, options->device
+ * ignored), one result each: *results (malloc'd, *count of them) is freed with
+ * cca_replay_results_free. A device's result says its index (result.device).
+ * options->snapshot_path and svg_path are written for device 0 only. Returns
+ * what cca_replay_file returns for the first device that fails (no results
+ * then), CCA_ERR_INVALID_ARGUMENT (path, results or count NULL),
+ * CCA_ERR_OUT_OF_MEMORY. Not thread-safe (cca is re-initialised per device).
+ */
+cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
+                                     cca_replay_result_t **results, size_t *count);
+
+/** Free the results of cca_replay_file_devices. */
+void cca_replay_results_free(cca_replay_result_t *results, size_t count);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,7 @@ static void usage(FILE *out)
             "usage: cca replay TRACE [--settings STR] [--cap BYTES] [--total-memory BYTES]\n"
             "                        [--addresses trace|fresh] [--device N] [--no-fraction]\n"
             "                        [--json] [--snapshot OUT.pickle[.gz]] [--svg OUT.svg]\n"
-            "                        [--event-lag N] [--sequential]\n"
+            "                        [--event-lag N] [--sequential] [--strict]\n"
             "                        [--compare SETTINGS [SETTINGS...]]\n"
             "                        [--explain] [--fit [SETTINGS...]]\n"
             "Replays TRACE (a PyTorch memory snapshot, .pickle or .pickle.gz) through cca on a\n"
@@ -39,7 +39,11 @@ static void usage(FILE *out)
             "later, as on a GPU running behind the host (default 0: at once).\n"
             "The replay runs on a second thread while TRACE is read, and again after the\n"
             "reading if the trace's settings (at the end of the file) differ from what it\n"
-            "assumed; --sequential reads the whole file first. The result is the same.\n");
+            "assumed; --sequential reads the whole file first. The result is the same.\n"
+            "A snapshot recorded mid-run replays from the state before its first event,\n"
+            "inferred from its segments. Every device is replayed unless --device is given\n"
+            "(--explain, --fit and --compare: device 0 unless --device is given).\n"
+            "Inconsistent input is counted and named; --strict stops at it.\n");
 }
 
 static void print_mib(const char *label, int64_t bytes)
@@ -49,8 +53,19 @@ static void print_mib(const char *label, int64_t bytes)
 
 void replay_print_human(const char *path, const cca_replay_result_t *r, bool trace_addresses)
 {
-    printf("cca replay: %s\n", path);
+    if (r->device_count > 1)
+        printf("cca replay: %s, device %d\n", path, r->device);
+    else
+        printf("cca replay: %s\n", path);
     printf("  settings                     '%s'\n", r->settings);
+    if (r->recorded_part_only)
+        printf("  before the first event       %" PRIu64 " segments (%.1f MiB), %" PRIu64
+               " blocks live (%.1f MiB), inferred; the figures cover the recorded part\n",
+               r->inferred_segments, (double)r->inferred_reserved_bytes / 1048576.0, r->inferred_blocks,
+               (double)r->inferred_requested_bytes / 1048576.0);
+    if (r->inconsistencies)
+        printf("  inconsistent input           %" PRIu64 "  first: %s\n", r->inconsistencies,
+               r->first_inconsistency);
     printf("  events                       %" PRIu64 " (%.2f M events/s; load %.3f s, replay %.3f s%s)\n",
            r->events, r->events_per_second / 1e6, r->load_seconds, r->seconds,
            r->overlapped ? ", during the load" : "");
@@ -100,6 +115,12 @@ void replay_print_json_object(const cca_replay_result_t *r, bool trace_addresses
 {
     printf("{\"settings\": ");
     cli_json_string(stdout, r->settings);
+    printf(", \"device\": %d, \"device_count\": %zu, \"recorded_part_only\": %s, \"inferred_segments\": %" PRIu64
+           ", \"inferred_blocks\": %" PRIu64 ", \"inferred_reserved_bytes\": %" PRIu64
+           ", \"inferred_requested_bytes\": %" PRIu64 ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
+           r->device, r->device_count, r->recorded_part_only ? "true" : "false", r->inferred_segments,
+           r->inferred_blocks, r->inferred_reserved_bytes, r->inferred_requested_bytes, r->inconsistencies);
+    cli_json_string(stdout, r->first_inconsistency);
     printf(", \"events\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"frees\": %" PRIu64
            ", \"segment_allocs\": %" PRIu64 ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64
            ", \"unexpected_ooms\": %" PRIu64 ", \"pool_ops\": %" PRIu64,
@@ -225,7 +246,7 @@ int cmd_replay(int argc, char **argv)
     cca_replay_options_t opt;
     memset(&opt, 0, sizeof(opt));
     const char *path = NULL, *addresses = NULL;
-    bool json = false, explain = false, fit = false;
+    bool json = false, explain = false, fit = false, one_device = false;
     char **list = NULL; /* --compare's or --fit's settings strings */
     int list_count = 0, compare_count = -1;
     for (int i = 1; i < argc; i++) {
@@ -245,6 +266,8 @@ int cmd_replay(int argc, char **argv)
             opt.ignore_fraction = true;
         } else if (!strcmp(a, "--sequential")) {
             opt.sequential = true;
+        } else if (!strcmp(a, "--strict")) {
+            opt.strict = true;
         } else if (!strcmp(a, "--compare") || !strcmp(a, "--fit")) {
             if (list) {
                 fprintf(stderr, "cca replay: --compare and --fit are given once, and not together\n");
@@ -303,6 +326,7 @@ int cmd_replay(int argc, char **argv)
                 return 2;
             }
             opt.device = (int)d;
+            one_device = true;
         } else if (a[0] == '-' || path) {
             fprintf(stderr, "cca replay: unexpected argument '%s'\n", a);
             usage(stderr);
@@ -335,19 +359,30 @@ int cmd_replay(int argc, char **argv)
     opt.trace_addresses = addresses ? !strcmp(addresses, "trace") : opt.settings == NULL;
     if (explain)
         return replay_explain(path, &opt, json);
-    cca_replay_result_t r;
-    cca_status_t st = cca_replay_file(path, &opt, &r);
+    cca_replay_result_t one, *rs = &one;
+    size_t n = 1;
+    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one) : cca_replay_file_devices(path, &opt, &rs, &n);
     if (st != CCA_OK) {
         cli_report_error("replay", path);
-        cca_replay_result_free(&r);
+        if (one_device)
+            cca_replay_result_free(&one);
         return 1;
     }
-    if (json) {
-        replay_print_json_object(&r, opt.trace_addresses);
-        printf("\n");
-    } else {
-        replay_print_human(path, &r, opt.trace_addresses);
+    if (json && n > 1) /* one object per device, in a list */
+        printf("[");
+    for (size_t d = 0; d < n; d++) {
+        if (json && d)
+            printf(", ");
+        if (json)
+            replay_print_json_object(&rs[d], opt.trace_addresses);
+        else
+            replay_print_human(path, &rs[d], opt.trace_addresses);
     }
-    cca_replay_result_free(&r);
+    if (json)
+        printf("%s\n", n > 1 ? "]" : "");
+    if (one_device)
+        cca_replay_result_free(&one);
+    else
+        cca_replay_results_free(rs, n);
     return 0;
 }

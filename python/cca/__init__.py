@@ -72,6 +72,12 @@ def _result_dict(r, trace_addresses):
              for i in range(_lib.MEMORY_STATS_COUNT) if r.memory_stats[i].key}
     out = {
         "settings": r.settings.decode(),
+        "device": r.device, "device_count": r.device_count,
+        "recorded_part_only": r.recorded_part_only, "inferred_segments": r.inferred_segments,
+        "inferred_blocks": r.inferred_blocks, "inferred_reserved_bytes": r.inferred_reserved_bytes,
+        "inferred_requested_bytes": r.inferred_requested_bytes,
+        "inconsistencies": r.inconsistencies,
+        "first_inconsistency": r.first_inconsistency.decode("utf-8", "replace"),
         "events": r.events, "allocs": r.allocs, "frees": r.frees,
         "segment_allocs": r.segment_allocs, "segment_frees": r.segment_frees,
         "ooms": r.ooms, "pool_ops": r.pool_ops,
@@ -115,7 +121,7 @@ def _regular_file(path, what):
 
 
 def _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot=None, svg=None,
-             sequential=False, what="replay"):
+             sequential=False, what="replay", strict=False):
     lib = _lib.load()
     if lib.cca_is_initialized():
         raise CcaError("CCA_ERR_BUSY", "%s: cca is initialised in this process and a replay "
@@ -135,6 +141,7 @@ def _options(path, settings, cap, total_memory, addresses, device, fraction, sna
     opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
     opts.svg_path = os.fsencode(svg) if svg else None
     opts.sequential = bool(sequential)
+    opts.strict = bool(strict)
     return lib, opts
 
 
@@ -149,7 +156,7 @@ def _replay_opts(lib, path, opts):
 
 
 def replay(path, settings=None, cap=None, total_memory=None, addresses=None, device=0,
-           fraction=True, snapshot=None, svg=None, sequential=False):
+           fraction=True, snapshot=None, svg=None, sequential=False, strict=False):
     """Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's
     file, pickle, gzip or not) through cca on a simulated device, as
     `cca replay --json` does, and return the result as a dict with the same
@@ -164,13 +171,15 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     else "fresh", as the command line; fraction: apply the trace's per-process memory fraction;
     snapshot / svg: write the end state there; sequential: read the whole
     file before replaying (by default the replay runs on a second thread
-    while the file is read; the result is the same, "overlapped" says which).
+    while the file is read; the result is the same, "overlapped" says which);
+    strict: stop at the first inconsistency of the input (CcaError
+    CCA_ERR_FORMAT) instead of counting it. One device is replayed (device).
 
     The replay runs on cca's own state: it refuses (CcaError
     CCA_ERR_BUSY) in a process where cca is serving allocations (e.g. after
     cca.torch.install()); run it in another process there."""
     lib, opts = _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot, svg,
-                         sequential)
+                         sequential, strict=strict)
     return _replay_opts(lib, path, opts)
 
 

@@ -291,5 +291,54 @@ assert pts and all(math.isfinite(v) for v in vals)
     ok svg_huge_sizes
 else fail svg_huge_sizes "rc $rc $(head -3 "$tmp/err")"; fi
 
+# a snapshot recorded mid-run (its first 100 events gone, as a wrapped ring leaves it), one with a
+# second device, one with a negative size
+python3 - "$trace" "$tmp" <<'EOP'
+import copy, gzip, pickle, sys
+d = pickle.load(gzip.open(sys.argv[1]))
+cut = copy.deepcopy(d)
+cut["device_traces"][0] = cut["device_traces"][0][100:]
+pickle.dump(cut, open(sys.argv[2] + "/cut.pickle", "wb"))
+two = copy.deepcopy(cut)
+two["device_traces"].append(copy.deepcopy(d["device_traces"][0]))
+for s in d["segments"]:
+    s = copy.deepcopy(s)
+    s["device"] = 1
+    two["segments"].append(s)
+pickle.dump(two, open(sys.argv[2] + "/two.pickle", "wb"))
+bad = copy.deepcopy(d)
+bad["device_traces"][0][5]["size"] = -512
+pickle.dump(bad, open(sys.argv[2] + "/bad.pickle", "wb"))
+EOP
+if "$cca" replay "$tmp/cut.pickle" --json >"$tmp/cut.json" 2>&1 &&
+    python3 - "$tmp/cut.json" <<'EOP'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["recorded_part_only"] is True and d["inferred_blocks"] > 0 and d["inferred_segments"] > 0, d
+assert d["address_mismatches"] == 0 and d["inconsistencies"] == 0, d
+assert d["expected"]["memory_stats_mismatches"] == 0, d["expected"]
+assert d["peak_reserved_bytes"] == d["expected"]["peak_reserved_bytes"]
+EOP
+then ok recorded_mid_run; else fail recorded_mid_run "$(head -c 300 "$tmp/cut.json")"; fi
+"$cca" replay "$tmp/cut.pickle" >"$tmp/cut.txt" 2>&1
+if grep -q "before the first event .* inferred; the figures cover the recorded part" "$tmp/cut.txt"; then
+    ok recorded_mid_run_report; else fail recorded_mid_run_report "$(head -c 300 "$tmp/cut.txt")"; fi
+
+if "$cca" replay "$tmp/two.pickle" --json >"$tmp/two.json" 2>&1 &&
+    python3 -c "import json,sys; a=json.load(open(sys.argv[1])); assert [d['device'] for d in a] == [0, 1] and a[1]['recorded_part_only'] is False and a[0]['recorded_part_only'] is True, a" "$tmp/two.json" &&
+    "$cca" replay "$tmp/two.pickle" --device 1 --json >"$tmp/one.json" 2>&1 &&
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['device'] == 1 and d['device_count'] == 2, d" "$tmp/one.json"; then
+    ok several_devices
+else fail several_devices "$(head -c 300 "$tmp/two.json")"; fi
+
+"$cca" replay "$tmp/bad.pickle" >"$tmp/bad.txt" 2>&1
+rc=$?
+"$cca" replay "$tmp/bad.pickle" --strict >/dev/null 2>"$tmp/err"
+src=$?
+if [ $rc -eq 0 ] && grep -q "inconsistent input           1  first: event 5: size -512" "$tmp/bad.txt" &&
+    [ $src -eq 1 ] && grep -q "inconsistent trace: event 5: size -512" "$tmp/err"; then
+    ok strict
+else fail strict "rc $rc, strict rc $src: $(head -c 300 "$tmp/err")"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
