@@ -493,13 +493,15 @@ static cca_status_t name_live(const char *path, int device, const explain_ctx_t 
         const pv_node_t *note = ev && ev->has_time ? annotation_at(annotations, device, ev->time_us) : NULL;
         const char *s;
         size_t len;
-        if (note && pv_get_str(note, &s, &len))
+        if (!ev)
+            snprintf(name, sizeof(name), "(allocated before the trace)");
+        else if (note && pv_get_str(note, &s, &len))
             snprintf(name, sizeof(name), "%.*s", (int)(len > 150 ? 150 : len), s);
         else
             snprintf(name, sizeof(name), "(no annotation open)");
         ok = ok && groups_add(&notes, name, b->size);
         if (!ev)
-            snprintf(name, sizeof(name), "(unknown)");
+            snprintf(name, sizeof(name), "(allocated before the trace)");
         else if (ev->stream)
             snprintf(name, sizeof(name), "stream 0x%" PRIx64, ev->stream);
         else
