@@ -24,10 +24,11 @@ static const char *const what_if[] = {
     "garbage_collection_threshold:0.8",
 };
 
-/* base + "," + extra in buf (extra alone when base is empty). */
-static void join_settings(char *buf, size_t size, const char *base, const char *extra)
+/* base + "," + extra in buf (extra alone when base is empty); false if it does not fit. */
+static bool join_settings(char *buf, size_t size, const char *base, const char *extra)
 {
-    snprintf(buf, size, "%s%s%s", base, base[0] ? "," : "", extra);
+    int n = snprintf(buf, size, "%s%s%s", base, base[0] ? "," : "", extra);
+    return n >= 0 && (size_t)n < size;
 }
 
 /* Whether settings already sets extra's key (the text up to its ':'). */
@@ -77,8 +78,8 @@ int replay_explain(const char *path, const cca_replay_options_t *opt, bool json)
         bool ok, skipped;
     } alt[sizeof(what_if) / sizeof(what_if[0])];
     for (size_t k = 0; k < nwhat; k++) {
-        join_settings(alt[k].settings, sizeof(alt[k].settings), r.settings, what_if[k]);
-        alt[k].skipped = sets_key(r.settings, what_if[k]);
+        alt[k].skipped = !join_settings(alt[k].settings, sizeof(alt[k].settings), r.settings, what_if[k]) ||
+                         sets_key(r.settings, what_if[k]);
         alt[k].ok = false;
         if (alt[k].skipped)
             continue;
