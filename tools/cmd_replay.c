@@ -143,9 +143,10 @@ static void print_json(const cca_replay_result_t *r, bool trace_addresses)
 {
     printf("{\"settings\": ");
     json_string(r->settings);
-    printf(", \"device\": %d, \"device_count\": %zu, \"recorded_part_only\": %s, \"inferred_segments\": %" PRIu64
-           ", \"inferred_blocks\": %" PRIu64 ", \"inferred_reserved_bytes\": %" PRIu64
-           ", \"inferred_requested_bytes\": %" PRIu64 ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
+    printf(", \"device\": %d, \"device_count\": %zu, \"recorded_part_only\": %s"
+           ", \"inferred_segments\": %" PRIu64 ", \"inferred_blocks\": %" PRIu64
+           ", \"inferred_reserved_bytes\": %" PRIu64 ", \"inferred_requested_bytes\": %" PRIu64
+           ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
            r->device, r->device_count, r->recorded_part_only ? "true" : "false", r->inferred_segments,
            r->inferred_blocks, r->inferred_reserved_bytes, r->inferred_requested_bytes, r->inconsistencies);
     json_string(r->first_inconsistency);
@@ -306,7 +307,8 @@ int cmd_replay(int argc, char **argv)
     opt.trace_addresses = addresses ? !strcmp(addresses, "trace") : opt.settings == NULL;
     cca_replay_result_t one, *rs = &one;
     size_t n = 1;
-    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one) : cca_replay_file_devices(path, &opt, &rs, &n);
+    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one)
+                                 : cca_replay_file_devices(path, &opt, &rs, &n);
     if (st != CCA_OK) {
         fprintf(stderr, "cca replay: %s: %s\n", path, cca_last_error()->message);
         return 1;

@@ -229,8 +229,10 @@ cca_status_t replay_pools_restore(const pool_carry_t *carry, size_t count)
         if (cca_pool_use_count(0, c->id, &now) != CCA_OK)
             now = 0;
         /* routes first (each adds a use), then the count: never 0 while a route is on */
-        if (c->stream_route && (st = cca_begin_allocate_stream_to_pool(0, c->id, (cca_stream_t)(uintptr_t)c->stream)) == CCA_OK)
-            now++;
+        if (c->stream_route) {
+            st = cca_begin_allocate_stream_to_pool(0, c->id, (cca_stream_t)(uintptr_t)c->stream);
+            now += st == CCA_OK;
+        }
         if (st == CCA_OK && c->thread_route && (st = cca_begin_allocate_thread_to_pool(0, c->id)) == CCA_OK)
             now++;
         for (; st == CCA_OK && now < c->count; now++)
