@@ -486,7 +486,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
-                             "event %zu: alloc of %llu bytes failed: %.60s", i,
+                             "event %zu: alloc of %llu bytes failed: %.100s", i,
                              (unsigned long long)e->size, cca_last_error()->message);
                 r->address_mismatches += trace_addresses;
                 live_entry_t *le = old ? old : live_put(&live, e->addr);
@@ -843,7 +843,7 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    st = replay_pools_cut(ops, &nops, trace.skipped, trace.releases_before, &carry, &ncarry, &live_graphs);
+    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, &carry, &ncarry, &live_graphs);
     if (st == CCA_OK)
         st = trace_config(root, &opt, &cfg, r);
     if (st == CCA_OK)

@@ -163,7 +163,7 @@ static pool_carry_t *carry_of(pool_carry_t **carry, size_t *count, cca_mempool_i
     return &grown[(*count)++];
 }
 
-cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t releases_before,
+cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t quiet_before,
                               pool_carry_t **out, size_t *count, unsigned *live_graphs)
 {
     *out = NULL;
@@ -177,8 +177,11 @@ cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size
             ops[n++].at -= skipped;
             continue;
         }
-        if (op->kind == POOL_EMPTY_CACHE && op->at + releases_before >= skipped) {
-            ops[n] = *op; /* the recording began among the segment frees it made: it goes on */
+        bool starts = op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE;
+        if (starts && op->at + quiet_before >= skipped) {
+            /* the recording began among the segment frees it made (and a capture's generator
+             * allocations): it goes on from the start */
+            ops[n] = *op;
             ops[n++].at = 0;
             continue;
         }
