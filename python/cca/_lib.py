@@ -90,7 +90,9 @@ class ReplayOptions(ctypes.Structure):
                 ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
                 ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
                 ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p),
-                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool)]
+                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool),
+                ("strict", ctypes.c_bool), ("first_event", ctypes.c_uint64),
+                ("peaks_from_event", ctypes.c_uint64)]
 
 
 class ReplayResult(ctypes.Structure):
@@ -115,7 +117,11 @@ class ReplayResult(ctypes.Structure):
                 ("last_step_segment_frees", ctypes.c_uint64),
                 ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
                 ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64),
-                ("overlapped", ctypes.c_bool)]
+                ("overlapped", ctypes.c_bool), ("device", ctypes.c_int), ("device_count", ctypes.c_size_t),
+                ("inferred_segments", ctypes.c_uint64), ("inferred_blocks", ctypes.c_uint64),
+                ("inferred_reserved_bytes", ctypes.c_uint64), ("inferred_requested_bytes", ctypes.c_uint64),
+                ("recorded_part_only", ctypes.c_bool), ("inconsistencies", ctypes.c_uint64),
+                ("first_inconsistency", ctypes.c_char * 200), ("first_inconsistency_event", ctypes.c_uint64)]
 
 
 class Error(ctypes.Structure):

@@ -253,8 +253,8 @@ class Layout(unittest.TestCase):
         mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
-                   "cca_replay_options_t": (_lib.ReplayOptions, "sequential"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "overlapped")}
+                   "cca_replay_options_t": (_lib.ReplayOptions, "peaks_from_event"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "first_inconsistency_event")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()
