@@ -839,8 +839,13 @@ typedef struct cca_replay_result {
  * file is read, with the settings the options give (else PyTorch's default)
  * and no memory fraction or private-pool operation; if the trace's own
  * configuration, known at the end of the file, differs in a way that matters,
- * the trace is replayed again once read. Either way the result is the same. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
- * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
+ * the trace is replayed again once read. Either way the result is the same.
+ * A snapshot recorded after the allocator had begun replays from the state
+ * before its first event, inferred from its segments (docs/replay-mid-run.md).
+ * Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot, or malformed;
+ * with options->strict, an inconsistency of the input), CCA_ERR_BAD_SETTINGS,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY (host memory, or a cap
+ * smaller than the state before the first event).
  * An out-of-memory failure during the replay is counted, not returned.
  * With snapshot_path or svg_path set, the history is cleared and recorded
  * during the replay, written at its end, and left off afterwards; writing

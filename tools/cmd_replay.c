@@ -361,7 +361,8 @@ int cmd_replay(int argc, char **argv)
         return replay_explain(path, &opt, json);
     cca_replay_result_t one, *rs = &one;
     size_t n = 1;
-    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one) : cca_replay_file_devices(path, &opt, &rs, &n);
+    cca_status_t st = one_device ? cca_replay_file(path, &opt, &one)
+                                 : cca_replay_file_devices(path, &opt, &rs, &n);
     if (st != CCA_OK) {
         cli_report_error("replay", path);
         if (one_device)

@@ -115,7 +115,8 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     r->has_expected = true;
     bool part = r->recorded_part_only || peaks_from;
     int64_t v;
-    const pv_node_t *pr = pv_dict_get(fstats, part ? "reserved_bytes.all.current" : "reserved_bytes.all.peak");
+    const char *key = part ? "reserved_bytes.all.current" : "reserved_bytes.all.peak";
+    const pv_node_t *pr = pv_dict_get(fstats, key);
     if (pr && pv_get_int(pr, &v))
         r->expected_peak_reserved_bytes = part ? recorded_peak_reserved(trace, ops, nops, peaks_from, v) : v;
     for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
@@ -477,8 +478,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             r->allocs++;
             live_entry_t *old = live_find(&live, e->addr);
             if (old && old->ptr) {
-                st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a live "
-                                               "block", at, (unsigned long long)e->addr);
+                st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a "
+                                               "live block", at, (unsigned long long)e->addr);
                 if (st != CCA_OK)
                     goto out;
             }
@@ -504,8 +505,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 /* as long as every allocation landed at PyTorch's address, cca's blocks are
                  * PyTorch's: one holding this address is a live block of the trace */
                 if (!(old && old->ptr) && !r->address_mismatches && inside_live_block(e->addr)) {
-                    st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a "
-                                                   "live block", at, (unsigned long long)e->addr);
+                    st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, "
+                                                   "inside a live block", at, (unsigned long long)e->addr);
                     if (st != CCA_OK) {
                         cca_free(p);
                         goto out;
@@ -857,7 +858,7 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    st = replay_pools_cut(ops, &nops, trace.skipped, trace.releases_before, &carry, &ncarry, &live_graphs);
+    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, &carry, &ncarry, &live_graphs);
     if (st == CCA_OK)
         st = trace_config(root, &opt, &cfg, r);
     if (st == CCA_OK)
@@ -1011,7 +1012,8 @@ cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_
                                      cca_replay_result_t **results, size_t *count)
 {
     if (!path || !results || !count)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_replay_file_devices: path, results and count are required");
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_replay_file_devices: path, results and count are required");
     *results = NULL;
     *count = 0;
     cca_replay_options_t opt;

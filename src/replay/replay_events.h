@@ -54,7 +54,9 @@ typedef struct replay_trace {
     size_t count;            /* events */
     size_t devices;          /* device_traces entries in the snapshot */
     size_t skipped;          /* events before the first one kept (replay_load's first_event) */
-    size_t releases_before;  /* segment frees and unmaps just before the first one kept */
+    size_t quiet_before;     /* events just before the first one kept that an empty_cache or a
+                                graph capture's start may make or be among: all but frees and
+                                allocations (the generator's 8-byte ones excepted) */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */

@@ -187,10 +187,12 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         int32_t tag = action && action->kind == PV_STR ? action->tag : -1;
         l->seen++;
         l->t->skipped++;
-        if (tag == TAG_SEGMENT_FREE || tag == TAG_SEGMENT_UNMAP)
-            l->t->releases_before++;
+        uint64_t size = 0;
+        bool rng = tag == TAG_ALLOC && u64_of(rec->by_tag[TAG_SIZE], &size) && size == 8;
+        if ((tag != TAG_ALLOC || rng) && tag != TAG_FREE_REQUESTED && tag != TAG_FREE_COMPLETED)
+            l->t->quiet_before++;
         else
-            l->t->releases_before = 0;
+            l->t->quiet_before = 0;
         return CCA_OK;
     }
     size_t i = l->seen++;

@@ -163,7 +163,7 @@ static pool_carry_t *carry_of(pool_carry_t **carry, size_t *count, cca_mempool_i
     return &grown[(*count)++];
 }
 
-cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t releases_before,
+cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t quiet_before,
                               pool_carry_t **out, size_t *count, unsigned *live_graphs)
 {
     *out = NULL;
@@ -177,8 +177,11 @@ cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size
             ops[n++].at -= skipped;
             continue;
         }
-        if (op->kind == POOL_EMPTY_CACHE && op->at + releases_before >= skipped) {
-            ops[n] = *op; /* the recording began among the segment frees it made: it goes on */
+        bool starts = op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE;
+        if (starts && op->at + quiet_before >= skipped) {
+            /* the recording began among the segment frees it made (and a capture's generator
+             * allocations): it goes on from the start */
+            ops[n] = *op;
             ops[n++].at = 0;
             continue;
         }
@@ -229,8 +232,10 @@ cca_status_t replay_pools_restore(const pool_carry_t *carry, size_t count)
         if (cca_pool_use_count(0, c->id, &now) != CCA_OK)
             now = 0;
         /* routes first (each adds a use), then the count: never 0 while a route is on */
-        if (c->stream_route && (st = cca_begin_allocate_stream_to_pool(0, c->id, (cca_stream_t)(uintptr_t)c->stream)) == CCA_OK)
-            now++;
+        if (c->stream_route) {
+            st = cca_begin_allocate_stream_to_pool(0, c->id, (cca_stream_t)(uintptr_t)c->stream);
+            now += st == CCA_OK;
+        }
         if (st == CCA_OK && c->thread_route && (st = cca_begin_allocate_thread_to_pool(0, c->id)) == CCA_OK)
             now++;
         for (; st == CCA_OK && now < c->count; now++)

@@ -15,13 +15,20 @@
  * Building, with cca's calls only (the allocator's own rules make the blocks):
  * each segment, or expandable reservation, is carved by filler allocations
  * into pieces at PyTorch's addresses: the live blocks, the free stretches
- * between them and, in a reservation, the unmapped holes. The holes' fillers
- * are freed and the cache emptied (which unmaps exactly them), then each live
- * block's filler is freed and the block allocated in its place with its own
- * size, then the free stretches' fillers are freed. A large-pool free stretch
- * too small to be split off (1 MiB or less) belongs to the block before it,
- * as it would in PyTorch, or to a hole beside it, whose unmapping leaves it
- * free. The peaks are reset at the end: figures cover the recorded part.
+ * between them and, in a reservation, the unmapped holes (a large segment is
+ * made whole first, by one allocation of its size, and cut from its head).
+ * Then each live block's filler is freed and the block allocated in its place
+ * with its own size, from the highest address down; then the holes' fillers
+ * are freed and the cache emptied, which unmaps exactly their whole granules;
+ * then the free stretches' fillers are freed. A large-pool free stretch of
+ * 1 MiB or less cannot be a filler of its own (the request would go to the
+ * small pool): it joins a hole beside it, whose unmapping leaves it free, or
+ * the block before it (in a plain segment, the rest PyTorch leaves unsplit;
+ * in a reservation, split off again when the block is allocated). The peaks
+ * are reset at the end: the figures cover the recorded part.
+ *
+ * Limits: one reservation per stream and pool kind; a segment of a private
+ * pool that no event after the start touches is taken for a default one.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,7 +39,8 @@
 #include "replay_start.h"
 #include "state.h"
 
-cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, uint64_t event, const char *fmt, ...)
+cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, uint64_t event, const char *fmt,
+                                       ...)
 {
     char text[sizeof(r->first_inconsistency)];
     va_list ap;
@@ -215,7 +223,9 @@ static int cmp_block(const void *a, const void *b)
 
 static uint64_t round_512(uint64_t size)
 {
-    return size < CCA_MIN_BLOCK_SIZE ? CCA_MIN_BLOCK_SIZE : (size + CCA_MIN_BLOCK_SIZE - 1) & ~(CCA_MIN_BLOCK_SIZE - 1);
+    if (size < CCA_MIN_BLOCK_SIZE)
+        return CCA_MIN_BLOCK_SIZE;
+    return (size + CCA_MIN_BLOCK_SIZE - 1) & ~(uint64_t)(CCA_MIN_BLOCK_SIZE - 1);
 }
 
 /*
@@ -295,7 +305,8 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
             return CCA_OK;
         if (block_find(in, e->addr))
             return replay_note_inconsistency(r, strict, i + trace->skipped,
-                                             "event %zu: the block at 0x%llx is freed twice", i + trace->skipped,
+                                             "event %zu: the block at 0x%llx is freed twice",
+                                             i + trace->skipped,
                                              (unsigned long long)e->addr);
         if (!block_add(in, e->addr, e->size, 0, true, i))
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the start state");
@@ -394,7 +405,8 @@ static cca_status_t group_ranges(replay_start_t *s, const replay_trace_t *trace,
         for (size_t i = 0; i < trace->count && mapped; i++) {
             const replay_event_t *e = replay_ev(trace, i);
             if ((e->kind != EV_SEGMENT_MAP && e->kind != EV_SEGMENT_UNMAP) || e->invalid ||
-                trace->streams[e->stream] != g->stream || e->addr + span < g->end || e->addr >= g->base + span)
+                trace->streams[e->stream] != g->stream || e->addr + span < g->end ||
+                e->addr >= g->base + span)
                 continue;
             bool other = false; /* in the reservation of another group */
             for (size_t o = 0; o < s->ngroups && !other; o++)
@@ -453,8 +465,9 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     for (size_t i = 0; i < trace->count; i++) {
         const replay_event_t *e = replay_ev(trace, i);
         if (e->invalid)
-            replay_note_inconsistency(r, false, i + trace->skipped, "event %zu: size %lld is negative or 1 EB or more",
-                                      i + trace->skipped, (long long)e->size);
+            replay_note_inconsistency(r, false, i + trace->skipped,
+                                      "event %zu: size %lld is negative or 1 EB or more", i + trace->skipped,
+                                      (long long)e->size);
     }
     cca_status_t st = read_end_state(root, device, &in);
     /* a snapshot without the device's segments says nothing of its end state: no start
@@ -508,9 +521,10 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
                           in.ranges[ri].addr + in.ranges[ri].size;
         if (!inside) {
             st = replay_note_inconsistency(r, false, blocks[i].event + trace->skipped,
-                                           "event %zu: a free of 0x%llx (%llu bytes), a block never allocated "
-                                           "nor in a segment before the first event",
-                                           blocks[i].event + trace->skipped, (unsigned long long)blocks[i].addr,
+                                           "event %zu: a free of 0x%llx (%llu bytes), a block never "
+                                           "allocated nor in a segment before the first event",
+                                           blocks[i].event + trace->skipped,
+                                           (unsigned long long)blocks[i].addr,
                                            (unsigned long long)blocks[i].requested);
             if (st != CCA_OK)
                 goto out;
@@ -654,7 +668,8 @@ static bool group_pieces(builder_t *b, const start_group_t *g, size_t *bi, bool 
         const start_block_t *blk = &s->blocks[*bi];
         uint64_t size = blk->size ? blk->size : alloc_round_size(&cca_state->settings, blk->requested);
         if (blk->addr < pos || blk->addr + size > g->end) {
-            replay_note_inconsistency(b->r, false, UINT64_MAX, "the block at 0x%llx (%llu bytes) overlaps another one",
+            replay_note_inconsistency(b->r, false, UINT64_MAX,
+                                      "the block at 0x%llx (%llu bytes) overlaps another one",
                                       (unsigned long long)blk->addr, (unsigned long long)size);
             continue;
         }

@@ -73,7 +73,8 @@ cca_status_t replay_note_inconsistency(cca_replay_result_t *r, bool strict, uint
 /*
  * Infer the state before trace's first event from root's `segments` (those
  * of device) and the events; span: the bytes of an expandable reservation;
- * alloc_pool (NULL: all default): the pool each event's allocation went to. Inconsistencies met are noted in r. Returns
+ * alloc_pool (NULL: all default): the pool each event's allocation went to.
+ * Inconsistencies met are noted in r. Returns
  * CCA_OK, CCA_ERR_OUT_OF_MEMORY, or CCA_ERR_FORMAT under strict. Free *out
  * with start_free whatever the outcome.
  */

@@ -41,7 +41,8 @@ static bool cut_matches_pytorch(const char *path, uint64_t k, cca_replay_result_
     opt.first_event = k;
     cca_status_t st = cca_replay_file(path, &opt, r);
     if (st != CCA_OK) {
-        printf("  %s cut at %llu: replay failed: %s\n", path, (unsigned long long)k, cca_last_error()->message);
+        printf("  %s cut at %llu: replay failed: %s\n", path, (unsigned long long)k,
+               cca_last_error()->message);
         memset(r, 0, sizeof(*r));
         return false;
     }
