@@ -784,6 +784,12 @@ typedef struct cca_replay_options {
                                   trace events later (a GPU running behind); 0: at once */
     bool sequential;         /**< read the whole file before replaying (no replay on a
                                   second thread while the file is read) */
+    bool strict;             /**< stop at the first inconsistency of the input (CCA_ERR_FORMAT)
+                                  instead of counting it */
+    uint64_t first_event;    /**< replay from this event of the trace on, as if the recording
+                                  had begun there (the state before it inferred) */
+    uint64_t peaks_from_event; /**< reset the peak statistics before this event (0: from the start):
+                                    peaks over the events from it on */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -831,6 +837,24 @@ typedef struct cca_replay_result {
     uint64_t compact_moves;       /**< growths that re-mapped free granules */
     uint64_t compact_pending_growths; /**< growths that mapped new memory, granules not yet done */
     bool overlapped;              /**< replayed while the file was read, on a second thread */
+    /* the device replayed, of the snapshot's device_traces */
+    int device;                   /**< its index */
+    size_t device_count;          /**< device_traces entries in the snapshot */
+    /* the state before the first event, for a trace recorded after the allocator had begun
+     * (history recorded late, or its ring wrapped): inferred from the snapshot's segments and
+     * the events as PyTorch's memory viewer does, and the replay started from it */
+    uint64_t inferred_segments;   /**< segments (expandable: mapped ranges) that existed before */
+    uint64_t inferred_blocks;     /**< blocks live before the first event */
+    uint64_t inferred_reserved_bytes;  /**< bytes of those segments */
+    uint64_t inferred_requested_bytes; /**< bytes those blocks were asked for */
+    bool recorded_part_only;      /**< a state was inferred: the peaks and the counts cover only
+                                       the recorded part; expected_peak_reserved_bytes is PyTorch's
+                                       over that part; only the .current statistics compare */
+    /* input that contradicts itself: an allocation inside a live block, a free of a block never
+     * seen, a size negative or of 1 EB or more, a NaN memory fraction (options.strict: an error) */
+    uint64_t inconsistencies;
+    char first_inconsistency[200]; /**< the earliest event's, named */
+    uint64_t first_inconsistency_event; /**< its event (UINT64_MAX: not an event's) */
 } cca_replay_result_t;
 
 /**
@@ -841,8 +865,13 @@ typedef struct cca_replay_result {
  * file is read, with the settings the options give (else PyTorch's default)
  * and no memory fraction or private-pool operation; if the trace's own
  * configuration, known at the end of the file, differs in a way that matters,
- * the trace is replayed again once read. Either way the result is the same. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
- * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
+ * the trace is replayed again once read. Either way the result is the same.
+ * A snapshot recorded after the allocator had begun replays from the state
+ * before its first event, inferred from its segments (docs/replay-mid-run.md).
+ * Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot, or malformed;
+ * with options->strict, an inconsistency of the input), CCA_ERR_BAD_SETTINGS,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY (host memory, or a cap
+ * smaller than the state before the first event).
  * An out-of-memory failure during the replay is counted, not returned.
  * With snapshot_path or svg_path set, the history is cleared and recorded
  * during the replay, written at its end, and left off afterwards; writing
@@ -853,6 +882,68 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 
 /** Free what a replay result holds. */
 void cca_replay_result_free(cca_replay_result_t *result);
+
+/** How many entries each ranking of cca_replay_explain_t keeps. */
+#define CCA_EXPLAIN_TOP 8
+
+/** One line of a ranking: what it is, its bytes, and how many things it counts. */
+typedef struct cca_explain_entry {
+    char name[160];          /**< a call site "file:line function", an annotation, a stream, a segment */
+    uint64_t bytes;          /**< live bytes (segments: cached free bytes) */
+    uint64_t count;          /**< live allocations (segments: free pieces) */
+} cca_explain_entry_t;
+
+/**
+ * What a replay held at the peak of its reserved memory: of the moments (after
+ * a trace event) at the highest reservation, the first with the most bytes
+ * allocated.
+ */
+typedef struct cca_replay_explain {
+    uint64_t peak_event;          /**< index of that event in the device's trace */
+    uint64_t reserved_bytes;      /**< reserved then (the peak) */
+    uint64_t live_bytes;          /**< in blocks the program held (allocated or pending free) */
+    uint64_t live_requested_bytes; /**< what the program asked for in them */
+    uint64_t live_allocations;
+    uint64_t cached_free_bytes;   /**< reserved in no live block (fragmentation) */
+    uint64_t largest_free_bytes;  /**< the largest free piece */
+    uint64_t segments;            /**< segments then */
+    uint64_t segments_with_free;  /**< of which hold a free piece */
+    uint64_t frames_distinct, annotations_distinct, streams_distinct; /**< groups found */
+    size_t frame_count, annotation_count, stream_count, segment_count; /**< entries filled below */
+    cca_explain_entry_t frames[CCA_EXPLAIN_TOP];      /**< live bytes by allocation call site */
+    cca_explain_entry_t annotations[CCA_EXPLAIN_TOP]; /**< by the innermost annotation open
+                                                           at the allocation (record_function) */
+    cca_explain_entry_t streams[CCA_EXPLAIN_TOP];     /**< by stream */
+    cca_explain_entry_t free_segments[CCA_EXPLAIN_TOP]; /**< segments by cached free bytes */
+} cca_replay_explain_t;
+
+/**
+ * Replay a trace as cca_replay_file does (never on a second thread) and
+ * report in *explain what was live at the peak of reserved memory, ranked by
+ * the allocations' call sites (their first frame outside torch), annotations
+ * and streams, and where the cached free memory lay. Reads the file again for
+ * the events' times and streams (and, where they carry frames, once more as a
+ * tree). Same statuses as cca_replay_file;
+ * *result is filled as there (free it with cca_replay_result_free) and holds
+ * nothing on error.
+ */
+cca_status_t cca_replay_explain(const char *path, const cca_replay_options_t *options,
+                                cca_replay_result_t *result, cca_replay_explain_t *explain);
+
+/**
+ * Replay every device of a snapshot (each device_traces entry, options->device
+ * ignored), one result each: *results (malloc'd, *count of them) is freed with
+ * cca_replay_results_free. A device's result says its index (result.device).
+ * options->snapshot_path and svg_path are written for device 0 only. Returns
+ * what cca_replay_file returns for the first device that fails (no results
+ * then), CCA_ERR_INVALID_ARGUMENT (path, results or count NULL),
+ * CCA_ERR_OUT_OF_MEMORY. Not thread-safe (cca is re-initialised per device).
+ */
+cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
+                                     cca_replay_result_t **results, size_t *count);
+
+/** Free the results of cca_replay_file_devices. */
+void cca_replay_results_free(cca_replay_result_t *results, size_t count);
 
 #ifdef __cplusplus
 }

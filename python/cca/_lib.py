@@ -102,7 +102,9 @@ class ReplayOptions(ctypes.Structure):
                 ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
                 ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
                 ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p),
-                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool)]
+                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool),
+                ("strict", ctypes.c_bool), ("first_event", ctypes.c_uint64),
+                ("peaks_from_event", ctypes.c_uint64)]
 
 
 class ReplayResult(ctypes.Structure):
@@ -127,7 +129,32 @@ class ReplayResult(ctypes.Structure):
                 ("last_step_segment_frees", ctypes.c_uint64),
                 ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
                 ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64),
-                ("overlapped", ctypes.c_bool)]
+                ("overlapped", ctypes.c_bool), ("device", ctypes.c_int),
+                ("device_count", ctypes.c_size_t), ("inferred_segments", ctypes.c_uint64),
+                ("inferred_blocks", ctypes.c_uint64), ("inferred_reserved_bytes", ctypes.c_uint64),
+                ("inferred_requested_bytes", ctypes.c_uint64), ("recorded_part_only", ctypes.c_bool),
+                ("inconsistencies", ctypes.c_uint64), ("first_inconsistency", ctypes.c_char * 200),
+                ("first_inconsistency_event", ctypes.c_uint64)]
+
+
+EXPLAIN_TOP = 8
+
+
+class ExplainEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 160), ("bytes", ctypes.c_uint64), ("count", ctypes.c_uint64)]
+
+
+class ReplayExplain(ctypes.Structure):
+    _fields_ = [("peak_event", ctypes.c_uint64), ("reserved_bytes", ctypes.c_uint64),
+                ("live_bytes", ctypes.c_uint64), ("live_requested_bytes", ctypes.c_uint64),
+                ("live_allocations", ctypes.c_uint64), ("cached_free_bytes", ctypes.c_uint64),
+                ("largest_free_bytes", ctypes.c_uint64), ("segments", ctypes.c_uint64),
+                ("segments_with_free", ctypes.c_uint64), ("frames_distinct", ctypes.c_uint64),
+                ("annotations_distinct", ctypes.c_uint64), ("streams_distinct", ctypes.c_uint64),
+                ("frame_count", ctypes.c_size_t), ("annotation_count", ctypes.c_size_t),
+                ("stream_count", ctypes.c_size_t), ("segment_count", ctypes.c_size_t),
+                ("frames", ExplainEntry * EXPLAIN_TOP), ("annotations", ExplainEntry * EXPLAIN_TOP),
+                ("streams", ExplainEntry * EXPLAIN_TOP), ("free_segments", ExplainEntry * EXPLAIN_TOP)]
 
 
 class Error(ctypes.Structure):
@@ -185,6 +212,8 @@ def load():
         "cca_snapshot_file_to_svg": (st, [cp, cp]),
         "cca_replay_file": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult)]),
         "cca_replay_result_free": (None, [ctypes.POINTER(ReplayResult)]),
+        "cca_replay_explain": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult),
+                                    ctypes.POINTER(ReplayExplain)]),
     }
     for name, (res, args) in decl.items():
         fn = getattr(lib, name)

@@ -103,6 +103,49 @@ class Replay(unittest.TestCase):
                 self.assertEqual(r["address_mismatches"], out["address_mismatches"])
             self.assertEqual(r["memory_stats"], out["memory_stats"])
 
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_replay_keys_equal_the_command_lines(self):
+        """cca.replay and `cca replay --json` give the same keys (address_mismatches only when
+        addresses were compared)."""
+        for settings, addresses in ((None, None), ("max_split_size_mb:64", None), ("", "trace")):
+            args = [cli(), "replay", TWO_STREAM, "--json"]
+            if settings is not None:
+                args += ["--settings", settings]
+            if addresses:
+                args += ["--addresses", addresses]
+            out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+            r = cca.replay(TWO_STREAM, settings=settings, addresses=addresses)
+            self.assertEqual(set(r), set(out), (settings, addresses))
+            self.assertEqual(set(r["expected"]), set(out["expected"]))
+            compared = addresses == "trace" or settings is None
+            self.assertEqual("address_mismatches" in r, compared, (settings, addresses))
+
+    def test_fifo_refused_before_it_blocks(self):
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)
+            for call in (cca.replay, cca.snapshot_to_json, cca.explain,
+                         lambda p: cca.snapshot_to_svg(p, os.path.join(d, "out.svg"))):
+                with self.assertRaises(cca.CcaError) as cm:
+                    call(fifo)
+                self.assertIn("not a regular file", str(cm.exception))
+
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_explain_equals_the_command_line(self):
+        out = json.loads(subprocess.run([cli(), "replay", TWO_STREAM, "--explain", "--json"], check=True,
+                                        capture_output=True, text=True).stdout)
+        x = cca.explain(TWO_STREAM)
+        self.assertEqual(set(x), set(out))
+        self.assertEqual(x["explain"], out["explain"])
+        self.assertEqual(x["settings"], out["settings"])
+        self.assertEqual(x["replay"]["peak_reserved_bytes"], x["explain"]["reserved_bytes"])
+
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_fit_equals_the_command_line(self):
+        out = json.loads(subprocess.run([cli(), "replay", TWO_STREAM, "--fit", "", "expandable_segments:True",
+                                         "--json"], check=True, capture_output=True, text=True).stdout)
+        self.assertEqual(cca.fit(TWO_STREAM, ["", "expandable_segments:True"]), out)
+
     def test_sequential_gives_the_same_result(self):
         a = cca.replay(TWO_STREAM)
         b = cca.replay(TWO_STREAM, sequential=True)
@@ -270,8 +313,10 @@ class Layout(unittest.TestCase):
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
                    "cca_host_stats_t": (_lib.HostStats, "host_free_time"),
-                   "cca_replay_options_t": (_lib.ReplayOptions, "sequential"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "overlapped")}
+                   "cca_replay_options_t": (_lib.ReplayOptions, "peaks_from_event"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "first_inconsistency_event"),
+                   "cca_explain_entry_t": (_lib.ExplainEntry, "count"),
+                   "cca_replay_explain_t": (_lib.ReplayExplain, "free_segments")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()

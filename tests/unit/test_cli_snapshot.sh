@@ -79,6 +79,25 @@ check snapshot_svg_of_pytorch_file sh -c "
     \"$CCA\" snapshot $TRACE --svg $tmp/ref.svg &&
     python3 -c \"import xml.etree.ElementTree as ET; ET.parse('$tmp/ref.svg')\""
 
+# `cca snapshot FILE --json OUT` as the command list says: the same JSON as -o OUT and stdout
+check snapshot_json_out_positional sh -c "
+    \"$CCA\" snapshot $TRACE --json $tmp/pos.json &&
+    \"$CCA\" snapshot $TRACE --json -o $tmp/opt.json &&
+    \"$CCA\" snapshot $TRACE --json >$tmp/std.json &&
+    cmp -s $tmp/pos.json $tmp/opt.json && cmp -s $tmp/pos.json $tmp/std.json &&
+    \"$CCA\" snapshot --json $TRACE | cmp -s - $tmp/std.json"
+
+check snapshot_missing_value sh -c "
+    \"$CCA\" snapshot $TRACE --svg 2>$tmp/e1; [ \$? -eq 2 ] && grep -q -- '--svg needs a value' $tmp/e1 &&
+    \"$CCA\" snapshot $TRACE --json -o 2>$tmp/e2; [ \$? -eq 2 ] && grep -q -- '-o needs a value' $tmp/e2"
+
+check snapshot_fifo_refused sh -c "
+    mkfifo $tmp/fifo && timeout 20 \"$CCA\" snapshot $tmp/fifo --json 2>$tmp/e3; [ \$? -eq 1 ] &&
+    grep -q 'not a regular file' $tmp/e3"
+
+check snapshot_path_named_once sh -c "
+    \"$CCA\" snapshot $tmp/missing.pickle --json 2>$tmp/e4; [ \$(grep -o missing.pickle $tmp/e4 | wc -l) -eq 1 ]"
+
 usage_errors() {
     expect_rc 2 "$CCA" snapshot &&
     expect_rc 2 "$CCA" snapshot "$TRACE" &&
