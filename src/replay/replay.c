@@ -858,7 +858,8 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, &carry, &ncarry, &live_graphs);
+    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, trace.releases_before, &carry,
+                          &ncarry, &live_graphs);
     if (st == CCA_OK)
         st = trace_config(root, &opt, &cfg, r);
     if (st == CCA_OK)

@@ -57,6 +57,7 @@ typedef struct replay_trace {
     size_t quiet_before;     /* events just before the first one kept that an empty_cache or a
                                 graph capture's start may make or be among: all but frees and
                                 allocations (the generator's 8-byte ones excepted) */
+    size_t releases_before;  /* of those, the ones after the last allocation or mapping */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */

@@ -189,10 +189,15 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         l->t->skipped++;
         uint64_t size = 0;
         bool rng = tag == TAG_ALLOC && u64_of(rec->by_tag[TAG_SIZE], &size) && size == 8;
+        bool made = tag == TAG_SEGMENT_ALLOC || tag == TAG_SEGMENT_MAP || tag == TAG_ALLOC;
         if ((tag != TAG_ALLOC || rng) && tag != TAG_FREE_REQUESTED && tag != TAG_FREE_COMPLETED)
             l->t->quiet_before++;
         else
             l->t->quiet_before = 0;
+        if (made || tag == TAG_FREE_REQUESTED || tag == TAG_FREE_COMPLETED)
+            l->t->releases_before = 0;
+        else
+            l->t->releases_before++;
         return CCA_OK;
     }
     size_t i = l->seen++;

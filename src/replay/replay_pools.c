@@ -164,7 +164,8 @@ static pool_carry_t *carry_of(pool_carry_t **carry, size_t *count, cca_mempool_i
 }
 
 cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t quiet_before,
-                              pool_carry_t **out, size_t *count, unsigned *live_graphs)
+                              size_t releases_before, pool_carry_t **out, size_t *count,
+                              unsigned *live_graphs)
 {
     *out = NULL;
     *count = 0;
@@ -177,8 +178,8 @@ cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size
             ops[n++].at -= skipped;
             continue;
         }
-        bool starts = op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE;
-        if (starts && op->at + quiet_before >= skipped) {
+        size_t own = op->kind == POOL_GRAPH_CAPTURE ? quiet_before : releases_before;
+        if ((op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE) && op->at + own >= skipped) {
             /* the recording began among the segment frees it made (and a capture's generator
              * allocations): it goes on from the start */
             ops[n] = *op;

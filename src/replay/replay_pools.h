@@ -60,13 +60,15 @@ typedef struct pool_carry {
 /*
  * The pools that the operations before event `skipped` leave (*out malloc'd,
  * *count of them) and the graphs alive then; then drop those operations and
- * move the others up by skipped. An empty_cache or a graph capture whose
- * own events (segment frees, and a capture's generator allocations) run
- * into the first event kept (quiet_before of them before it) goes on at the
- * start: the rest of its frees follow. CCA_OK or CCA_ERR_OUT_OF_MEMORY.
+ * move the others up by skipped. An empty_cache whose segment frees run
+ * into the first event kept (releases_before of them just before it), or a
+ * graph capture whose frees and generator allocations do (quiet_before),
+ * goes on at the start: the rest of its frees follow. CCA_OK or
+ * CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t quiet_before,
-                              pool_carry_t **out, size_t *count, unsigned *live_graphs);
+                              size_t releases_before, pool_carry_t **out, size_t *count,
+                              unsigned *live_graphs);
 /* Bring the pools to their carried use counts and routes (after the start state is built). */
 cca_status_t replay_pools_restore(const pool_carry_t *carry, size_t count);
 

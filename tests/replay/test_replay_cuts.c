@@ -114,8 +114,9 @@ static int cmp_name(const void *a, const void *b)
  * blocks live), a third and two thirds in (mid-step: blocks live, free
  * stretches and, with expandable segments, mapped and unmapped ranges), and
  * the last event (nearly all of the state inferred; often a free_completed
- * whose request is cut off). The third is also compared with the whole
- * replay measured from there, statistic by statistic.
+ * whose request is cut off); traces of 200,000 events or more at the third
+ * and the last only. The third is also compared with the whole replay
+ * measured from there, statistic by statistic.
  */
 TEST(every_trace_cut_at_several_points)
 {
@@ -147,7 +148,8 @@ TEST(every_trace_cut_at_several_points)
         cca_replay_result_free(&r);
         const uint64_t cuts[] = {n / 50 + 1, n / 3, 2 * n / 3 + 1, n - 1};
         for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++)
-            check_cut(names[t], cuts[c], c == 1);
+            if (n < 200000 || c % 2) /* the longest traces (generation) at two points */
+                check_cut(names[t], cuts[c], c == 1);
         printf("  %-48s cut at %llu, %llu, %llu, %llu\n", names[t], (unsigned long long)cuts[0],
                (unsigned long long)cuts[1], (unsigned long long)cuts[2], (unsigned long long)cuts[3]);
         free(names[t]);
