@@ -164,10 +164,20 @@ cca_status_t pickle_write_file(const pv_node_t *root, const char *path);
  * (e.g. 1 -> "1", None -> "null"). pretty: two-space indentation and
  * ": " / "," + newline separators, like Python's json.dumps(indent=2);
  * otherwise no whitespace at all. A shared node is written at each place it
- * occurs. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, nesting deeper than
- * PV_MAX_DEPTH, e.g. a cycle), CCA_ERR_OUT_OF_MEMORY.
+ * occurs, so the text is bounded before anything is written: more than 2^20
+ * values and more than 64 times the distinct ones (pv_json_values) is refused.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, nesting deeper than
+ * PV_MAX_DEPTH, e.g. a cycle), CCA_ERR_FORMAT (shared values that would expand
+ * past that bound: a "billion laughs" pickle), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t pv_to_json(const pv_node_t *node, cca_strbuf_t *out, bool pretty);
+/*
+ * The values (scalars, containers and dict keys) pv_to_json would write,
+ * saturating at UINT64_MAX, and the distinct ones (a container shared through
+ * the memo counted once). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (nesting
+ * deeper than PV_MAX_DEPTH), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t pv_json_values(const pv_node_t *node, uint64_t *values, uint64_t *distinct);
 
 /* ---- shared between pickle.c and json.c --------------------------------------------- */
 

@@ -84,6 +84,9 @@ typedef struct pk_handler {
     cca_status_t (*record)(void *ctx, const pk_record_t *record);
     /* Optional: inner list `group` of the PK_RECORDS field `field` begins. */
     cca_status_t (*group)(void *ctx, const char *field, size_t group);
+    /* A top-level value that is not a dict is refused (CCA_ERR_FORMAT) as soon as it
+     * begins, before its bytes are read (a snapshot is a dict: a 2 GiB string is not). */
+    bool dict_root;
 } pk_handler_t;
 
 /*
