@@ -130,7 +130,10 @@ cca_status_t pv_list_append(pv_doc_t *doc, pv_node_t *list, pv_node_t *value);
 /*
  * Load a pickle (protocol 0-5 opcodes for None, bool, int, float, str, bytes,
  * list, tuple, dict) from a file, gunzipping it when it starts with the gzip
- * magic. On success *doc owns the tree (pv_doc_root). Returns CCA_OK,
+ * magic. The file is inflated and decoded a window at a time (the streaming
+ * reader's decoder keeping every field), so bad data fails where it begins and
+ * memory follows what the tree keeps. On success *doc owns the tree
+ * (pv_doc_root). Returns CCA_OK,
  * CCA_ERR_IO (names the path and errno text), CCA_ERR_FORMAT (unsupported
  * opcode, malformed or truncated data: the message gives the offset, in the
  * decompressed data, and what was expected), CCA_ERR_OUT_OF_MEMORY,

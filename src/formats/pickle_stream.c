@@ -231,8 +231,8 @@ static cca_status_t pop_mark(sreader_t *r, size_t off, int op, size_t *mark)
 static pv_node_t *to_node(sreader_t *r, const slot_t *s, size_t off)
 {
     pv_node_t *n = NULL;
-    if (s->type == SL_NODE)
-        return s->v.node;
+    if (s->type == SL_NODE || s->type == SL_ROOT)
+        return s->v.node; /* the top-level dict: as far as it is kept (as the memo has it) */
     if (s->type != SL_SCALAR) {
         sr_gone(r, off, "a %s of a streamed or skipped field is referenced where values are kept",
                 slot_kind_name(s));
