@@ -142,6 +142,7 @@ typedef struct sreader {
     size_t memo_room;        /* entries allocated (memo_bytes of them) */
     size_t memo_count, memo_bytes;
     bool root_seen;
+    bool dropped;            /* a field of the top-level dict was skipped or streamed */
     pv_node_t *result;       /* the value STOP returned */
 
     /* a second reading (sr_rerun): every field a tree, the callbacks the first made skipped */

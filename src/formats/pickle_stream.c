@@ -356,6 +356,7 @@ static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, s
             return new_tree_container(r, kind, out); /* its mode is applied when the root takes it */
         pk_mode_t mode = r->h->field_mode ? r->h->field_mode(r->h->ctx, key->data, key->len) : PK_TREE;
         out->flags = SF_FIELD;
+        r->dropped |= mode != PK_TREE;
         if (mode == PK_SKIP) {
             out->type = SL_SKIP;
             return CCA_OK;
@@ -479,6 +480,7 @@ static bool root_keeps(sreader_t *r, size_t off, const slot_t *k, const slot_t *
     if (k->type != SL_SCALAR || k->kind != PV_STR || !r->h->field_mode)
         return true;
     pk_mode_t mode = r->h->field_mode(r->h->ctx, k->v.sym->data, k->v.sym->len);
+    r->dropped |= mode != PK_TREE;
     if (mode == PK_RECORDS && v->type == SL_NODE)
         *st = sr_deliver_tree(r, off, k->v.sym, v->v.node);
     else if (mode == PK_RECORDS && v->type == SL_SKIP && v->kind == PV_LIST)
@@ -901,6 +903,8 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
             slot_t *top = &r->stack[r->sp - 1];
             if (top->type != SL_ROOT && r->h->dict_root)
                 return not_dict_root(r, off, (pv_kind_t)top->kind);
+            if (top->type != SL_ROOT && (r->dropped || r->calls || r->calls_to_skip))
+                return sr_error(r, off, "the pickle's value is not the dict whose fields were streamed");
             pv_node_t *root = top->type == SL_ROOT ? top->v.node : to_node(r, top, off);
             if (!root)
                 return cca_last_error()->status;
