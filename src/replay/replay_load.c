@@ -265,7 +265,7 @@ cca_status_t replay_load(const char *path, int device, size_t first_event, repla
     l.next_publish = PUBLISH_BATCH;
     pk_handler_t h = {
         .ctx = &l, .symbols = tag_names, .symbol_count = TAG_COUNT,
-        .field_mode = field_mode, .record = on_record, .group = on_group,
+        .field_mode = field_mode, .record = on_record, .group = on_group, .dict_root = true,
     };
     pv_doc_t *doc = NULL;
     cca_status_t st = CCA_OK;

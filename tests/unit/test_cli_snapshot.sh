@@ -98,6 +98,34 @@ check snapshot_fifo_refused sh -c "
 check snapshot_path_named_once sh -c "
     \"$CCA\" snapshot $tmp/missing.pickle --json 2>$tmp/e4; [ \$(grep -o missing.pickle $tmp/e4 | wc -l) -eq 1 ]"
 
+# A pickle whose lists share each other through the memo (40 levels: 2^41 values of
+# JSON from 467 bytes) is refused at once; before, the JSON grew until memory ran out.
+check snapshot_json_of_shared_lists_refused sh -c "
+    python3 -c \"
+import pickle
+a = []
+for i in range(40):
+    a = [a, a]
+open('$tmp/laughs.pickle', 'wb').write(pickle.dumps({'segments': [a]}, protocol=4))
+\" &&
+    ! timeout 60 \"$CCA\" snapshot $tmp/laughs.pickle --json -o $tmp/laughs.json 2>$tmp/laughs.err &&
+    grep -q 'shared values' $tmp/laughs.err && [ ! -s $tmp/laughs.json ]"
+
+# A 256 MiB string where a snapshot's dict should be, in 256 KiB of gzip: replay refuses
+# it at its opcode (offset 2), before inflating it.
+check replay_refuses_a_string_at_once sh -c "
+    python3 -c \"
+import pickle, zlib
+z = zlib.compressobj(1, zlib.DEFLATED, 31)
+out = [z.compress(b'\\\\x80\\\\x04\\\\x8d' + (1 << 28).to_bytes(8, 'little'))]
+piece = b'a' * (1 << 20)
+out += [z.compress(piece) for _ in range(256)]
+out.append(z.compress(b'.') + z.flush())
+open('$tmp/str.pickle.gz', 'wb').write(b''.join(out))
+\" &&
+    ! \"$CCA\" replay $tmp/str.pickle.gz 2>$tmp/str.err &&
+    grep -q 'top-level value (str) is not a dict at offset 2' $tmp/str.err"
+
 usage_errors() {
     expect_rc 2 "$CCA" snapshot &&
     expect_rc 2 "$CCA" snapshot "$TRACE" &&
