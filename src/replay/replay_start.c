@@ -221,6 +221,8 @@ static int cmp_block(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+#define LARGE_GRANULE ((uint64_t)20 << 20)
+
 static uint64_t round_512(uint64_t size)
 {
     if (size < CCA_MIN_BLOCK_SIZE)
@@ -539,6 +541,9 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
         start_range_t *rg = &in.ranges[i];
         if (rg->small < 0 && !rg->expandable) /* a plain segment of the small pool is 2 MiB */
             rg->small = rg->size == CCA_SMALL_BUFFER;
+        /* the large pool maps 20 MiB granules (PyTorch's default large segment size) */
+        if (rg->small < 0 && rg->expandable && rg->size % LARGE_GRANULE)
+            rg->small = 1;
         out->reserved_bytes += rg->size;
     }
     find_slack(&in, blocks, kept, trace);
