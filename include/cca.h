@@ -359,9 +359,12 @@ cca_status_t cca_ipc_close(void *ptr);
 
 /**
  * Release the reference of a handle that will not be opened (a send that
- * failed, a consumer that is gone): from the producer or any process.
- * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL or corrupt handle),
- * CCA_ERR_BACKEND (the producer's counters cannot be reached). Thread-safe.
+ * failed, a consumer that is gone): from the producer or any process, once.
+ * A handle released already (by a release or a cca_ipc_close of its open), or
+ * whose block's free has completed, is refused and nothing changes; a handle
+ * released cannot be opened. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL,
+ * a corrupt handle, or released already), CCA_ERR_BACKEND (the producer's
+ * counters cannot be reached). Thread-safe.
  */
 cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle);
 /** cca_ipc_release_handle of a serialized handle (len bytes at handle). Returns as it. */

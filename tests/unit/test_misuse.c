@@ -229,6 +229,43 @@ TEST(devices_and_processes)
     cca_shutdown();
 }
 
+/* A handle's reference is released once: a second release (fixed or serialized form), with
+ * another handle of the block still out, is refused and must not let the block's free
+ * complete under the other handle's process; so is a release after the close-less free. */
+TEST(repeated_ipc_releases)
+{
+    setup();
+    char *p = NULL, *q = NULL;
+    size_t n = 0, pending = 0;
+    expect_ok(cca_malloc((void **)&p, MiB, NULL));
+    cca_ipc_mem_handle_t first;
+    unsigned char second[CCA_IPC_HANDLE_SIZE];
+    expect_ok(cca_ipc_get_handle(p, NULL, &first));
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, second, sizeof(second), &n));
+    expect_ok(cca_ipc_release_handle(&first));
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    MISUSE(cca_ipc_release_handle_bytes(first.bytes, sizeof(first.bytes)),
+           CCA_ERR_INVALID_ARGUMENT, "released already");
+    /* the second handle still holds the block: its free waits, its memory is not reused */
+    expect_ok(cca_free(p));
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    expect_ok(cca_malloc((void **)&q, MiB, NULL));
+    expect_true(q != p);
+    expect_ok(cca_ipc_release_handle_bytes(second, n));
+    MISUSE(cca_ipc_release_handle_bytes(second, n), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    /* the block's free completed: its handles name nothing now */
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    MISUSE(cca_ipc_release_handle_bytes(second, n), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_free(q));
+    cca_shutdown();
+}
+
 /* Pointers into expandable segments: blocks, unmapped space, after unmapping. */
 TEST(expandable_pointers)
 {
@@ -346,6 +383,7 @@ int main(void)
     RUN(expandable_pointers);
     RUN(host_pointers);
     RUN(devices_and_processes);
+    RUN(repeated_ipc_releases);
     RUN(private_pools);
     printf("misuse cases: %d\n", cases);
     return harness_done();
