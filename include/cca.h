@@ -94,8 +94,14 @@ cca_status_t cca_init(void);
 
 /**
  * Initialise cca on a given backend with a settings string (NULL: read
- * CCA_ALLOC_CONF). cca takes ownership of the backend and destroys it at
- * cca_shutdown(). Returns CCA_ERR_BUSY if cca is already initialised.
+ * CCA_ALLOC_CONF). cca takes ownership of the backend whatever the call
+ * returns: it destroys it at cca_shutdown(), or before returning an error
+ * (so the caller never destroys it, and must not use it after a failure). The
+ * one exception is the backend cca already runs on, given again: it is left
+ * running. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL backend),
+ * CCA_ERR_BUSY (cca is already initialised: call cca_shutdown first),
+ * CCA_ERR_BAD_SETTINGS, CCA_ERR_NO_DEVICE, CCA_ERR_NOT_SUPPORTED,
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND. Thread-safe.
  */
 cca_status_t cca_init_with_backend(struct cca_backend *backend, const char *settings);
 

@@ -176,7 +176,12 @@ cca_status_t state_init_with_backend(cca_backend_t *backend, const char *setting
     pthread_mutex_lock(&init_lock);
     cca_status_t st;
     if (cca_is_initialized()) {
-        st = cca_raise(CCA_ERR_BUSY, "cca is already initialised; call cca_shutdown first");
+        /* the backend is cca's on every return, as on the other errors: destroyed here,
+         * unless it is the one cca runs on (given twice), which must stay */
+        if (backend != cca_state->backend)
+            backend->destroy(backend->ctx);
+        st = cca_raise(CCA_ERR_BUSY, "cca is already initialised; call cca_shutdown first (the "
+                                     "backend given was destroyed)");
         pthread_mutex_unlock(&init_lock);
         return st;
     }

@@ -229,6 +229,39 @@ TEST(devices_and_processes)
     cca_shutdown();
 }
 
+/* cca_init_with_backend while initialised: BUSY, and the backend it was given is destroyed
+ * (cca owns it on every return), unless it is the one cca runs on. */
+static cca_backend_t counted_backend;
+static void (*counted_destroy_next)(void *ctx);
+static int counted_destroys;
+static void counted_destroy(void *ctx)
+{
+    counted_destroys++;
+    counted_destroy_next(ctx);
+}
+
+TEST(init_while_initialised)
+{
+    setup();
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cca_backend_t *other = NULL;
+    expect_ok(cca_sim_create(&cfg, &other));
+    counted_backend = *other;
+    counted_destroy_next = other->destroy;
+    counted_backend.destroy = counted_destroy;
+    counted_destroys = 0;
+    MISUSE(cca_init_with_backend(&counted_backend, ""), CCA_ERR_BUSY, "already initialised");
+    expect_eq_i64(counted_destroys, 1);
+    MISUSE(cca_init_with_backend(sim, "expandable_segments:True"), CCA_ERR_BUSY,
+           "already initialised");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, NULL)); /* still running on sim, with its settings */
+    expect_ok(cca_free(p));
+    cca_shutdown();
+    expect_eq_i64(counted_destroys, 1);
+}
+
 /* A handle's reference is released once: a second release (fixed or serialized form), with
  * another handle of the block still out, is refused and must not let the block's free
  * complete under the other handle's process; so is a release after the close-less free. */
@@ -384,6 +417,7 @@ int main(void)
     RUN(host_pointers);
     RUN(devices_and_processes);
     RUN(repeated_ipc_releases);
+    RUN(init_while_initialised);
     RUN(private_pools);
     printf("misuse cases: %d\n", cases);
     return harness_done();
