@@ -55,7 +55,7 @@ def settings(text=None):
     an invalid string (the message names the offending key:value)."""
     lib = _lib.load()
     out = ctypes.c_void_p()
-    arg = text.encode() if text is not None else None
+    arg = _lib.text_arg("settings", "text", text)
     _check(lib, lib.cca_settings_describe(arg, ctypes.byref(out)), "settings")
     result = {}
     for line in _lib.take_string(lib, out).splitlines():
@@ -125,25 +125,27 @@ def replay(path, settings=None, cap=None, total_memory=None, addresses=None, dev
     CCA_ERR_BUSY) in a process where cca is serving allocations (e.g. after
     cca.torch.install()); run it in another process there."""
     lib = _lib.load()
-    if lib.cca_is_initialized():
-        raise CcaError("CCA_ERR_BUSY", "replay: cca is initialised in this process and a replay "
-                       "would reset it; replay in another process (e.g. `cca replay --json`)")
     if addresses is None:
         addresses = "trace" if settings is None else "fresh"
     if addresses not in ("trace", "fresh"):
         raise ValueError("addresses must be 'trace' or 'fresh', not %r" % (addresses,))
     opts = _lib.ReplayOptions()
-    opts.settings = settings.encode() if settings is not None else None
-    opts.cap = int(cap or 0)
-    opts.total_memory = int(total_memory or 0)
+    opts.settings = _lib.text_arg("replay", "settings", settings)
+    opts.cap = _lib.size_arg("replay", "cap", 0 if cap is None else cap)
+    opts.total_memory = _lib.size_arg("replay", "total_memory",
+                                      0 if total_memory is None else total_memory)
     opts.trace_addresses = addresses == "trace"
     opts.ignore_fraction = not fraction
-    opts.device = int(device)
-    opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
-    opts.svg_path = os.fsencode(svg) if svg else None
+    opts.device = _lib.device_arg("replay", device)
+    opts.snapshot_path = _lib.path_arg("replay", "snapshot", snapshot) if snapshot else None
+    opts.svg_path = _lib.path_arg("replay", "svg", svg) if svg else None
     opts.sequential = bool(sequential)
+    cpath = _lib.path_arg("replay", "path", path)
+    if lib.cca_is_initialized():
+        raise CcaError("CCA_ERR_BUSY", "replay: cca is initialised in this process and a replay "
+                       "would reset it; replay in another process (e.g. `cca replay --json`)")
     res = _lib.ReplayResult()
-    st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
+    st = lib.cca_replay_file(cpath, ctypes.byref(opts), ctypes.byref(res))
     try:
         _check(lib, st, "replay %s" % path)
         return _result_dict(res)
@@ -156,7 +158,8 @@ def snapshot_to_json(path):
     (segments, device_traces, allocator_settings, ...)."""
     lib = _lib.load()
     out = ctypes.c_void_p()
-    _check(lib, lib.cca_snapshot_file_to_json(os.fsencode(path), ctypes.byref(out)),
+    _check(lib, lib.cca_snapshot_file_to_json(_lib.path_arg("snapshot_to_json", "path", path),
+                                              ctypes.byref(out)),
            "snapshot_to_json %s" % path)
     return _json.loads(_lib.take_string(lib, out))
 
@@ -164,7 +167,8 @@ def snapshot_to_json(path):
 def snapshot_to_svg(path, svg_path):
     """Draw a snapshot pickle as a self-contained SVG file."""
     lib = _lib.load()
-    _check(lib, lib.cca_snapshot_file_to_svg(os.fsencode(path), os.fsencode(svg_path)),
+    _check(lib, lib.cca_snapshot_file_to_svg(_lib.path_arg("snapshot_to_svg", "path", path),
+                                             _lib.path_arg("snapshot_to_svg", "svg_path", svg_path)),
            "snapshot_to_svg %s" % path)
 
 
@@ -187,6 +191,7 @@ def memory_stats(device=0):
     122 keys, sorted, with cca's values."""
     lib = _lib.load()
     entries = (_lib.StatEntry * _lib.MEMORY_STATS_COUNT)()
+    device = _lib.device_arg("memory_stats", device)
     _check(lib, lib.cca_memory_stats(device, entries, _lib.MEMORY_STATS_COUNT), "memory_stats")
     return {e.key.decode(): e.value for e in entries}
 
@@ -195,6 +200,7 @@ def device_stats(device=0):
     """The raw statistics structure (cca_device_stats_t) of a device."""
     lib = _lib.load()
     s = _lib.DeviceStats()
+    device = _lib.device_arg("device_stats", device)
     _check(lib, lib.cca_get_device_stats(device, ctypes.byref(s)), "device_stats")
     return s
 
@@ -203,6 +209,7 @@ def memory_summary(device=0, abbreviated=False):
     """The text of torch.cuda.memory_summary() for cca's statistics of a device."""
     lib = _lib.load()
     out = ctypes.c_void_p()
+    device = _lib.device_arg("memory_summary", device)
     _check(lib, lib.cca_memory_summary(device, bool(abbreviated), ctypes.byref(out)),
            "memory_summary")
     return _lib.take_string(lib, out)
@@ -210,12 +217,13 @@ def memory_summary(device=0, abbreviated=False):
 
 def reset_peak_stats(device=0):
     lib = _lib.load()
-    _check(lib, lib.cca_reset_peak_stats(device), "reset_peak_stats")
+    _check(lib, lib.cca_reset_peak_stats(_lib.device_arg("reset_peak_stats", device)), "reset_peak_stats")
 
 
 def reset_accumulated_stats(device=0):
     lib = _lib.load()
-    _check(lib, lib.cca_reset_accumulated_stats(device), "reset_accumulated_stats")
+    _check(lib, lib.cca_reset_accumulated_stats(
+        _lib.device_arg("reset_accumulated_stats", device)), "reset_accumulated_stats")
 
 
 def empty_cache():
@@ -229,7 +237,8 @@ def record_history(enabled=True, max_entries=100000):
     stacks (cca.torch's install records PyTorch's stacks through
     torch.cuda.memory._record_memory_history)."""
     lib = _lib.load()
-    _check(lib, lib.cca_record_history(bool(enabled), None, None, int(max_entries), 0),
+    max_entries = _lib.size_arg("record_history", "max_entries", max_entries)
+    _check(lib, lib.cca_record_history(bool(enabled), None, None, max_entries, 0),
            "record_history")
 
 
@@ -237,4 +246,4 @@ def dump_snapshot(path):
     """Write this process's state and history as a PyTorch snapshot pickle
     (gzip when path ends in .gz), for torch.cuda._memory_viz and cca replay."""
     lib = _lib.load()
-    _check(lib, lib.cca_dump_snapshot(os.fsencode(path)), "dump_snapshot %s" % path)
+    _check(lib, lib.cca_dump_snapshot(_lib.path_arg("dump_snapshot", "path", path)), "dump_snapshot %s" % path)
