@@ -152,7 +152,8 @@ TEST(arguments)
 TEST(settings_strings)
 {
     setup();
-    cca_settings_t saved = cca_state->settings;
+    const cca_settings_t *before = cca_state->settings;
+    cca_settings_t saved = *before;
     MISUSE(cca_set_settings("max_split_size_mb:abc"), CCA_ERR_BAD_SETTINGS, "max_split_size_mb");
     MISUSE(cca_set_settings("no_such_key:1"), CCA_ERR_BAD_SETTINGS, "no_such_key");
     MISUSE(cca_set_settings("garbage_collection_threshold:1.5"), CCA_ERR_BAD_SETTINGS,
@@ -164,7 +165,8 @@ TEST(settings_strings)
     MISUSE(cca_set_settings("compact_memory:Maybe"), CCA_ERR_BAD_SETTINGS, "compact_memory");
     MISUSE(cca_set_settings("compact_memory:True,expandable_segments:False"), CCA_ERR_BAD_SETTINGS,
            "compact_memory needs expandable segments");
-    expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
+    expect_true(cca_state->settings == before); /* no new settings object either */
+    expect_true(!memcmp(&saved, cca_state->settings, sizeof(saved)));
     /* annotations' fields (the history recorded, so that a refusal is not a no-op) */
     expect_status(cca_record_history(true, NULL, NULL, 16, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
     const char *keys[2] = {"name", ""}, *values[2] = {"step", "x"};
