@@ -229,7 +229,7 @@ int cmd_replay(int argc, char **argv)
         } else if (!strcmp(a, "--settings") && has_value) {
             opt.settings = argv[++i];
         } else if ((!strcmp(a, "--cap") || !strcmp(a, "--total-memory")) && has_value) {
-            size_t v;
+            size_t v = 0;
             if (parse_size(argv[i + 1], &v) != 0 || v == 0) {
                 fprintf(stderr, "cca replay: %s %s: expected a size in bytes (K/M/G/T suffixes allowed)\n", a, argv[i + 1]);
                 return 2;
