@@ -21,9 +21,8 @@ static const char *harness_current;
 
 /*
  * Whether RUN runs the test called name: HARNESS_ONLY (a comma-separated list
- * of test names) runs those alone, HARNESS_SKIP all but those. CMake splits a
- * long program into several ctest entries this way (cca_split_test), so that
- * `ctest -j` runs its parts at once; together they run every test once.
+ * of test names) runs those alone, HARNESS_SKIP all but those, e.g.
+ * HARNESS_ONLY=real_traces ./build-asan/unit_test_pickle in the edit loop.
  */
 static inline int harness_listed(const char *list, const char *name)
 {
