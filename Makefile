@@ -1,11 +1,12 @@
 # Thin wrapper over CMake. `make` builds, `make test` runs every test under
-# ASan+UBSan (and the threaded stress test under TSan), `make demo` runs the
-# main job, `make install PREFIX=...` installs.
+# ASan+UBSan (and the threaded stress test under TSan), `make check` runs the
+# unit tests without sanitizers (the edit loop), `make demo` runs the main
+# job, `make install PREFIX=...` installs.
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE ?= cmake
 
-.PHONY: all build test demo install bench fuzz clean
+.PHONY: all build test check demo install bench fuzz clean
 
 all: build
 
@@ -15,6 +16,9 @@ build:
 
 test:
 	@sh scripts/run-tests.sh
+
+check:
+	@sh scripts/check.sh
 
 demo: build
 	@sh scripts/demo.sh
@@ -34,4 +38,4 @@ install: build
 	@$(CMAKE) --install build --prefix $(PREFIX)
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-check

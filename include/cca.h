@@ -94,8 +94,14 @@ cca_status_t cca_init(void);
 
 /**
  * Initialise cca on a given backend with a settings string (NULL: read
- * CCA_ALLOC_CONF). cca takes ownership of the backend and destroys it at
- * cca_shutdown(). Returns CCA_ERR_BUSY if cca is already initialised.
+ * CCA_ALLOC_CONF). cca takes ownership of the backend whatever the call
+ * returns: it destroys it at cca_shutdown(), or before returning an error
+ * (so the caller never destroys it, and must not use it after a failure). The
+ * one exception is the backend cca already runs on, given again: it is left
+ * running. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL backend),
+ * CCA_ERR_BUSY (cca is already initialised: call cca_shutdown first),
+ * CCA_ERR_BAD_SETTINGS, CCA_ERR_NO_DEVICE, CCA_ERR_NOT_SUPPORTED,
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BACKEND. Thread-safe.
  */
 cca_status_t cca_init_with_backend(struct cca_backend *backend, const char *settings);
 
@@ -385,9 +391,12 @@ cca_status_t cca_ipc_close(void *ptr);
 
 /**
  * Release the reference of a handle that will not be opened (a send that
- * failed, a consumer that is gone): from the producer or any process.
- * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL or corrupt handle),
- * CCA_ERR_BACKEND (the producer's counters cannot be reached). Thread-safe.
+ * failed, a consumer that is gone): from the producer or any process, once.
+ * A handle released already (by a release or a cca_ipc_close of its open), or
+ * whose block's free has completed, is refused and nothing changes; a handle
+ * released cannot be opened. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL,
+ * a corrupt handle, or released already), CCA_ERR_BACKEND (the producer's
+ * counters cannot be reached). Thread-safe.
  */
 cca_status_t cca_ipc_release_handle(const cca_ipc_mem_handle_t *handle);
 /** cca_ipc_release_handle of a serialized handle (len bytes at handle). Returns as it. */

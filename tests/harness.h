@@ -12,24 +12,62 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int harness_passed, harness_failed, harness_current_failed;
 static const char *harness_current;
 
 #define TEST(name) static void test_##name(void)
 
+/*
+ * Whether RUN runs the test called name: HARNESS_ONLY (a comma-separated list
+ * of test names) runs those alone, HARNESS_SKIP all but those, e.g.
+ * HARNESS_ONLY=real_traces ./build-asan/unit_test_pickle in the edit loop.
+ */
+static inline int harness_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, name, n))
+            return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+static inline int harness_selected(const char *name)
+{
+    const char *only = getenv("HARNESS_ONLY"), *skip = getenv("HARNESS_SKIP");
+    return (!only || harness_listed(only, name)) && !harness_listed(skip, name);
+}
+
+/* The process's CPU time in seconds (every thread), printed after each test where
+ * HARNESS_TIMES is set (scripts/test-times.py finds where a program's time goes). */
+static inline double harness_cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 #define RUN(name)                                                        \
     do {                                                                 \
+        if (!harness_selected(#name))                                    \
+            break;                                                       \
         harness_current = #name;                                         \
         harness_current_failed = 0;                                      \
+        double cpu_ = harness_cpu_seconds();                             \
         test_##name();                                                   \
         if (harness_current_failed) {                                    \
             harness_failed++;                                            \
-            printf("FAIL %s\n", #name);                                  \
+            printf("FAIL %s", #name);                                    \
         } else {                                                         \
             harness_passed++;                                            \
-            printf("ok   %s\n", #name);                                  \
+            printf("ok   %s", #name);                                    \
         }                                                                \
+        if (getenv("HARNESS_TIMES"))                                     \
+            printf(" (%.2f s CPU)", harness_cpu_seconds() - cpu_);      \
+        printf("\n");                                                    \
         fflush(stdout);                                                  \
     } while (0)
 

@@ -292,7 +292,7 @@ int cmd_replay(int argc, char **argv)
         } else if (!strcmp(a, "--settings")) {
             opt.settings = argv[++i];
         } else if (!strcmp(a, "--cap") || !strcmp(a, "--total-memory")) {
-            size_t v;
+            size_t v = 0;
             if (cli_parse_size(argv[i + 1], &v) != 0 || v == 0) {
                 fprintf(stderr, "cca replay: %s %s: expected a size in bytes from 1 to %zu "
                         "(K/M/G/T suffixes allowed)\n", a, argv[i + 1], (size_t)SIZE_MAX);

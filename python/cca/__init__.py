@@ -57,7 +57,7 @@ def settings(text=None):
     an invalid string (the message names the offending key:value)."""
     lib = _lib.load()
     out = ctypes.c_void_p()
-    arg = text.encode() if text is not None else None
+    arg = _lib.text_arg("settings", "text", text)
     _check(lib, lib.cca_settings_describe(arg, ctypes.byref(out)), "settings")
     result = {}
     for line in _lib.take_string(lib, out).splitlines():
@@ -152,31 +152,34 @@ def _regular_file(path, what):
 def _options(path, settings, cap, total_memory, addresses, device, fraction, snapshot=None, svg=None,
              sequential=False, what="replay", strict=False):
     lib = _lib.load()
-    if lib.cca_is_initialized():
-        raise CcaError("CCA_ERR_BUSY", "%s: cca is initialised in this process and a replay "
-                       "would reset it; replay in another process (e.g. `cca replay --json`)" % what)
-    _regular_file(path, what)
     if addresses is None:
         addresses = "trace" if settings is None else "fresh"
     if addresses not in ("trace", "fresh"):
         raise ValueError("addresses must be 'trace' or 'fresh', not %r" % (addresses,))
     opts = _lib.ReplayOptions()
-    opts.settings = settings.encode() if settings is not None else None
-    opts.cap = int(cap or 0)
-    opts.total_memory = int(total_memory or 0)
+    opts.settings = _lib.text_arg("replay", "settings", settings)
+    opts.cap = _lib.size_arg("replay", "cap", 0 if cap is None else cap)
+    opts.total_memory = _lib.size_arg("replay", "total_memory",
+                                      0 if total_memory is None else total_memory)
     opts.trace_addresses = addresses == "trace"
     opts.ignore_fraction = not fraction
-    opts.device = int(device)
-    opts.snapshot_path = os.fsencode(snapshot) if snapshot else None
-    opts.svg_path = os.fsencode(svg) if svg else None
+    opts.device = _lib.device_arg("replay", device)
+    opts.snapshot_path = _lib.path_arg("replay", "snapshot", snapshot) if snapshot else None
+    opts.svg_path = _lib.path_arg("replay", "svg", svg) if svg else None
     opts.sequential = bool(sequential)
     opts.strict = bool(strict)
+    _lib.path_arg(what, "path", path)  # a NUL or the wrong type: ValueError / TypeError first
+    if lib.cca_is_initialized():
+        raise CcaError("CCA_ERR_BUSY", "%s: cca is initialised in this process and a replay "
+                       "would reset it; replay in another process (e.g. `cca replay --json`)" % what)
+    _regular_file(path, what)
     return lib, opts
 
 
 def _replay_opts(lib, path, opts):
+    cpath = _lib.path_arg("replay", "path", path)
     res = _lib.ReplayResult()
-    st = lib.cca_replay_file(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res))
+    st = lib.cca_replay_file(cpath, ctypes.byref(opts), ctypes.byref(res))
     try:
         _check(lib, st, "replay %s" % path)
         return _result_dict(res, opts.trace_addresses)
@@ -236,7 +239,7 @@ def explain(path, settings=None, cap=None, total_memory=None, addresses=None, de
     settings}. Arguments as replay()."""
     lib, opts = _options(path, settings, cap, total_memory, addresses, device, fraction, what="explain")
     res, x = _lib.ReplayResult(), _lib.ReplayExplain()
-    st = lib.cca_replay_explain(os.fsencode(path), ctypes.byref(opts), ctypes.byref(res), ctypes.byref(x))
+    st = lib.cca_replay_explain(_lib.path_arg("explain", "path", path), ctypes.byref(opts), ctypes.byref(res), ctypes.byref(x))
     try:
         _check(lib, st, "explain %s" % path)
         r = _result_dict(res, opts.trace_addresses)
@@ -314,7 +317,8 @@ def snapshot_to_json(path):
     _regular_file(path, "snapshot_to_json")
     lib = _lib.load()
     out = ctypes.c_void_p()
-    _check(lib, lib.cca_snapshot_file_to_json(os.fsencode(path), ctypes.byref(out)),
+    _check(lib, lib.cca_snapshot_file_to_json(_lib.path_arg("snapshot_to_json", "path", path),
+                                              ctypes.byref(out)),
            "snapshot_to_json %s" % path)
     return _json.loads(_lib.take_string(lib, out))
 
@@ -323,7 +327,8 @@ def snapshot_to_svg(path, svg_path):
     """Draw a snapshot pickle as a self-contained SVG file."""
     _regular_file(path, "snapshot_to_svg")
     lib = _lib.load()
-    _check(lib, lib.cca_snapshot_file_to_svg(os.fsencode(path), os.fsencode(svg_path)),
+    _check(lib, lib.cca_snapshot_file_to_svg(_lib.path_arg("snapshot_to_svg", "path", path),
+                                             _lib.path_arg("snapshot_to_svg", "svg_path", svg_path)),
            "snapshot_to_svg %s" % path)
 
 
@@ -346,6 +351,7 @@ def memory_stats(device=0):
     122 keys, sorted, with cca's values."""
     lib = _lib.load()
     entries = (_lib.StatEntry * _lib.MEMORY_STATS_COUNT)()
+    device = _lib.device_arg("memory_stats", device)
     _check(lib, lib.cca_memory_stats(device, entries, _lib.MEMORY_STATS_COUNT), "memory_stats")
     return {e.key.decode(): e.value for e in entries}
 
@@ -354,6 +360,7 @@ def device_stats(device=0):
     """The raw statistics structure (cca_device_stats_t) of a device."""
     lib = _lib.load()
     s = _lib.DeviceStats()
+    device = _lib.device_arg("device_stats", device)
     _check(lib, lib.cca_get_device_stats(device, ctypes.byref(s)), "device_stats")
     return s
 
@@ -378,6 +385,7 @@ def memory_summary(device=0, abbreviated=False):
     """The text of torch.cuda.memory_summary() for cca's statistics of a device."""
     lib = _lib.load()
     out = ctypes.c_void_p()
+    device = _lib.device_arg("memory_summary", device)
     _check(lib, lib.cca_memory_summary(device, bool(abbreviated), ctypes.byref(out)),
            "memory_summary")
     return _lib.take_string(lib, out)
@@ -385,12 +393,13 @@ def memory_summary(device=0, abbreviated=False):
 
 def reset_peak_stats(device=0):
     lib = _lib.load()
-    _check(lib, lib.cca_reset_peak_stats(device), "reset_peak_stats")
+    _check(lib, lib.cca_reset_peak_stats(_lib.device_arg("reset_peak_stats", device)), "reset_peak_stats")
 
 
 def reset_accumulated_stats(device=0):
     lib = _lib.load()
-    _check(lib, lib.cca_reset_accumulated_stats(device), "reset_accumulated_stats")
+    _check(lib, lib.cca_reset_accumulated_stats(
+        _lib.device_arg("reset_accumulated_stats", device)), "reset_accumulated_stats")
 
 
 def empty_cache():
@@ -409,8 +418,8 @@ def record_history(enabled=True, max_entries=sys.maxsize):
     if max_entries < 0:
         raise ValueError("record_history: max_entries must be >= 0, not %d" % max_entries)
     lib = _lib.load()
-    _check(lib, lib.cca_record_history(bool(enabled), None, None,
-                                       min(max_entries, ctypes.c_size_t(-1).value), 0),
+    max_entries = _lib.size_arg("record_history", "max_entries", max_entries)
+    _check(lib, lib.cca_record_history(bool(enabled), None, None, max_entries, 0),
            "record_history")
 
 
@@ -418,4 +427,4 @@ def dump_snapshot(path):
     """Write this process's state and history as a PyTorch snapshot pickle
     (gzip when path ends in .gz), for torch.cuda._memory_viz and cca replay."""
     lib = _lib.load()
-    _check(lib, lib.cca_dump_snapshot(os.fsencode(path)), "dump_snapshot %s" % path)
+    _check(lib, lib.cca_dump_snapshot(_lib.path_arg("dump_snapshot", "path", path)), "dump_snapshot %s" % path)

@@ -1,6 +1,7 @@
 """Finding and loading libcca, and the ctypes mirror of the structures of cca.h."""
 import ctypes
 import ctypes.util
+import operator
 import os
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +57,70 @@ def source_dir():
     if os.path.exists(os.path.join(src, "torch_adapter.cpp")):
         return src
     raise OSError("torch_adapter.cpp not found: install cca (make install) or use the source tree")
+
+
+# ---- arguments checked before they reach C ---------------------------------------
+# ctypes converts a Python int to a C integer by wrapping it (2**40 as an int is 0, -1 as a
+# size_t is SIZE_MAX) and a bytes string to a char * that ends at its first NUL: every
+# argument goes through one of these first, which raise ValueError (TypeError for the
+# wrong type) naming the function and the argument instead.
+
+INT_MIN = -(1 << (8 * ctypes.sizeof(ctypes.c_int) - 1))
+INT_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_int) - 1)) - 1
+SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+
+
+def int_arg(what, name, value, lo, hi):
+    """value as an int within [lo, hi] (the C type's range, or narrower); an integral
+    float is taken as its int."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s: %s must be an integer, not %r" % (what, name, value)) from None
+    if not lo <= v <= hi:
+        raise ValueError("%s: %s=%d is out of range (%d to %d)" % (what, name, v, lo, hi))
+    return v
+
+
+def device_arg(what, device):
+    """A device index as a C int (its range against the devices is cca's to check)."""
+    return int_arg(what, "device", device, INT_MIN, INT_MAX)
+
+
+def size_arg(what, name, value):
+    """A size_t (bytes, counts)."""
+    return int_arg(what, name, value, 0, SIZE_MAX)
+
+
+def _no_nul(what, name, b):
+    if b"\0" in b:
+        raise ValueError("%s: %s holds a NUL character at %d (C would read it cut there)"
+                         % (what, name, b.index(b"\0")))
+    return b
+
+
+def text_arg(what, name, text):
+    """A str (or bytes) as a C string, or None."""
+    if text is None:
+        return None
+    if isinstance(text, str):
+        b = text.encode()
+    elif isinstance(text, (bytes, bytearray)):
+        b = bytes(text)
+    else:
+        raise TypeError("%s: %s must be a string, not %r" % (what, name, text))
+    return _no_nul(what, name, b)
+
+
+def path_arg(what, name, path):
+    """A file name (str, bytes or path-like) as a C string."""
+    try:
+        b = os.fsencode(path)
+    except TypeError:
+        raise TypeError("%s: %s must be a path, not %r" % (what, name, path)) from None
+    return _no_nul(what, name, b)
 
 
 class Stat(ctypes.Structure):

@@ -1,14 +1,17 @@
 /*
  * shmcount.c - reference counters in memory shared between processes, for
- * IPC: the process that shares a block keeps a counter per shared block in
- * a file of its own (an anonymous memfd), and a process that opened the block
- * decrements it when it lets go. Other processes reach the file through
+ * IPC: the process that shares a block keeps a slot per handle it made in
+ * a file of its own (an anonymous memfd), and a process that opened the
+ * handle releases it when it lets go. Other processes reach the file through
  * /proc/<pid>/fd/<fd> of the owner, so no name is left behind in /dev/shm.
  *
- * A slot holds a count and a serial: the owner stamps a fresh serial when it
- * takes the slot, and a decrement whose serial does not match (the slot was
- * given back and taken again) is ignored, so a stale release never lowers
- * another block's count.
+ * A slot stands for one handle's reference and holds a serial and a holder:
+ * the owner stamps a fresh serial when it takes the slot and sets the holder
+ * to that serial when the handle is made (shmcount_hold); a release swaps the
+ * holder from the handle's serial to 0 in one compare-and-swap. A second
+ * release of the handle, or a release naming a slot given back and taken
+ * again (another serial), finds no match: it is refused and writes nothing,
+ * so no release ever drops a reference that is not its own.
  * A handle names the file by the owner's pid and descriptor number, and a
  * handle can be forged: before touching a file of another process, the
  * opener checks that it is one of these (a sealed memfd of exactly this
@@ -30,8 +33,8 @@
 #include "shmcount.h"
 
 typedef struct shm_slot {
-    _Atomic int64_t count;
-    _Atomic uint64_t serial;
+    _Atomic uint64_t holder; /* the serial while the handle's reference is held, else 0 */
+    _Atomic uint64_t serial; /* stamped when the slot is taken; 0 while it is free */
 } shm_slot_t;
 
 /* The head of a counter file, written once by its owner before any handle names it. */
@@ -45,7 +48,8 @@ typedef struct shm_header {
 
 _Static_assert(sizeof(shm_header_t) == 64, "the counter file's header is one cache line");
 
-static const char shm_magic[8] = {'c', 'c', 'a', 'r', 'e', 'f', 's', '1'};
+/* "2": slots of one reference each (a holder); "1" counted references per block */
+static const char shm_magic[8] = {'c', 'c', 'a', 'r', 'e', 'f', 's', '2'};
 
 #define SHM_FILE_BYTES (sizeof(shm_header_t) + SHMCOUNT_SLOTS * sizeof(shm_slot_t))
 /* A counter file's seals: its size is fixed for good (its mappings can never fault). */
@@ -155,7 +159,7 @@ cca_status_t shmcount_take(shmcount_ref_t *ref)
         f->used[w] |= (uint64_t)1 << b;
         f->used_count++;
         uint64_t serial = ++next_serial;
-        atomic_store(&f->slots[slot].count, 0);
+        atomic_store(&f->slots[slot].holder, 0);
         atomic_store(&f->slots[slot].serial, serial);
         ref->pid = (int32_t)getpid();
         ref->fd = f->fd;
@@ -177,22 +181,41 @@ static shm_slot_t *own_slot_locked(const shmcount_ref_t *ref)
     return NULL;
 }
 
-void shmcount_add(const shmcount_ref_t *ref, int64_t delta)
+void shmcount_hold(const shmcount_ref_t *ref)
 {
     pthread_mutex_lock(&own_lock);
     shm_slot_t *s = own_slot_locked(ref);
     if (s)
-        atomic_fetch_add(&s->count, delta);
+        atomic_store(&s->holder, ref->serial);
     pthread_mutex_unlock(&own_lock);
 }
 
-int64_t shmcount_read(const shmcount_ref_t *ref)
+bool shmcount_held(const shmcount_ref_t *ref)
 {
     pthread_mutex_lock(&own_lock);
     shm_slot_t *s = own_slot_locked(ref);
-    int64_t v = s ? atomic_load(&s->count) : 0;
+    bool held = s && atomic_load(&s->holder) == ref->serial;
     pthread_mutex_unlock(&own_lock);
-    return v;
+    return held;
+}
+
+/* The one release of the reference ref names, or a refusal that writes nothing. */
+static cca_status_t slot_release(shm_slot_t *s, const shmcount_ref_t *ref)
+{
+    uint64_t expected = ref->serial;
+    if (s && ref->serial && atomic_compare_exchange_strong(&s->holder, &expected, 0))
+        return CCA_OK;
+    return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                     "cca_ipc_release_handle: the handle's reference was released already (by "
+                     "a release or a close), or its block was freed: a handle is released once");
+}
+
+cca_status_t shmcount_drop(const shmcount_ref_t *ref)
+{
+    pthread_mutex_lock(&own_lock);
+    cca_status_t st = slot_release(own_slot_locked(ref), ref);
+    pthread_mutex_unlock(&own_lock);
+    return st;
 }
 
 void shmcount_give_back(const shmcount_ref_t *ref)
@@ -278,9 +301,8 @@ out_close:
 
 /* What foreign_access does with another process's counter. */
 typedef enum foreign_op {
-    FOREIGN_VERIFY,  /* only check that the file is a counter file */
-    FOREIGN_CHECK,   /* and that the counter is live and above zero */
-    FOREIGN_RELEASE, /* decrement it (ignored when the slot was reused) */
+    FOREIGN_CHECK,   /* check that the file is a counter file and the reference held */
+    FOREIGN_RELEASE, /* release it (refused when released already or the slot was reused) */
 } foreign_op_t;
 
 static cca_status_t foreign_access(const shmcount_ref_t *ref, foreign_op_t op)
@@ -315,10 +337,8 @@ static cca_status_t foreign_access(const shmcount_ref_t *ref, foreign_op_t op)
     }
     shm_slot_t *s = &f->slots[ref->slot];
     if (op == FOREIGN_RELEASE) {
-        if (atomic_load(&s->serial) == ref->serial)
-            atomic_fetch_sub(&s->count, 1);
-    } else if (op == FOREIGN_CHECK &&
-               (atomic_load(&s->serial) != ref->serial || atomic_load(&s->count) <= 0)) {
+        st = slot_release(s, ref);
+    } else if (op == FOREIGN_CHECK && (!ref->serial || atomic_load(&s->holder) != ref->serial)) {
         st = cca_raise(CCA_ERR_INVALID_ARGUMENT,
                        "the block of process %d this handle names was freed (a stale handle, "
                        "or one opened and closed already)",
@@ -337,11 +357,6 @@ cca_status_t shmcount_release_foreign(const shmcount_ref_t *ref)
 cca_status_t shmcount_check_foreign(const shmcount_ref_t *ref)
 {
     return foreign_access(ref, FOREIGN_CHECK);
-}
-
-cca_status_t shmcount_verify_foreign(const shmcount_ref_t *ref)
-{
-    return foreign_access(ref, FOREIGN_VERIFY);
 }
 
 void shmcount_shutdown(void)

@@ -96,10 +96,10 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
     }
     const cca_private_pool_t *pp = pool->owner->private_pool;
     bool own = pp && pp->user_alloc; /* PyTorch: no expandable segment for a pool with its allocator */
-    bool expandable = cca_state->settings.expandable_segments && !own;
+    bool expandable = cca_state->settings->expandable_segments && !own;
     /* compact_memory checks the fraction in the growth itself, against the granules it maps
      * (2 MiB ones, some moved from elsewhere), not against PyTorch's 20 MiB alloc_size */
-    bool exact_check = expandable && cca_state->settings.compact_memory;
+    bool exact_check = expandable && cca_state->settings->compact_memory;
     if (dev->set_fraction && !exact_check &&
         dev->total_allocated_memory + alloc_size > dev->allowed_memory_maximum)
         return CCA_ERR_OUT_OF_MEMORY;
@@ -145,7 +145,7 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
     stats_lock(dev);
     stat2_inc(dev->stats.segment, type, 1);
     stat2_inc(dev->stats.reserved_bytes, type, (int64_t)alloc_size);
-    seg->oversize = alloc_size >= cca_state->settings.max_split_size;
+    seg->oversize = alloc_size >= cca_state->settings->max_split_size;
     if (seg->oversize)
         stat_increase(&dev->stats.oversize_segments, 1);
     dev->stats.num_device_alloc++;
@@ -162,7 +162,7 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
 static inline __attribute__((always_inline)) cca_block_t *get_free_block(cca_device_t *dev, cca_pool_t *pool,
                                                                         size_t size, bool count)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     if (count && dev->set_fraction && s->garbage_collection_threshold > 0.0 && !pool->owner->private_pool)
         atomic_fetch_add_explicit(pool->gc_calls, 1, memory_order_relaxed);
     cca_block_t *b = bins_best_fit(&pool->bins, size);
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
                                                                 const cca_block_t *remaining,
                                                                 bool already_split, size_t orig_size)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     int64_t d[OPS_COUNT] = {0};
     if (pool->expandable_segments && block->segment->es) {
         /* PyTorch keeps expandable blocks out of inactive_split */
@@ -275,7 +275,7 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
                          size_t orig_size, int split, bool may_pad)
 {
     cca_block_t *block = *blockp;
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     bool already_split = block_is_split(block);
     cca_block_t *remaining = NULL, *pad = NULL;
     if (split < 0 ? should_split(s, pool, block->size, size) : split > 0) {
@@ -346,7 +346,7 @@ static __attribute__((noinline)) cca_status_t alloc_found_block(cca_device_t *de
  */
 static cca_block_t *held_fit(cca_pool_t *pool, size_t size)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     cca_block_t *h = pool->held;
     if (h->size != size)
         return NULL;
@@ -382,7 +382,7 @@ static cca_block_t *held_fit(cca_pool_t *pool, size_t size)
 static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_block_t *block,
                                      size_t orig_size)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(pool->gc_calls, 1, memory_order_relaxed);
     if (pool->held_in_map) /* solo mode left it there */
@@ -514,11 +514,11 @@ static cca_block_t *oom_fallback(cca_device_t *dev, cca_stream_pool_t *sp, bool 
 static cca_block_t *residue_fit(const cca_device_t *dev, cca_stream_pool_t *sp, const cca_pool_t *pool,
                                 size_t size)
 {
-    if (!pool->is_small || !cca_state->settings.compact_memory || sp->private_pool ||
+    if (!pool->is_small || !cca_state->settings->compact_memory || sp->private_pool ||
         atomic_load_explicit(&dev->route_count, memory_order_relaxed))
         return NULL;
     cca_pool_t *large = &sp->large;
-    size_t max_split = cca_state->settings.max_split_size;
+    size_t max_split = cca_state->settings->max_split_size;
     for (cca_block_t *b = bins_best_fit(&large->bins, size); b; b = bins_next(&large->bins, b)) {
         /* get_free_block's oversize rule: a small request never splits such a piece (a granule
          * larger than 2 MiB leaves rests that big), kept whole for a request of its size */
@@ -546,7 +546,7 @@ static cca_block_t *residue_fit(const cca_device_t *dev, cca_stream_pool_t *sp, 
 static cca_status_t malloc_slow(cca_device_t *dev, cca_stream_pool_t *sp, cca_pool_t *pool,
                                 size_t size, size_t orig_size, cca_block_t **out)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     cca_block_t *block = NULL;
     cca_status_t st;
 
@@ -725,7 +725,7 @@ static inline __attribute__((always_inline)) cca_status_t malloc_locked(cca_devi
         pool_flush(sp);
     cca_block_t *block;
     /* compact_memory's placement out of line: the common case's split stays as short */
-    if (__builtin_expect(cca_state->settings.compact_memory, 0)) {
+    if (__builtin_expect(cca_state->settings->compact_memory, 0)) {
         st = malloc_compact(dev, sp, pool, rsize, size, &block);
         return malloc_done(sp, context, st, block, ptr);
     }
@@ -784,7 +784,7 @@ static inline __attribute__((always_inline)) bool malloc_express(cca_state_t *S,
         cca_spin_leave(&sp->lock, entered);
         return false;
     }
-    const cca_settings_t *s = &S->settings;
+    const cca_settings_t *s = S->settings;
     _Atomic int64_t *gc_calls = pool->gc_calls;
     if (dev->set_fraction && s->garbage_collection_threshold > 0.0) /* get_free_block's count */
         atomic_fetch_add_explicit(gc_calls, 1, memory_order_relaxed);
@@ -842,7 +842,7 @@ static inline cca_status_t malloc_on(cca_state_t *S, void **ptr, size_t size, in
         sp = cached ? cached : pool_stream_get(dev, stream);
     if (!sp)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory (or streams) creating a stream pool");
-    size_t rsize = round_size(&S->settings, size);
+    size_t rsize = round_size(S->settings, size);
     cca_pool_t *pool = rsize <= CCA_SMALL_SIZE ? &sp->small : &sp->large;
     bool context = trace_context_gather(CCA_RECORD_CONTEXT_STATE); /* outside the locks */
     int entered = cca_spin_enter(&sp->lock); /* (nothing below leaves it and enters it again) */

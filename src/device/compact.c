@@ -336,7 +336,7 @@ static size_t compact_limit(cca_device_t *dev, cca_stream_pool_t *held, bool *ca
  */
 void compact_restart_limit(cca_device_t *dev)
 {
-    if (!cca_state->settings.compact_memory)
+    if (!cca_state->settings->compact_memory)
         return;
     cca_device_stats_t now;
     stats_read_held(dev, &now, NULL);

@@ -424,9 +424,14 @@ typedef struct cca_device {
 #include "plan.h" /* compact_memory's planned placement */
 
 /* The allocator, one per process. */
+struct cca_settings_kept;
 typedef struct cca_state {
     cca_backend_t *backend;
-    cca_settings_t settings;
+    /* The settings, immutable: cca_set_settings replaces them whole (a kept object, under
+     * every device and stream pool lock), so a reader without a lock loads this once and
+     * reads one consistent set, valid while the state lives. */
+    const cca_settings_t *_Atomic settings;
+    struct cca_settings_kept *settings_kept; /* every settings object made (setup.c) */
     bool no_caching;            /* CCA_NO_CACHING: every allocation to the backend */
     int device_count;
     cca_device_t *devices;

@@ -417,7 +417,7 @@ static bool add_terminals(cca_device_t *dev, cca_stream_t stream, uint64_t *capt
 static size_t free_markers(cca_device_t *dev, cca_block_t *block, cca_graph_node_t **nodes)
 {
     *nodes = NULL;
-    if (!cca_state->settings.graph_capture_record_stream_reuse)
+    if (!cca_state->settings->graph_capture_record_stream_reuse)
         return 0;
     size_t count = 0, cap = 0;
     uint64_t capture = 0;
@@ -580,7 +580,7 @@ static cca_status_t visit_behind(cca_device_t *dev, cca_reuse_ctx_t *r, const cc
 
 cca_status_t events_free_safe_in_capture(cca_device_t *dev, cca_stream_t stream)
 {
-    if (!cca_state->settings.graph_capture_record_stream_reuse ||
+    if (!cca_state->settings->graph_capture_record_stream_reuse ||
         !atomic_load_explicit(&dev->deferred_count, memory_order_acquire))
         return CCA_OK;
     cca_backend_t *be = cca_state->backend;

@@ -304,9 +304,9 @@ static bool has_address_space(const cca_block_t *b, size_t size)
 /* The granule a new segment of this pool maps at a time (compact: the device's granularity). */
 static size_t pool_granule(const cca_device_t *dev, const cca_pool_t *pool)
 {
-    if (cca_state->settings.compact_memory)
+    if (cca_state->settings->compact_memory)
         return dev->vmm_granularity;
-    return pool->is_small ? CCA_SMALL_BUFFER : cca_state->settings.large_segment_size;
+    return pool->is_small ? CCA_SMALL_BUFFER : cca_state->settings->large_segment_size;
 }
 
 /* Reserve a new expandable segment for pool; its one block (unmapped) in *out. */
@@ -354,7 +354,7 @@ cca_status_t expandable_segment_create(cca_device_t *dev, cca_pool_t *pool, cca_
     }
     es->granule = granule;
     es->max_handles = max_handles;
-    es->compact = cca_state->settings.compact_memory;
+    es->compact = cca_state->settings->compact_memory;
     es->pool = pool;
     seg->es = es;
     seg->base = (uintptr_t)base;
@@ -486,7 +486,7 @@ cca_status_t expandable_map_block(cca_device_t *dev, cca_block_t *to_map, size_t
  */
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b)
 {
-    if (cca_state->settings.expandable_segments) {
+    if (cca_state->settings->expandable_segments) {
         if (block_expandable_size(b) == b->size || pool->bins.count == 1)
             return b; /* nothing to grow into, or no other block: no later block counts as smaller */
         cca_block_t *next = bins_next(&pool->bins, b);
@@ -795,12 +795,12 @@ static cca_status_t expandable_try(cca_device_t *dev, cca_pool_t *pool, size_t s
     cca_status_t st = expandable_find_block(dev, pool, size, &c);
     if (st != CCA_OK)
         return st;
-    if (c->segment->es->compact && cca_state->settings.compact_memory)
+    if (c->segment->es->compact && cca_state->settings->compact_memory)
         st = compact_prepare(dev, pool, size, &c);
     /* under compact_memory the memory fraction is checked here (alloc_block does not): the
      * reserved bytes once the growth has mapped its granules, lent ones included (their bytes
      * left reserved when they were unmapped) */
-    if (st == CCA_OK && cca_state->settings.compact_memory && dev->set_fraction &&
+    if (st == CCA_OK && cca_state->settings->compact_memory && dev->set_fraction &&
         dev->total_allocated_memory + expandable_granules_needed(c, size) * c->segment->es->granule >
             dev->allowed_memory_maximum)
         st = CCA_ERR_OUT_OF_MEMORY;

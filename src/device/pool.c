@@ -360,9 +360,9 @@ cca_status_t pool_device_init(cca_device_t *dev, int index, size_t total_memory)
     }
     pthread_mutex_init(&dev->lock, NULL);
     cca_spin_init(&dev->ops->lock);
-    dev->exact_stats = cca_state->settings.exact_peak_stats;
+    dev->exact_stats = cca_state->settings->exact_peak_stats;
     pthread_mutex_init(&dev->events_lock, NULL);
-    double fraction = cca_state->settings.per_process_memory_fraction;
+    double fraction = cca_state->settings->per_process_memory_fraction;
     if (fraction > 0.0) {
         dev->set_fraction = true;
         dev->allowed_memory_maximum = (size_t)(fraction * (double)total_memory);

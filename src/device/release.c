@@ -288,7 +288,7 @@ cca_status_t release_cached_blocks_locked(cca_device_t *dev, cca_stream_pool_t *
  */
 bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t size)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     if (s->max_split_size == SIZE_MAX)
         return false;
     size_t key = size < s->max_split_size ? s->max_split_size : size;
@@ -316,7 +316,7 @@ bool release_available_cached_blocks(cca_device_t *dev, cca_pool_t *pool, size_t
 /* Age-based garbage collection of unsplit large cached blocks (device lock held). */
 void release_garbage_collect(cca_device_t *dev, cca_stream_pool_t *held)
 {
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     size_t threshold = (size_t)(s->garbage_collection_threshold * (double)dev->allowed_memory_maximum);
     if (dev->total_allocated_memory <= threshold)
         return;
@@ -380,7 +380,7 @@ cca_status_t release_raise_oom(cca_device_t *dev, size_t size, size_t alloc_size
     size_t in_private = pools_cached_bytes_locked(dev);
     pthread_mutex_unlock(&dev->lock);
     size_t cached_free = 0, largest_free = 0;
-    bool compact = cca_state->settings.compact_memory;
+    bool compact = cca_state->settings->compact_memory;
     if (compact)
         cca_cache_info(dev->index, &cached_free, &largest_free);
     cca_device_stats_t now;

@@ -18,6 +18,43 @@
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A settings object of the state's (state_settings_keep). */
+typedef struct cca_settings_kept {
+    struct cca_settings_kept *next;
+    cca_settings_t settings;
+} cca_settings_kept_t;
+
+/* Keep a copy of *s on S's list (S not yet published, or cca_set_settings' lock held). */
+static const cca_settings_t *settings_keep(cca_state_t *S, const cca_settings_t *s)
+{
+    for (cca_settings_kept_t *k = S->settings_kept; k; k = k->next)
+        if (!memcmp(&k->settings, s, sizeof(*s)))
+            return &k->settings;
+    cca_settings_kept_t *k = calloc(1, sizeof(*k));
+    if (!k) {
+        cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the settings");
+        return NULL;
+    }
+    memcpy(&k->settings, s, sizeof(*s));
+    k->next = S->settings_kept;
+    S->settings_kept = k;
+    return &k->settings;
+}
+
+const cca_settings_t *state_settings_keep(const cca_settings_t *s)
+{
+    return settings_keep(cca_state, s);
+}
+
+size_t state_settings_kept(void)
+{
+    size_t n = 0;
+    if (cca_is_initialized())
+        for (cca_settings_kept_t *k = cca_state->settings_kept; k; k = k->next)
+            n++;
+    return n;
+}
+
 /* Free an uncached allocation still live at shutdown (the map is destroyed next). */
 static void free_uncached_block(cca_block_t *b, void *arg)
 {
@@ -52,6 +89,11 @@ static void destroy_state(cca_state_t *S, int devices_ready)
     pthread_mutex_destroy(&S->callbacks_lock);
     if (S->backend && S->backend->destroy)
         S->backend->destroy(S->backend->ctx);
+    while (S->settings_kept) {
+        cca_settings_kept_t *k = S->settings_kept;
+        S->settings_kept = k->next;
+        free(k);
+    }
     free(S);
 }
 
@@ -66,12 +108,17 @@ static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *se
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cca");
     }
     S->backend = backend;
-    S->settings = *settings;
     pthread_mutex_init(&S->callbacks_lock, NULL);
+    const cca_settings_t *first = settings_keep(S, settings);
+    atomic_init(&S->settings, first);
     const char *nc = getenv("CCA_NO_CACHING");
     S->no_caching = nc && strcmp(nc, "0") != 0 && *nc;
     cca_state = S; /* pool_device_init reads the settings through it */
 
+    if (!first) {
+        st = CCA_ERR_OUT_OF_MEMORY;
+        goto out_destroy;
+    }
     st = state_check_supported(settings);
     if (st != CCA_OK)
         goto out_destroy;
@@ -176,7 +223,12 @@ cca_status_t state_init_with_backend(cca_backend_t *backend, const char *setting
     pthread_mutex_lock(&init_lock);
     cca_status_t st;
     if (cca_is_initialized()) {
-        st = cca_raise(CCA_ERR_BUSY, "cca is already initialised; call cca_shutdown first");
+        /* the backend is cca's on every return, as on the other errors: destroyed here,
+         * unless it is the one cca runs on (given twice), which must stay */
+        if (backend != cca_state->backend)
+            backend->destroy(backend->ctx);
+        st = cca_raise(CCA_ERR_BUSY, "cca is already initialised; call cca_shutdown first (the "
+                                     "backend given was destroyed)");
         pthread_mutex_unlock(&init_lock);
         return st;
     }

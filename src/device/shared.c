@@ -2,13 +2,14 @@
  * shared.c - blocks this process shared with others through IPC handles,
  * and PyTorch's rule that memory another process maps is not freed under
  * it (torch's CudaIPCSentData and its "limbo"): each handle made for a block
- * adds one to the block's counter in shared memory (core/shmcount.c), and
- * the process that opens the handle subtracts it when it closes it. A
- * cca_free of a block whose counter is above zero is deferred: the block
+ * holds a reference of its own in shared memory (core/shmcount.c), which the
+ * process that opens the handle releases when it closes it (or anyone, once,
+ * with cca_ipc_release_handle). A cca_free of a block with a reference still
+ * held is deferred: the block
  * stays allocated (so neither it nor its segment can be reused or given back
  * to the driver) until a collection (cca_ipc_collect, and the allocation slow
  * path, as PyTorch's "cuda_ipc_collect" free-memory callback; both in
- * alloc.c) takes it from here with its counter at zero and frees it.
+ * alloc.c) takes it from here with every reference released and frees it.
  * Invariant: a block is in the table from its first handle until its free
  * completes; `pending` counts the entries whose free was deferred.
  */
@@ -21,7 +22,8 @@
 
 typedef struct shared_block {
     uintptr_t ptr;
-    shmcount_ref_t ref;        /* the block's counter */
+    shmcount_ref_t *refs;      /* one per handle made (malloc'd) */
+    size_t ref_count, ref_cap;
     int device;
     cca_event_t event;         /* interprocess event: the sharing stream's work */
     bool freed;                /* cca_free was called: free when the counter is 0 */
@@ -54,6 +56,15 @@ static shared_block_t **find_locked(uintptr_t p)
     while (*link && (*link)->ptr != p)
         link = &(*link)->next;
     return link;
+}
+
+/* Whether a handle of b still holds its reference (lock held). */
+static bool held_locked(const shared_block_t *b)
+{
+    for (size_t i = 0; i < b->ref_count; i++)
+        if (shmcount_held(&b->refs[i]))
+            return true;
+    return false;
 }
 
 /* Destroy an event, or keep it to destroy later (lock held). */
@@ -105,31 +116,43 @@ cca_status_t shared_add_reference(cca_backend_t *be, uintptr_t ptr, int device,
         st = be->ipc_event_create(be->ctx, device, &b->event);
         if (st != CCA_OK)
             goto out_free;
-        st = shmcount_take(&b->ref);
-        if (st != CCA_OK)
-            goto out_event;
     }
+    if (b->ref_count == b->ref_cap) {
+        size_t cap = b->ref_cap ? 2 * b->ref_cap : 4;
+        shmcount_ref_t *refs = realloc(b->refs, cap * sizeof(*refs));
+        if (!refs) {
+            st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for IPC bookkeeping");
+            goto out_fresh;
+        }
+        b->refs = refs;
+        b->ref_cap = cap;
+    }
+    shmcount_ref_t taken;
+    st = shmcount_take(&taken);
+    if (st != CCA_OK)
+        goto out_fresh;
     /* The consumer waits for what the stream has queued so far (PyTorch's IPC event). */
     st = be->event_record(be->ctx, device, b->event, stream);
     if (st == CCA_OK)
         st = be->ipc_event_get_handle(be->ctx, device, b->event, event_handle);
-    if (st != CCA_OK) {
-        if (fresh)
-            goto out_slot;
-        goto out_unlock;
-    }
+    if (st != CCA_OK)
+        goto out_slot;
     if (fresh) {
         *link = b;
         atomic_fetch_add(&shared_block_count, 1);
     }
-    shmcount_add(&b->ref, 1);
-    *ref = b->ref;
+    shmcount_hold(&taken);
+    b->refs[b->ref_count++] = taken;
+    *ref = taken;
     goto out_unlock;
 out_slot:
-    shmcount_give_back(&b->ref);
-out_event:
+    shmcount_give_back(&taken);
+out_fresh:
+    if (!fresh)
+        goto out_unlock;
     event_release_locked(device, b->event);
 out_free:
+    free(b->refs);
     free(b);
 out_unlock:
     pthread_mutex_unlock(&shared_lock);
@@ -143,9 +166,11 @@ static void remove_locked(shared_block_t **link)
     *link = b->next;
     if (b->freed)
         pending--;
-    shmcount_give_back(&b->ref);
+    for (size_t i = 0; i < b->ref_count; i++)
+        shmcount_give_back(&b->refs[i]);
     event_release_locked(b->device, b->event);
     atomic_fetch_sub(&shared_block_count, 1);
+    free(b->refs);
     free(b);
 }
 
@@ -158,7 +183,7 @@ shared_free_t shared_on_free(uintptr_t ptr)
     if (b && b->freed) {
         what = SHARED_FREE_TWICE;
     } else if (b) {
-        if (shmcount_read(&b->ref) > 0) {
+        if (held_locked(b)) {
             b->freed = true;
             pending++;
             what = SHARED_FREE_DEFERRED;
@@ -176,7 +201,7 @@ bool shared_holds(uintptr_t ptr)
         return false;
     pthread_mutex_lock(&shared_lock);
     shared_block_t *b = *find_locked(ptr);
-    bool held = b && (b->freed || shmcount_read(&b->ref) > 0);
+    bool held = b && (b->freed || held_locked(b));
     pthread_mutex_unlock(&shared_lock);
     return held;
 }
@@ -190,7 +215,7 @@ size_t shared_take_collectable(uintptr_t *out, size_t cap)
     for (size_t i = 0; i < SHARED_BUCKETS && n < cap; i++) {
         shared_block_t **link = &buckets[i];
         while (*link && n < cap) {
-            if ((*link)->freed && shmcount_read(&(*link)->ref) <= 0) {
+            if ((*link)->freed && !held_locked(*link)) {
                 out[n++] = (*link)->ptr;
                 remove_locked(link);
             } else {

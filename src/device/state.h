@@ -36,13 +36,24 @@ static inline cca_status_t state_ensure(void)
 }
 /*
  * Initialise it on backend with settings_text (NULL: CCA_ALLOC_CONF). Takes
- * the backend, also when initialisation fails; CCA_ERR_BUSY (backend not
- * taken) if already initialised.
+ * the backend, also when initialisation fails or returns CCA_ERR_BUSY
+ * (already initialised; destroyed then, unless it is the running backend).
  */
 cca_status_t state_init_with_backend(cca_backend_t *backend, const char *settings_text);
 /* Tear the device allocator down (no-op when it is not up). */
 void state_shutdown(void);
 /* CCA_ERR_NOT_SUPPORTED for settings this version cannot honour. */
 cca_status_t state_check_supported(const cca_settings_t *s);
+/*
+ * The running state's settings object equal to *s: one kept already, or a
+ * copy made and kept until shutdown (settings objects are never freed while
+ * the state lives: a reader without a lock may still read an old one, and
+ * settings switched back and forth reuse theirs, so they number no more than
+ * the distinct settings ever set). Callers serialise (cca_set_settings'
+ * lock). NULL: out of host memory (raised).
+ */
+const cca_settings_t *state_settings_keep(const cca_settings_t *s);
+/* The settings objects the running state keeps (0 when not up). */
+size_t state_settings_kept(void);
 
 #endif /* CCA_STATE_H */

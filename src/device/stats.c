@@ -504,7 +504,7 @@ cca_status_t cca_get_device_stats(int device, cca_device_stats_t *stats)
     if (async_enabled())
         return async_get_device_stats(device, stats);
     stats_read(dev, stats);
-    size_t mss = cca_state->settings.max_split_size;
+    size_t mss = cca_state->settings->max_split_size;
     stats->max_split_size = mss == SIZE_MAX ? -1 : (int64_t)mss;
     return CCA_OK;
 }

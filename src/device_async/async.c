@@ -255,7 +255,7 @@ cca_status_t async_init(int device_count)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cudaMallocAsync");
     }
     s->device_count = device_count;
-    double fraction = cca_state->settings.per_process_memory_fraction;
+    double fraction = cca_state->settings->per_process_memory_fraction;
     for (int d = 0; d < device_count; d++) {
         pthread_mutex_init(&s->devices[d].lock, NULL);
         pthread_rwlock_init(&s->devices[d].pool_lock, NULL);

@@ -538,12 +538,11 @@ static cca_status_t open_parsed(const ipc_wire_t *handle_wire, const int32_t *fd
                             "one reference: make one per opening)");
             goto out_free;
         }
-    /* The counter file the handle names must be one before anything is mapped (the close
-     * decrements it); an expandable handle's descriptors are reused once its block is
-     * freed, so its counter must be live too. */
+    /* The counter file the handle names must be one, and the handle's reference still
+     * held, before anything is mapped (the close releases it): a handle released already
+     * may name a block freed since (an expandable handle's descriptors are reused then). */
     shmcount_ref_t ref = {w.ref_pid, w.ref_fd, w.ref_slot, w.ref_serial};
-    st = w.kind == IPC_KIND_EXPANDABLE ? shmcount_check_foreign(&ref)
-                                       : shmcount_verify_foreign(&ref);
+    st = shmcount_check_foreign(&ref);
     if (st != CCA_OK)
         goto out_free;
     st = wait_for_producer(&w, stream);
@@ -656,10 +655,8 @@ cca_status_t cca_ipc_release_handle_bytes(const void *handle, size_t len)
     if (st != CCA_OK)
         return st;
     shmcount_ref_t ref = {w.ref_pid, w.ref_fd, w.ref_slot, w.ref_serial};
-    if (ref.pid == (int32_t)getpid()) {
-        shmcount_add(&ref, -1);
-        return CCA_OK;
-    }
+    if (ref.pid == (int32_t)getpid())
+        return shmcount_drop(&ref);
     return shmcount_release_foreign(&ref);
 }
 

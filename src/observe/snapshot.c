@@ -178,7 +178,7 @@ cca_status_t cca_snapshot(cca_snapshot_t **out)
     cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
-    if (cca_state->settings.backend == CCA_BACKEND_ASYNC)
+    if (cca_state->settings->backend == CCA_BACKEND_ASYNC)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "Calling snapshot with backend:cudaMallocAsync is not meaningful. (For "
                          "backend:native, snapshot returns a detailed summary of all blocks tracked "

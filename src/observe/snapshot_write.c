@@ -261,7 +261,7 @@ cca_status_t snapshot_build(pv_doc_t **out)
     if (st == CCA_OK)
         st = add_traces(doc, traces, annotations, entries, count, cca_state->device_count);
     if (st == CCA_OK)
-        st = add_settings(doc, root, &cca_state->settings);
+        st = add_settings(doc, root, cca_state->settings);
     if (st == CCA_OK)
         st = pv_dict_set(doc, root, "external_annotations", annotations);
     if (st == CCA_OK && cca_last_error()->status != CCA_OK)

@@ -751,7 +751,7 @@ static void *spec_main(void *arg)
     if (s->st != CCA_OK)
         return NULL;
     s->up = true;
-    s->expandable = cca_state->settings.expandable_segments;
+    s->expandable = cca_state->settings->expandable_segments;
     if (s->expandable && !s->opt.total_memory)
         return NULL; /* the device size shapes every reservation: it cannot be guessed */
     uint64_t t0 = cca_now_ns();

@@ -5,6 +5,7 @@
  * allocator; nothing below calls into it.
  */
 #include <pthread.h>
+#include <string.h>
 
 #include "async.h"
 #include "device.h"
@@ -26,7 +27,7 @@ static cca_status_t host_ensure(void)
     pthread_mutex_lock(&host_init_lock);
     cca_status_t st = CCA_OK;
     if (!host_global())
-        st = host_global_init(cca_state->backend, &cca_state->settings);
+        st = host_global_init(cca_state->backend, cca_state->settings);
     pthread_mutex_unlock(&host_init_lock);
     return st;
 }
@@ -87,20 +88,27 @@ static void lock_world(bool lock)
 /* cca_set_settings past initialisation, host_init_lock held. */
 static cca_status_t set_settings_locked(const char *text)
 {
-    cca_settings_t next = cca_state->settings;
+    const cca_settings_t *now = cca_state->settings;
+    cca_settings_t next;
+    memcpy(&next, now, sizeof(next)); /* padding too: kept objects are compared whole */
     settings_reset_for_new_string(&next); /* as PyTorch's setAllocatorSettings */
     cca_status_t st = settings_parse(&next, text, CCA_SRC_ARGUMENT);
     if (st != CCA_OK)
         return st;
-    if (next.backend != cca_state->settings.backend)
+    if (next.backend != now->backend)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "the backend key can only be set before initialisation (CCA_ALLOC_CONF)");
-    if (next.exact_peak_stats != cca_state->settings.exact_peak_stats)
+    if (next.exact_peak_stats != now->exact_peak_stats)
         return cca_raise(CCA_ERR_NOT_SUPPORTED,
                          "exact_peak_stats can only be set before initialisation (CCA_ALLOC_CONF)");
     st = state_check_supported(&next);
     if (st != CCA_OK)
         return st;
+    /* the object readers will load (kept until shutdown: one without a lock may still read
+     * the one it replaces) */
+    const cca_settings_t *kept = state_settings_keep(&next);
+    if (!kept)
+        return CCA_ERR_OUT_OF_MEMORY;
     /* the pinned allocator first: it alone can fail (its event thread), and then it has
      * changed nothing; nothing below fails, so the device side changes only after it */
     if (host_global()) {
@@ -109,9 +117,8 @@ static cca_status_t set_settings_locked(const char *text)
             return st;
     }
     lock_world(true);
-    bool fraction_changed =
-        next.per_process_memory_fraction != cca_state->settings.per_process_memory_fraction;
-    cca_state->settings = next;
+    bool fraction_changed = next.per_process_memory_fraction != now->per_process_memory_fraction;
+    atomic_store_explicit(&cca_state->settings, kept, memory_order_release);
     if (fraction_changed) { /* 0: no limit, as at initialisation */
         double fraction = next.per_process_memory_fraction;
         if (async_enabled())

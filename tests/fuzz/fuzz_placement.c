@@ -124,7 +124,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
               cca_last_error()->message);
     model_t *m = malloc(sizeof(*m));
     CHECK(m && model_init(m), "out of host memory");
-    const cca_settings_t *cs = &cca_state->settings;
+    const cca_settings_t *cs = cca_state->settings;
     m->max_split = cs->max_split_size;
     m->max_non_split_rounding = cs->max_non_split_rounding;
     for (int i = 0; i < 16; i++)

@@ -1458,12 +1458,12 @@ TEST(run_time_settings_refused_by_the_host_side_change_nothing)
     double f = -1;
     expect_ok(cca_get_memory_fraction(0, &f));
     expect_true(f == 1.0);
-    expect_false(cca_state->settings.pinned_use_background_threads);
+    expect_false(cca_state->settings->pinned_use_background_threads);
     void *a = xmalloc(600 * MiB, NULL);
     expect_ok(cca_free(a));
     expect_ok(cca_set_settings("max_split_size_mb:100,pinned_use_background_threads:True"));
     expect_eq_i64(stats(0).max_split_size, 100 * MiB);
-    expect_true(cca_state->settings.pinned_use_background_threads);
+    expect_true(cca_state->settings->pinned_use_background_threads);
 }
 
 #define SETTING_ROUNDS 2000

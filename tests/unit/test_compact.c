@@ -103,19 +103,19 @@ static bool invariants_hold(void)
 TEST(compact_setting_implies_expandable)
 {
     setup_with("compact_memory:True", 0);
-    expect_true(cca_state->settings.compact_memory);
-    expect_true(cca_state->settings.expandable_segments);
+    expect_true(cca_state->settings->compact_memory);
+    expect_true(cca_state->settings->expandable_segments);
     /* turning expandable segments off while the mode is on is refused, unchanged settings */
     expect_status(cca_set_settings("expandable_segments:False"), CCA_ERR_BAD_SETTINGS);
     expect_contains(cca_last_error()->message, "compact_memory");
-    expect_true(cca_state->settings.expandable_segments);
+    expect_true(cca_state->settings->expandable_segments);
     expect_ok(cca_set_settings("compact_memory:False,expandable_segments:False"));
-    expect_true(!cca_state->settings.expandable_segments);
+    expect_true(!cca_state->settings->expandable_segments);
     expect_status(cca_set_settings("compact_memory:yes"), CCA_ERR_BAD_SETTINGS);
     cca_shutdown();
     setup_with("", 0);
-    expect_true(!cca_state->settings.compact_memory);
-    expect_true(!cca_state->settings.expandable_segments);
+    expect_true(!cca_state->settings->compact_memory);
+    expect_true(!cca_state->settings->expandable_segments);
     cca_shutdown();
 }
 
@@ -247,7 +247,7 @@ static int64_t hole_then_growth(const char *settings, const char *later, uint64_
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
     expect_ok(cca_memory_stats_extra(0, extra, CCA_MEMORY_STATS_EXTRA_COUNT));
     expect_eq_str(extra[3].key, "cca.compact_moves");
-    if (cca_state->settings.compact_memory) {
+    if (cca_state->settings->compact_memory) {
         expect_true(extra[3].value >= 1);
         expect_eq_i64(extra[2].value, (int64_t)(10 * MiB)); /* the hole's five granules */
     } else {

@@ -1053,6 +1053,50 @@ TEST(forged_counter_file_refused)
     expect_eq_i64(allocated(0), 0);
 }
 
+/* Another process releases a handle once: a second release, an open after the release and
+ * a release after the close are refused, writing nothing (before, each lowered the block's
+ * count again, and the free of a block another handle still held completed at once). */
+static void repeated_release_child(int rfd)
+{
+    setup(true, 0, "");
+    msg_t m = recv_msg(rfd);
+    void *q = NULL;
+    expect_ok(cca_ipc_release_handle(&m.handle[0]));
+    expect_status(cca_ipc_release_handle(&m.handle[0]), CCA_ERR_INVALID_ARGUMENT);
+    expect_contains(cca_last_error()->message, "released already");
+    expect_status(cca_ipc_open(&m.handle[0], NULL, &q, NULL), CCA_ERR_INVALID_ARGUMENT);
+    expect_eq_u64(ipc_open_count(), 0);
+    expect_ok(cca_ipc_open(&m.handle[1], NULL, &q, NULL));
+    expect_ok(cca_ipc_close(q));
+    expect_status(cca_ipc_release_handle(&m.handle[1]), CCA_ERR_INVALID_ARGUMENT);
+    cca_shutdown();
+}
+
+TEST(repeated_release_from_another_process)
+{
+    int wfd;
+    pid_t pid = fork_child(repeated_release_child, &wfd);
+    if (pid < 0)
+        return;
+    setup(true, 0, "");
+    void *p = NULL;
+    msg_t m = {MSG_HANDLES, {{{0}}}};
+    expect_ok(cca_malloc(&p, MiB, NULL));
+    for (int i = 0; i < 3; i++)
+        expect_ok(cca_ipc_get_handle(p, NULL, &m.handle[i]));
+    send_msg(wfd, &m);
+    child_done(pid, wfd);
+    /* the third handle was never sent back: the free waits for it */
+    expect_ok(cca_free(p));
+    size_t pending = 0;
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    expect_ok(cca_ipc_release_handle(&m.handle[2]));
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    expect_eq_i64(allocated(0), 0);
+}
+
 /*
  * A forked child that shuts cca down (a worker done with it) must leave the
  * parent's IPC references alone: it inherits the list of the parent's counter
@@ -1105,6 +1149,7 @@ int main(void)
     RUN(forged_handles_refused);
     RUN(failed_close_is_retried);
     RUN(forged_counter_file_refused);
+    RUN(repeated_release_from_another_process);
     RUN(forked_child_leaves_parent_references);
     cca_shutdown();
     return harness_done();

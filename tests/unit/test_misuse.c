@@ -152,7 +152,8 @@ TEST(arguments)
 TEST(settings_strings)
 {
     setup();
-    cca_settings_t saved = cca_state->settings;
+    const cca_settings_t *before = cca_state->settings;
+    cca_settings_t saved = *before;
     MISUSE(cca_set_settings("max_split_size_mb:abc"), CCA_ERR_BAD_SETTINGS, "max_split_size_mb");
     MISUSE(cca_set_settings("no_such_key:1"), CCA_ERR_BAD_SETTINGS, "no_such_key");
     MISUSE(cca_set_settings("garbage_collection_threshold:1.5"), CCA_ERR_BAD_SETTINGS,
@@ -164,7 +165,8 @@ TEST(settings_strings)
     MISUSE(cca_set_settings("compact_memory:Maybe"), CCA_ERR_BAD_SETTINGS, "compact_memory");
     MISUSE(cca_set_settings("compact_memory:True,expandable_segments:False"), CCA_ERR_BAD_SETTINGS,
            "compact_memory needs expandable segments");
-    expect_true(!memcmp(&saved, &cca_state->settings, sizeof(saved)));
+    expect_true(cca_state->settings == before); /* no new settings object either */
+    expect_true(!memcmp(&saved, cca_state->settings, sizeof(saved)));
     /* annotations' fields (the history recorded, so that a refusal is not a no-op) */
     expect_status(cca_record_history(true, NULL, NULL, 16, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
     const char *keys[2] = {"name", ""}, *values[2] = {"step", "x"};
@@ -226,6 +228,76 @@ TEST(devices_and_processes)
            "padded");
     expect_ok(cca_ipc_release_handle_bytes(buf, n));
     expect_ok(cca_free(p));
+    cca_shutdown();
+}
+
+/* cca_init_with_backend while initialised: BUSY, and the backend it was given is destroyed
+ * (cca owns it on every return), unless it is the one cca runs on. */
+static cca_backend_t counted_backend;
+static void (*counted_destroy_next)(void *ctx);
+static int counted_destroys;
+static void counted_destroy(void *ctx)
+{
+    counted_destroys++;
+    counted_destroy_next(ctx);
+}
+
+TEST(init_while_initialised)
+{
+    setup();
+    cca_sim_config_t cfg = {0};
+    cfg.devices = 1;
+    cca_backend_t *other = NULL;
+    expect_ok(cca_sim_create(&cfg, &other));
+    counted_backend = *other;
+    counted_destroy_next = other->destroy;
+    counted_backend.destroy = counted_destroy;
+    counted_destroys = 0;
+    MISUSE(cca_init_with_backend(&counted_backend, ""), CCA_ERR_BUSY, "already initialised");
+    expect_eq_i64(counted_destroys, 1);
+    MISUSE(cca_init_with_backend(sim, "expandable_segments:True"), CCA_ERR_BUSY,
+           "already initialised");
+    void *p = NULL;
+    expect_ok(cca_malloc(&p, MiB, NULL)); /* still running on sim, with its settings */
+    expect_ok(cca_free(p));
+    cca_shutdown();
+    expect_eq_i64(counted_destroys, 1);
+}
+
+/* A handle's reference is released once: a second release (fixed or serialized form), with
+ * another handle of the block still out, is refused and must not let the block's free
+ * complete under the other handle's process; so is a release after the close-less free. */
+TEST(repeated_ipc_releases)
+{
+    setup();
+    char *p = NULL, *q = NULL;
+    size_t n = 0, pending = 0;
+    expect_ok(cca_malloc((void **)&p, MiB, NULL));
+    cca_ipc_mem_handle_t first;
+    unsigned char second[CCA_IPC_HANDLE_SIZE];
+    expect_ok(cca_ipc_get_handle(p, NULL, &first));
+    expect_ok(cca_ipc_get_handle_bytes(p, NULL, second, sizeof(second), &n));
+    expect_ok(cca_ipc_release_handle(&first));
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    MISUSE(cca_ipc_release_handle_bytes(first.bytes, sizeof(first.bytes)),
+           CCA_ERR_INVALID_ARGUMENT, "released already");
+    /* the second handle still holds the block: its free waits, its memory is not reused */
+    expect_ok(cca_free(p));
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 1);
+    expect_ok(cca_malloc((void **)&q, MiB, NULL));
+    expect_true(q != p);
+    expect_ok(cca_ipc_release_handle_bytes(second, n));
+    MISUSE(cca_ipc_release_handle_bytes(second, n), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_ipc_collect(&pending));
+    expect_eq_u64(pending, 0);
+    /* the block's free completed: its handles name nothing now */
+    MISUSE(cca_ipc_release_handle(&first), CCA_ERR_INVALID_ARGUMENT, "released already");
+    MISUSE(cca_ipc_release_handle_bytes(second, n), CCA_ERR_INVALID_ARGUMENT, "released already");
+    expect_ok(cca_free(q));
     cca_shutdown();
 }
 
@@ -346,6 +418,8 @@ int main(void)
     RUN(expandable_pointers);
     RUN(host_pointers);
     RUN(devices_and_processes);
+    RUN(repeated_ipc_releases);
+    RUN(init_while_initialised);
     RUN(private_pools);
     printf("misuse cases: %d\n", cases);
     return harness_done();

@@ -141,7 +141,7 @@ static long lockstep_run(const run_t *r)
     }
     if (r->small_split_min)
         m->small_split_min = r->small_split_min;
-    const cca_settings_t *cs = &cca_state->settings;
+    const cca_settings_t *cs = cca_state->settings;
     m->max_split = cs->max_split_size;
     m->max_non_split_rounding = cs->max_non_split_rounding;
     for (int i = 0; i < 16; i++)
