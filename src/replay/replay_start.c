@@ -671,7 +671,7 @@ static bool group_pieces(builder_t *b, const start_group_t *g, size_t *bi, bool 
     b->group_first = first;
     for (; *bi < s->nblocks && s->blocks[*bi].addr < g->end; (*bi)++) {
         const start_block_t *blk = &s->blocks[*bi];
-        uint64_t size = blk->size ? blk->size : alloc_round_size(&cca_state->settings, blk->requested);
+        uint64_t size = blk->size ? blk->size : alloc_round_size(cca_state->settings, blk->requested);
         if (blk->addr < pos || blk->addr + size > g->end) {
             replay_note_inconsistency(b->r, false, UINT64_MAX,
                                       "the block at 0x%llx (%llu bytes) overlaps another one",

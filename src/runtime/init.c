@@ -143,7 +143,7 @@ cca_status_t cca_settings_current(char **text)
     pthread_mutex_lock(&host_init_lock); /* set_settings_locked's and cca_shutdown's lock */
     bool live = cca_is_initialized();
     if (live)
-        settings_describe(&cca_state->settings, &sb);
+        settings_describe(cca_state->settings, &sb);
     pthread_mutex_unlock(&host_init_lock);
     if (!live)
         return cca_settings_describe(NULL, text);

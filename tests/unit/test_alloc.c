@@ -1480,7 +1480,7 @@ static void *set_split_sizes(void *arg)
         int mb = 100 + i % 2;
         snprintf(text, sizeof(text), "max_non_split_rounding_mb:%d", mb);
         if (cca_set_settings(text) != CCA_OK ||
-            cca_state->settings.max_non_split_rounding != (size_t)mb * MiB)
+            cca_state->settings->max_non_split_rounding != (size_t)mb * MiB)
             atomic_fetch_add(&settings_lost, 1);
     }
     return NULL;
@@ -1512,7 +1512,7 @@ TEST(run_time_settings_from_two_threads)
     pthread_join(a, NULL);
     pthread_join(b, NULL);
     expect_eq_i64(atomic_load(&settings_lost), 0);
-    expect_eq_u64(cca_state->settings.max_non_split_rounding, 101 * MiB);
+    expect_eq_u64(cca_state->settings->max_non_split_rounding, 101 * MiB);
     double f = 0;
     expect_ok(cca_get_memory_fraction(0, &f));
     expect_true(f == 0.5);

@@ -141,7 +141,7 @@ TEST(allocator_settings)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         expect_status(cca_set_settings(bad[i]), CCA_ERR_BAD_SETTINGS);
     /* a refused string resets nothing */
-    expect_true(cca_state->settings.release_lock_on_cudamalloc);
+    expect_true(cca_state->settings->release_lock_on_cudamalloc);
 
     void *live[] = {x, y, z, v, w2};
     for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
@@ -159,7 +159,7 @@ TEST(run_time_strings_reset_only_pytorchs_keys)
                                "roundup_power2_divisions:2,max_non_split_rounding_mb:64,"
                                "expandable_segments:True,per_process_memory_fraction:0.5"));
     expect_ok(cca_set_settings("release_lock_on_cudamalloc:True"));
-    const cca_settings_t *s = &cca_state->settings;
+    const cca_settings_t *s = cca_state->settings;
     expect_eq_u64(s->max_split_size, SIZE_MAX);
     expect_true(s->garbage_collection_threshold == 0.0);
     expect_eq_u64(settings_roundup_divisions(s, 100 * MiB), 0);
