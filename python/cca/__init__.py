@@ -142,7 +142,9 @@ def _result_dict(r, trace_addresses):
 
 
 def _regular_file(path, what):
-    """Refuse what cca would not read as a file before opening it: a FIFO would block."""
+    """Refuse what cca would not read as a file before opening it: a FIFO would block. A path
+    that is not one (a NUL in it, the wrong type) is refused as an argument first."""
+    _lib.path_arg(what, "path", path)
     if not os.path.exists(path):
         raise CcaError("CCA_ERR_IO", "%s: cannot open %s: no such file" % (what, path))
     if not os.path.isfile(path):
@@ -414,11 +416,8 @@ def record_history(enabled=True, max_entries=sys.maxsize):
     torch.cuda.memory._record_memory_history). max_entries bounds the history
     (the oldest entries go beyond it); it is not allocated up front, so the
     default, sys.maxsize as PyTorch's, keeps everything."""
-    max_entries = int(max_entries)
-    if max_entries < 0:
-        raise ValueError("record_history: max_entries must be >= 0, not %d" % max_entries)
-    lib = _lib.load()
     max_entries = _lib.size_arg("record_history", "max_entries", max_entries)
+    lib = _lib.load()
     _check(lib, lib.cca_record_history(bool(enabled), None, None, max_entries, 0),
            "record_history")
 
