@@ -2,46 +2,15 @@
  * device_stats.h - the statistics operations of the device allocator, inline
  * for the hot path: the stat helpers, the stats lock, the ops table and its
  * three modes (relaxed per-pool, exact locked, exact logged), ops_apply and
- * its repeat (ops_apply_again). Definitions out of line are in stats.c and
- * observe/stats_text.c. Files include device.h, which includes this.
+ * its repeat (ops_apply_again). Definitions out of line are in stats.c; the
+ * update rules of one statistic and its text are observe/stats_text.h's.
+ * Files include device.h, which includes this.
  */
 #ifndef CCA_DEVICE_STATS_H
 #define CCA_DEVICE_STATS_H
 
 #include "device_types.h"
-
-/* ---- observe/stats_text.c: summary text and memory_stats keys --- */
-
-/* Bit set of stat types to update: always ALL, plus the pool's kind. */
-static inline void stat_increase(cca_stat_t *stat, int64_t amount)
-{
-    stat->current += amount;
-    if (stat->current > stat->peak)
-        stat->peak = stat->current;
-    stat->allocated += amount;
-}
-
-static inline void stat_decrease(cca_stat_t *stat, int64_t amount)
-{
-    stat->current -= amount;
-    stat->freed += amount;
-}
-/* Append the memory_summary text for stats. */
-void stats_format_summary(const cca_device_stats_t *stats, int device, bool abbreviated,
-                          cca_strbuf_t *out);
-/* Fill PyTorch's flat memory_stats list (sorted keys). */
-void stats_flatten(const cca_device_stats_t *stats, cca_stat_entry_t *out);
-/*
- * The per-operation statistics (those a stream pool keeps when peaks are
- * sampled): the CCA_OP_STAT_ARRAYS arrays of *stats, in a fixed order, plus
- * oversize_allocations, which the caller handles by name.
- */
-#define CCA_OP_STAT_ARRAYS 7
-void stats_op_arrays(cca_device_stats_t *stats, cca_stat_t *out[CCA_OP_STAT_ARRAYS]);
-/* PyTorch's format_size (used in the OOM message). */
-void stats_format_size(size_t size, char *buf, size_t buflen);
-
-
+#include "stats_text.h"
 
 /* ---- helpers shared by the device allocator's files ------------------------- */
 
