@@ -18,13 +18,6 @@
 #include "trace.h"
 #include "trace_ring.h"
 
-static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
-
-const char *cca_block_state_name(cca_block_state_t state)
-{
-    return (unsigned)state < 3 ? state_names[state] : "unknown";
-}
-
 void cca_snapshot_free(cca_snapshot_t *snap)
 {
     if (!snap)

@@ -18,6 +18,13 @@
 #include "pickle.h"
 #include "snapshot_io.h"
 
+static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
+
+const char *cca_block_state_name(cca_block_state_t state)
+{
+    return (unsigned)state < 3 ? state_names[state] : "unknown";
+}
+
 /* A non-negative integer as a Python int. */
 static pv_node_t *pv_uint(pv_doc_t *doc, uint64_t v)
 {
