@@ -125,8 +125,11 @@ cca_status_t cca_set_device(int device);
 
 /**
  * Apply a settings string at run time (same syntax as PYTORCH_CUDA_ALLOC_CONF:
- * "key:value,key:value"). Only the keys named change. On error nothing
- * changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
+ * "key:value,key:value"), as PyTorch's _set_allocator_settings: the keys named
+ * change, and max_split_size_mb, roundup_power2_divisions and
+ * garbage_collection_threshold return to their defaults unless named (PyTorch
+ * resets them before reading each string); every other key keeps its value. On
+ * error nothing changes. Returns CCA_OK, CCA_ERR_BAD_SETTINGS (message names the offending
  * key:value and what is allowed), CCA_ERR_NOT_SUPPORTED (a key that can only
  * be set before initialisation, e.g. backend).
  */
@@ -141,6 +144,17 @@ cca_status_t cca_set_settings(const char *settings);
  * CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t cca_settings_describe(const char *settings, char **text);
+
+/**
+ * The settings in force now, after initialisation and any cca_set_settings:
+ * the same lines as cca_settings_describe (key, value, source), read under
+ * the settings lock. Before initialisation, those cca_init would start with
+ * (cca_settings_describe(NULL)). *text is allocated with malloc; the caller
+ * frees it. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (text NULL),
+ * CCA_ERR_OUT_OF_MEMORY, CCA_ERR_BAD_SETTINGS (before initialisation, an
+ * invalid CCA_ALLOC_CONF). Thread-safe.
+ */
+cca_status_t cca_settings_current(char **text);
 
 /* ------------------------------------------------------------------------ */
 /* The device caching allocator                                             */
@@ -180,6 +194,18 @@ cca_status_t cca_empty_cache(void);
 
 /** Total cached-free bytes and the largest cached free block of a device. */
 cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_block);
+
+/**
+ * PyTorch's cacheInfo, with which cuDNN sizes its workspaces: *largest in and
+ * out. On entry 0 asks for a first guess, the device's free memory (the
+ * backend's mem_get_info, cudaMemGetInfo); any other value is the caller's own.
+ * On return *largest is the larger of that and the largest cached free block
+ * (any pool, private pools included). With backend:cudaMallocAsync, the
+ * largest block found by trial allocation (cca_cache_info's). Returns CCA_OK,
+ * CCA_ERR_INVALID_ARGUMENT (largest NULL, device out of range), or the
+ * backend's mem_get_info error (*largest unchanged). Thread-safe.
+ */
+cca_status_t cca_cache_info_largest(int device, size_t *largest);
 
 /** Base address and size of the segment holding ptr (any pointer inside a live block). */
 cca_status_t cca_get_base_allocation(void *ptr, void **base, size_t *size);
@@ -758,6 +784,12 @@ typedef struct cca_replay_options {
                                   trace events later (a GPU running behind); 0: at once */
     bool sequential;         /**< read the whole file before replaying (no replay on a
                                   second thread while the file is read) */
+    bool strict;             /**< stop at the first inconsistency of the input (CCA_ERR_FORMAT)
+                                  instead of counting it */
+    uint64_t first_event;    /**< replay from this event of the trace on, as if the recording
+                                  had begun there (the state before it inferred) */
+    uint64_t peaks_from_event; /**< reset the peak statistics before this event (0: from the start):
+                                    peaks over the events from it on */
 } cca_replay_options_t;
 
 /** What a replay did, and what the trace says PyTorch did. */
@@ -805,6 +837,24 @@ typedef struct cca_replay_result {
     uint64_t compact_moves;       /**< growths that re-mapped free granules */
     uint64_t compact_pending_growths; /**< growths that mapped new memory, granules not yet done */
     bool overlapped;              /**< replayed while the file was read, on a second thread */
+    /* the device replayed, of the snapshot's device_traces */
+    int device;                   /**< its index */
+    size_t device_count;          /**< device_traces entries in the snapshot */
+    /* the state before the first event, for a trace recorded after the allocator had begun
+     * (history recorded late, or its ring wrapped): inferred from the snapshot's segments and
+     * the events as PyTorch's memory viewer does, and the replay started from it */
+    uint64_t inferred_segments;   /**< segments (expandable: mapped ranges) that existed before */
+    uint64_t inferred_blocks;     /**< blocks live before the first event */
+    uint64_t inferred_reserved_bytes;  /**< bytes of those segments */
+    uint64_t inferred_requested_bytes; /**< bytes those blocks were asked for */
+    bool recorded_part_only;      /**< a state was inferred: the peaks and the counts cover only
+                                       the recorded part; expected_peak_reserved_bytes is PyTorch's
+                                       over that part; only the .current statistics compare */
+    /* input that contradicts itself: an allocation inside a live block, a free of a block never
+     * seen, a size negative or of 1 EB or more, a NaN memory fraction (options.strict: an error) */
+    uint64_t inconsistencies;
+    char first_inconsistency[200]; /**< the earliest event's, named */
+    uint64_t first_inconsistency_event; /**< its event (UINT64_MAX: not an event's) */
 } cca_replay_result_t;
 
 /**
@@ -815,8 +865,13 @@ typedef struct cca_replay_result {
  * file is read, with the settings the options give (else PyTorch's default)
  * and no memory fraction or private-pool operation; if the trace's own
  * configuration, known at the end of the file, differs in a way that matters,
- * the trace is replayed again once read. Either way the result is the same. Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT
- * (not a snapshot, or malformed), CCA_ERR_BAD_SETTINGS, CCA_ERR_INVALID_ARGUMENT.
+ * the trace is replayed again once read. Either way the result is the same.
+ * A snapshot recorded after the allocator had begun replays from the state
+ * before its first event, inferred from its segments (docs/replay-mid-run.md).
+ * Returns CCA_OK, CCA_ERR_IO, CCA_ERR_FORMAT (not a snapshot, or malformed;
+ * with options->strict, an inconsistency of the input), CCA_ERR_BAD_SETTINGS,
+ * CCA_ERR_INVALID_ARGUMENT, CCA_ERR_OUT_OF_MEMORY (host memory, or a cap
+ * smaller than the state before the first event).
  * An out-of-memory failure during the replay is counted, not returned.
  * With snapshot_path or svg_path set, the history is cleared and recorded
  * during the replay, written at its end, and left off afterwards; writing
@@ -827,6 +882,68 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
 
 /** Free what a replay result holds. */
 void cca_replay_result_free(cca_replay_result_t *result);
+
+/** How many entries each ranking of cca_replay_explain_t keeps. */
+#define CCA_EXPLAIN_TOP 8
+
+/** One line of a ranking: what it is, its bytes, and how many things it counts. */
+typedef struct cca_explain_entry {
+    char name[160];          /**< a call site "file:line function", an annotation, a stream, a segment */
+    uint64_t bytes;          /**< live bytes (segments: cached free bytes) */
+    uint64_t count;          /**< live allocations (segments: free pieces) */
+} cca_explain_entry_t;
+
+/**
+ * What a replay held at the peak of its reserved memory: of the moments (after
+ * a trace event) at the highest reservation, the first with the most bytes
+ * allocated.
+ */
+typedef struct cca_replay_explain {
+    uint64_t peak_event;          /**< index of that event in the device's trace */
+    uint64_t reserved_bytes;      /**< reserved then (the peak) */
+    uint64_t live_bytes;          /**< in blocks the program held (allocated or pending free) */
+    uint64_t live_requested_bytes; /**< what the program asked for in them */
+    uint64_t live_allocations;
+    uint64_t cached_free_bytes;   /**< reserved in no live block (fragmentation) */
+    uint64_t largest_free_bytes;  /**< the largest free piece */
+    uint64_t segments;            /**< segments then */
+    uint64_t segments_with_free;  /**< of which hold a free piece */
+    uint64_t frames_distinct, annotations_distinct, streams_distinct; /**< groups found */
+    size_t frame_count, annotation_count, stream_count, segment_count; /**< entries filled below */
+    cca_explain_entry_t frames[CCA_EXPLAIN_TOP];      /**< live bytes by allocation call site */
+    cca_explain_entry_t annotations[CCA_EXPLAIN_TOP]; /**< by the innermost annotation open
+                                                           at the allocation (record_function) */
+    cca_explain_entry_t streams[CCA_EXPLAIN_TOP];     /**< by stream */
+    cca_explain_entry_t free_segments[CCA_EXPLAIN_TOP]; /**< segments by cached free bytes */
+} cca_replay_explain_t;
+
+/**
+ * Replay a trace as cca_replay_file does (never on a second thread) and
+ * report in *explain what was live at the peak of reserved memory, ranked by
+ * the allocations' call sites (their first frame outside torch), annotations
+ * and streams, and where the cached free memory lay. Reads the file again for
+ * the events' times and streams (and, where they carry frames, once more as a
+ * tree). Same statuses as cca_replay_file;
+ * *result is filled as there (free it with cca_replay_result_free) and holds
+ * nothing on error.
+ */
+cca_status_t cca_replay_explain(const char *path, const cca_replay_options_t *options,
+                                cca_replay_result_t *result, cca_replay_explain_t *explain);
+
+/**
+ * Replay every device of a snapshot (each device_traces entry, options->device
+ * ignored), one result each: *results (malloc'd, *count of them) is freed with
+ * cca_replay_results_free. A device's result says its index (result.device).
+ * options->snapshot_path and svg_path are written for device 0 only. Returns
+ * what cca_replay_file returns for the first device that fails (no results
+ * then), CCA_ERR_INVALID_ARGUMENT (path, results or count NULL),
+ * CCA_ERR_OUT_OF_MEMORY. Not thread-safe (cca is re-initialised per device).
+ */
+cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
+                                     cca_replay_result_t **results, size_t *count);
+
+/** Free the results of cca_replay_file_devices. */
+void cca_replay_results_free(cca_replay_result_t *results, size_t count);
 
 #ifdef __cplusplus
 }
@@ -875,6 +992,8 @@ typedef struct cca_trace_entry {
     const char *context;  /**< the user context, or NULL; an annotation's name */
     const char *compile_context; /**< the device's compile context then, or NULL ("N/A") */
     const char *user_metadata;   /**< the device's user metadata then, or NULL ("") */
+    cca_mempool_id_t pool;       /**< the private pool of the block or segment, (0, 0) for the
+                                      default pools and entries of neither */
 } cca_trace_entry_t;
 
 /**
@@ -898,8 +1017,10 @@ typedef void (*cca_context_release_fn)(const char *context, void *arg);
 void cca_set_context_release(cca_context_release_fn fn, void *arg);
 
 /**
- * Start or stop recording the allocation history into a ring of max_entries
- * entries (0 counts as 1; the oldest are overwritten). when says which
+ * Start or stop recording the allocation history into a ring of at most
+ * max_entries entries (0 counts as 1; beyond it the oldest are overwritten).
+ * max_entries is a bound, not a size: the ring grows as entries come, so
+ * SIZE_MAX (PyTorch's default, sys.maxsize) keeps every entry. when says which
  * entries get the context of context_fn (required unless when is
  * CCA_RECORD_CONTEXT_NEVER). Stopping clears the history. Calling it again
  * while recording changes the settings and keeps the newest entries. Needs no
@@ -1036,6 +1157,8 @@ typedef struct cca_segment_info {
     uint64_t owner_private_pool_id[2]; /**< (0, 0): the default pools */
     size_t block_count;
     cca_block_info_t *blocks; /**< in address order */
+    const char *context;    /**< user context of the allocation that created the segment (the
+                                 run at the segment's start of an expandable one), or NULL */
 } cca_segment_info_t;
 
 /** Every segment of every device, sorted by address. */

@@ -20,6 +20,7 @@
 #      trees (tests/cuda/torch_compile.py), both only with GPU_CHECK_BUDGET >=
 #      600, with two GPUs peer access (tests/cuda/torch_peer.py), and
 #      bench/torch_bench.py (below a 600 s budget without BERT and ViT);
+#   5b. CuPy and Numba on cca (tests/cuda/cupy_numba.py, from the build tree);
 #   6. print one comparison table.
 # A failing step is reported and the script goes on to the table; the exit
 # status is 1 if any step failed. Every step has a time limit so the whole
@@ -36,13 +37,36 @@
 #     (torch_adapter.py --job train-resnet50-async, one GPU), the annotations
 #     (with two GPUs, one made on the second) and the pinned memory through
 #     PyTorch (--job annotations, --job pinned), CUDA tensors between
-#     processes (torch_ipc.py, one GPU), the two-rank NCCL run (torch_ddp.py)
+#     processes (torch_ipc.py, one GPU), the two-rank NCCL runs (torch_ddp.py;
+#     torch_nccl.py: DDP and FSDP2 on the adapter with NCCL's registration hook
+#     and a MemPool of ncclMemAlloc memory registered with the process group)
 #     and peer access through PyTorch's copies and CuPy kernels
 #     (torch_peer.py); about 4-6 minutes.
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
 #     through the adapter against native, then on the checked library).
+#   GPU_CHECK_ONLY=pytorch-tests  PyTorch's own test/test_cuda.py (its memory,
+#     allocator, graph, pool, snapshot and pinned-memory tests, selected with
+#     pytest -k) natively and with cca, each without and with expandable
+#     segments (scripts/pytorch_tests.py --parallel): build the library
+#     (Release), then the four pytest runs at once on the GPU (two pytest
+#     processes each), then each test that passed natively and not with cca
+#     run again alone, serially, natively and with cca (a test disturbed by
+#     the concurrent runs is not a regression); one table of final results
+#     (re-run ones marked *), and for each regression left the end of its
+#     failure report. The test file is upstream code, kept out of the
+#     repository in .pytorch-tests/ (copy it there); about 5.5 minutes: the
+#     step takes what the budget leaves (the runs at once stop a quarter of
+#     it, at most 120 s, before its end, for the re-runs); give it
+#     GPU_CHECK_BUDGET=400 or more.
+#   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
+#     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
+#     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,
+#     PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF together, either set
+#     after install and before CUDA starts, per_process_memory_fraction from
+#     them, the profiler, GPU trace, snapshot settings and entries, trace
+#     trackers' pool ids); about 2.5 minutes.
 #   GPU_CHECK_ONLY=compact  compact_memory:True only: build the library and
 #     test_cuda_expandable (Release), run it (its compact tests print the moves
 #     and the growths that took new memory past pending granules), then
@@ -50,6 +74,11 @@
 #     compact: step times, peak reserved, the compact run's moves, growths past
 #     pending granules and synchronisations); about 4-6 minutes (give it
 #     GPU_CHECK_BUDGET=600).
+#   GPU_CHECK_ONLY=python-ecosystem  CuPy and Numba on cca only: build the library
+#     (Release), run tests/cuda/cupy_numba.py from the build tree, then from a
+#     `cmake --install` prefix (its smoke part), then bench/python_ecosystem_bench.py
+#     (allocate + free from Python: cca beside CuPy's pool, Numba's default and RMM's
+#     where installed); about 2-3 minutes.
 # shellcheck disable=SC2317,SC2046  # functions run through timeout; -k flags split on purpose
 set -u -o pipefail
 
@@ -131,6 +160,12 @@ run_torch() {
 run_torch_ddp() {
     python3 "$root/tests/cuda/torch_ddp.py" "$root/build-gpu-release/libcca.so"
 }
+# Two ranks on the adapter against native: DDP and FSDP2 with NCCL's registration hook, and a
+# MemPool of ncclMemAlloc memory registered with the process group; needs 2 GPUs.
+run_torch_nccl() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_nccl.py" "$root/build-gpu-release/libcca.so"
+}
 # The threaded workloads spread over two GPUs, on both backends; needs 2 GPUs.
 run_bench_2gpu() {
     "$root/build-gpu-release/bench/bench_gpu" --quick --devices 2 --name cca-2gpu &&
@@ -148,6 +183,22 @@ run_torch_adapter_async() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_adapter.py" "$root/build-gpu-release/libcca.so" --job train-resnet50-async \
         --job annotations --job pinned
+}
+# PyTorch's hooks around its allocator (torch.accelerator, caching_allocator_enable, the
+# profiler, GPU trace, snapshot settings), cca against native.
+run_torch_hooks() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+        python3 "$root/tests/cuda/torch_hooks.py" "$root/build-gpu-release/libcca.so"
+}
+# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests, four ways at once, differing
+# tests re-run alone (one table).
+run_pytorch_tests() {
+    CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" OUT="$logs" \
+        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --parallel --budget "$1"
+}
+build_library() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF &&
+        cmake --build "$root/build-gpu-release" -j "$jobs" --target cca_shared
 }
 # torch.multiprocessing CUDA tensors through the adapter, both processes on cca.
 run_torch_ipc() {
@@ -219,6 +270,31 @@ run_ctest_multigpu() {
 export multigpu_tests
 export -f build_multigpu run_ctest_multigpu
 
+# CuPy and Numba on cca (tests/cuda/cupy_numba.py): from the build tree, and from an installed prefix.
+run_python_ecosystem() {
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+        python3 "$root/tests/cuda/cupy_numba.py" "$root/build-gpu-release/libcca.so"
+}
+run_python_ecosystem_installed() {
+    local prefix="$root/build-gpu-release/install-prefix" site
+    rm -rf "$prefix"
+    cmake --install "$root/build-gpu-release" --prefix "$prefix" || return 1
+    for site in "$prefix"/lib/python3*/site-packages; do break; done
+    [ -d "$site" ] || { echo "no site-packages under $prefix"; return 1; }
+    (cd / && env -u CCA_LIBRARY PYTHONPATH="$site" CCA_EXPECT_PREFIX="$prefix" \
+        python3 "$root/tests/cuda/cupy_numba.py" --part smoke)
+}
+run_python_ecosystem_bench() {
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+        python3 "$root/bench/python_ecosystem_bench.py" "$root/build-gpu-release/libcca.so"
+}
+build_python_ecosystem() {
+    cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
+        return 1
+    cmake --build "$root/build-gpu-release" -j "$jobs" --target cca_static cca_shared cca_cli
+}
+export -f run_python_ecosystem run_python_ecosystem_installed run_python_ecosystem_bench build_python_ecosystem
+
 # GPU_CHECK_ONLY=compact: the compact_memory GPU tests and the PyTorch step times.
 build_compact() {
     cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF ||
@@ -235,7 +311,7 @@ run_ctest_compact() {
 export -f build_compact run_ctest_compact
 
 export root logs jobs
-export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
+export -f keep_going build_release build_debug build_checked run_ctest memcheck run_torch run_torch_ddp run_torch_adapter run_torch_adapter_async run_torch_ipc run_torch_compile run_torch_peer run_torch_hooks run_pytorch_tests build_library run_torch_nccl run_torch_bench run_anchor run_bench run_bench_relaxed run_bench_expandable run_bench_sim run_bench_host run_bench_floor run_bench_replay
 
 {
     echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $root"
@@ -271,6 +347,7 @@ multigpu)
     run_step torch-ipc "$(left 180)" run_torch_ipc
     if [ "${gpu_count:-0}" -ge 2 ]; then
         run_step torch-ddp-2gpu "$(left 120)" run_torch_ddp
+        run_step torch-nccl-2gpu "$(left 90)" run_torch_nccl
         run_step torch-peer-2gpu "$(left 0)" run_torch_peer
     else
         echo "== torch-ddp-2gpu: needs two GPUs (${gpu_count:-0} here)"
@@ -281,7 +358,7 @@ multigpu)
     # each test's lines and ctest's verdict (a skipped test, e.g. with one GPU, says so here)
     grep -E '^[0-9]+/[0-9]+ Test +#|^[0-9]+: (ok |FAIL|SKIPPED|no usable GPU|[0-9]+ passed)' \
         "$logs/ctest-multigpu.log" 2>/dev/null | sed 's/^/  /'
-    grep -E '^(PASS|FAIL)' "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^(PASS|FAIL)' "$logs/torch-nccl-2gpu.log" "$logs/torch-peer-2gpu.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
 torch-compile)
@@ -290,6 +367,24 @@ torch-compile)
     run_step torch-compile "$(left 0)" run_torch_compile "$root/build-gpu-checked/libcca.so"
     only_steps
     grep -E '^(PASS|FAIL)|^adapter|^native|^cca with' "$logs/torch-compile.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
+pytorch-tests)
+    run_step build-library "$(left 360)" build_library
+    # the pytest runs stop themselves 20 s before the step's limit
+    limit=$(left 0)
+    run_step pytorch-tests "$limit" run_pytorch_tests "$((limit - 20))"
+    only_steps
+    grep -E '^(native|cca|expecttest|adapter|the [0-9] runs|re-run|  (native|cca))' "$logs/pytorch-tests.log" \
+        2>/dev/null | sed 's/^/  /'
+    sed -n '/^| test /,$p' "$logs/pytorch-tests.log" 2>/dev/null
+    finish_run
+    ;;
+torch-hooks)
+    run_step build-library "$(left 200)" build_library
+    run_step torch-hooks "$(left 0)" run_torch_hooks
+    only_steps
+    grep -E '^(PASS|FAIL)|differences' "$logs/torch-hooks.log" 2>/dev/null | cut -c1-400 | sed 's/^/  /'
     finish_run
     ;;
 compact)
@@ -302,8 +397,20 @@ compact)
     grep -E '^\| |^cca compact' "$logs/torch-bench.log" 2>/dev/null | sed 's/^/  /'
     finish_run
     ;;
+python-ecosystem)
+    run_step build-python-ecosystem "$(left 150)" build_python_ecosystem
+    run_step python-ecosystem "$(left 90)" run_python_ecosystem
+    run_step python-ecosystem-installed "$(left 60)" run_python_ecosystem_installed
+    run_step python-ecosystem-bench "$(left 0)" run_python_ecosystem_bench
+    only_steps
+    grep -E '^(PASS|FAIL|SKIPPED|part |python-ecosystem:)' "$logs/python-ecosystem.log" \
+        "$logs/python-ecosystem-installed.log" 2>/dev/null | sed 's/^/  /'
+    grep -E '^\| |^SKIPPED|^FAILED' "$logs/python-ecosystem-bench.log" 2>/dev/null | sed 's/^/  /'
+    finish_run
+    ;;
 *)
-    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile)" >&2
+    echo "gpu-check: unknown GPU_CHECK_ONLY=$GPU_CHECK_ONLY (known: multigpu, compact, torch-compile," \
+        "pytorch-tests, torch-hooks, python-ecosystem)" >&2
     exit 2
     ;;
 esac
@@ -334,6 +441,7 @@ else
 fi
 
 run_step torch-pluggable "$(left 220)" run_torch
+run_step python-ecosystem "$(left 200)" run_python_ecosystem
 # cudaMallocAsync under PyTorch (three ResNet-50 trainings, about 70 s), the annotations and
 # the pinned memory (about 60 s) only with a budget of 600 s or more; GPU_CHECK_ONLY=multigpu
 # runs them.
@@ -348,6 +456,13 @@ else
 fi
 export adapter_jobs
 run_step torch-adapter "$(left 150)" run_torch_adapter
+# PyTorch's hooks around the allocator (about 2 minutes): in the full run only with a budget of
+# 600 s or more; GPU_CHECK_ONLY=torch-hooks runs it.
+if [ "$budget" -ge 600 ]; then
+    run_step torch-hooks "$(left 140)" run_torch_hooks
+else
+    echo "== torch-hooks: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=torch-hooks runs it)"
+fi
 # CUDA tensors between processes through PyTorch (about 50 s): in the full run only with a
 # budget of 600 s or more; GPU_CHECK_ONLY=multigpu runs it.
 if [ "$budget" -ge 600 ]; then

@@ -48,6 +48,15 @@ static inline const char *replay_result_diff(const cca_replay_result_t *a, const
     SAME(largest_free_bytes);
     SAME(compact_moves);
     SAME(compact_pending_growths);
+    SAME(device);
+    SAME(device_count);
+    SAME(inferred_segments);
+    SAME(inferred_blocks);
+    SAME(inferred_reserved_bytes);
+    SAME(inferred_requested_bytes);
+    SAME(recorded_part_only);
+    SAME(inconsistencies);
+    SAME(first_inconsistency_event);
 #undef SAME
     if (strcmp(a->settings, b->settings))
         return "settings";
@@ -55,6 +64,8 @@ static inline const char *replay_result_diff(const cca_replay_result_t *a, const
         return "first_stats_mismatch";
     if (strcmp(a->first_address_mismatch, b->first_address_mismatch))
         return "first_address_mismatch";
+    if (strcmp(a->first_inconsistency, b->first_inconsistency))
+        return "first_inconsistency";
     for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
         const char *ka = a->memory_stats[i].key, *kb = b->memory_stats[i].key;
         if ((ka && kb) ? strcmp(ka, kb) != 0 : ka != kb)

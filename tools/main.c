@@ -15,7 +15,7 @@ static const struct {
 } commands[] = {
     {"settings", cmd_settings, "settings ['key:value,...']   print the effective settings"},
     {"replay", cmd_replay, "replay TRACE [options]        replay a PyTorch memory snapshot (see --help)"},
-    {"snapshot", cmd_snapshot, "snapshot FILE --json|--svg OUT  convert a memory snapshot to JSON or SVG"},
+    {"snapshot", cmd_snapshot, "snapshot FILE --json [OUT] | --svg OUT  convert a memory snapshot to JSON or SVG"},
 };
 
 static void usage(FILE *out)

@@ -78,6 +78,18 @@ class DeviceStats(ctypes.Structure):
                 ("oversize_segments", Stat), ("max_split_size", ctypes.c_int64)]
 
 
+class DurationStat(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_int64), ("max", ctypes.c_int64), ("min", ctypes.c_int64),
+                ("count", ctypes.c_int64)]
+
+
+class HostStats(ctypes.Structure):
+    _fields_ = [("allocations", Stat), ("allocated_bytes", Stat), ("active_requests", Stat),
+                ("active_bytes", Stat), ("num_host_alloc", ctypes.c_int64),
+                ("num_host_free", ctypes.c_int64), ("host_alloc_time", DurationStat),
+                ("host_free_time", DurationStat)]
+
+
 class StatEntry(ctypes.Structure):
     _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_int64)]
 
@@ -90,7 +102,9 @@ class ReplayOptions(ctypes.Structure):
                 ("total_memory", ctypes.c_size_t), ("trace_addresses", ctypes.c_bool),
                 ("ignore_fraction", ctypes.c_bool), ("device", ctypes.c_int),
                 ("snapshot_path", ctypes.c_char_p), ("svg_path", ctypes.c_char_p),
-                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool)]
+                ("event_lag", ctypes.c_uint64), ("sequential", ctypes.c_bool),
+                ("strict", ctypes.c_bool), ("first_event", ctypes.c_uint64),
+                ("peaks_from_event", ctypes.c_uint64)]
 
 
 class ReplayResult(ctypes.Structure):
@@ -115,7 +129,32 @@ class ReplayResult(ctypes.Structure):
                 ("last_step_segment_frees", ctypes.c_uint64),
                 ("cached_free_bytes", ctypes.c_uint64), ("largest_free_bytes", ctypes.c_uint64),
                 ("compact_moves", ctypes.c_uint64), ("compact_pending_growths", ctypes.c_uint64),
-                ("overlapped", ctypes.c_bool)]
+                ("overlapped", ctypes.c_bool), ("device", ctypes.c_int),
+                ("device_count", ctypes.c_size_t), ("inferred_segments", ctypes.c_uint64),
+                ("inferred_blocks", ctypes.c_uint64), ("inferred_reserved_bytes", ctypes.c_uint64),
+                ("inferred_requested_bytes", ctypes.c_uint64), ("recorded_part_only", ctypes.c_bool),
+                ("inconsistencies", ctypes.c_uint64), ("first_inconsistency", ctypes.c_char * 200),
+                ("first_inconsistency_event", ctypes.c_uint64)]
+
+
+EXPLAIN_TOP = 8
+
+
+class ExplainEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 160), ("bytes", ctypes.c_uint64), ("count", ctypes.c_uint64)]
+
+
+class ReplayExplain(ctypes.Structure):
+    _fields_ = [("peak_event", ctypes.c_uint64), ("reserved_bytes", ctypes.c_uint64),
+                ("live_bytes", ctypes.c_uint64), ("live_requested_bytes", ctypes.c_uint64),
+                ("live_allocations", ctypes.c_uint64), ("cached_free_bytes", ctypes.c_uint64),
+                ("largest_free_bytes", ctypes.c_uint64), ("segments", ctypes.c_uint64),
+                ("segments_with_free", ctypes.c_uint64), ("frames_distinct", ctypes.c_uint64),
+                ("annotations_distinct", ctypes.c_uint64), ("streams_distinct", ctypes.c_uint64),
+                ("frame_count", ctypes.c_size_t), ("annotation_count", ctypes.c_size_t),
+                ("stream_count", ctypes.c_size_t), ("segment_count", ctypes.c_size_t),
+                ("frames", ExplainEntry * EXPLAIN_TOP), ("annotations", ExplainEntry * EXPLAIN_TOP),
+                ("streams", ExplainEntry * EXPLAIN_TOP), ("free_segments", ExplainEntry * EXPLAIN_TOP)]
 
 
 class Error(ctypes.Structure):
@@ -146,6 +185,21 @@ def load():
         "cca_settings_describe": (st, [cp, ctypes.POINTER(vp)]),
         "cca_malloc_device": (st, [ctypes.POINTER(vp), sz, ctypes.c_int, vp]),
         "cca_free": (st, [vp]),
+        "cca_record_stream": (st, [vp, vp]),
+        "cca_get_device": (st, [ctypes.POINTER(ctypes.c_int)]),
+        "cca_mem_get_info": (st, [ctypes.c_int, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+        "cca_set_memory_fraction": (st, [ctypes.c_double, ctypes.c_int]),
+        "cca_host_malloc": (st, [ctypes.POINTER(vp), sz]),
+        "cca_host_free": (st, [vp]),
+        "cca_host_record_event": (st, [vp, vp]),
+        "cca_host_empty_cache": (st, []),
+        "cca_host_get_stats": (st, [ctypes.POINTER(HostStats)]),
+        "cca_ipc_handle_size": (st, [vp, ctypes.POINTER(sz)]),
+        "cca_ipc_get_handle_bytes": (st, [vp, vp, vp, sz, ctypes.POINTER(sz)]),
+        "cca_ipc_open_bytes": (st, [cp, sz, vp, ctypes.POINTER(vp), ctypes.POINTER(sz)]),
+        "cca_ipc_close": (st, [vp]),
+        "cca_ipc_release_handle_bytes": (st, [cp, sz]),
+        "cca_ipc_collect": (st, [ctypes.POINTER(sz)]),
         "cca_empty_cache": (st, []),
         "cca_get_device_stats": (st, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
         "cca_memory_stats": (st, [ctypes.c_int, ctypes.POINTER(StatEntry), sz]),
@@ -158,6 +212,8 @@ def load():
         "cca_snapshot_file_to_svg": (st, [cp, cp]),
         "cca_replay_file": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult)]),
         "cca_replay_result_free": (None, [ctypes.POINTER(ReplayResult)]),
+        "cca_replay_explain": (st, [cp, ctypes.POINTER(ReplayOptions), ctypes.POINTER(ReplayResult),
+                                    ctypes.POINTER(ReplayExplain)]),
     }
     for name, (res, args) in decl.items():
         fn = getattr(lib, name)

@@ -138,8 +138,44 @@ def _load_adapter(verbose):
         lib.cca_torch_adapter_install.restype = ctypes.c_int
         lib.cca_torch_adapter_install_pinned.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.cca_torch_adapter_install_pinned.restype = ctypes.c_int
+        lib.cca_torch_adapter_note_settings.argtypes = [ctypes.c_char_p]
+        lib.cca_torch_adapter_note_settings.restype = ctypes.c_int
+        lib.cca_torch_adapter_defer_settings.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.cca_torch_adapter_defer_settings.restype = ctypes.c_int
+        lib.cca_torch_adapter_force_uncached.argtypes = [ctypes.c_int]
+        lib.cca_torch_adapter_force_uncached.restype = ctypes.c_int
         _adapter = lib
     return _adapter
+
+
+def pytorch_alloc_conf(environ=None):
+    """PyTorch's allocator settings string from the environment, as PyTorch 2.11's CUDA
+    allocator reads it: PYTORCH_CUDA_ALLOC_CONF where it is set (even empty), else
+    PYTORCH_ALLOC_CONF, else "" (measured: with both set, the first decides, backend and
+    expandable_segments included). The adapter reads the same, in C++, when PyTorch
+    initialises its allocator."""
+    environ = os.environ if environ is None else environ
+    if "PYTORCH_CUDA_ALLOC_CONF" in environ:
+        return environ["PYTORCH_CUDA_ALLOC_CONF"]
+    return environ.get("PYTORCH_ALLOC_CONF", "")
+
+
+def install_settings(settings=None, environ=None):
+    """The settings string cca runs with: settings when given, else $CCA_ALLOC_CONF (when not
+    empty), else PyTorch's (pytorch_alloc_conf). install() applies it at once on the
+    pluggable path; the adapter makes the same choice when PyTorch initialises its
+    allocator (startup_settings in torch_adapter.cpp)."""
+    if settings is not None:
+        return settings
+    environ = os.environ if environ is None else environ
+    return environ.get("CCA_ALLOC_CONF") or pytorch_alloc_conf(environ)
+
+
+def no_caching_requested(environ=None):
+    """Whether PYTORCH_NO_CUDA_MEMORY_CACHING asks for uncached allocations (set and not
+    "0"): the adapter then allocates with cudaMalloc / cudaFree on each call, as PyTorch."""
+    value = (os.environ if environ is None else environ).get("PYTORCH_NO_CUDA_MEMORY_CACHING")
+    return bool(value) and value != "0"
 
 
 def _apply_settings(text):
@@ -166,6 +202,14 @@ def _without_backend(text):
             start = i + 1
     kept = [p for p in parts if "".join(p.split(":", 1)[0].split()) != "backend"]
     return ",".join(kept) if len(kept) < len(parts) else text
+
+
+def _backend_decided_elsewhere(explicit, environ=None):
+    """Whether cca's backend is chosen by something other than PyTorch's variables: install()'s
+    settings or a non-empty CCA_ALLOC_CONF. Only then (or on the pluggable path) does a
+    backend key leave PyTorch's variables at install; else the adapter reads it from them."""
+    environ = os.environ if environ is None else environ
+    return explicit or bool(environ.get("CCA_ALLOC_CONF"))
 
 
 def _forget_backend_in_environment():
@@ -199,11 +243,20 @@ def _follow_runtime_settings(torch):
         lib = _lib.load()
         if lib.cca_is_initialized():
             _apply_settings(text)
+        elif _mode == "adapter" and _adapter is not None:
+            # cca reads PyTorch's variables when it starts: the string waits for that (as
+            # CCA_ALLOC_CONF it would hide them), then applies over them
+            cca.settings(text)  # validates
+            err = ctypes.create_string_buffer(1024)
+            if _adapter.cca_torch_adapter_defer_settings(text.encode(), err, len(err)) != 0:
+                raise RuntimeError("cca.torch: " + err.value.decode("utf-8", "replace"))
         elif text:
             cca.settings(text)  # validates
             old = os.environ.get("CCA_ALLOC_CONF")
             old = (old or "").rstrip(", \t\r\n")  # (a trailing comma, allowed alone)
             os.environ["CCA_ALLOC_CONF"] = "%s,%s" % (old, text) if old else text  # later keys win
+        if _mode == "adapter" and _adapter is not None:  # snapshots report it, as PyTorch's
+            _adapter.cca_torch_adapter_note_settings(env.encode())
         return result
     _set_allocator_settings._cca_follows = True
     _set_allocator_settings.__doc__ = original.__doc__
@@ -214,7 +267,12 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
     """Make cca PyTorch's CUDA allocator in this process. Call it before the
     first CUDA allocation (before any tensor goes to the GPU); after it,
     RuntimeError. settings: cca's settings string (PYTORCH_CUDA_ALLOC_CONF
-    syntax); None takes $CCA_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF.
+    syntax); None takes $CCA_ALLOC_CONF, else PyTorch's variable
+    ($PYTORCH_CUDA_ALLOC_CONF where set, else $PYTORCH_ALLOC_CONF), read as
+    PyTorch reads it: when CUDA initialises (with the adapter; a program may
+    set them after install()), at install on the pluggable path.
+    PYTORCH_NO_CUDA_MEMORY_CACHING (set, not "0") makes every allocation
+    uncached (cudaMalloc / cudaFree), as in PyTorch.
     fallback: when the adapter cannot be built, use PyTorch's pluggable
     allocator path (with a warning saying what is lost) instead of raising.
     pinned: with the adapter, cca's pinned host allocator also serves
@@ -230,15 +288,17 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
         raise RuntimeError("cca.torch.install() must run before the first CUDA call of the process: "
                            "PyTorch's CUDA allocator is already in use here. Call it at the start of "
                            "the program, before any tensor is put on the GPU.")
-    if settings is None:
-        settings = os.environ.get("CCA_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    _apply_settings(settings)
+    explicit = settings is not None
+    if explicit:
+        _apply_settings(settings)
     try:
         adapter = _load_adapter(verbose)
     except (RuntimeError, OSError) as e:
         _adapter_error = str(e)
         if not fallback:
             raise
+        if not explicit:  # no adapter to read them when CUDA initialises: read now
+            _apply_settings(install_settings(None))
         torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
             _lib.library_path(), "cca_torch_malloc", "cca_torch_free"))
         _mode = "pluggable"
@@ -249,14 +309,16 @@ def install(settings=None, fallback=True, verbose=False, pinned=True):
                       % (PLUGGABLE_LOSSES, _adapter_error.splitlines()[0]), RuntimeWarning, stacklevel=2)
         return _mode
     err = ctypes.create_string_buffer(1024)
-    if adapter.cca_torch_adapter_install(settings.encode(), err, len(err)) != 0:
+    if adapter.cca_torch_adapter_install(settings.encode() if explicit else None, err, len(err)) != 0:
         raise RuntimeError("cca.torch.install(): " + err.value.decode("utf-8", "replace"))
     _mode = "adapter"
+    adapter.cca_torch_adapter_force_uncached(int(no_caching_requested()))
     _pinned = bool(pinned) and adapter.cca_torch_adapter_install_pinned(err, len(err)) == 0
     if pinned and not _pinned:  # the device allocator is cca's already: go on, and say so
         warnings.warn("cca.torch: PyTorch's pinned host allocator stays in use: "
                       + err.value.decode("utf-8", "replace"), RuntimeWarning, stacklevel=2)
-    _forget_backend_in_environment()
+    if _backend_decided_elsewhere(explicit):
+        _forget_backend_in_environment()
     _follow_runtime_settings(torch)
     return _mode
 

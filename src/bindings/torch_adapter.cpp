@@ -13,10 +13,19 @@
  * (python/cca/torch.py compiles it against the installed headers). It
  * exports C functions for ctypes: cca_torch_adapter_install (the device
  * allocator), cca_torch_adapter_install_pinned (cca's pinned host allocator
- * as PyTorch's host allocator for CUDA), cca_torch_adapter_abi and two
- * measuring calls.
+ * as PyTorch's host allocator for CUDA), cca_torch_adapter_note_settings
+ * (a run-time settings string, for snapshots), cca_torch_adapter_defer_settings
+ * (a run-time settings string given before cca started), cca_torch_adapter_force_uncached
+ * (PYTORCH_NO_CUDA_MEMORY_CACHING), cca_torch_adapter_abi and two measuring
+ * calls.
+ *
+ * It is longer than the house's 1,200 lines: cca.torch compiles this one
+ * source against the installed torch when a program installs cca, and the
+ * interface it implements is PyTorch's whole allocator interface.
  */
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -28,12 +37,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -59,12 +72,146 @@ inline void check(cca_status_t st, const char *what)
         raise_cca(st, what);
 }
 
+/*
+ * torch.cuda._gpu_trace (and CSAN, torch.cuda._sanitizer, over it): PyTorch's
+ * allocator tells the Python tracer of every allocation it hands out and every
+ * free it is asked for (c10::impl::GPUTrace). The call is looked up by its
+ * signature, so a torch whose tracer has another shape builds (and traces nothing).
+ */
+template <typename VTable>
+auto call_trace_allocation(const VTable *vt, uintptr_t p, int)
+    -> decltype(vt->trace_gpu_memory_allocation(c10::DeviceType::CUDA, p), void())
+{
+    vt->trace_gpu_memory_allocation(c10::DeviceType::CUDA, p);
+}
+template <typename VTable> void call_trace_allocation(const VTable *, uintptr_t, long) {}
+template <typename VTable>
+auto call_trace_deallocation(const VTable *vt, uintptr_t p, int)
+    -> decltype(vt->trace_gpu_memory_deallocation(c10::DeviceType::CUDA, p), void())
+{
+    vt->trace_gpu_memory_deallocation(c10::DeviceType::CUDA, p);
+}
+template <typename VTable> void call_trace_deallocation(const VTable *, uintptr_t, long) {}
+
+inline void gpu_trace_allocation(void *ptr)
+{
+    const c10::impl::PyInterpreter *interp = c10::impl::GPUTrace::get_trace();
+    if (C10_UNLIKELY(interp != nullptr) && ptr)
+        call_trace_allocation((*interp).operator->(), reinterpret_cast<uintptr_t>(ptr), 0);
+}
+inline void gpu_trace_deallocation(void *ptr)
+{
+    const c10::impl::PyInterpreter *interp = c10::impl::GPUTrace::get_trace();
+    if (C10_UNLIKELY(interp != nullptr) && ptr)
+        call_trace_deallocation((*interp).operator->(), reinterpret_cast<uintptr_t>(ptr), 0);
+}
+
+/*
+ * torch.profiler(profile_memory=True): PyTorch's allocator reports each
+ * allocation (+ the block's size) and free (- its size) with the device's
+ * allocated and reserved totals after it. cca gives no block size by pointer,
+ * so the size is the change of allocated_bytes across the call (the block's
+ * rounded size, as PyTorch's block->size; another thread allocating on the
+ * device at the same instant can blur one report). Only while the profiler
+ * records memory: otherwise one thread-local read per call.
+ */
+int64_t allocated_now(c10::DeviceIndex device)
+{
+    cca_device_stats_t s;
+    if (cca_get_device_stats(device, &s) != CCA_OK)
+        return 0;
+    return s.allocated_bytes[CCA_STAT_ALL].current;
+}
+void report_to_profiler(void *ptr, int64_t size, c10::DeviceIndex device)
+{
+    cca_device_stats_t s;
+    if (!ptr || cca_get_device_stats(device, &s) != CCA_OK)
+        return;
+    c10::reportMemoryUsageToProfiler(ptr, size, static_cast<size_t>(s.allocated_bytes[CCA_STAT_ALL].current),
+                                     static_cast<size_t>(s.reserved_bytes[CCA_STAT_ALL].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+}
+/* The device of a pointer cca handed out (for the profiler's free reports). */
+c10::DeviceIndex device_of(void *ptr)
+{
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return c10::cuda::current_device();
+    }
+    return static_cast<c10::DeviceIndex>(attr.device);
+}
+
+/* Free a block cca handed out, with PyTorch's trace and profiler reports. */
+cca_status_t free_block(void *ptr)
+{
+    if (!ptr)
+        return CCA_OK;
+    gpu_trace_deallocation(ptr);
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+        c10::DeviceIndex device = device_of(ptr);
+        int64_t before = allocated_now(device);
+        cca_status_t st = cca_free(ptr);
+        if (st == CCA_OK)
+            report_to_profiler(ptr, allocated_now(device) - before, device);
+        return st;
+    }
+    return cca_free(ptr);
+}
+
 /* The deleter of every DataPtr cca hands out; also how recordStream knows its own. */
 void delete_block(void *ptr)
 {
-    cca_status_t st = cca_free(ptr);
+    cca_status_t st = free_block(ptr);
     if (st != CCA_OK) /* a deleter cannot throw: say it */
         std::fprintf(stderr, "cca: free: %s: %s\n", cca_status_str(st), cca_last_error()->message);
+}
+
+/*
+ * Uncached allocations, as PyTorch makes them while its caching allocator is
+ * disabled (torch.cuda.caching_allocator_enable(False)) or under
+ * PYTORCH_NO_CUDA_MEMORY_CACHING: cudaMalloc and cudaFree on each call,
+ * outside the cache and its statistics, traced as PyTorch traces them. The
+ * set lets raw_delete tell them from cca's blocks whatever the mode is then.
+ */
+std::mutex uncached_lock;
+std::unordered_set<void *> uncached_ptrs;
+std::atomic<size_t> uncached_count{0};
+
+void *uncached_alloc(size_t size)
+{
+    void *ptr = nullptr;
+    if (size == 0)
+        return nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+    {
+        std::lock_guard<std::mutex> g(uncached_lock);
+        uncached_ptrs.insert(ptr);
+        uncached_count.store(uncached_ptrs.size(), std::memory_order_relaxed);
+    }
+    gpu_trace_allocation(ptr);
+    return ptr;
+}
+/* Forget ptr if it is an uncached allocation: true if it was. */
+bool take_uncached(void *ptr)
+{
+    if (uncached_count.load(std::memory_order_relaxed) == 0)
+        return false;
+    std::lock_guard<std::mutex> g(uncached_lock);
+    if (!uncached_ptrs.erase(ptr))
+        return false;
+    uncached_count.store(uncached_ptrs.size(), std::memory_order_relaxed);
+    return true;
+}
+void uncached_delete(void *ptr)
+{
+    if (!ptr)
+        return;
+    take_uncached(ptr);
+    gpu_trace_deallocation(ptr);
+    cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess) /* a deleter cannot throw: say it */
+        std::fprintf(stderr, "cca: cudaFree of an uncached allocation: %s\n", cudaGetErrorString(err));
 }
 
 /*
@@ -175,7 +322,8 @@ cc::TraceEntry to_entry(const cca_trace_entry_t &e, cc::TraceEntry::Action actio
                         std::shared_ptr<c10::GatheredContext> ctx)
 {
     cc::TraceEntry te(action, static_cast<c10::DeviceIndex>(e.device), static_cast<size_t>(e.addr), e.size,
-                      reinterpret_cast<cudaStream_t>(e.stream), c10::cuda::MempoolId_t{0, 0}, 0,
+                      reinterpret_cast<cudaStream_t>(e.stream),
+                      c10::cuda::MempoolId_t{e.pool.first, e.pool.second}, 0,
                       std::move(ctx));
     te.time_.t_ = static_cast<time_t>(e.time_us);
     te.compile_context_ = e.compile_context ? e.compile_context : "N/A";
@@ -297,6 +445,269 @@ void ipc_close(const std::string &handle, c10::DeviceIndex device, void *ptr)
         t.open.erase(it);
 }
 
+/*
+ * _snapshot()["allocator_settings"]: PyTorch's AllocatorConfigInfo leaves its
+ * fields uninitialised, so each is set here from cca's settings in force (its
+ * field names have changed between versions: each is set only where the
+ * installed torch has it).
+ */
+#define CCA_CONFIG_SETTER(field)                                                                   \
+    template <typename Info, typename Value>                                                       \
+    auto set_##field(Info &info, const Value &v, int)->decltype(info.field = v, void())            \
+    {                                                                                              \
+        info.field = v;                                                                            \
+    }                                                                                              \
+    template <typename Info, typename Value> void set_##field(Info &, const Value &, long) {}
+CCA_CONFIG_SETTER(garbage_collection_threshold)
+CCA_CONFIG_SETTER(max_split_size)
+CCA_CONFIG_SETTER(pinned_num_register_threads)
+CCA_CONFIG_SETTER(expandable_segments)
+CCA_CONFIG_SETTER(release_lock_on_malloc)
+CCA_CONFIG_SETTER(pinned_use_host_register)
+CCA_CONFIG_SETTER(graph_capture_record_stream_reuse)
+CCA_CONFIG_SETTER(last_allocator_settings)
+CCA_CONFIG_SETTER(roundup_power2_divisions)
+#undef CCA_CONFIG_SETTER
+
+/* cca's settings in force ("key value (source)" lines of cca_settings_current) by key. */
+std::unordered_map<std::string, std::string> current_settings()
+{
+    std::unordered_map<std::string, std::string> out;
+    char *text = nullptr;
+    if (cca_settings_current(&text) != CCA_OK)
+        return out;
+    const char *line = text;
+    while (*line) {
+        const char *end = std::strchr(line, '\n');
+        std::string l(line, end ? static_cast<size_t>(end - line) : std::strlen(line));
+        size_t space = l.find(' '), paren = l.rfind(" (");
+        if (space != std::string::npos && paren != std::string::npos && paren > space)
+            out[l.substr(0, space)] = l.substr(space + 1, paren - space - 1);
+        if (!end)
+            break;
+        line = end + 1;
+    }
+    std::free(text);
+    return out;
+}
+
+/*
+ * The settings cca starts with are read when PyTorch initialises its allocator
+ * (init(device_count), or a first use before it), as PyTorch reads its own
+ * then: a program may set PYTORCH_ALLOC_CONF after install() and before its
+ * first CUDA call. install()'s explicit string wins (the caller applied it);
+ * else CCA_ALLOC_CONF when not empty (cca_init reads it); else PyTorch
+ * 2.11's variables: PYTORCH_CUDA_ALLOC_CONF where set (even empty), else
+ * PYTORCH_ALLOC_CONF.
+ */
+std::atomic<bool> settings_explicit{false};
+
+struct StartupSettings {
+    std::string variable; /* the variable read ("" when none) */
+    std::string raw;      /* its value, as written (snapshots report it) */
+    std::string text;     /* what cca applies of PyTorch's ("": cca reads CCA_ALLOC_CONF itself) */
+};
+
+/* text split at its top-level commas (commas inside [...] do not end a setting). */
+std::vector<std::string> split_settings(const std::string &text)
+{
+    std::vector<std::string> parts;
+    int depth = 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= text.size(); i++) {
+        char c = i < text.size() ? text[i] : ',';
+        if (c == '[')
+            depth++;
+        else if (c == ']')
+            depth = depth > 0 ? depth - 1 : 0;
+        else if (c == ',' && depth == 0) {
+            parts.push_back(text.substr(start, i - start));
+            start = i + 1;
+        }
+    }
+    return parts;
+}
+
+/* s without its whitespace (PyTorch's tokenizer drops it). */
+std::string squeeze(const std::string &s)
+{
+    std::string out;
+    for (char c : s)
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            out += c;
+    return out;
+}
+
+/* The key of one "key:value" setting, and its value. */
+std::string setting_key(const std::string &part) { return squeeze(part.substr(0, part.find(':'))); }
+std::string setting_value(const std::string &part)
+{
+    size_t colon = part.find(':');
+    return colon == std::string::npos ? std::string() : squeeze(part.substr(colon + 1));
+}
+
+/*
+ * Under backend:cudaMallocAsync PyTorch never reads its native allocator's
+ * keys, so a value it would refuse there goes unnoticed (its own test sets
+ * release_lock_on_cudamalloc:none). cca keeps each setting it accepts alone and
+ * leaves the others out, with a warning naming them.
+ */
+std::string async_settings(const std::string &text)
+{
+    std::vector<std::string> parts = split_settings(text);
+    bool async = false;
+    for (const std::string &p : parts)
+        if (setting_key(p) == "backend")
+            async = setting_value(p) == "cudaMallocAsync";
+    if (!async)
+        return text;
+    std::string kept, dropped;
+    for (const std::string &p : parts) {
+        if (squeeze(p).empty())
+            continue;
+        char *described = nullptr;
+        if (cca_settings_describe(p.c_str(), &described) == CCA_OK) {
+            kept += (kept.empty() ? "" : ",") + p;
+            std::free(described);
+        } else {
+            dropped += (dropped.empty() ? "" : ",") + p;
+        }
+    }
+    if (!dropped.empty())
+        TORCH_WARN("cca: backend:cudaMallocAsync does not read ", dropped, ": left out");
+    return kept;
+}
+
+/* The settings of PyTorch's variables cca starts with (text empty: cca reads its own). */
+StartupSettings startup_settings()
+{
+    StartupSettings out;
+    if (settings_explicit.load())
+        return out;
+    const char *own = std::getenv("CCA_ALLOC_CONF");
+    if (own && *own) { /* cca_init reads it */
+        out.variable = "CCA_ALLOC_CONF";
+        out.raw = own;
+        return out;
+    }
+    for (const char *name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+        const char *value = std::getenv(name);
+        if (value) {
+            out.variable = name;
+            out.raw = value;
+            out.text = async_settings(value);
+            break;
+        }
+    }
+    return out;
+}
+
+/*
+ * Start cca with startup_settings() (CCA_ALLOC_CONF holds them while cca_init
+ * reads them, and is then restored), unless cca runs already. A bad setting
+ * raises naming PyTorch's variable. per_process_memory_fraction:0 is a limit of
+ * 0 bytes in PyTorch (cca's own 0 means none): the limit is set so.
+ */
+std::mutex start_lock;
+std::vector<std::string> deferred_settings; /* run-time strings given before cca started (start_lock) */
+
+void apply_deferred_settings()
+{
+    std::vector<std::string> pending;
+    pending.swap(deferred_settings);
+    for (const std::string &text : pending)
+        check(cca_set_settings(text.c_str()), "_set_allocator_settings");
+}
+
+void start_cca()
+{
+    std::lock_guard<std::mutex> g(start_lock);
+    if (cca_is_initialized())
+        return;
+    StartupSettings s = startup_settings();
+    if (s.text.empty()) {
+        check(cca_init(), "init");
+        apply_deferred_settings();
+        return;
+    }
+    char *described = nullptr;
+    cca_status_t st = cca_settings_describe(s.text.c_str(), &described);
+    if (st != CCA_OK)
+        TORCH_CHECK_VALUE(false, "cca: ", s.variable, "=", s.raw, ": ", cca_last_error()->message);
+    std::free(described);
+    const char *own = std::getenv("CCA_ALLOC_CONF"); /* unset or empty here */
+    bool was_set = own != nullptr;
+    setenv("CCA_ALLOC_CONF", s.text.c_str(), 1);
+    st = cca_init();
+    if (was_set)
+        setenv("CCA_ALLOC_CONF", "", 1);
+    else
+        unsetenv("CCA_ALLOC_CONF");
+    check(st, "init");
+    bool zero_fraction = false;
+    for (const std::string &p : split_settings(s.text))
+        if (setting_key(p) == "per_process_memory_fraction")
+            zero_fraction = std::strtod(setting_value(p).c_str(), nullptr) == 0.0;
+    int devices = 0;
+    if (zero_fraction && cca_device_count(&devices) == CCA_OK)
+        for (int d = 0; d < devices; d++)
+            check(cca_set_memory_fraction(0.0, d), "init");
+    apply_deferred_settings();
+}
+
+/* A run-time settings string given before cca started: applied once it starts, after the
+ * settings it starts with (at once when it runs already). */
+void defer_settings(const std::string &text)
+{
+    std::lock_guard<std::mutex> g(start_lock);
+    if (cca_is_initialized())
+        check(cca_set_settings(text.c_str()), "_set_allocator_settings");
+    else
+        deferred_settings.push_back(text);
+}
+
+/*
+ * roundup_power2_divisions as cca prints it: "[]" (none), one value for every
+ * interval, or a list "[a:x,b:y,>:z]" where each entry covers the intervals up
+ * to its own (interval a in MiB is index log2(a)) and '>' the rest. PyTorch
+ * keeps one number per interval (16).
+ */
+std::vector<size_t> parse_roundup(const std::string &text, size_t intervals)
+{
+    std::vector<size_t> out(intervals, 0);
+    if (text.empty() || text == "[]")
+        return out;
+    if (text[0] != '[') {
+        std::fill(out.begin(), out.end(), static_cast<size_t>(std::strtoull(text.c_str(), nullptr, 10)));
+        return out;
+    }
+    size_t next = 0, pos = 1;
+    while (pos < text.size() && next < intervals) {
+        size_t comma = text.find_first_of(",]", pos);
+        std::string entry = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        size_t colon = entry.find(':');
+        if (colon == std::string::npos)
+            break;
+        size_t value = static_cast<size_t>(std::strtoull(entry.c_str() + colon + 1, nullptr, 10));
+        size_t last = intervals - 1;
+        if (entry.compare(0, colon, ">") != 0) {
+            unsigned long long mib = std::strtoull(entry.c_str(), nullptr, 10);
+            size_t index = 0;
+            while (mib > 1 && index < intervals - 1) {
+                mib >>= 1;
+                index++;
+            }
+            last = index;
+        }
+        for (; next <= last && next < intervals; next++)
+            out[next] = value;
+        if (comma == std::string::npos || text[comma] == ']')
+            break;
+        pos = comma + 1;
+    }
+    return out;
+}
+
 /* A private pool's checkpoint, owned by PyTorch's cudagraph trees. */
 struct PoolState final : cc::AllocatorState {
     explicit PoolState(cca_pool_state_t *s) : state(s) {}
@@ -309,14 +720,14 @@ class CcaAllocator final : public cc::CUDAAllocator {
     c10::DataPtr allocate(size_t size) override
     {
         c10::DeviceIndex device = c10::cuda::current_device();
-        void *ptr = nullptr;
-        if (size != 0)
-            check(cca_malloc_device(&ptr, size, device,
-                                    reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream())),
-                  "allocate");
+        if (C10_UNLIKELY(uncached())) {
+            void *p = uncached_alloc(size);
+            return {p, p, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+        }
+        void *ptr = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream(), "allocate");
         return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
     }
-    c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+    c10::DeleterFnPtr raw_deleter() const override { return uncached() ? &uncached_delete : &delete_block; }
     void copy_data(void *dest, const void *src, std::size_t count) const override
     {
         C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
@@ -331,12 +742,25 @@ class CcaAllocator final : public cc::CUDAAllocator {
     {
         return raw_alloc_on(nbytes, c10::cuda::current_device(), stream);
     }
-    void raw_delete(void *ptr) override { check(cca_free(ptr), "raw_delete"); }
+    void raw_delete(void *ptr) override
+    {
+        if (take_uncached(ptr)) { /* made while caching was off, whatever the mode is now */
+            gpu_trace_deallocation(ptr);
+            C10_CUDA_CHECK(cudaFree(ptr));
+            return;
+        }
+        check(free_block(ptr), "raw_delete");
+    }
 
     void init(int device_count) override
     {
         (void)device_count;
-        check(cca_init(), "init");
+        start_cca();
+        {
+            std::lock_guard<std::mutex> g(settings_lock_);
+            if (settings_.empty() && !settings_explicit.load()) /* PyTorch reports its variable's */
+                settings_ = startup_settings().raw;
+        }
         check(cca_register_free_memory_callback(&run_free_memory_callbacks, nullptr), "init");
         attach_oom_forwarder(false);
         async_ = setting_is("backend cudaMallocAsync");
@@ -385,8 +809,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
         }
         return out;
     }
-    void enable(bool value) override { enabled_ = value; }
-    bool isEnabled() const override { return enabled_; }
+    /* torch.cuda.caching_allocator_enable: off, every allocation is uncached (as PyTorch's) */
+    void enable(bool value) override { enabled_.store(value, std::memory_order_relaxed); }
+    bool isEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
     void emptyCache(c10::cuda::MempoolId_t mempool_id) override
     {
         if (mempool_id.first == 0 && mempool_id.second == 0)
@@ -396,7 +821,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void cacheInfo(c10::DeviceIndex device, size_t *largest) override
     {
-        check(cca_cache_info(device, nullptr, largest), "cacheInfo");
+        check(cca_cache_info_largest(device, largest), "cacheInfo"); /* PyTorch: 0 in starts from free memory */
     }
     void *getBaseAllocation(void *ptr, size_t *size) override
     {
@@ -441,9 +866,19 @@ class CcaAllocator final : public cc::CUDAAllocator {
     }
     void resetPeakStats(c10::DeviceIndex device) override { check(cca_reset_peak_stats(device), "resetPeakStats"); }
 
+    /*
+     * As PyTorch's: the history is read before the segments are walked, so the
+     * snapshot entry this call records shows in the next snapshot's history,
+     * not in its own (a C++ snapshot's last entry is the program's last action).
+     */
     cc::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool_id, bool include_traces) override
     {
         cc::SnapshotInfo out;
+        cca_trace_entry_t *list = nullptr;
+        size_t count = 0;
+        if (include_traces)
+            check(cca_history_get(&list, &count), "snapshot");
+        std::unique_ptr<cca_trace_entry_t, void (*)(cca_trace_entry_t *)> entries(list, &cca_history_free);
         cca_snapshot_t *raw = nullptr;
         check(cca_snapshot(&raw), "snapshot");
         std::unique_ptr<cca_snapshot_t, void (*)(cca_snapshot_t *)> snap(raw, &cca_snapshot_free);
@@ -463,6 +898,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
             si.is_large = s.is_large;
             si.is_expandable = s.is_expandable;
             si.owner_private_pool_id = owner;
+            si.context_when_allocated = find_context(s.context); /* the segment's creation */
             for (size_t b = 0; b < s.block_count; b++) {
                 const cca_block_info_t &blk = s.blocks[b];
                 cc::BlockInfo bi;
@@ -480,17 +916,9 @@ class CcaAllocator final : public cc::CUDAAllocator {
         int devices = 0;
         check(cca_device_count(&devices), "snapshot");
         out.device_traces.resize(devices);
-        cca_device_stats_t stats;
-        if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
-            out.config_metadata.max_split_size = static_cast<size_t>(stats.max_split_size);
-        out.config_metadata.last_allocator_settings = settings_;
-        out.config_metadata.expandable_segments = expandable_setting();
+        fill_config(out.config_metadata, devices);
         if (!include_traces)
             return out;
-        cca_trace_entry_t *list = nullptr;
-        size_t count = 0;
-        check(cca_history_get(&list, &count), "snapshot");
-        std::unique_ptr<cca_trace_entry_t, void (*)(cca_trace_entry_t *)> entries(list, &cca_history_free);
         for (size_t i = 0; i < count; i++) {
             const cca_trace_entry_t &e = list[i];
             cc::TraceEntry::Action action;
@@ -730,31 +1158,84 @@ class CcaAllocator final : public cc::CUDAAllocator {
         return setting_is("backend cudaMallocAsync") ? "cudaMallocAsync" : "native";
     }
 
+    /* PyTorch's AllocatorConfigInfo of a snapshot, every field from cca's settings in force. */
+    template <typename Info> void fill_config(Info &md, int devices)
+    {
+        std::unordered_map<std::string, std::string> now = current_settings();
+        auto flag = [&](const char *key) { return now[key] == "True"; };
+        cca_device_stats_t stats;
+        size_t max_split = std::numeric_limits<size_t>::max();
+        if (devices > 0 && cca_get_device_stats(0, &stats) == CCA_OK)
+            max_split = static_cast<size_t>(stats.max_split_size);
+        set_max_split_size(md, max_split, 0);
+        double gc_threshold = std::strtod(now["garbage_collection_threshold"].c_str(), nullptr);
+        size_t register_threads = std::strtoull(now["pinned_num_register_threads"].c_str(), nullptr, 10);
+        set_garbage_collection_threshold(md, gc_threshold, 0);
+        set_pinned_num_register_threads(md, register_threads, 0);
+        set_expandable_segments(md, flag("expandable_segments"), 0);
+        set_release_lock_on_malloc(md, flag("release_lock_on_cudamalloc"), 0);
+        set_pinned_use_host_register(md, flag("pinned_use_cuda_host_register"), 0);
+        set_graph_capture_record_stream_reuse(md, flag("graph_capture_record_stream_reuse"), 0);
+        {
+            std::lock_guard<std::mutex> g(settings_lock_);
+            set_last_allocator_settings(md, settings_, 0);
+        }
+        set_roundup_power2_divisions(md, parse_roundup(now["roundup_power2_divisions"], 16), 0);
+    }
+    /* The last settings string applied (install's, then each _set_allocator_settings'). */
+    void note_settings(const std::string &text)
+    {
+        std::lock_guard<std::mutex> g(settings_lock_);
+        settings_ = text;
+    }
+
     std::string settings_;
+    std::mutex settings_lock_;
+    std::atomic<bool> force_uncached_{false}; /* PYTORCH_NO_CUDA_MEMORY_CACHING (install's) */
 
   private:
     static cca_stream_t current_stream(c10::DeviceIndex device)
     {
         return reinterpret_cast<cca_stream_t>(c10::cuda::getCurrentCUDAStream(device).stream());
     }
-    /* Whether the settings cca starts with (environment, then install()'s) have the line
-     * "KEY VALUE" (cca_settings_describe's). */
+    /* Whether cca's settings (in force, else those it will start with) have the line
+     * "KEY VALUE" (cca_settings_current's / cca_settings_describe's). */
     static bool setting_is(const char *key_value)
     {
         char *text = nullptr;
-        if (cca_settings_describe(nullptr, &text) != CCA_OK)
+        cca_status_t st = cca_is_initialized() ? cca_settings_current(&text)
+                                               : cca_settings_describe(startup_settings().text.c_str(), &text);
+        if (st != CCA_OK)
             return false;
         bool on = std::strstr(text, key_value) != nullptr;
         std::free(text);
         return on;
     }
-    bool expandable_setting() { return setting_is("expandable_segments True"); }
     void *raw_alloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream)
     {
+        if (C10_UNLIKELY(uncached()))
+            return uncached_alloc(nbytes);
+        return malloc_on(nbytes, device, stream, "raw_alloc");
+    }
+    /* cca's block, with PyTorch's trace and profiler reports. */
+    static void *malloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char *what)
+    {
         void *ptr = nullptr;
-        if (nbytes != 0)
-            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), "raw_alloc");
+        if (nbytes == 0)
+            return nullptr;
+        if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+            int64_t before = allocated_now(device);
+            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), what);
+            report_to_profiler(ptr, allocated_now(device) - before, device);
+        } else {
+            check(cca_malloc_device(&ptr, nbytes, device, reinterpret_cast<cca_stream_t>(stream)), what);
+        }
+        gpu_trace_allocation(ptr);
         return ptr;
+    }
+    bool uncached() const
+    {
+        return force_uncached_.load(std::memory_order_relaxed) || !enabled_.load(std::memory_order_relaxed);
     }
     /* PyTorch's own free-memory callbacks (e.g. CUDA IPC's reference counts). */
     static bool run_free_memory_callbacks(void *)
@@ -794,7 +1275,7 @@ class CcaAllocator final : public cc::CUDAAllocator {
         check(st, program_asked ? "attachOutOfMemoryObserver" : "init");
         oom_forwarded_ = true;
     }
-    bool enabled_ = true;
+    std::atomic<bool> enabled_{true};
     bool skip_[CCA_TRACE_ACTION_COUNT] = {};
 };
 
@@ -895,8 +1376,11 @@ struct CcaHostAllocator final : public at::HostAllocator {
         if (previous && captured_request())
             return previous->allocate(size);
         void *ptr = nullptr;
-        if (size != 0)
+        if (size != 0) {
+            if (C10_UNLIKELY(!cca_is_initialized()))
+                start_cca(); /* with the settings of PyTorch's variables, as the device side */
             check(cca_host_malloc(&ptr, size), "pinned allocate");
+        }
         return {ptr, ptr, &delete_host_block, c10::Device(c10::DeviceType::CPU)};
     }
     c10::DeleterFnPtr raw_deleter() const override { return &delete_host_block; }
@@ -967,9 +1451,10 @@ CcaHostAllocator host_allocator;
 /*
  * Make cca PyTorch's CUDA allocator, as torch.cuda.memory.change_current_allocator
  * does: refused once PyTorch's allocator has been initialised (after the first
- * CUDA call). settings (may be NULL) is the settings string cca runs with, as
- * snapshots report it (the caller applies it). Returns 0, or -1 with the
- * reason in err.
+ * CUDA call). settings is the settings string cca runs with, as snapshots
+ * report it (the caller applies it); NULL: cca reads its settings when
+ * PyTorch initialises the allocator (startup_settings). Returns 0, or -1 with
+ * the reason in err.
  */
 extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(const char *settings, char *err,
                                                                                 size_t err_size)
@@ -986,10 +1471,14 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install(
         if (installed && current == installed.get())
             return 0;
         auto alloc = std::make_shared<CcaAllocator>();
+        settings_explicit.store(settings != nullptr);
         if (settings)
             alloc->settings_ = settings;
         installed = alloc; /* kept for the life of the process */
         cc::allocator.store(installed.get());
+        /* torch.accelerator's memory functions find the allocator through c10's table
+         * (c10::getDeviceAllocator(kCUDA)): cca there too, above PyTorch's registration */
+        c10::SetAllocator(c10::DeviceType::CUDA, installed.get(), std::numeric_limits<uint8_t>::max());
         return 0;
     } catch (const std::exception &e) {
         std::snprintf(err, err_size, "%s", e.what());
@@ -1018,6 +1507,57 @@ extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_install_
         std::snprintf(err, err_size, "%s", e.what());
         return -1;
     }
+}
+
+/*
+ * The settings string a program applied at run time
+ * (torch.cuda.memory._set_allocator_settings), which snapshots report as
+ * PYTORCH_CUDA_ALLOC_CONF, as PyTorch's report its last one. Returns 0, or -1
+ * when cca is not installed.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_note_settings(const char *text)
+{
+    if (!installed || !text)
+        return -1;
+    try {
+        installed->note_settings(text);
+        return 0;
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
+/*
+ * A run-time settings string (torch.cuda.memory._set_allocator_settings,
+ * validated by the caller) given before cca started: applied when it starts,
+ * after the settings it starts with (at once when cca runs already). Returns
+ * 0, or -1 with the reason in err.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_defer_settings(const char *text, char *err,
+                                                                                       size_t err_size)
+{
+    try {
+        if (!text)
+            throw std::invalid_argument("settings text is NULL");
+        defer_settings(text);
+        return 0;
+    } catch (const std::exception &e) {
+        std::snprintf(err, err_size, "%s", e.what());
+        return -1;
+    }
+}
+
+/*
+ * PYTORCH_NO_CUDA_MEMORY_CACHING, as install() reads it: every allocation
+ * uncached (cudaMalloc / cudaFree on each call), as PyTorch's. Returns 0, or
+ * -1 when cca is not installed.
+ */
+extern "C" __attribute__((visibility("default"))) int cca_torch_adapter_force_uncached(int on)
+{
+    if (!installed)
+        return -1;
+    installed->force_uncached_.store(on != 0, std::memory_order_relaxed);
+    return 0;
 }
 
 /* The torch version the adapter was compiled against (to rebuild when it changes). */

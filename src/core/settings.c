@@ -354,6 +354,16 @@ void settings_default(cca_settings_t *s)
     }
 }
 
+void settings_reset_for_new_string(cca_settings_t *s)
+{
+    static const cca_setting_key_t reset[] = {CCA_SET_MAX_SPLIT_SIZE_MB, CCA_SET_ROUNDUP_POWER2_DIVISIONS,
+                                              CCA_SET_GARBAGE_COLLECTION_THRESHOLD};
+    for (size_t i = 0; i < sizeof(reset) / sizeof(reset[0]); i++) {
+        store_default(&options[reset[i]], s);
+        s->source[reset[i]] = CCA_SRC_DEFAULT;
+    }
+}
+
 const char *settings_key_name(cca_setting_key_t key)
 {
     if ((unsigned)key >= CCA_SET_COUNT)

@@ -78,6 +78,14 @@ void settings_default(cca_settings_t *s);
  */
 cca_status_t settings_parse(cca_settings_t *s, const char *text, cca_setting_source_t source);
 
+/*
+ * Return the keys PyTorch's parseArgs resets before reading each string to their
+ * defaults: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold
+ * (a run-time string that does not name them turns them off, PyTorch's
+ * test_allocator_settings). Every other key keeps its value.
+ */
+void settings_reset_for_new_string(cca_settings_t *s);
+
 /* Name of a key as written in the string. */
 const char *settings_key_name(cca_setting_key_t key);
 

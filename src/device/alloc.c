@@ -150,7 +150,8 @@ static cca_status_t alloc_block(cca_device_t *dev, cca_pool_t *pool, size_t size
         stat_increase(&dev->stats.oversize_segments, 1);
     dev->stats.num_device_alloc++;
     stats_unlock(dev);
-    trace_record(dev->index, CCA_TRACE_SEGMENT_ALLOC, block->addr, alloc_size, seg->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_ALLOC, block->addr, alloc_size, seg->stream,
+                      pools_id_of(pool->owner));
     *out = block;
     return CCA_OK;
 }
@@ -216,7 +217,8 @@ static inline __attribute__((always_inline)) void alloc_account(cca_device_t *de
     ops_apply(pool, d, sign);
     pool->last_alloc = block;
     atomic_store_explicit(&pool->owner->last_addr, block->addr, memory_order_relaxed);
-    trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+    trace_record_pool(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream,
+                      pools_id_of(pool->owner));
 }
 
 /* Granules of g bytes (counted from base) that [addr, addr + size) touches. */
@@ -420,7 +422,8 @@ static cca_status_t alloc_held_block(cca_device_t *dev, cca_pool_t *pool, cca_bl
             pool->again_req = orig_size;
             pool->again_split = split;
         }
-        trace_record(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream);
+        trace_record_pool(dev->index, CCA_TRACE_ALLOC, block->addr, orig_size, pool->owner->stream,
+                          pools_id_of(pool->owner));
     } else {
         alloc_account(dev, pool, block, up, split, orig_size);
     }
@@ -930,7 +933,8 @@ static inline __attribute__((always_inline)) void hold_returned(cca_device_t *de
     cca_pool_t *pool = b->pool;
     pool->held_in_map = true;
     b->allocated = false;
-    trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, pool->owner->stream);
+    trace_record_pool(dev->index, CCA_TRACE_FREE_REQUESTED, b->addr, b->requested_size, pool->owner->stream,
+                      pools_id_of(pool->owner));
     if (again)
         pool_hold(dev, b, true, true);
     else
@@ -1097,7 +1101,8 @@ static inline __attribute__((always_inline)) cca_status_t free_pointer(void *ptr
     block->allocated = false;
     if (__builtin_expect(block->plan_serial != 0, 0))
         plan_note_free(block);
-    trace_record(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream);
+    trace_record_pool(dev->index, CCA_TRACE_FREE_REQUESTED, block->addr, block->requested_size, sp->stream,
+                      pools_id_of(sp));
     if (!block->stream_use_count) {
         if (plain)
             pool_return_block(dev, block, true);

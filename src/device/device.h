@@ -241,6 +241,12 @@ cca_status_t expandable_alloc(cca_device_t *dev, cca_pool_t *pool, size_t size, 
 cca_block_t *expandable_fit(const cca_pool_t *pool, cca_block_t *b);
 /* Unmap the whole granules of a free expandable block; free an empty reservation. */
 cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block);
+/* Checkpoint restore: map what is unmapped of [addr, addr + size) in seg (free, binned). */
+cca_status_t expandable_map_range(cca_device_t *dev, cca_segment_t *seg, uintptr_t addr, size_t size);
+/* Checkpoint restore: unmap the whole granules of [addr, addr + size) that free blocks of seg
+ * hold (the stream waited for first); *released: the reservation went with them. */
+cca_status_t expandable_unmap_range(cca_device_t *dev, cca_segment_t *seg, uintptr_t addr, size_t size,
+                                    bool *released);
 /* Unmap every free expandable block of a pool (release_blocks' expandable half). */
 cca_status_t expandable_release_pool(cca_device_t *dev, cca_pool_t *pool);
 /* Release handles whose release failed before (device lock held). */

@@ -193,8 +193,10 @@ static inline __attribute__((always_inline)) bool pool_free_mark(cca_block_t *bl
 
 static inline __attribute__((always_inline)) bool pool_free_begin(cca_device_t *dev, cca_block_t *block)
 {
-    trace_record(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
-                 block->pool->owner->stream);
+    trace_record_pool(dev->index, CCA_TRACE_FREE_COMPLETED, block->addr, block->requested_size,
+                      block->pool->owner->stream,
+                      (block->pool->owner->private_pool ? block->pool->owner->private_pool->id
+                                                        : (cca_mempool_id_t){0, 0}));
     return pool_free_mark(block);
 }
 

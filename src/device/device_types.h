@@ -394,7 +394,7 @@ typedef struct cca_device {
     _Atomic uint32_t route_count;
     _Atomic uint32_t deferred_count; /* frees set aside during routes (events_lock) */
     cca_block_t *deferred_head;      /* linked by bin_next */
-    cca_route_t *routes;             /* in begin order; the oldest match wins */
+    cca_route_t *routes;             /* in begin order; the newest match wins */
     size_t route_cap;
     cca_private_pool_t *private_pools;
     cca_capture_use_t *capture_uses; /* (events_lock) */

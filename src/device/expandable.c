@@ -471,7 +471,8 @@ cca_status_t expandable_map_block(cca_device_t *dev, cca_block_t *to_map, size_t
     stat2_inc(dev->stats.reserved_bytes, pool_stat_type(pool->is_small), (int64_t)mapped);
     dev->stats.num_device_alloc++;
     stats_unlock(dev);
-    trace_record(dev->index, CCA_TRACE_SEGMENT_MAP, expandable_granule_addr(seg, begin), mapped, seg->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_MAP, expandable_granule_addr(seg, begin), mapped,
+                      seg->stream, pools_id_of(pool->owner));
     *out = to_map;
     return CCA_OK;
 }
@@ -667,7 +668,8 @@ void expandable_take_out(cca_device_t *dev, cca_block_t *block, size_t begin, si
     stat2_dec(dev->stats.reserved_bytes, pool_stat_type(pool->is_small), (int64_t)usize);
     dev->stats.num_device_free++;
     stats_unlock(dev);
-    trace_record(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_UNMAP, uaddr, usize, seg->stream,
+                      pools_id_of(pool->owner));
 }
 
 /* Wait for the work of stream on dev: a stream the program has destroyed
@@ -701,6 +703,63 @@ cca_status_t expandable_unmap(cca_device_t *dev, cca_block_t *block)
     compact_stream_done(dev, block->pool->owner); /* its aliases' old mappings go first */
     bool released;
     return expandable_unmap_granules(dev, block, begin, end, false, &released);
+}
+
+/* ---- checkpoint restore (pool_checkpoint.c) -------------------------------------------- */
+
+/*
+ * Map every unmapped block of seg that meets [addr, addr + size), from its
+ * start (whole granules) to the range's end: the range is then mapped, free
+ * where it was unmapped, merged with free neighbours and binned. Returns
+ * CCA_OK, or the first failure: what was mapped before it stays mapped, free.
+ */
+cca_status_t expandable_map_range(cca_device_t *dev, cca_segment_t *seg, uintptr_t addr, size_t size)
+{
+    uintptr_t end = addr + size;
+    for (;;) {
+        cca_block_t *u = seg->head;
+        while (u && (u->mapped || u->addr + u->size <= addr || u->addr >= end))
+            u = u->next;
+        if (!u)
+            return CCA_OK;
+        uintptr_t stop = u->addr + u->size < end ? u->addr + u->size : end;
+        cca_block_t *out;
+        cca_status_t st = expandable_map_block(dev, u, stop - u->addr, &out);
+        if (st != CCA_OK)
+            return st;
+    }
+}
+
+/*
+ * Unmap the whole granules of [addr, addr + size) that free, mapped blocks of
+ * seg hold, once the segment's stream is done (as expandable_unmap). Returns
+ * CCA_OK, or the first failure (what was unmapped before it stays unmapped);
+ * *released: nothing of seg was mapped any more and its reservation went.
+ */
+cca_status_t expandable_unmap_range(cca_device_t *dev, cca_segment_t *seg, uintptr_t addr, size_t size,
+                                    bool *released)
+{
+    *released = false;
+    cca_status_t st = expandable_wait_stream(dev, seg->stream);
+    if (st != CCA_OK)
+        return st;
+    compact_stream_done(dev, seg->head->pool->owner);
+    uintptr_t end = addr + size;
+    for (cca_block_t *b = seg->head; b;) {
+        uintptr_t lo = b->addr > addr ? b->addr : addr;
+        uintptr_t hi = b->addr + b->size < end ? b->addr + b->size : end;
+        size_t begin = lo < hi ? expandable_granule_ceil(seg, lo) : 0;
+        size_t stop = lo < hi ? expandable_granule_floor(seg, hi) : 0;
+        if (!b->mapped || !expandable_allocatable(b) || !b->in_bin || begin >= stop) {
+            b = b->next;
+            continue;
+        }
+        st = expandable_unmap_granules(dev, b, begin, stop, false, released);
+        if (st != CCA_OK || *released)
+            return st;
+        b = seg->head; /* the blocks changed: from the start (each pass unmaps one more run) */
+    }
+    return CCA_OK;
 }
 
 /* ---- growth ----------------------------------------------------------------------- */

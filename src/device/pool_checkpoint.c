@@ -92,6 +92,7 @@ typedef struct ckpt_block {
     uintptr_t addr;
     size_t size;
     bool allocated;
+    bool mapped;            /* false: unmapped address space of an expandable segment */
 } ckpt_block_t;
 
 /* One segment of a checkpoint (PyTorch's SegmentState). */
@@ -100,6 +101,7 @@ typedef struct ckpt_segment {
     size_t size;            /* bytes, the sum of its blocks */
     cca_stream_t stream;
     bool is_small;
+    bool expandable;        /* an expandable segment (size: its reservation) */
     size_t block_count;
     ckpt_block_t *blocks;
 } ckpt_segment_t;
@@ -163,12 +165,8 @@ static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, 
     for (const cca_segment_t *seg = dev->segments; seg && st == CCA_OK; seg = seg->next_seg) {
         if (!segment_in_pool(seg, pp))
             continue;
-        if (seg->es) /* PyTorch's checkpointing does not support expandable segments either */
-            st = cca_raise(CCA_ERR_NOT_SUPPORTED, "%s: private pool (%" PRIu64 ", %" PRIu64 ") "
-                           "holds expandable segments; checkpoints need expandable_segments:False",
-                           what, id.first, id.second);
         for (const cca_block_t *b = seg->head; b && st == CCA_OK; b = b->next)
-            if (b->event_count || (!b->allocated && !b->in_bin))
+            if (b->event_count || (b->mapped && !b->allocated && !b->in_bin))
                 st = cca_raise(CCA_ERR_BUSY, "%s: block 0x%" PRIxPTR " of the pool waits for stream "
                                "events; synchronize first", what, b->addr);
     }
@@ -216,8 +214,9 @@ cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_s
         cs->base = seg->base;
         cs->stream = seg->stream;
         cs->is_small = seg->is_small;
+        cs->expandable = seg->es != NULL;
         for (const cca_block_t *b = seg->head; b; b = b->next) {
-            cs->blocks[cs->block_count++] = (ckpt_block_t){b->addr, b->size, b->allocated};
+            cs->blocks[cs->block_count++] = (ckpt_block_t){b->addr, b->size, b->allocated, b->mapped};
             cs->size += b->size;
         }
     }
@@ -249,7 +248,8 @@ static cca_segment_t *checkpoint_segment_locked(cca_device_t *dev, cca_private_p
 {
     for (cca_segment_t *seg = dev->segments; seg; seg = seg->next_seg)
         if (seg->base == cs->base && segment_in_pool(seg, pp) && seg->size == cs->size &&
-            seg->stream == cs->stream && seg->is_small == cs->is_small)
+            seg->stream == cs->stream && seg->is_small == cs->is_small &&
+            (seg->es != NULL) == cs->expandable)
             return seg;
     return NULL;
 }
@@ -306,8 +306,9 @@ static cca_status_t checkpoint_reserve(cca_device_t *dev, cca_private_pool_t *pp
     for (size_t i = 0; i < state->segment_count; i++) {
         const ckpt_segment_t *cs = &state->segments[i];
         cca_stream_pool_t *sp = checkpoint_segment_locked(dev, pp, cs)->head->pool->owner;
-        pool_lock(sp); /* one struct per block at most (the checkpoint's: enough for sp's) */
-        bool ok = pool_spares_reserve(sp, blocks);
+        pool_lock(sp); /* one struct per block at most (the checkpoint's: enough for sp's); with
+                        * expandable segments also those a map (1) and an unmap (2) split off */
+        bool ok = pool_spares_reserve(sp, cs->expandable ? 4 * blocks : blocks);
         cca_spin_unlock(&sp->lock);
         for (size_t j = 0; ok && j < cs->block_count; j++)
             ok = ptrmap_reserve(cca_state->ptrmap, cs->blocks[j].addr);
@@ -354,6 +355,103 @@ static cca_status_t checkpoint_restore_segment(cca_device_t *dev, cca_segment_t 
             st = alloc_free(p);
             if (st != CCA_OK)
                 return st;
+        }
+        b = next;
+    }
+    return CCA_OK;
+}
+
+/*
+ * Before the frees of a restore: map the ranges of an expandable checkpoint
+ * segment that were mapped then and are not now (device lock held). A failure
+ * leaves what it mapped free and cached, and the pool's blocks unchanged.
+ */
+static cca_status_t checkpoint_map_segment(cca_device_t *dev, cca_segment_t *seg, const ckpt_segment_t *cs)
+{
+    cca_stream_pool_t *sp = seg->head->pool->owner;
+    cca_status_t st = CCA_OK;
+    pool_lock(sp);
+    for (size_t i = 0; i < cs->block_count && st == CCA_OK; i++)
+        if (cs->blocks[i].mapped)
+            st = expandable_map_range(dev, seg, cs->blocks[i].addr, cs->blocks[i].size);
+    cca_spin_unlock(&sp->lock);
+    return st;
+}
+
+/*
+ * After the frees: unmap the ranges of an expandable checkpoint segment that
+ * were unmapped then (free now). Never fails the restore: a range the backend
+ * would not unmap stays mapped and free, cached (checkpoint_restore_expandable
+ * takes it as a free piece). False: the segment's reservation went with its
+ * last mapped range (the checkpoint had nothing mapped in it).
+ */
+static bool checkpoint_unmap_segment(cca_device_t *dev, cca_segment_t *seg, const ckpt_segment_t *cs)
+{
+    cca_stream_pool_t *sp = seg->head->pool->owner;
+    bool released = false;
+    pool_lock(sp);
+    for (size_t i = 0; i < cs->block_count && !released; i++)
+        if (!cs->blocks[i].mapped)
+            (void)expandable_unmap_range(dev, seg, cs->blocks[i].addr, cs->blocks[i].size, &released);
+    cca_spin_unlock(&sp->lock);
+    return !released;
+}
+
+/*
+ * Allocate an expandable checkpoint segment's blocks at their addresses (device
+ * lock held; every mapped run of it one free block): each mapped run is cut
+ * into pieces at the checkpoint's block boundaries and every piece allocated,
+ * then the pieces not allocated in the checkpoint are freed (a range mapped now
+ * and unmapped then is such a piece).
+ */
+static cca_status_t checkpoint_restore_expandable(cca_device_t *dev, cca_segment_t *seg,
+                                                  const ckpt_segment_t *cs, cca_checkpoint_delta_t *d,
+                                                  size_t *allocated_cap)
+{
+    cca_stream_pool_t *sp = seg->head->pool->owner;
+    cca_status_t st = CCA_OK;
+    size_t k = 0; /* the checkpoint block at the cursor */
+    for (cca_block_t *b = seg->head; b && st == CCA_OK;) {
+        if (!b->mapped || b->allocated) {
+            b = b->next;
+            continue;
+        }
+        cca_block_t *curr = b;
+        uintptr_t end = b->addr + b->size;
+        pool_lock(sp);
+        while (st == CCA_OK && curr->addr < end) {
+            while (k < cs->block_count && cs->blocks[k].addr + cs->blocks[k].size <= curr->addr)
+                k++;
+            uintptr_t piece_end = k < cs->block_count ? cs->blocks[k].addr + cs->blocks[k].size : end;
+            size_t piece = (piece_end < end ? piece_end : end) - curr->addr;
+            cca_pool_t *pool = curr->pool;
+            bins_remove(&pool->bins, curr);
+            st = alloc_take_block(dev, pool, &curr, piece, piece, curr->size > piece ? 1 : 0);
+            if (st == CCA_OK && curr->addr + curr->size < end)
+                curr = curr->next;
+            else
+                break;
+        }
+        cca_spin_unlock(&sp->lock);
+        b = st == CCA_OK ? curr->next : NULL;
+    }
+    if (st != CCA_OK)
+        return st;
+    k = 0;
+    for (cca_block_t *b = seg->head; b;) {
+        cca_block_t *next = b->next;
+        if (b->allocated) {
+            while (k < cs->block_count && cs->blocks[k].addr < b->addr)
+                k++;
+            bool kept = k < cs->block_count && cs->blocks[k].addr == b->addr && cs->blocks[k].allocated &&
+                        cs->blocks[k].size == b->size;
+            void *p = (void *)b->addr;
+            if (kept) {
+                if (!list_push(&d->allocated, &d->allocated_count, allocated_cap, p))
+                    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory restoring a checkpoint");
+            } else if ((st = alloc_free(p)) != CCA_OK) {
+                return st;
+            }
         }
         b = next;
     }
@@ -413,6 +511,14 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
     st = checkpoint_reserve(dev, pp, state, live, &d, &freed_cap, &allocated_cap);
     if (st != CCA_OK)
         goto out_unlock;
+    /* expandable segments: map again what was mapped at the checkpoint, before anything is
+     * freed, so that a backend failure leaves the pool's blocks as they are */
+    for (size_t i = 0; i < state->segment_count && st == CCA_OK; i++)
+        if (state->segments[i].expandable)
+            st = checkpoint_map_segment(dev, checkpoint_segment_locked(dev, pp, &state->segments[i]),
+                                        &state->segments[i]);
+    if (st != CCA_OK)
+        goto out_unlock;
     /* free every block of the pool allocated now (PyTorch's freeBlocksAllocatedToPool):
      * listed in one walk (the list has room for them all: no routed allocation can add
      * one), then freed, each free locking its own pool */
@@ -426,8 +532,11 @@ cca_status_t cca_pool_set_checkpoint(int device, const cca_pool_state_t *state,
         st = alloc_free(d.freed[i]);
     for (size_t i = 0; i < state->segment_count && st == CCA_OK; i++) {
         const ckpt_segment_t *cs = &state->segments[i];
-        st = checkpoint_restore_segment(dev, checkpoint_segment_locked(dev, pp, cs), cs, &d,
-                                        &allocated_cap);
+        cca_segment_t *seg = checkpoint_segment_locked(dev, pp, cs);
+        if (!cs->expandable)
+            st = checkpoint_restore_segment(dev, seg, cs, &d, &allocated_cap);
+        else if (checkpoint_unmap_segment(dev, seg, cs))
+            st = checkpoint_restore_expandable(dev, seg, cs, &d, &allocated_cap);
     }
 out_unlock:
     pthread_mutex_unlock(&dev->lock);

@@ -418,15 +418,16 @@ cca_status_t cca_release_pool(int device, cca_mempool_id_t id)
 
 /*
  * The stream pool an allocation on stream goes to under the active routes
- * (device lock held): the oldest matching route's pool's (PyTorch's get_pool
- * walks captures_underway in begin order), created on first use and pinned
- * (pools_unpin after the allocation), or NULL for the default.
+ * (device lock held): the newest matching route's pool's (PyTorch 2.11's get_pool
+ * walks captures_underway from its end, so nested use_mem_pool contexts route to
+ * the innermost pool), created on first use and pinned (pools_unpin after the
+ * allocation), or NULL for the default.
  */
 cca_status_t pools_route_locked(cca_device_t *dev, cca_stream_t stream, cca_stream_pool_t **out)
 {
     *out = NULL;
     size_t n = atomic_load_explicit(&dev->route_count, memory_order_relaxed);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = n; i-- > 0;) {
         const cca_route_t *r = &dev->routes[i];
         if (!route_matches(r, stream))
             continue;

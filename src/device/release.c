@@ -121,8 +121,8 @@ static cca_status_t release_block(cca_device_t *dev, cca_block_t *block)
     cca_status_t st = pool_segment_give_back(dev, seg);
     if (st != CCA_OK)
         return st;
-    trace_record(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
-                 block->pool->owner->stream);
+    trace_record_pool(dev->index, CCA_TRACE_SEGMENT_FREE, block->addr, block->size,
+                      block->pool->owner->stream, pools_id_of(block->pool->owner));
     dev->total_allocated_memory -= block->size;
     if (block->pool->owner->private_pool)
         block->pool->owner->private_pool->segment_count--;
@@ -535,6 +535,34 @@ cca_status_t cca_cache_info(int device, size_t *total_cached, size_t *largest_bl
         *total_cached = acc.total;
     if (largest_block)
         *largest_block = acc.largest;
+    return CCA_OK;
+}
+
+cca_status_t cca_cache_info_largest(int device, size_t *largest)
+{
+    if (!largest)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info_largest: largest is NULL");
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    if (device < 0 || device >= cca_state->device_count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_cache_info_largest: device %d is out of range",
+                         device);
+    if (async_enabled())
+        return async_cache_info(device, NULL, largest);
+    size_t guess = *largest;
+    if (guess == 0) { /* PyTorch: the free memory as an optimistic first guess */
+        cca_backend_t *be = cca_state->backend;
+        size_t total = 0;
+        st = be->mem_get_info(be->ctx, device, &guess, &total);
+        if (st != CCA_OK)
+            return st;
+    }
+    size_t cached_largest = 0;
+    st = cca_cache_info(device, NULL, &cached_largest);
+    if (st != CCA_OK)
+        return st;
+    *largest = cached_largest > guess ? cached_largest : guess;
     return CCA_OK;
 }
 

@@ -27,6 +27,7 @@ void cca_snapshot_free(cca_snapshot_t *snap)
         for (size_t j = 0; j < seg->block_count; j++)
             free((char *)seg->blocks[j].context);
         free(seg->blocks);
+        free((char *)seg->context);
     }
     free(snap->segments);
     free(snap);
@@ -76,6 +77,10 @@ static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, const 
     out->owner_private_pool_id[1] = pool_id.second;
     out->block_count = n;
     size_t i = 0;
+    char *seg_context = NULL; /* PyTorch: the head block's context_when_segment_allocated */
+    if (contexts && head == seg->head && !trace_segment_context(dev->index, head->addr, &seg_context))
+        goto out_free;
+    out->context = seg_context;
     for (const cca_block_t *b = head; b && b->mapped; b = b->next, i++) {
         cca_block_info_t *bi = &out->blocks[i];
         bool pending = !b->allocated && (b->event_count > 0 || b->stream_use_count > 0);
@@ -104,6 +109,8 @@ out_free: /* nothing of the record is kept: it is not counted in the snapshot */
         free((char *)out->blocks[j].context);
     free(out->blocks);
     out->blocks = NULL;
+    free((char *)out->context);
+    out->context = NULL;
     return false;
 }
 

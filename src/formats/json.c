@@ -242,11 +242,137 @@ static cca_status_t json_node(const pv_node_t *n, cca_strbuf_t *out, bool pretty
     return cca_raise(CCA_ERR_INTERNAL, "json: unknown node kind");
 }
 
+/* ---- the size of the rendering --------------------------------------------------------------- */
+
+/*
+ * A pickle's memo lets containers be shared, and JSON writes a shared value at
+ * each place: 40 lists each holding the next one twice are 467 bytes of pickle
+ * and 2^40 values of JSON. Before writing, the values the text would hold are
+ * counted (each container once, its count remembered by address), and a text
+ * more than JSON_EXPANSION_MAX times the distinct values (and past
+ * JSON_VALUES_FREE) is refused: what is written stays proportional to the
+ * pickle. (The 52 real snapshots of tests/data and ../shared/traces share
+ * nothing: their ratio is 1.00.)
+ */
+#define JSON_EXPANSION_MAX 64
+#define JSON_VALUES_FREE ((uint64_t)1 << 20)
+
+typedef struct counted {
+    const pv_node_t *node; /* NULL: an empty slot */
+    uint64_t values;       /* values its rendering holds, itself included */
+} counted_t;
+
+typedef struct json_count {
+    counted_t *slots;
+    size_t cap, used;
+    uint64_t distinct;     /* values with each container counted once */
+    bool failed;           /* out of memory */
+} json_count_t;
+
+static size_t count_slot(const json_count_t *c, const pv_node_t *n)
+{
+    uint64_t h = (uint64_t)(uintptr_t)n * 0x9e3779b97f4a7c15ull;
+    size_t i = (size_t)(h >> 17) & (c->cap - 1);
+    while (c->slots[i].node && c->slots[i].node != n)
+        i = (i + 1) & (c->cap - 1);
+    return i;
+}
+
+static bool count_grow(json_count_t *c)
+{
+    size_t cap = c->cap ? c->cap * 2 : 1024;
+    counted_t *old = c->slots;
+    size_t old_cap = c->cap;
+    if (!(c->slots = calloc(cap, sizeof(*c->slots)))) {
+        c->slots = old;
+        return false;
+    }
+    c->cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].node)
+            c->slots[count_slot(c, old[i].node)] = old[i];
+    free(old);
+    return true;
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* Values the rendering of n holds (saturating); 0 on an error (raised). */
+static uint64_t count_values(json_count_t *c, const pv_node_t *n, int depth)
+{
+    pv_kind_t kind = pv_kind(n);
+    if (kind != PV_LIST && kind != PV_TUPLE && kind != PV_DICT) {
+        c->distinct++;
+        return 1;
+    }
+    if (depth > PV_MAX_DEPTH) {
+        cca_raise(CCA_ERR_INVALID_ARGUMENT, "json: value nested deeper than %d levels (a cycle?)",
+                  PV_MAX_DEPTH);
+        return 0;
+    }
+    if (c->cap) {
+        size_t i = count_slot(c, n);
+        if (c->slots[i].node)
+            return c->slots[i].values; /* met before: written again, counted once */
+    }
+    c->distinct++;
+    uint64_t values = 1;
+    size_t len = pv_len(n);
+    for (size_t i = 0; i < len; i++) {
+        uint64_t v = kind == PV_DICT ? count_values(c, pv_dict_value_at(n, i), depth + 1)
+                                     : count_values(c, pv_at(n, i), depth + 1);
+        if (!v)
+            return 0;
+        values = add_sat(values, v);
+        if (kind == PV_DICT) { /* its key */
+            uint64_t k = count_values(c, pv_dict_key_at(n, i), depth + 1);
+            if (!k)
+                return 0;
+            values = add_sat(values, k);
+        }
+    }
+    if ((c->used + 1) * 2 > c->cap && !count_grow(c)) {
+        cca_raise(CCA_ERR_OUT_OF_MEMORY, "json: out of memory");
+        return 0;
+    }
+    size_t i = count_slot(c, n);
+    c->slots[i].node = n;
+    c->slots[i].values = values;
+    c->used++;
+    return values;
+}
+
+cca_status_t pv_json_values(const pv_node_t *node, uint64_t *values, uint64_t *distinct)
+{
+    json_count_t c = {0};
+    uint64_t v = count_values(&c, node, 0);
+    free(c.slots);
+    if (!v)
+        return cca_last_error()->status;
+    *values = v;
+    *distinct = c.distinct;
+    return CCA_OK;
+}
+
 cca_status_t pv_to_json(const pv_node_t *node, cca_strbuf_t *out, bool pretty)
 {
     if (!node || !out)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pv_to_json: NULL argument");
-    cca_status_t st = json_node(node, out, pretty, 0);
+    uint64_t values = 0, distinct = 0;
+    cca_status_t st = pv_json_values(node, &values, &distinct);
+    if (st)
+        return st;
+    if (values > JSON_VALUES_FREE && values / JSON_EXPANSION_MAX > distinct)
+        return cca_raise(CCA_ERR_FORMAT,
+                         "json: shared values would be written %llu times over: %llu values from "
+                         "%llu distinct ones (more than %d times; a pickle whose memo shares "
+                         "containers within containers?)",
+                         (unsigned long long)(values / distinct), (unsigned long long)values,
+                         (unsigned long long)distinct, JSON_EXPANSION_MAX);
+    st = json_node(node, out, pretty, 0);
     if (!st && out->failed)
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "json: out of memory");
     return st;

@@ -1,8 +1,9 @@
 /*
  * pickle.c - Python pickle values (pv_*): the arena-backed value tree, its
  * hashing and key equality, dicts and lists, accessors and builders. The
- * reader (protocols 0-5, plain data opcodes only) is in pickle_read.c and
- * the protocol-4 writer used for PyTorch memory snapshots in pickle_write.c.
+ * reader (protocols 0-5, plain data opcodes only) is the decoder of
+ * pickle_decode.h (pickle_load_* in pickle_reader.c), the protocol-4 writer
+ * used for PyTorch memory snapshots pickle_write.c.
  *
  * Invariants: every node, string and item array of a document lives in its
  * arena and dies with it; a dict holds each key at most once (Python's

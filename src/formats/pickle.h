@@ -130,7 +130,10 @@ cca_status_t pv_list_append(pv_doc_t *doc, pv_node_t *list, pv_node_t *value);
 /*
  * Load a pickle (protocol 0-5 opcodes for None, bool, int, float, str, bytes,
  * list, tuple, dict) from a file, gunzipping it when it starts with the gzip
- * magic. On success *doc owns the tree (pv_doc_root). Returns CCA_OK,
+ * magic. The file is inflated and decoded a window at a time (the streaming
+ * reader's decoder keeping every field), so bad data fails where it begins and
+ * memory follows what the tree keeps. On success *doc owns the tree
+ * (pv_doc_root). Returns CCA_OK,
  * CCA_ERR_IO (names the path and errno text), CCA_ERR_FORMAT (unsupported
  * opcode, malformed or truncated data: the message gives the offset, in the
  * decompressed data, and what was expected), CCA_ERR_OUT_OF_MEMORY,
@@ -164,10 +167,20 @@ cca_status_t pickle_write_file(const pv_node_t *root, const char *path);
  * (e.g. 1 -> "1", None -> "null"). pretty: two-space indentation and
  * ": " / "," + newline separators, like Python's json.dumps(indent=2);
  * otherwise no whitespace at all. A shared node is written at each place it
- * occurs. Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, nesting deeper than
- * PV_MAX_DEPTH, e.g. a cycle), CCA_ERR_OUT_OF_MEMORY.
+ * occurs, so the text is bounded before anything is written: more than 2^20
+ * values and more than 64 times the distinct ones (pv_json_values) is refused.
+ * Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (NULL, nesting deeper than
+ * PV_MAX_DEPTH, e.g. a cycle), CCA_ERR_FORMAT (shared values that would expand
+ * past that bound: a "billion laughs" pickle), CCA_ERR_OUT_OF_MEMORY.
  */
 cca_status_t pv_to_json(const pv_node_t *node, cca_strbuf_t *out, bool pretty);
+/*
+ * The values (scalars, containers and dict keys) pv_to_json would write,
+ * saturating at UINT64_MAX, and the distinct ones (a container shared through
+ * the memo counted once). Returns CCA_OK, CCA_ERR_INVALID_ARGUMENT (nesting
+ * deeper than PV_MAX_DEPTH), CCA_ERR_OUT_OF_MEMORY.
+ */
+cca_status_t pv_json_values(const pv_node_t *node, uint64_t *values, uint64_t *distinct);
 
 /* ---- shared between pickle.c and json.c --------------------------------------------- */
 

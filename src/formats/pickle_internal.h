@@ -1,7 +1,7 @@
 /*
  * pickle_internal.h - the pickle value tree's records and the helpers its
  * files share: pickle.c (the arena-backed value tree, hashing, builders),
- * pickle_read.c (the reader) and pickle_write.c (the protocol-4 writer).
+ * the decoder (pickle_decode.h) and pickle_write.c (the protocol-4 writer).
  */
 #ifndef CCA_PICKLE_INTERNAL_H
 #define CCA_PICKLE_INTERNAL_H

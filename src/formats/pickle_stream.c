@@ -1,7 +1,8 @@
 /*
- * pickle_stream.c - the streaming pickle reader (pickle_stream.h): decode in
- * one pass over a window of the (gunzipped) data, keeping tree fields as pv
- * trees and handing the dicts of records fields to a callback.
+ * pickle_stream.c - the pickle decoder's machine (pickle_decode.h): the
+ * opcodes of protocols 0-5 for plain data, over pickle_input.c's window,
+ * keeping tree values as pv trees, dropping skipped ones and handing the
+ * dicts of records fields to pickle_records.c.
  *
  * Invariant: every value on the stack is a slot saying what became of it: a
  * scalar (strings interned once per distinct text), a value kept in the tree
@@ -9,291 +10,14 @@
  * records list (L1), an inner list of records (L2), or a record filling up.
  * A container's slot type is chosen when it begins and checked when its
  * parent takes it (see derive()); records live in a table reset whenever no
- * record is left on the stack, so memory stays bounded by one batch. The
- * bytes come from pickle_input.c's window.
- *
- * Longer than the house's 1,200 lines: it is one machine (the opcodes, the
- * rules deciding what each container becomes, the records and their fast
- * path) over one private slot type; split, that type would need a header for
- * files nothing else may call.
+ * record is left on the stack, so memory stays bounded by one batch. Nothing
+ * allocated depends on a length field beyond the data that can follow it.
  */
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-
-#include "pickle_input.h"
-#include "pickle_internal.h"
-#include "pickle_stream.h"
-
-/* ---- opcodes (pickle_internal.h: the subset of the tree reader) ---------------------- */
-
-static const char *sop_name(int op)
-{
-    switch (op) {
-    case OP_APPEND: return "APPEND";
-    case OP_APPENDS: return "APPENDS";
-    case OP_SETITEM: return "SETITEM";
-    case OP_SETITEMS: return "SETITEMS";
-    case OP_DICT: return "DICT";
-    case OP_LIST: return "LIST";
-    case OP_TUPLE: return "TUPLE";
-    case OP_TUPLE1: return "TUPLE1";
-    case OP_TUPLE2: return "TUPLE2";
-    case OP_TUPLE3: return "TUPLE3";
-    case OP_POP: return "POP";
-    case OP_POP_MARK: return "POP_MARK";
-    case OP_DUP: return "DUP";
-    case OP_STOP: return "STOP";
-    case OP_LONG1: return "LONG1";
-    case OP_LONG4: return "LONG4";
-    case OP_INT: return "INT";
-    case OP_LONG: return "LONG";
-    case OP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
-    case OP_BINUNICODE: return "BINUNICODE";
-    case OP_BINUNICODE8: return "BINUNICODE8";
-    case OP_SHORT_BINBYTES: return "SHORT_BINBYTES";
-    case OP_BINBYTES: return "BINBYTES";
-    case OP_BINBYTES8: return "BINBYTES8";
-    case OP_BYTEARRAY8: return "BYTEARRAY8";
-    case OP_BINPUT: return "BINPUT";
-    case OP_LONG_BINPUT: return "LONG_BINPUT";
-    case OP_MEMOIZE: return "MEMOIZE";
-    case OP_BINGET: return "BINGET";
-    case OP_LONG_BINGET: return "LONG_BINGET";
-    default: return "opcode";
-    }
-}
-
-/* ---- slots, symbols, records ------------------------------------------------------- */
-
-enum slot_type {
-    SL_SCALAR,  /* none, bool, int, float, or a symbol (str, bytes, big int) */
-    SL_NODE,    /* a value kept in the tree */
-    SL_SKIP,    /* a container whose content is dropped */
-    SL_ROOT,    /* the top-level dict (its tree fields go to the fields dict) */
-    SL_L1,      /* the list of a records field */
-    SL_L2,      /* an inner list of records */
-    SL_RECORD,  /* a record (dict) filling up */
-};
-
-#define SF_U64 0x01    /* SL_SCALAR PV_INT: v.u holds 2^63 .. 2^64-1 */
-#define SF_FIELD 0x02  /* the value of a top-level field, its mode already applied */
-#define SF_FILLED 0x04 /* a container that has taken items */
-
-typedef struct pk_sym {
-    const char *data;  /* NUL-terminated */
-    size_t len;
-    uint64_t hash;
-    uint64_t word;     /* texts of up to 8 bytes: the bytes, little-endian (the recent cache's key) */
-    int32_t tag;       /* index in the handler's symbols, -1 */
-    uint32_t memo_id;  /* its index in the reader's memo_vals once memoized, else 0 */
-    uint8_t kind;      /* PV_STR, PV_BYTES, PV_BIGINT */
-} pk_sym_t;
-
-typedef struct slot {
-    uint8_t type;      /* enum slot_type */
-    uint8_t kind;      /* pv_kind_t of the value */
-    uint8_t flags;     /* SF_* */
-    uint32_t n;        /* L1: items taken; L2: records taken */
-    union {
-        bool b;
-        int64_t i;
-        uint64_t u;
-        double f;
-        const pk_sym_t *sym;
-        pv_node_t *node;   /* SL_NODE; SL_ROOT: the fields dict */
-        uint64_t group;    /* SL_L2 */
-        size_t rec;        /* SL_RECORD: index in the record table */
-    } v;
-} slot_t;
-
-typedef struct rec {
-    size_t start, count; /* its fields: slots start .. start + 2 * count (key, value pairs) */
-    uint64_t keys_gen;   /* its keys are the key template's whole, as of this generation; 0: not */
-} rec_t;
-
-/* The private view a pk_record_t points at. */
-typedef struct rec_view {
-    const pk_handler_t *h;
-    const slot_t *pairs;
-    size_t count;
-} rec_view_t;
-
-/* Memo entries: 0 unset; odd: a dropped container ((kind << 2) | 1); else a
- * pointer: a pk_sym_t, or a pv_node_t with bit 1 set. */
-#define MEMO_GONE(kind) (((uintptr_t)(kind) << 2) | 1u)
-#define MEMO_NODE_BIT ((uintptr_t)2)
-
-#define SHORT_SYM_MAX 64          /* strings up to this long are interned (deduplicated) */
-#define ARENA_CHUNK ((size_t)64 * 1024)
-#define FIXED_OP_MAX 16           /* the longest fixed-size opcode with its argument, and more */
-
-#define FAST_FIELDS 32 /* a record with more fields takes the general path */
-
-#define KEY_GET_MAX 5 /* the longest key the key template holds (LONG_BINGET) */
-
-/*
- * The keys of the records read whole lately, by position: key i of a record
- * whose bytes there are op[i] (a BINGET or LONG_BINGET) is key[i], without a
- * look in the memo. An entry holds while the memo entry its get reads keeps
- * its value: the fast path only fills unset memo entries, and a store onto a
- * set one (memo_store) empties the template. (A key memoized again fails the
- * value read after it, and the record takes the general path.)
- */
-typedef struct key_template {
-    uint64_t op[FAST_FIELDS];   /* the get's bytes, little-endian, the rest zero; ~0: none */
-    uint64_t mask[FAST_FIELDS]; /* its len bytes; 0 from count on, so that nothing matches */
-    uint8_t len[FAST_FIELDS];   /* 2 (BINGET) or 5 (LONG_BINGET) */
-    slot_t key[FAST_FIELDS];    /* the symbol it reads */
-    size_t count;               /* entries 0 .. count - 1 are held */
-    uint64_t gen;               /* changes whenever an entry does */
-    /* what deliver() does with a record of exactly these keys (as of plan_gen): the
-     * tagged fields, a repeated key's last one, and the set of their tags */
-    uint8_t plan_pos[FAST_FIELDS];  /* the field */
-    uint8_t plan_tag[FAST_FIELDS];  /* its key's tag (< 64) */
-    size_t plan_count;
-    uint64_t plan_tags;
-    uint64_t plan_gen;              /* 0: no plan */
-} key_template_t;
-
-typedef struct arena_block {
-    struct arena_block *next;
-} arena_block_t;
-
-typedef struct sreader {
-    const pk_handler_t *h;
-    pv_doc_t *doc;
-
-    pk_input_t in;           /* the window of decompressed data */
-    size_t fast_limit;       /* below it, opcodes run without window checks (see run()) */
-
-    /* the machine */
-    slot_t *stack;
-    size_t sp, stack_cap;
-    size_t *marks;
-    size_t nmarks, marks_cap;
-    /* memo[i]: an index in memo_vals (0: unset), 4 bytes an entry; a zero-filled array
-     * (cca_zarray_grow) whose entries from memo_len on are unset and never read, so that
-     * the pages past the last entry set are never touched */
-    uint32_t *memo;
-    uintptr_t *memo_vals;    /* the distinct values memoized (memo entries, below); [0] = 0 */
-    size_t nvals, vals_cap;
-    uint32_t gone_ids[16];   /* by kind: the memo_vals index of a dropped container, 0: none yet */
-    size_t memo_len;         /* 1 + the highest index set */
-    size_t memo_room;        /* entries allocated (memo_bytes of them) */
-    size_t memo_count, memo_bytes;
-    bool root_seen;
-    pv_node_t *result;       /* the value STOP returned */
-
-    /* symbols: an arena and an open-addressing table of the short ones */
-    arena_block_t *blocks;
-    char *arena_cur, *arena_end;
-    pk_sym_t **syms;
-    size_t nsyms, syms_cap;
-    const pk_sym_t *recent[256]; /* texts of up to 8 bytes met recently, by a hash of their bytes */
-    const pk_sym_t *last_short;  /* the str of up to 8 bytes the record fast path met last */
-
-    /* records */
-    rec_t *recs;
-    size_t nrecs, recs_cap;
-    slot_t *fields;
-    size_t nfields, fields_cap; /* slots (two per field) */
-    size_t rec_base;         /* lowest stack index holding a record; SIZE_MAX: none */
-    const pk_sym_t *records_field;
-    const pk_value_t **by_tag;
-    pk_value_t *tag_values;
-    uint64_t tags_set;       /* by_tag entries the last record set (symbol_count <= 64) */
-    key_template_t keys;     /* the keys records were read with lately (record_fast) */
-} sreader_t;
-
-/* ---- errors and small helpers ------------------------------------------------------ */
-
-static cca_status_t sr_error(sreader_t *r, size_t off, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* A format error at window offset off (reported as an offset in the whole data). */
-static cca_status_t sr_error(sreader_t *r, size_t off, const char *fmt, ...)
-{
-    char text[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
-    return cca_raise(CCA_ERR_FORMAT, "pickle: %s at offset %llu", text,
-                     (unsigned long long)(r->in.base + off));
-}
-
-static cca_status_t sr_oom(void)
-{
-    return cca_raise(CCA_ERR_OUT_OF_MEMORY, "pickle: out of memory while streaming");
-}
-
-static uint64_t le_bytes(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-/* Little-endian loads of 2, 4 and 8 bytes (pickle's integers). */
-static inline uint16_t le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static inline uint32_t le32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline uint64_t le64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-/* Grow *array (of *cap elements of size elem) to hold at least need elements. */
-static bool grow(void *array, size_t *cap, size_t need, size_t elem, size_t first)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap : first;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*(void **)array, n * elem);
-    if (!p)
-        return false;
-    *(void **)array = p;
-    *cap = n;
-    return true;
-}
-
-static const char *slot_kind_name(const slot_t *s)
-{
-    return pv_kind_name((pv_kind_t)s->kind);
-}
-
-static bool is_container(const slot_t *s)
-{
-    return s->type != SL_SCALAR && (s->kind == PV_LIST || s->kind == PV_DICT || s->kind == PV_TUPLE);
-}
+#include "pickle_decode.h"
 
 /* ---- symbols ------------------------------------------------------------------------ */
 
-/* The tag of a text: its index in the handler's symbols, or -1. */
-static int32_t tag_of(const pk_handler_t *h, const char *data, size_t len)
+int32_t sr_tag_of(const pk_handler_t *h, const char *data, size_t len)
 {
     for (size_t t = 0; t < h->symbol_count; t++)
         if (strlen(h->symbols[t]) == len && !memcmp(h->symbols[t], data, len))
@@ -341,8 +65,9 @@ static pk_sym_t *sym_new(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind,
     s->kind = kind;
     s->tag = -1;
     s->memo_id = 0;
+    s->node = NULL;
     if (kind == PV_STR)
-        s->tag = tag_of(r->h, (const char *)p, n);
+        s->tag = sr_tag_of(r->h, (const char *)p, n);
     return s;
 }
 
@@ -351,8 +76,8 @@ static pk_sym_t *sym_new(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind,
  * UTF-8 when its text is first met. Returns CCA_OK, CCA_ERR_FORMAT (invalid
  * UTF-8, for the opcode at off), CCA_ERR_OUT_OF_MEMORY.
  */
-static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind, size_t off,
-                            int op, const pk_sym_t **out)
+cca_status_t sr_sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t kind, size_t off, int op,
+                        const pk_sym_t **out)
 {
     pk_sym_t *s;
     uint64_t word = 0;
@@ -370,7 +95,7 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
     }
     if (n > SHORT_SYM_MAX) {
         if (kind == PV_STR && !pv_utf8_valid(p, n))
-            return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
+            return sr_error(r, off, "%s is not valid UTF-8", sr_op_name(op));
         if (!(s = sym_new(r, p, n, kind, 0)))
             return sr_oom();
         *out = s;
@@ -401,7 +126,7 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
             break;
     if (!s) {
         if (kind == PV_STR && !pv_utf8_valid(p, n))
-            return sr_error(r, off, "%s is not valid UTF-8", sop_name(op));
+            return sr_error(r, off, "%s is not valid UTF-8", sr_op_name(op));
         if (!(s = sym_new(r, p, n, kind, h)))
             return sr_oom();
         s->word = word;
@@ -414,16 +139,6 @@ static cca_status_t sym_get(sreader_t *r, const uint8_t *p, size_t n, uint8_t ki
     return CCA_OK;
 }
 
-/* Empty the key template: no entry matches any bytes. */
-static void keys_reset(key_template_t *t)
-{
-    for (size_t i = 0; i < FAST_FIELDS; i++) {
-        t->op[i] = ~(uint64_t)0;
-        t->mask[i] = 0;
-    }
-    t->count = 0;
-    t->gen++;
-}
 
 /* ---- the stack ---------------------------------------------------------------------- */
 
@@ -499,13 +214,13 @@ static cca_status_t have(sreader_t *r, size_t off, int op, size_t count)
 {
     if (r->sp - fence(r) >= count)
         return CCA_OK;
-    return sr_error(r, off, "stack underflow in %s (needs %zu items)", sop_name(op), count);
+    return sr_error(r, off, "stack underflow in %s (needs %zu items)", sr_op_name(op), count);
 }
 
 static cca_status_t pop_mark(sreader_t *r, size_t off, int op, size_t *mark)
 {
     if (!r->nmarks)
-        return sr_error(r, off, "%s without a MARK", sop_name(op));
+        return sr_error(r, off, "%s without a MARK", sr_op_name(op));
     *mark = r->marks[--r->nmarks];
     return CCA_OK;
 }
@@ -516,119 +231,34 @@ static cca_status_t pop_mark(sreader_t *r, size_t off, int op, size_t *mark)
 static pv_node_t *to_node(sreader_t *r, const slot_t *s, size_t off)
 {
     pv_node_t *n = NULL;
-    if (s->type == SL_NODE)
-        return s->v.node;
+    if (s->type == SL_NODE || s->type == SL_ROOT)
+        return s->v.node; /* the top-level dict: as far as it is kept (as the memo has it) */
     if (s->type != SL_SCALAR) {
-        sr_error(r, off, "a %s of a streamed or skipped field is referenced where values are kept",
-                 slot_kind_name(s));
+        sr_gone(r, off, "a %s of a streamed or skipped field is referenced where values are kept",
+                slot_kind_name(s));
         return NULL;
     }
+    if ((s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) && s->v.sym->node)
+        return s->v.sym->node; /* one node per symbol: the tree shares it, as the pickle did */
     switch (s->kind) {
     case PV_NONE: n = pv_new_none(r->doc); break;
     case PV_BOOL: n = pv_new_bool(r->doc, s->v.b); break;
     case PV_INT: n = (s->flags & SF_U64) ? pv_new_u64(r->doc, s->v.u) : pv_new_int(r->doc, s->v.i); break;
     case PV_FLOAT: n = pv_new_float(r->doc, s->v.f); break;
-    case PV_STR: n = pv_new_strn(r->doc, s->v.sym->data, s->v.sym->len); break;
-    case PV_BYTES: n = pv_new_bytes(r->doc, s->v.sym->data, s->v.sym->len); break;
+    case PV_STR:
+    case PV_BYTES:
+        n = pv_node_bytes(r->doc, (pv_kind_t)s->kind, s->v.sym->data, s->v.sym->len);
+        ((pk_sym_t *)(uintptr_t)s->v.sym)->node = n; /* the reader's own symbol */
+        break;
     case PV_BIGINT:
         n = pv_new_bigint(r->doc, (const uint8_t *)s->v.sym->data, s->v.sym->len);
+        ((pk_sym_t *)(uintptr_t)s->v.sym)->node = n;
         break;
     default: break;
     }
     if (!n)
         sr_oom();
     return n;
-}
-
-/* A record field's value (or key) as the consumer sees it. */
-static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v);
-
-/* As to_value, inline for the common case (a scalar). */
-static inline void to_value_fast(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
-{
-    if (s->type != SL_SCALAR || s->kind == PV_BOOL) {
-        to_value(h, s, v);
-        return;
-    }
-    v->kind = s->kind;
-    v->is_u64 = (s->flags & SF_U64) != 0;
-    v->node = NULL;
-    if (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) {
-        v->data = s->v.sym->data;
-        v->len = s->v.sym->len;
-        v->tag = s->v.sym->tag;
-        v->num.u = 0;
-    } else {
-        v->data = NULL;
-        v->len = 0;
-        v->tag = -1;
-        v->num.u = s->v.u;
-    }
-}
-
-static void to_value(const pk_handler_t *h, const slot_t *s, pk_value_t *v)
-{
-    v->kind = s->kind;
-    v->is_u64 = s->type == SL_SCALAR && (s->flags & SF_U64);
-    v->tag = -1;
-    v->num.u = 0;
-    v->data = NULL;
-    v->len = 0;
-    v->node = NULL;
-    if (s->type == SL_SCALAR) {
-        if (s->kind == PV_STR || s->kind == PV_BYTES || s->kind == PV_BIGINT) {
-            v->data = s->v.sym->data;
-            v->len = s->v.sym->len;
-            v->tag = s->v.sym->tag;
-        } else if (s->kind == PV_BOOL) {
-            v->num.b = s->v.b;
-        } else {
-            v->num.u = s->v.u;
-        }
-        return;
-    }
-    if (s->type != SL_NODE)
-        return;
-    const pv_node_t *n = s->v.node;
-    v->node = n;
-    v->kind = (uint8_t)pv_kind(n);
-    const uint8_t *bytes;
-    switch (pv_kind(n)) {
-    case PV_BOOL: pv_get_bool(n, &v->num.b); break;
-    case PV_INT:
-        v->is_u64 = pv_is_u64(n);
-        if (v->is_u64)
-            pv_get_u64(n, &v->num.u);
-        else
-            pv_get_int(n, &v->num.i);
-        break;
-    case PV_FLOAT: pv_get_double(n, &v->num.f); break;
-    case PV_STR:
-        pv_get_str(n, &v->data, &v->len);
-        v->tag = tag_of(h, v->data, v->len);
-        break;
-    case PV_BYTES:
-        pv_get_bytes(n, &bytes, &v->len);
-        v->data = (const char *)bytes;
-        break;
-    case PV_BIGINT:
-        pv_get_bigint(n, &bytes, &v->len);
-        v->data = (const char *)bytes;
-        break;
-    default: break;
-    }
-}
-
-bool pk_record_field(const pk_record_t *record, size_t i, pk_field_t *out)
-{
-    if (!record || !out || !record->priv)
-        return false;
-    const rec_view_t *view = record->priv;
-    if (i >= view->count)
-        return false;
-    to_value(view->h, &view->pairs[2 * i], &out->key);
-    to_value(view->h, &view->pairs[2 * i + 1], &out->value);
-    return true;
 }
 
 /* ---- deciding what a new container becomes ---------------------------------------------- */
@@ -663,9 +293,13 @@ static cca_status_t new_group(sreader_t *r, uint64_t group, slot_t *out)
 {
     out->type = SL_L2;
     out->v.group = group;
-    if (r->h->group)
-        return r->h->group(r->h->ctx, r->records_field->data, (size_t)group);
-    return CCA_OK;
+    return sr_call_group(r, r->records_field->data, (size_t)group);
+}
+
+/* A top-level value that is not a dict, for a handler that wants one (dict_root). */
+static cca_status_t not_dict_root(sreader_t *r, size_t off, pv_kind_t kind)
+{
+    return sr_error(r, off, "the top-level value (%s) is not a dict", pv_kind_name(kind));
 }
 
 /*
@@ -680,6 +314,8 @@ static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, s
     memset(out, 0, sizeof(*out));
     out->kind = (uint8_t)kind;
     if (p == 0) {
+        if (kind != PV_DICT && !r->nmarks && r->h->dict_root)
+            return not_dict_root(r, off, kind);
         if (kind == PV_DICT && !r->root_seen) {
             r->root_seen = true;
             out->type = SL_ROOT;
@@ -716,8 +352,11 @@ static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, s
         if (!keyed || below->type != SL_SCALAR || below->kind != PV_STR)
             return new_tree_container(r, kind, out);
         const pk_sym_t *key = below->v.sym;
+        if (r->keep_all)
+            return new_tree_container(r, kind, out); /* its mode is applied when the root takes it */
         pk_mode_t mode = r->h->field_mode ? r->h->field_mode(r->h->ctx, key->data, key->len) : PK_TREE;
         out->flags = SF_FIELD;
+        r->dropped |= mode != PK_TREE;
         if (mode == PK_SKIP) {
             out->type = SL_SKIP;
             return CCA_OK;
@@ -754,98 +393,24 @@ static cca_status_t derive(sreader_t *r, size_t p, pv_kind_t kind, size_t off, s
     return CCA_OK;
 }
 
-/* ---- taking items into containers ----------------------------------------------------------- */
-
 /*
- * deliver()'s plan for a record whose keys are the key template's whole: the
- * tagged fields (of a key given twice, the last) and their tags, taken from the
- * template's keys. Needs symbol_count <= 64.
+ * Item `index` of a records field's list that is kept in the tree (shared
+ * through the memo with a kept field): a record (a dict), or an inner list of
+ * them (a group).
  */
-static void plan_build(key_template_t *t)
+static cca_status_t take_tree_item(sreader_t *r, size_t off, const pv_node_t *item, size_t index)
 {
-    uint64_t tags = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < t->count; i++) {
-        const slot_t *k = &t->key[i];
-        if (k->kind != PV_STR || k->v.sym->tag < 0)
-            continue;
-        uint8_t tag = (uint8_t)k->v.sym->tag;
-        size_t j = n;
-        if (tags & ((uint64_t)1 << tag))
-            for (j = 0; t->plan_tag[j] != tag; j++)
-                ;
-        else
-            n++;
-        t->plan_pos[j] = (uint8_t)i;
-        t->plan_tag[j] = tag;
-        tags |= (uint64_t)1 << tag;
+    if (pv_kind(item) == PV_DICT)
+        return sr_deliver_node(r, item, 0, index);
+    cca_status_t st = sr_call_group(r, r->records_field->data, index);
+    for (size_t i = 0; i < pv_len(item) && st == CCA_OK; i++) {
+        const pv_node_t *d = pv_at(item, i);
+        if (pv_kind(d) != PV_DICT)
+            return sr_error(r, off, "item %zu of a list of records is a %s, not a dict", i,
+                            pv_kind_name(pv_kind(d)));
+        st = sr_deliver_node(r, d, index, i);
     }
-    t->plan_count = n;
-    t->plan_tags = tags;
-    t->plan_gen = t->gen;
-}
-
-/*
- * Hand a record to the handler: by_tag[t] points at the value of the last field
- * whose key has tag t (its pk_value_t in tag_values), NULL where none has.
- * With up to 64 symbols, by_tag holds exactly the tags of tags_set between
- * calls, so that only the changes are written.
- */
-static cca_status_t deliver(sreader_t *r, const slot_t *rs, uint64_t group, size_t index)
-{
-    const rec_t *rec = &r->recs[rs->v.rec];
-    const slot_t *pairs = r->fields + rec->start;
-    size_t nsym = r->h->symbol_count;
-    uint64_t set = 0;
-    const pk_value_t **by_tag = r->by_tag;
-    pk_value_t *tag_values = r->tag_values;
-    if (nsym <= 64 && rec->keys_gen && rec->keys_gen == r->keys.gen) {
-        /* the template's keys: their tags are known */
-        key_template_t *t = &r->keys;
-        if (t->plan_gen != t->gen)
-            plan_build(t);
-        for (size_t j = 0; j < t->plan_count; j++)
-            to_value_fast(r->h, &pairs[2 * t->plan_pos[j] + 1], &tag_values[t->plan_tag[j]]);
-        set = t->plan_tags;
-    } else {
-        if (nsym > 64)
-            memset(r->by_tag, 0, nsym * sizeof(*r->by_tag));
-        size_t count = rec->count;
-        for (size_t i = 0; i < count; i++) { /* locals: the stores below could alias the reader */
-            const slot_t *k = &pairs[2 * i];
-            int32_t t;
-            const char *text;
-            size_t len;
-            if (k->type == SL_SCALAR && k->kind == PV_STR)
-                t = k->v.sym->tag;
-            else if (k->type == SL_NODE && pv_get_str(k->v.node, &text, &len))
-                t = tag_of(r->h, text, len);
-            else
-                continue;
-            if (t < 0)
-                continue;
-            to_value_fast(r->h, &pairs[2 * i + 1], &tag_values[t]);
-            by_tag[t] = &tag_values[t];
-            set |= (uint64_t)1 << (t & 63);
-        }
-    }
-    if (nsym <= 64) {
-        for (uint64_t m = r->tags_set & ~set; m; m &= m - 1)
-            by_tag[__builtin_ctzll(m)] = NULL;
-        for (uint64_t m = set & ~r->tags_set; m; m &= m - 1)
-            by_tag[__builtin_ctzll(m)] = &tag_values[__builtin_ctzll(m)];
-        r->tags_set = set;
-    }
-    rec_view_t view = {r->h, pairs, rec->count};
-    pk_record_t out = {
-        .field = r->records_field->data,
-        .group = (size_t)group,
-        .index = index,
-        .count = rec->count,
-        .by_tag = r->by_tag,
-        .priv = &view,
-    };
-    return r->h->record ? r->h->record(r->h->ctx, &out) : CCA_OK;
+    return st;
 }
 
 /* list.append(item) for the items stack[from .. sp), then pop them. */
@@ -853,9 +418,11 @@ static cca_status_t take_items(sreader_t *r, size_t off, int op, slot_t *list, s
 {
     cca_status_t st = CCA_OK;
     if (!is_container(list) || list->kind != PV_LIST)
-        return sr_error(r, off, "%s on a %s, not a list", sop_name(op), slot_kind_name(list));
+        return sr_error(r, off, "%s on a %s, not a list", sr_op_name(op), slot_kind_name(list));
     if (r->sp > from)
         list->flags |= SF_FILLED;
+    if (list->type == SL_NODE && !pv_list_reserve(r->doc, list->v.node, r->sp - from))
+        return sr_oom(); /* room for the batch at once, as the tree keeps no array it outgrew */
     for (size_t i = from; i < r->sp && st == CCA_OK; i++) {
         slot_t *item = &r->stack[i];
         switch (list->type) {
@@ -870,76 +437,33 @@ static cca_status_t take_items(sreader_t *r, size_t off, int op, slot_t *list, s
             if (item->type == SL_L2 && item->v.group == list->n) {
                 list->n++;
             } else if (item->type == SL_RECORD) {
-                st = deliver(r, item, 0, list->n++);
+                st = sr_deliver(r, item, 0, list->n++);
+            } else if (item->type == SL_NODE && (item->kind == PV_DICT || item->kind == PV_LIST)) {
+                st = take_tree_item(r, off, item->v.node, list->n++);
+            } else if (item->type == SL_SKIP && (item->kind == PV_DICT || item->kind == PV_LIST)) {
+                st = sr_gone(r, off, "item %u of records field '%s' (a %s) was handed over before",
+                             list->n, r->records_field->data, slot_kind_name(item));
             } else {
                 st = sr_error(r, off, "item %u of records field '%s' (a %s) is not a list of records",
                               list->n, r->records_field->data, slot_kind_name(item));
             }
             break;
         case SL_L2:
-            if (item->type != SL_RECORD)
+            if (item->type == SL_RECORD)
+                st = sr_deliver(r, item, list->v.group, list->n++);
+            else if (item->type == SL_NODE && item->kind == PV_DICT) /* a dict shared with a kept field */
+                st = sr_deliver_node(r, item->v.node, list->v.group, list->n++);
+            else if (item->type == SL_SKIP && item->kind == PV_DICT) /* shared with an earlier record */
+                st = sr_gone(r, off, "item %u of a list of records is a dict handed over before", list->n);
+            else
                 st = sr_error(r, off, "item %u of a list of records is a %s, not a dict", list->n,
                               slot_kind_name(item));
-            else
-                st = deliver(r, item, list->v.group, list->n++);
             break;
         default:
-            st = sr_error(r, off, "%s on a %s, not a list", sop_name(op), slot_kind_name(list));
+            st = sr_error(r, off, "%s on a %s, not a list", sr_op_name(op), slot_kind_name(list));
         }
     }
     pop_to(r, from);
-    return st;
-}
-
-/* The records of a records field that arrived as a tree (a shape decided only
- * at its end, as protocol 0's LIST / DICT build it): delivered from the tree. */
-static cca_status_t deliver_tree(sreader_t *r, size_t off, const pk_sym_t *key, const pv_node_t *list)
-{
-    cca_status_t st = CCA_OK;
-    r->records_field = key;
-    if (pv_kind(list) != PV_LIST)
-        return sr_error(r, off, "field '%s' is a %s, not a list of records", key->data,
-                        pv_kind_name(pv_kind(list)));
-    bool nested = pv_len(list) && pv_kind(pv_at(list, 0)) == PV_LIST;
-    size_t saved = r->nrecs;
-    r->nrecs = 0; /* no record is on the stack while a tree is taken */
-    for (size_t g = 0; g < pv_len(list) && st == CCA_OK; g++) {
-        const pv_node_t *inner = nested ? pv_at(list, g) : list;
-        if (nested && pv_kind(inner) != PV_LIST)
-            return sr_error(r, off, "item %zu of records field '%s' is not a list of records", g, key->data);
-        if (nested && r->h->group && (st = r->h->group(r->h->ctx, key->data, g)))
-            break;
-        for (size_t i = 0; i < pv_len(inner) && st == CCA_OK; i++) {
-            const pv_node_t *d = pv_at(inner, i);
-            if (pv_kind(d) != PV_DICT)
-                return sr_error(r, off, "item %zu of a list of records is a %s, not a dict", i,
-                                pv_kind_name(pv_kind(d)));
-            size_t n = 2 * pv_len(d);
-            if (!grow(&r->fields, &r->fields_cap, n, sizeof(slot_t), 4096) ||
-                !grow(&r->recs, &r->recs_cap, 1, sizeof(rec_t), 1024))
-                return sr_oom();
-            for (size_t j = 0; j < pv_len(d); j++) {
-                const pv_node_t *kv[2] = {pv_dict_key_at(d, j), pv_dict_value_at(d, j)};
-                for (int e = 0; e < 2; e++) {
-                    slot_t *f = &r->fields[2 * j + (size_t)e];
-                    memset(f, 0, sizeof(*f));
-                    f->type = SL_NODE;
-                    f->kind = (uint8_t)pv_kind(kv[e]);
-                    f->v.node = (pv_node_t *)(uintptr_t)kv[e];
-                }
-            }
-            r->recs[0].start = 0;
-            r->recs[0].count = pv_len(d);
-            r->recs[0].keys_gen = 0;
-            slot_t rs = {.type = SL_RECORD, .kind = PV_DICT};
-            rs.v.rec = 0;
-            st = deliver(r, &rs, nested ? g : 0, i);
-        }
-        if (!nested)
-            break;
-    }
-    r->nrecs = saved;
-    r->nfields = 0;
     return st;
 }
 
@@ -956,8 +480,11 @@ static bool root_keeps(sreader_t *r, size_t off, const slot_t *k, const slot_t *
     if (k->type != SL_SCALAR || k->kind != PV_STR || !r->h->field_mode)
         return true;
     pk_mode_t mode = r->h->field_mode(r->h->ctx, k->v.sym->data, k->v.sym->len);
+    r->dropped |= mode != PK_TREE;
     if (mode == PK_RECORDS && v->type == SL_NODE)
-        *st = deliver_tree(r, off, k->v.sym, v->v.node);
+        *st = sr_deliver_tree(r, off, k->v.sym, v->v.node);
+    else if (mode == PK_RECORDS && v->type == SL_SKIP && v->kind == PV_LIST)
+        *st = sr_gone(r, off, "field '%s' is a list of records dropped before", k->v.sym->data);
     else if (mode == PK_RECORDS)
         *st = sr_error(r, off, "field '%s' is a %s, not a list of records", k->v.sym->data,
                        slot_kind_name(v));
@@ -969,13 +496,13 @@ static cca_status_t take_pairs(sreader_t *r, size_t off, int op, slot_t *dict, s
 {
     cca_status_t st = CCA_OK;
     if (!is_container(dict) || dict->kind != PV_DICT)
-        return sr_error(r, off, "%s on a %s, not a dict", sop_name(op), slot_kind_name(dict));
+        return sr_error(r, off, "%s on a %s, not a dict", sr_op_name(op), slot_kind_name(dict));
     if ((r->sp - from) % 2)
-        return sr_error(r, off, "odd number of items for %s", sop_name(op));
+        return sr_error(r, off, "odd number of items for %s", sr_op_name(op));
     for (size_t i = from; i < r->sp; i += 2)
         if (r->stack[i].kind == PV_LIST || r->stack[i].kind == PV_DICT)
             return sr_error(r, off, "unhashable dict key (%s) in %s", slot_kind_name(&r->stack[i]),
-                            sop_name(op));
+                            sr_op_name(op));
     if (r->sp > from)
         dict->flags |= SF_FILLED;
     if (dict->type == SL_RECORD) {
@@ -994,6 +521,9 @@ static cca_status_t take_pairs(sreader_t *r, size_t off, int op, slot_t *dict, s
         pop_to(r, from);
         return CCA_OK;
     }
+    if ((dict->type == SL_NODE || dict->type == SL_ROOT) &&
+        !pv_dict_reserve(r->doc, dict->v.node, (r->sp - from) / 2))
+        return sr_oom(); /* room for the batch at once */
     for (size_t i = from; i < r->sp && st == CCA_OK; i += 2) {
         slot_t *k = &r->stack[i], *v = &r->stack[i + 1];
         pv_node_t *kn, *vn;
@@ -1013,10 +543,11 @@ static cca_status_t take_pairs(sreader_t *r, size_t off, int op, slot_t *dict, s
             }
             st = pv_dict_set_node(r->doc, dict->v.node, kn, vn);
             if (st == CCA_ERR_INVALID_ARGUMENT)
-                st = sr_error(r, off, "unhashable dict key in %s", sop_name(op));
+                st = sr_error(r, off, "unhashable dict key (%s) in %s", pv_kind_name(pv_kind(kn)),
+                              sr_op_name(op));
             break;
         default:
-            st = sr_error(r, off, "%s on a %s, not a dict", sop_name(op), slot_kind_name(dict));
+            st = sr_error(r, off, "%s on a %s, not a dict", sr_op_name(op), slot_kind_name(dict));
         }
     }
     pop_to(r, from);
@@ -1077,7 +608,7 @@ static cca_status_t make_from_mark(sreader_t *r, size_t off, int op, size_t mark
 /* ---- memo ------------------------------------------------------------------------------------- */
 
 /* Room for n memo entries, the new ones unset; false when out of memory. */
-static bool memo_reserve(sreader_t *r, size_t n)
+bool sr_memo_reserve(sreader_t *r, size_t n)
 {
     if (n > SIZE_MAX / sizeof(*r->memo) ||
         !cca_zarray_grow((void **)&r->memo, &r->memo_bytes, n * sizeof(*r->memo)))
@@ -1091,19 +622,7 @@ static bool memo_reserve(sreader_t *r, size_t n)
  * dropped container's MEMO_GONE), added when new: a symbol and a dropped
  * container's kind keep theirs, a node gets a new one. 0 when out of memory.
  */
-static uint32_t memo_id_add(sreader_t *r, uintptr_t e);
-
-static inline uint32_t memo_id_of(sreader_t *r, uintptr_t e)
-{
-    uint32_t id = 0;
-    if (!(e & (1 | MEMO_NODE_BIT)))
-        id = ((const pk_sym_t *)e)->memo_id;
-    else if ((e & 1) && (e >> 2) < 16)
-        id = r->gone_ids[e >> 2];
-    return id ? id : memo_id_add(r, e);
-}
-
-static uint32_t memo_id_add(sreader_t *r, uintptr_t e)
+uint32_t sr_memo_id_add(sreader_t *r, uintptr_t e)
 {
     uint32_t *known = NULL;
     if (e & 1) {
@@ -1134,8 +653,8 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
     /* A writer numbers memo slots from 0; an index beyond the data read so far is bogus. */
     if (idx > r->in.base + r->in.pos)
         return sr_error(r, off, "memo index %llu out of range", (unsigned long long)idx);
-    uint32_t id = memo_id_of(r, e);
-    if (!id || (idx >= r->memo_room && !memo_reserve(r, (size_t)idx + 1)))
+    uint32_t id = sr_memo_id_of(r, e);
+    if (!id || (idx >= r->memo_room && !sr_memo_reserve(r, (size_t)idx + 1)))
         return sr_oom();
     if (idx >= r->memo_len) {
         r->memo_len = (size_t)idx + 1;
@@ -1143,7 +662,7 @@ static cca_status_t memo_store(sreader_t *r, size_t off, uint64_t idx, uintptr_t
     } else if (!r->memo[idx]) {
         r->memo_count++;
     } else {
-        keys_reset(&r->keys); /* a key's get may now read another value */
+        sr_keys_reset(&r->keys); /* a key's get may now read another value */
     }
     r->memo[idx] = id;
     return CCA_OK;
@@ -1194,234 +713,83 @@ static inline cca_status_t memo_get(sreader_t *r, size_t off, uint64_t idx)
     return CCA_OK;
 }
 
-/* ---- records read whole ------------------------------------------------------------------- */
-
-typedef struct pending_memo {
-    uint64_t idx;
-    uintptr_t e;
-} pending_memo_t;
-
-/* Whether the fast path's next MEMOIZE (at idx = memo_count + pending stores) may
- * store: its pending stores all lie below idx, so only the memo itself can hold it. */
-static inline bool fast_memo_free(const sreader_t *r, uint64_t idx)
-{
-    return idx >= r->memo_len || !r->memo[idx];
-}
-
-/* The memo entry idx as the fast path sees it: pending stores first. 0: unset. */
-static inline uintptr_t fast_memo(const sreader_t *r, const pending_memo_t *pm, int npm, uint64_t idx)
-{
-    if (idx < r->memo_count)
-        return r->memo_vals[r->memo[idx]]; /* pending stores all lie at or above the count (<= memo_len) */
-    for (int i = npm - 1; i >= 0; i--)
-        if (pm[i].idx == idx)
-            return pm[i].e;
-    return idx < r->memo_len ? r->memo_vals[r->memo[idx]] : 0;
-}
-
-/*
- * One plain scalar at *p (and its memo store, if one follows) into *d, for
- * record_fast; false for anything else. The tests run from the most common
- * opcode of PyTorch's event dicts down; the window holds FIXED_OP_MAX bytes
- * at *p.
- */
-static inline __attribute__((always_inline)) bool fast_scalar(sreader_t *r, const uint8_t **pp,
-                                                              const uint8_t *end, slot_t *d,
-                                                              pending_memo_t *pm, int *npm,
-                                                              uint64_t *memo_next)
-{
-    const uint8_t *p = *pp;
-    uint8_t op = *p;
-    if (op == OP_LONG_BINGET || op == OP_BINGET) {
-        uint64_t idx = op == OP_BINGET ? p[1] : le32(p + 1);
-        uintptr_t e = idx < r->memo_count ? r->memo_vals[r->memo[idx]] : fast_memo(r, pm, *npm, idx);
-        if (!e || (e & (1 | MEMO_NODE_BIT)))
-            return false;
-        const pk_sym_t *sym = (const pk_sym_t *)e;
-        *d = (slot_t){.type = SL_SCALAR, .kind = sym->kind, .v.sym = sym};
-        p += op == OP_BINGET ? 2 : 5;
-    } else if (op == OP_LONG1) {
-        size_t len = p[1];
-        if (!len || len > 8 || (p[1 + len] & 0x80))
-            return false;
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len))};
-        p += 2 + len;
-    } else if (op == OP_BININT1) {
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = p[1]};
-        p += 2;
-    } else if (op == OP_SHORT_BINUNICODE) {
-        size_t len = p[1];
-        if ((size_t)(end - p) < 2 + len + 1)
-            return false;
-        /* the same short text as last time ('N/A' in every PyTorch event): one word
-         * compared (the 8 bytes at p + 2 lie in the window, p being below its limit) */
-        const pk_sym_t *sym = r->last_short;
-        uint64_t word = len && len <= 8 ? le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * len)) : 0;
-        if (!sym || len > 8 || sym->len != len || sym->word != word) {
-            if (sym_get(r, p + 2, len, PV_STR, (size_t)(p - r->in.buf), OP_SHORT_BINUNICODE, &sym) != CCA_OK)
-                return false; /* the general path raises it again */
-            if (len <= 8)
-                r->last_short = sym;
-        }
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_STR, .v.sym = sym};
-        p += 2 + len;
-    } else if (op == OP_BININT2) {
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.u = le16(p + 1)};
-        p += 3;
-    } else if (op == OP_BININT) {
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_INT, .v.i = (int32_t)le32(p + 1)};
-        p += 5;
-    } else if (op == OP_NONE) {
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_NONE};
-        p += 1;
-    } else if (op == OP_NEWTRUE || op == OP_NEWFALSE) {
-        *d = (slot_t){.type = SL_SCALAR, .kind = PV_BOOL, .v.b = op == OP_NEWTRUE};
-        p += 1;
-    } else {
-        return false;
-    }
-    if (*p == OP_MEMOIZE) {
-        if (d->kind != PV_STR || !fast_memo_free(r, *memo_next))
-            return false; /* a memoized number (boxed by the general path), or a set slot */
-        pm[(*npm)++] = (pending_memo_t){(*memo_next)++, (uintptr_t)d->v.sym};
-        p++;
-    }
-    *pp = p;
-    return true;
-}
-
-/*
- * Put into the template the keys at the positions set in `learn`: memo gets
- * (op[i] their bytes) of a record just committed, kv its pairs. A position
- * past the template's end is left out, so that its entries stay contiguous.
- */
-static void keys_learn(sreader_t *r, uint32_t learn, const uint64_t *op, const slot_t *kv)
-{
-    key_template_t *t = &r->keys;
-    for (; learn; learn &= learn - 1) {
-        size_t i = (size_t)__builtin_ctz(learn);
-        if (i > t->count)
-            break;
-        t->op[i] = op[i];
-        t->len[i] = (op[i] & 0xff) == OP_BINGET ? 2 : 5;
-        t->mask[i] = ~(uint64_t)0 >> (64 - 8 * t->len[i]);
-        t->key[i] = kv[2 * i];
-        if (i == t->count)
-            t->count++;
-    }
-    t->gen++;
-}
-
-/*
- * A record (a dict of a records list) whose EMPTY_DICT was just pushed: read
- * its body - an optional memo store, MARK, key / value pairs of plain scalars
- * each with an optional memo store, SETITEMS - in one go, with the effect the
- * opcodes one by one would have. Anything else (another opcode, the window
- * ending, an error to report) leaves everything as it was and returns false,
- * and the general path reads the record.
- */
-static bool record_fast(sreader_t *r, slot_t *rec_slot)
-{
-    const uint8_t *p = r->in.buf + r->in.pos, *end = r->in.buf + r->in.end;
-    pending_memo_t pm[2 * FAST_FIELDS + 1];
-    int npm = 0;
-    uint64_t memo_next = r->memo_count;
-    size_t n = 0;
-    /* the pairs are written in place after the record table's last field,
-     * and counted in only when the whole body was read */
-    if (end - p < FIXED_OP_MAX + KEY_GET_MAX ||
-        !grow(&r->fields, &r->fields_cap, r->nfields + 2 * FAST_FIELDS, sizeof(slot_t), 4096))
-        return false;
-    slot_t *kv = r->fields + r->nfields;
-    const uint8_t *limit = end - FIXED_OP_MAX;
-    const uint8_t *key_limit = limit - KEY_GET_MAX; /* a template key leaves p below limit */
-    /* the memo store of the dict itself */
-    if (p < end && *p == OP_MEMOIZE) {
-        if (!fast_memo_free(r, memo_next))
-            return false; /* MEMOIZE onto a set slot: one by one it would not count */
-        pm[npm++] = (pending_memo_t){memo_next++, MEMO_GONE(PV_DICT)};
-        p++;
-    }
-    if (p >= end || *p != OP_MARK)
-        return false;
-    p++;
-    /* a key, then its value: the key as the template has it at its position, else
-     * read as a value is (a second site of the same tests, so that each site's
-     * branches learn their own pattern); keys new to the template are noted */
-    const key_template_t *t = &r->keys;
-    bool templated = true;          /* every key so far read from the template */
-    uint32_t learn = 0;             /* positions of memo-get keys the template lacks */
-    uint64_t learn_op[FAST_FIELDS]; /* their bytes (set where `learn` has a bit) */
-    for (;;) {
-        if (__builtin_expect(p > key_limit || n == 2 * FAST_FIELDS, 0))
-            return false;
-        if (*p == OP_SETITEMS) {
-            p++;
-            break;
-        }
-        size_t i = n / 2;
-        if ((le64(p) & t->mask[i]) == t->op[i]) {
-            kv[n] = t->key[i];
-            p += t->len[i];
-        } else {
-            const uint8_t *key = p;
-            if (!fast_scalar(r, &p, end, &kv[n], pm, &npm, &memo_next) || __builtin_expect(p > limit, 0))
-                return false;
-            templated = false;
-            if ((*key == OP_BINGET && p - key == 2) || (*key == OP_LONG_BINGET && p - key == 5)) {
-                learn |= (uint32_t)1 << i;
-                learn_op[i] = le64(key) & (~(uint64_t)0 >> (64 - 8 * (p - key)));
-            }
-        }
-        if (!fast_scalar(r, &p, end, &kv[n + 1], pm, &npm, &memo_next))
-            return false;
-        n += 2;
-    }
-    rec_t *rec = &r->recs[rec_slot->v.rec];
-    /* commit: the memo stores (MEMOIZE numbers them from the count, as one by one);
-     * the memo grows first, so that no store can fail half way */
-    if (npm && memo_next > r->memo_room && !memo_reserve(r, (size_t)memo_next))
-        return false; /* out of memory: the general path raises it */
-    uint32_t ids[2 * FAST_FIELDS + 1];
-    for (int i = 0; i < npm; i++)
-        if (!(ids[i] = memo_id_of(r, pm[i].e)))
-            return false; /* likewise (values added stay unused) */
-    for (int i = 0; i < npm; i++) {
-        r->memo[pm[i].idx] = ids[i];
-        r->memo_count++;
-    }
-    if (npm && memo_next > r->memo_len)
-        r->memo_len = (size_t)memo_next;
-    rec->keys_gen = templated && n / 2 == t->count ? t->gen : 0;
-    if (learn)
-        keys_learn(r, learn, learn_op, kv);
-    rec->start = r->nfields;
-    rec->count = n / 2;
-    r->nfields += n;
-    if (n)
-        rec_slot->flags |= SF_FILLED;
-    r->in.pos = (size_t)(p - r->in.buf);
-    return true;
-}
-
 /*
  * Whether the `total` bytes of the opcode at pos are in the window. When they
  * are not and more data may come, the opcode is retried after a refill
  * (r->in.want); at the end of the data it is an error.
  */
-static cca_status_t ready(sreader_t *r, size_t off, int op, uint64_t total, bool *ok)
+static cca_status_t ready(sreader_t *r, size_t off, int op, uint64_t head, uint64_t n, bool *ok)
 {
+    uint64_t total = head + n;
     *ok = false;
     if (r->in.end - r->in.pos >= total) {
         *ok = true;
         return CCA_OK;
     }
     uint64_t avail = (uint64_t)(r->in.end - r->in.pos) + pk_input_left_bound(&r->in);
+    if (total > avail && (op == OP_INT || op == OP_LONG))
+        return sr_error(r, off, "truncated %s: no newline", sr_op_name(op));
+    if (total > avail && avail >= head && (!r->in.gz || r->in.eof))
+        return sr_error(r, off, "truncated %s: length %llu exceeds the %llu bytes left", sr_op_name(op),
+                        (unsigned long long)n, (unsigned long long)(avail - head));
     if (total > avail)
-        return sr_error(r, off, "truncated %s: needs %llu bytes, %llu left", sop_name(op),
-                        (unsigned long long)total, (unsigned long long)(r->in.end - r->in.pos));
+        return sr_error(r, off, "truncated %s: length %llu exceeds the data left", sr_op_name(op),
+                        (unsigned long long)n);
     r->in.want = (size_t)total;
     r->fast_limit = 0;
+    return CCA_OK;
+}
+
+/*
+ * A str or bytes of n >= LARGE_BLOB bytes (its opcode and length, head bytes,
+ * at window offset off): read straight into a node of the tree, a window at a
+ * time, so that the reader holds its bytes once, where they are kept.
+ */
+static cca_status_t read_large(sreader_t *r, size_t off, int op, size_t head, uint64_t n, pv_kind_t kind)
+{
+    bool ok;
+    uint64_t avail = (uint64_t)(r->in.end - r->in.pos) + pk_input_left_bound(&r->in);
+    if (head + n > avail || n > SIZE_MAX / 2)
+        return ready(r, off, op, head, n, &ok); /* more than the data can hold: its error */
+    uint64_t at = r->in.base + off; /* the opcode's offset in the whole data */
+    pv_node_t *node = pv_node_alloc(r->doc, kind);
+    char *data = node ? pv_arena_alloc(r->doc, (size_t)n + 1) : NULL;
+    if (!data)
+        return sr_oom();
+    size_t got = 0;
+    r->in.pos += head;
+    for (;;) {
+        size_t take = r->in.end - r->in.pos;
+        if (take > n - got)
+            take = (size_t)n - got;
+        memcpy(data + got, r->in.buf + r->in.pos, take);
+        r->in.pos += take;
+        got += take;
+        if (got == n)
+            break;
+        /* (window offsets below wrap so that base + offset is the opcode's) */
+        if (r->in.eof)
+            return sr_error(r, (size_t)(at - r->in.base),
+                            "truncated %s: length %llu exceeds the %zu bytes left", sr_op_name(op),
+                            (unsigned long long)n, got);
+        size_t need = n - got < PK_WINDOW_DEFAULT ? (size_t)n - got : PK_WINDOW_DEFAULT;
+        cca_status_t st = pk_input_fill(&r->in, need);
+        if (st)
+            return st;
+        r->fast_limit = 0; /* the window moved: run() checks it again */
+    }
+    data[n] = 0;
+    if (kind == PV_STR && !pv_utf8_valid((const uint8_t *)data, (size_t)n))
+        return sr_error(r, (size_t)(at - r->in.base), "%s is not valid UTF-8", sr_op_name(op));
+    node->v.s.data = data;
+    node->v.s.len = (size_t)n;
+    slot_t *d = push_slot(r);
+    if (!d)
+        return CCA_ERR_OUT_OF_MEMORY;
+    memset(d, 0, sizeof(*d));
+    d->type = SL_NODE;
+    d->kind = (uint8_t)kind;
+    d->v.node = node;
     return CCA_OK;
 }
 
@@ -1440,7 +808,7 @@ static cca_status_t push_int_le(sreader_t *r, size_t off, int op, const uint8_t 
     if (n == 9 && b[8] == 0)
         return push_scalar(r, PV_INT, SF_U64, le_bytes(b, 8));
     const pk_sym_t *sym;
-    cca_status_t st = sym_get(r, b, n, PV_BIGINT, off, op, &sym);
+    cca_status_t st = sr_sym_get(r, b, n, PV_BIGINT, off, op, &sym);
     return st ? st : push_sym(r, sym);
 }
 
@@ -1456,18 +824,18 @@ static cca_status_t push_text_int(sreader_t *r, size_t off, int op, const char *
     if (i < len && (s[i] == '-' || s[i] == '+'))
         neg = s[i++] == '-';
     if (i == len)
-        return sr_error(r, off, "%s: no digits", sop_name(op));
+        return sr_error(r, off, "%s: no digits", sr_op_name(op));
     uint64_t mag = 0;
     for (; i < len; i++) {
         if (s[i] < '0' || s[i] > '9')
-            return sr_error(r, off, "%s: bad digit '%c'", sop_name(op), s[i]);
+            return sr_error(r, off, "%s: bad digit '%c'", sr_op_name(op), s[i]);
         unsigned d = (unsigned)(s[i] - '0');
         if (mag > (UINT64_MAX - d) / 10)
-            return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sop_name(op));
+            return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sr_op_name(op));
         mag = mag * 10 + d;
     }
     if (neg && mag > (uint64_t)INT64_MAX + 1)
-        return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sop_name(op));
+        return sr_error(r, off, "%s: integer beyond 64 bits is not supported", sr_op_name(op));
     return push_scalar(r, PV_INT, (!neg && mag > (uint64_t)INT64_MAX) ? SF_U64 : 0,
                        neg ? (uint64_t)0 - mag : mag);
 }
@@ -1511,7 +879,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         [OP_BINBYTES8] = 9, [OP_BYTEARRAY8] = 9,
     };
     if (checked && fixed[op] > left)
-        return sr_error(r, off, "truncated %s: needs %u argument bytes, %zu left", sop_name(op),
+        return sr_error(r, off, "truncated %s: needs %u argument bytes, %zu left", sr_op_name(op),
                         fixed[op] - 1u, left - 1);
     switch (op) {
     case OP_PROTO:
@@ -1533,6 +901,10 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
             return st;
         {
             slot_t *top = &r->stack[r->sp - 1];
+            if (top->type != SL_ROOT && r->h->dict_root)
+                return not_dict_root(r, off, (pv_kind_t)top->kind);
+            if (top->type != SL_ROOT && (r->dropped || r->calls || r->calls_to_skip))
+                return sr_error(r, off, "the pickle's value is not the dict whose fields were streamed");
             pv_node_t *root = top->type == SL_ROOT ? top->v.node : to_node(r, top, off);
             if (!root)
                 return cca_last_error()->status;
@@ -1601,13 +973,15 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         uint64_t n = op == OP_LONG1 ? p[1] : le32(p + 1);
         if (op == OP_LONG4 && (n & 0x80000000u))
             return sr_error(r, off, "LONG4 with a negative byte count");
+        if (op == OP_LONG4 && !r->sp && !r->nmarks && r->h->dict_root)
+            return not_dict_root(r, off, PV_INT);
         if (op == OP_LONG1 && n && n <= 8 && left >= 10 && !(p[1 + n] & 0x80)) {
             /* the common case (addresses, times): a non-negative integer of up to
              * 8 bytes, loaded at once from the window */
             r->in.pos += 2 + (size_t)n;
             return push_scalar(r, PV_INT, 0, le64(p + 2) & (~(uint64_t)0 >> (64 - 8 * n)));
         }
-        if ((st = ready(r, off, op, 1 + (uint64_t)width + n, &ok)) || !ok)
+        if ((st = ready(r, off, op, 1 + (uint64_t)width, n, &ok)) || !ok)
             return st;
         r->in.pos += 1 + (size_t)width + (size_t)n;
         return push_int_le(r, off, op, p + 1 + width, (size_t)n);
@@ -1616,7 +990,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
     case OP_LONG: {
         const uint8_t *nl = memchr(p + 1, '\n', left - 1);
         if (!nl)
-            return ready(r, off, op, (uint64_t)left + 1, &ok); /* no newline yet */
+            return ready(r, off, op, (uint64_t)left + 1, 0, &ok); /* no newline yet */
         size_t len = (size_t)(nl - (p + 1));
         r->in.pos += len + 2;
         return push_text_int(r, off, op, (const char *)p + 1, len);
@@ -1632,11 +1006,16 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         bool is_str = op == OP_SHORT_BINUNICODE || op == OP_BINUNICODE || op == OP_BINUNICODE8;
         uint64_t n = width == 1 ? p[1] : width == 4 ? le32(p + 1) : le64(p + 1);
         if (n > UINT64_MAX / 2)
-            return sr_error(r, off, "truncated %s: length %llu", sop_name(op), (unsigned long long)n);
-        if ((st = ready(r, off, op, 1 + (uint64_t)width + n, &ok)) || !ok)
+            return sr_error(r, off, "truncated %s: length %llu exceeds the data left", sr_op_name(op),
+                            (unsigned long long)n);
+        if (!r->sp && !r->nmarks && r->h->dict_root)
+            return not_dict_root(r, off, is_str ? PV_STR : PV_BYTES);
+        if (n >= LARGE_BLOB)
+            return read_large(r, off, op, (size_t)width + 1, n, is_str ? PV_STR : PV_BYTES);
+        if ((st = ready(r, off, op, 1 + (uint64_t)width, n, &ok)) || !ok)
             return st;
         const pk_sym_t *sym;
-        if ((st = sym_get(r, p + 1 + width, (size_t)n, is_str ? PV_STR : PV_BYTES, off, op, &sym)))
+        if ((st = sr_sym_get(r, p + 1 + width, (size_t)n, is_str ? PV_STR : PV_BYTES, off, op, &sym)))
             return st;
         r->in.pos += 1 + (size_t)width + (size_t)n;
         return push_sym(r, sym);
@@ -1659,7 +1038,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         } else if ((st = push_container(r, off, PV_DICT))) {
             return st;
         }
-        if (r->stack[r->sp - 1].type != SL_RECORD || !record_fast(r, &r->stack[r->sp - 1]))
+        if (r->stack[r->sp - 1].type != SL_RECORD || !sr_record_fast(r, &r->stack[r->sp - 1]))
             return CCA_OK;
         /* the records that follow, read here as the steps of their EMPTY_DICTs would
          * (the top of the stack is a record of the batch, so each is one too) */
@@ -1674,7 +1053,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
                 pop_to(r, r->sp - 1);
                 return st;
             }
-            if (!record_fast(r, s))
+            if (!sr_record_fast(r, s))
                 break;
         }
         return CCA_OK;
@@ -1713,7 +1092,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
         if ((st = pop_mark(r, off, op, &mark)))
             return st;
         if (mark == 0 || mark - 1 < fence(r))
-            return sr_error(r, off, "stack underflow in %s (no container below the MARK)", sop_name(op));
+            return sr_error(r, off, "stack underflow in %s (no container below the MARK)", sr_op_name(op));
         r->in.pos += 1;
         if (op == OP_APPENDS)
             return take_items(r, off, op, &r->stack[mark - 1], mark);
@@ -1745,7 +1124,7 @@ static inline __attribute__((always_inline)) cca_status_t step(sreader_t *r, boo
     }
 }
 
-static cca_status_t run(sreader_t *r)
+cca_status_t sr_run(sreader_t *r)
 {
     bool stop = false;
     cca_status_t st;
@@ -1775,104 +1154,3 @@ static cca_status_t run(sreader_t *r)
     }
 }
 
-
-/* ---- entry points -------------------------------------------------------------------------------- */
-
-static void sreader_free(sreader_t *r)
-{
-    pk_input_close(&r->in);
-    while (r->blocks) {
-        arena_block_t *next = r->blocks->next;
-        free(r->blocks);
-        r->blocks = next;
-    }
-    free(r->stack);
-    free(r->marks);
-    cca_zarray_free(r->memo, r->memo_bytes);
-    free(r->memo_vals);
-    free(r->syms);
-    free(r->recs);
-    free(r->fields);
-    free(r->by_tag);
-    free(r->tag_values);
-    pv_doc_free(r->doc);
-}
-
-/* Set up the reader over an opened source (file or memory) and run it. */
-static cca_status_t stream_source(sreader_t *r, const pk_handler_t *handler, pv_doc_t **fields)
-{
-    cca_status_t st;
-    r->h = handler;
-    r->rec_base = SIZE_MAX;
-    keys_reset(&r->keys);
-    size_t nt = handler->symbol_count ? handler->symbol_count : 1;
-    r->doc = pv_doc_new();
-    r->by_tag = calloc(nt, sizeof(*r->by_tag));
-    r->tag_values = calloc(nt, sizeof(*r->tag_values));
-    if (!r->doc || !r->by_tag || !r->tag_values)
-        return sr_oom();
-    if ((st = pk_input_start(&r->in)))
-        return st;
-    if ((st = run(r)) || (st = pk_input_drain(&r->in)))
-        return st;
-    pv_doc_set_root(r->doc, r->result);
-    *fields = r->doc;
-    r->doc = NULL;
-    return CCA_OK;
-}
-
-static bool handler_ok(const pk_handler_t *h)
-{
-    return h && (!h->symbol_count || h->symbols);
-}
-
-cca_status_t pickle_stream_buffer(const void *data, size_t size, size_t chunk,
-                                  const pk_handler_t *handler, pv_doc_t **fields)
-{
-    if (!fields || (!data && size) || !handler_ok(handler))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_stream_buffer: NULL argument");
-    *fields = NULL;
-    sreader_t r;
-    memset(&r, 0, sizeof(r));
-    r.in.mem = data;
-    r.in.mem_size = size;
-    r.in.src_left = size;
-    r.in.chunk = chunk;
-    cca_status_t st = stream_source(&r, handler, fields);
-    sreader_free(&r);
-    return st;
-}
-
-cca_status_t pickle_stream_file(const char *path, const pk_handler_t *handler, pv_doc_t **fields)
-{
-    if (!path || !fields || !handler_ok(handler))
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "pickle_stream_file: NULL argument");
-    *fields = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return cca_raise(CCA_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    cca_status_t st;
-    struct stat sbuf;
-    if (fstat(fileno(f), &sbuf) != 0) {
-        st = cca_raise(CCA_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-        goto out_file;
-    }
-    if (!S_ISREG(sbuf.st_mode)) {
-        st = cca_raise(CCA_ERR_IO, "cannot read %s: not a regular file", path);
-        goto out_file;
-    }
-    sreader_t r;
-    memset(&r, 0, sizeof(r));
-    r.in.file = f;
-    r.in.src_left = (uint64_t)sbuf.st_size;
-    st = stream_source(&r, handler, fields);
-    sreader_free(&r);
-    if (st == CCA_ERR_FORMAT) {
-        char msg[sizeof(cca_last_error()->message)];
-        snprintf(msg, sizeof(msg), "%s", cca_last_error()->message);
-        cca_raise(CCA_ERR_FORMAT, "%s: %s", path, msg);
-    }
-out_file:
-    fclose(f);
-    return st;
-}

@@ -9,15 +9,20 @@
  * or a tree of the streamed fields. What it keeps: the tree fields, the
  * records of one APPENDS batch (1,000 with Python's pickler), the memo (one
  * word per memo entry; streamed containers leave a marker there) and one copy
- * of each distinct short string.
+ * of each distinct short string; a str or bytes of 64 KiB or more is read
+ * straight into the tree (held once), whatever its field.
  *
  * Which field a container belongs to is decided when the container begins, from
  * the stack (the MARK fences and the items below it), as Python's pickler lays
  * out dicts and lists; the choice is checked again when the container is
  * stored into its parent, so an input whose shape the reader misjudged fails
- * with CCA_ERR_FORMAT rather than giving wrong data. A memoized container of a
- * streamed or skipped field can be referenced again only where nothing is
- * kept (inside records or skipped fields); anywhere else is CCA_ERR_FORMAT.
+ * with CCA_ERR_FORMAT rather than giving wrong data. A record the pickle shares
+ * through the memo is handed over at each place it occurs: from the tree when
+ * a kept field holds it, else (a record handed over before, a skipped value
+ * needed again, or a shape misjudged) the source is read a second time with
+ * every field kept whole, the callbacks the first reading made not made again,
+ * so the handler sees each call once and in order; only such files cost the
+ * memory of a tree.
  * A records field whose value the pickle builds bottom-up (protocol 0's LIST
  * and DICT) arrives as a tree and its records are handed over from it. A
  * records key repeated at the top level streams the records of each value
@@ -84,6 +89,9 @@ typedef struct pk_handler {
     cca_status_t (*record)(void *ctx, const pk_record_t *record);
     /* Optional: inner list `group` of the PK_RECORDS field `field` begins. */
     cca_status_t (*group)(void *ctx, const char *field, size_t group);
+    /* A top-level value that is not a dict is refused (CCA_ERR_FORMAT) as soon as it
+     * begins, before its bytes are read (a snapshot is a dict: a 2 GiB string is not). */
+    bool dict_root;
 } pk_handler_t;
 
 /*

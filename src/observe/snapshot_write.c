@@ -77,7 +77,7 @@ static cca_status_t add_segments(pv_doc_t *doc, pv_node_t *list, const cca_snaps
         pv_dict_set(doc, d, "segment_type", pv_new_str(doc, s->is_large ? "large" : "small"));
         pv_dict_set(doc, d, "segment_pool_id", pv_new_tuple(doc, 2, zero));
         pv_dict_set(doc, d, "is_expandable", pv_new_bool(doc, s->is_expandable));
-        pv_dict_set(doc, d, "frames", pv_new_list(doc));
+        pv_dict_set(doc, d, "frames", frames_of(doc, s->context)); /* the segment's creation */
         pv_node_t *blocks = pv_new_list(doc);
         for (size_t j = 0; blocks && j < s->block_count; j++) {
             const cca_block_info_t *b = &s->blocks[j];

@@ -4,7 +4,8 @@
  * each allocation a band from its alloc to its free_completed, stacked in
  * allocation order, so the top of the stack is the active bytes) and the
  * segment map (like segment_plot: one row per segment, blocks coloured by
- * state).
+ * state), once at the peak of each trace's reserved memory (rebuilt from its
+ * segment and block events) and once as the snapshot's segments list has it.
  *
  * The output needs nothing outside the file: no script, no external font
  * or stylesheet; tooltips are <title> elements. Its size is bounded: the
@@ -121,8 +122,28 @@ static double col_x(size_t c, size_t cols)
     return MARGIN_LEFT + PLOT_WIDTH * (double)c / (double)cols;
 }
 
+/* The first column whose step (rep, increasing) is at or past step t; cols if none. */
+static size_t first_column_at(const size_t *rep, size_t cols, size_t t)
+{
+    size_t lo = 0, hi = cols;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rep[mid] < t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* A byte count drawn as a double, back as bytes (clamped). */
+static uint64_t bytes_of(double v)
+{
+    return v <= 0 ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+}
+
 /* A band's polygon: its bottom edge left to right, its top edge back. */
-static void draw_band(cca_strbuf_t *sb, const band_t *b, const uint64_t *base, size_t cols,
+static void draw_band(cca_strbuf_t *sb, const band_t *b, const double *base, size_t cols,
                       double y0, double scale, const char *colour, const char *title)
 {
     sb_printf(sb, "<polygon fill=\"%s\" points=\"", colour);
@@ -137,7 +158,7 @@ static void draw_band(cca_strbuf_t *sb, const band_t *b, const uint64_t *base, s
             else
                 while (r > b->col0 && base[(r - 1) - b->col0] == base[c - b->col0])
                     r--;
-            double y = y0 - (double)(base[c - b->col0] + (edge ? b->size : 0)) * scale;
+            double y = y0 - (base[c - b->col0] + (edge ? (double)b->size : 0)) * scale;
             double xa = edge == 0 ? col_x(c, cols) : col_x(c + 1, cols);
             double xb = edge == 0 ? col_x(r + 1, cols) : col_x(r, cols);
             sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", xa, y, xb, y);
@@ -158,7 +179,8 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
     band_t *bands = calloc(n ? n : 1, sizeof(*bands));
     band_t **order = calloc(n ? n : 1, sizeof(*order));
     addr_map_t map = {0};
-    uint64_t *summ = NULL, *stack_top = NULL, *base = NULL;
+    double *summ = NULL, *stack_top = NULL, *base = NULL, *active = NULL;
+    size_t *rep = NULL;
     double height = -1;
     if (!bands || !order || !map_init(&map, n))
         goto out;
@@ -191,58 +213,74 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
         height = 28;
         goto out;
     }
+    /* Each column shows one step: the one of its steps with the most active bytes, so
+     * that a peak lasting a single step keeps its height. A band is drawn in the
+     * columns whose step it spans (a contiguous run, or none). Sums are doubles: sizes
+     * from a file may be anything up to 2^64 - 1, and a picture needs no more than 53
+     * bits of them. */
     size_t cols = steps < PLOT_COLUMNS ? steps : PLOT_COLUMNS;
+    active = calloc(steps + 1, sizeof(*active));
+    rep = calloc(cols, sizeof(*rep));
+    if (!active || !rep)
+        goto out;
     for (size_t i = 0; i < nb; i++) {
         band_t *b = &bands[i];
         if (b->end == SIZE_MAX)
             b->end = steps;
-        b->col0 = b->start * cols / steps;
-        b->col1 = b->end * cols / steps;
-        if (b->col1 <= b->col0)
-            b->col1 = b->col0 + 1;
-        if (b->col1 > cols)
-            b->col1 = cols;
-        order[i] = b;
+        active[b->start] += (double)b->size;
+        active[b->end] -= (double)b->size;
     }
-    qsort(order, nb, sizeof(*order), band_by_size);
-    for (size_t i = 0; i < nb && i < PLOT_BANDS; i++)
+    double running = 0;
+    for (size_t t = 0, c = 0; t < steps; t++) {
+        running += active[t];
+        active[t] = running;
+        c = t * cols / steps;
+        if (t == 0 || t * cols / steps != (t - 1) * cols / steps || active[t] > active[rep[c]])
+            rep[c] = t;
+    }
+    size_t visible = 0;
+    for (size_t i = 0; i < nb; i++) {
+        band_t *b = &bands[i];
+        b->col0 = first_column_at(rep, cols, b->start);
+        b->col1 = first_column_at(rep, cols, b->end);
+        if (b->col1 > b->col0)
+            order[visible++] = b;
+    }
+    qsort(order, visible, sizeof(*order), band_by_size);
+    for (size_t i = 0; i < visible && i < PLOT_BANDS; i++)
         order[i]->drawn = true;
     summ = calloc(cols + 1, sizeof(*summ));
     stack_top = calloc(cols, sizeof(*stack_top));
     base = calloc(cols, sizeof(*base));
     if (!summ || !stack_top || !base)
         goto out;
-    int64_t running = 0;
-    int64_t *delta = (int64_t *)calloc(cols + 1, sizeof(*delta));
-    if (!delta)
-        goto out;
     for (size_t i = 0; i < nb; i++)
-        if (!bands[i].drawn) {
-            delta[bands[i].col0] += (int64_t)bands[i].size;
-            delta[bands[i].col1] -= (int64_t)bands[i].size;
+        if (!bands[i].drawn && bands[i].col1 > bands[i].col0) {
+            summ[bands[i].col0] += (double)bands[i].size; /* a difference array first */
+            summ[bands[i].col1] -= (double)bands[i].size;
         }
+    running = 0;
     for (size_t c = 0; c < cols; c++) {
-        running += delta[c];
-        summ[c] = (uint64_t)running;
+        running += summ[c];
+        summ[c] = running > 0 ? running : 0;
         stack_top[c] = summ[c];
     }
-    free(delta);
     /* the stack height: drawn bands in allocation order on top of the summary band */
-    uint64_t peak = 1;
+    double peak = 1;
     for (size_t i = 0; i < nb; i++)
         if (bands[i].drawn)
             for (size_t c = bands[i].col0; c < bands[i].col1; c++)
-                stack_top[c] += bands[i].size;
+                stack_top[c] += (double)bands[i].size;
     for (size_t c = 0; c < cols; c++)
         if (stack_top[c] > peak)
             peak = stack_top[c];
     double y0 = top + 24 + PLOT_HEIGHT, scale = PLOT_HEIGHT / (double)peak;
     char s_peak[32], s_half[32];
-    fmt_size(peak, s_peak, sizeof(s_peak));
-    fmt_size(peak / 2, s_half, sizeof(s_half));
+    fmt_size(bytes_of(peak), s_peak, sizeof(s_peak));
+    fmt_size(bytes_of(peak / 2), s_half, sizeof(s_half));
     sb_printf(sb, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">device %d: "
               "active memory over time by allocation (%zu allocations, %zu drawn)</text>\n",
-              MARGIN_LEFT, top + 16, device, nb, nb < PLOT_BANDS ? nb : (size_t)PLOT_BANDS);
+              MARGIN_LEFT, top + 16, device, nb, visible < PLOT_BANDS ? visible : (size_t)PLOT_BANDS);
     sb_printf(sb, "<g font-size=\"11\" text-anchor=\"end\"><text x=\"%.0f\" y=\"%.1f\">%s</text>"
               "<text x=\"%.0f\" y=\"%.1f\">%s</text><text x=\"%.0f\" y=\"%.1f\">0</text></g>\n",
               MARGIN_LEFT - 6, y0 - PLOT_HEIGHT + 4, s_peak, MARGIN_LEFT - 6,
@@ -252,17 +290,20 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
     /* the summary band */
     for (size_t c = 0; c < cols; c++)
         base[c] = 0;
+    sb_printf(sb, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">each column: "
+              "the step of its %zu with the most active bytes</text>\n", MARGIN_LEFT + PLOT_WIDTH,
+              top + 16, (steps + cols - 1) / cols);
     bool any_summ = false;
     for (size_t c = 0; c < cols && !any_summ; c++)
         any_summ = summ[c] > 0;
     if (any_summ) {
         sb_append(sb, "<polygon fill=\"#bbbbbb\" points=\"");
         for (size_t c = 0; c < cols; c++)
-            sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", col_x(c, cols), y0 - (double)summ[c] * scale,
-                      col_x(c + 1, cols), y0 - (double)summ[c] * scale);
+            sb_printf(sb, "%.1f,%.2f %.1f,%.2f ", col_x(c, cols), y0 - summ[c] * scale,
+                      col_x(c + 1, cols), y0 - summ[c] * scale);
         sb_printf(sb, "%.1f,%.2f %.1f,%.2f\"><title>%zu smaller allocations, summed</title>"
                   "</polygon>\n", col_x(cols, cols), y0, col_x(0, cols), y0,
-                  nb > PLOT_BANDS ? nb - PLOT_BANDS : (size_t)0);
+                  visible > PLOT_BANDS ? visible - PLOT_BANDS : (size_t)0);
     }
     for (size_t c = 0; c < cols; c++)
         stack_top[c] = summ[c];
@@ -273,7 +314,7 @@ static double trace_plot(cca_strbuf_t *sb, const pv_node_t *trace, int device, d
             continue;
         for (size_t c = b->col0; c < b->col1; c++) {
             base[c - b->col0] = stack_top[c];
-            stack_top[c] += b->size;
+            stack_top[c] += (double)b->size;
         }
         char title[96], s_size[32];
         fmt_size(b->size, s_size, sizeof(s_size));
@@ -292,6 +333,252 @@ out:
     free(summ);
     free(stack_top);
     free(base);
+    free(active);
+    free(rep);
+    return height;
+}
+
+/* ---- the segments at the peak of reserved memory ------------------------------------- */
+
+/* A segment (or a contiguous mapped range of an expandable one) as the trace builds it. */
+typedef struct range {
+    uint64_t addr, size;
+    bool expandable;
+} range_t;
+
+typedef struct ranges {
+    range_t *v;            /* sorted by address, disjoint */
+    size_t n, cap;
+} ranges_t;
+
+/* Index of the first range ending past addr. */
+static size_t ranges_find(const ranges_t *r, uint64_t addr)
+{
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->v[mid].addr + r->v[mid].size <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool ranges_insert(ranges_t *r, size_t at, range_t x)
+{
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 64;
+        range_t *v = realloc(r->v, cap * sizeof(*v));
+        if (!v)
+            return false;
+        r->v = v;
+        r->cap = cap;
+    }
+    memmove(&r->v[at + 1], &r->v[at], (r->n - at) * sizeof(*r->v));
+    r->v[at] = x;
+    r->n++;
+    return true;
+}
+
+/* Add [addr, addr + size); a mapped range joins the expandable ranges it touches. */
+static bool ranges_add(ranges_t *r, uint64_t addr, uint64_t size, bool expandable)
+{
+    if (!size || addr + size < addr)
+        return true; /* nothing, or past the address space: not drawn */
+    size_t at = ranges_find(r, addr);
+    if (at < r->n && r->v[at].addr < addr + size)
+        return true; /* overlaps what is there: an inconsistent trace, left as it is */
+    if (expandable && at > 0 && r->v[at - 1].expandable && r->v[at - 1].addr + r->v[at - 1].size == addr) {
+        r->v[at - 1].size += size;
+        if (at < r->n && r->v[at].expandable && r->v[at].addr == addr + size) {
+            r->v[at - 1].size += r->v[at].size;
+            memmove(&r->v[at], &r->v[at + 1], (r->n - at - 1) * sizeof(*r->v));
+            r->n--;
+        }
+        return true;
+    }
+    if (expandable && at < r->n && r->v[at].expandable && r->v[at].addr == addr + size) {
+        r->v[at].addr = addr;
+        r->v[at].size += size;
+        return true;
+    }
+    return ranges_insert(r, at, (range_t){addr, size, expandable});
+}
+
+/* Take [addr, addr + size) out (a segment freed, or part of a mapped range unmapped). */
+static bool ranges_remove(ranges_t *r, uint64_t addr, uint64_t size)
+{
+    size_t at = ranges_find(r, addr);
+    if (at == r->n || r->v[at].addr > addr || addr + size < addr)
+        return true; /* not there: an inconsistent trace, left as it is */
+    range_t *x = &r->v[at];
+    uint64_t end = addr + size, xend = x->addr + x->size;
+    if (end >= xend) {
+        if (x->addr == addr) {
+            memmove(&r->v[at], &r->v[at + 1], (r->n - at - 1) * sizeof(*r->v));
+            r->n--;
+        } else {
+            x->size = addr - x->addr;
+        }
+        return true;
+    }
+    if (x->addr == addr) {
+        x->addr = end;
+        x->size = xend - end;
+        return true;
+    }
+    x->size = addr - x->addr; /* a hole in the middle: two ranges */
+    return ranges_insert(r, at + 1, (range_t){end, xend - end, x->expandable});
+}
+
+/* A block live at the peak. */
+typedef struct peak_block {
+    uint64_t addr, size;
+    bool pending;          /* freed, its free not completed */
+} peak_block_t;
+
+static int block_by_addr(const void *a, const void *b)
+{
+    const peak_block_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+typedef enum { ACT_OTHER, ACT_ALLOC, ACT_FREE_REQ, ACT_FREE_DONE, ACT_SEG_ALLOC, ACT_SEG_FREE,
+               ACT_MAP, ACT_UNMAP } act_t;
+
+static act_t action_of(const pv_node_t *e)
+{
+    const pv_node_t *a = pv_kind(e) == PV_DICT ? pv_dict_get(e, "action") : NULL;
+    static const char *const names[] = {"alloc", "free_requested", "free_completed", "segment_alloc",
+                                        "segment_free", "segment_map", "segment_unmap"};
+    for (size_t i = 0; a && i < sizeof(names) / sizeof(names[0]); i++)
+        if (pv_str_eq(a, names[i]))
+            return (act_t)(ACT_ALLOC + i);
+    return ACT_OTHER;
+}
+
+/*
+ * The segments of one device's trace at the peak of its reserved memory (the
+ * segments its events allocate and map; of the moments at the highest
+ * reservation, the first with the most bytes allocated), blocks coloured by
+ * state, at vertical offset top. Returns its height (0: the trace has no
+ * segment events), or -1 on no memory.
+ */
+static double peak_map(cca_strbuf_t *sb, const pv_node_t *trace, int device, double top)
+{
+    size_t n = pv_len(trace), peak_at = SIZE_MAX;
+    double reserved = 0, allocated = 0, best = 0, best_alloc = -1;
+    for (size_t i = 0; i < n; i++) {
+        const pv_node_t *e = pv_at(trace, i);
+        double size = (double)get_u64(e, "size");
+        switch (action_of(e)) {
+        case ACT_ALLOC: allocated += size; break;
+        case ACT_FREE_DONE: allocated -= size; break;
+        case ACT_SEG_ALLOC: case ACT_MAP: reserved += size; break;
+        case ACT_SEG_FREE: case ACT_UNMAP: reserved -= size; break;
+        default: continue;
+        }
+        if (reserved > best || (reserved == best && reserved > 0 && allocated > best_alloc)) {
+            best = reserved;
+            best_alloc = allocated;
+            peak_at = i;
+        }
+    }
+    if (peak_at == SIZE_MAX)
+        return 0;
+    ranges_t segs = {0};
+    addr_map_t map = {0};
+    peak_block_t *blocks = calloc(n ? n : 1, sizeof(*blocks));
+    size_t nb = 0;
+    double height = -1;
+    bool ok = blocks && map_init(&map, n);
+    for (size_t i = 0; ok && i <= peak_at; i++) {
+        const pv_node_t *e = pv_at(trace, i);
+        uint64_t addr = get_u64(e, "addr"), size = get_u64(e, "size");
+        size_t slot;
+        switch (action_of(e)) {
+        case ACT_ALLOC:
+            slot = map_slot(&map, addr);
+            map.keys[slot] = addr + 1;
+            map.vals[slot] = nb;
+            blocks[nb++] = (peak_block_t){addr, size, false};
+            break;
+        case ACT_FREE_REQ: case ACT_FREE_DONE:
+            slot = map_slot(&map, addr);
+            if (map.keys[slot] && map.vals[slot] != SIZE_MAX) {
+                blocks[map.vals[slot]].pending = true;
+                if (action_of(e) == ACT_FREE_DONE) {
+                    blocks[map.vals[slot]].size = 0; /* gone */
+                    map.vals[slot] = SIZE_MAX;
+                }
+            }
+            break;
+        case ACT_SEG_ALLOC: ok = ranges_add(&segs, addr, size, false); break;
+        case ACT_MAP: ok = ranges_add(&segs, addr, size, true); break;
+        case ACT_SEG_FREE: case ACT_UNMAP: ok = ranges_remove(&segs, addr, size); break;
+        default: break;
+        }
+    }
+    if (!ok)
+        goto out;
+    size_t live = 0;
+    for (size_t i = 0; i < nb; i++)
+        if (blocks[i].size)
+            blocks[live++] = blocks[i];
+    qsort(blocks, live, sizeof(*blocks), block_by_addr);
+    char s_res[32], s_alloc[32];
+    fmt_size(bytes_of(best), s_res, sizeof(s_res));
+    fmt_size(bytes_of(best_alloc), s_alloc, sizeof(s_alloc));
+    sb_printf(sb, "<text x=\"10\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">device %d at the peak "
+              "of reserved memory: %s reserved, %s allocated, after event %zu of %zu (%zu segments)"
+              "</text>\n", top + 16, device, s_res, s_alloc, peak_at, n, segs.n);
+    double y = top + 24;
+    size_t rows = segs.n < MAP_ROWS ? segs.n : MAP_ROWS;
+    for (size_t r = 0; r < rows; r++) {
+        const range_t *g = &segs.v[r];
+        char s_total[32];
+        fmt_size(g->size, s_total, sizeof(s_total));
+        sb_printf(sb, "<text x=\"10\" y=\"%.1f\" font-size=\"10\" font-family=\"monospace\">%d 0x%llx %s%s"
+                  "</text>\n<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"#cfe8cf\" "
+                  "stroke=\"#999\" stroke-width=\"0.5\"><title>segment 0x%llx: %s at the peak</title></rect>\n",
+                  y + ROW_HEIGHT - 2, device, (unsigned long long)g->addr, s_total,
+                  g->expandable ? " expandable" : "", MAP_LABEL, y, MAP_WIDTH, ROW_HEIGHT,
+                  (unsigned long long)g->addr, s_total);
+        /* the live blocks inside it (the rest of the row is free: the background) */
+        size_t lo = 0, hi = live;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (blocks[mid].addr < g->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (size_t j = lo; j < live && blocks[j].addr - g->addr < g->size; j++) {
+            const peak_block_t *b = &blocks[j];
+            uint64_t off = b->addr - g->addr, size = b->size < g->size - off ? b->size : g->size - off;
+            double x = MAP_LABEL + MAP_WIDTH * (double)off / (double)g->size;
+            double w = MAP_WIDTH * (double)size / (double)g->size;
+            char s_size[32];
+            fmt_size(b->size, s_size, sizeof(s_size));
+            sb_printf(sb, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" "
+                      "stroke=\"#fff\" stroke-width=\"0.3\"><title>0x%llx: %s, %s</title></rect>\n", x, y,
+                      w < 0.3 ? 0.3 : w, ROW_HEIGHT, b->pending ? "#ff9f1c" : "#d62728",
+                      (unsigned long long)b->addr, s_size, b->pending ? "active_pending_free" : "active_allocated");
+        }
+        y += ROW_HEIGHT + 2;
+    }
+    if (rows < segs.n) {
+        sb_printf(sb, "<text x=\"10\" y=\"%.1f\" font-size=\"11\">%zu more segments not drawn</text>\n",
+                  y + 10, segs.n - rows);
+        y += 16;
+    }
+    height = y - top + 8;
+out:
+    free(segs.v);
+    free(blocks);
+    free(map.keys);
+    free(map.vals);
     return height;
 }
 
@@ -310,7 +597,7 @@ static double segment_map(cca_strbuf_t *sb, const pv_node_t *segments, double to
 {
     size_t n = pv_len(segments);
     sb_printf(sb, "<text x=\"10\" y=\"%.0f\" font-size=\"14\" font-weight=\"bold\">segments "
-              "(%zu): one row each, blocks in address order</text>\n", top + 16, n);
+              "in the snapshot (%zu): one row each, blocks in address order</text>\n", top + 16, n);
     double legend_y = top + 24;
     const char *names[] = {"active_allocated", "active_pending_free", "inactive"};
     const char *colours[] = {"#d62728", "#ff9f1c", "#cfe8cf"};
@@ -386,11 +673,12 @@ cca_status_t svg_render(const pv_node_t *root, cca_strbuf_t *out)
         if (pv_kind(trace) != PV_LIST || (pv_len(trace) == 0 && ndev > 1))
             continue;
         double h = trace_plot(&body, trace, (int)d, y);
-        if (h < 0) {
+        double hp = h < 0 ? h : peak_map(&body, trace, (int)d, y + h);
+        if (h < 0 || hp < 0) {
             sb_free(&body);
             return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory drawing a snapshot");
         }
-        y += h;
+        y += h + hp;
     }
     y += segment_map(&body, segments, y);
     sb_printf(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"

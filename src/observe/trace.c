@@ -47,6 +47,9 @@ static cca_context_fn context_fn;      /* the user's context callback */
 static void *context_arg;
 static int context_level;              /* cca_record_context_t */
 static live_ctx_t *live[LIVE_BUCKETS]; /* contexts of live allocations */
+/* contexts of the allocations that created segments, by the segment's first address (PyTorch's
+ * context_when_segment_allocated): set by segment_alloc, and by segment_map where none is */
+static live_ctx_t *segs[LIVE_BUCKETS];
 static tracker_t *trackers;
 static size_t tracker_count;
 /* PyTorch's compile contexts (a stack per device) and user metadata (one per device) */
@@ -153,17 +156,22 @@ static size_t live_bucket(int device, uintptr_t addr)
     return (size_t)(x & (LIVE_BUCKETS - 1));
 }
 
-static live_ctx_t **live_find_locked(int device, uintptr_t addr)
+static live_ctx_t **table_find_locked(live_ctx_t **table, int device, uintptr_t addr)
 {
-    live_ctx_t **link = &live[live_bucket(device, addr)];
+    live_ctx_t **link = &table[live_bucket(device, addr)];
     while (*link && !((*link)->device == device && (*link)->addr == addr))
         link = &(*link)->next;
     return link;
 }
 
-static void live_put_locked(int device, uintptr_t addr, trace_ctx_t *c)
+static live_ctx_t **live_find_locked(int device, uintptr_t addr)
 {
-    live_ctx_t **link = live_find_locked(device, addr);
+    return table_find_locked(live, device, addr);
+}
+
+static void table_put_locked(live_ctx_t **table, int device, uintptr_t addr, trace_ctx_t *c)
+{
+    live_ctx_t **link = table_find_locked(table, device, addr);
     if (*link) {
         ctx_unref((*link)->context);
         (*link)->context = ctx_ref(c);
@@ -179,16 +187,28 @@ static void live_put_locked(int device, uintptr_t addr, trace_ctx_t *c)
     *link = l;
 }
 
-static void live_clear_locked(void)
+/* Drop the entries of table on device within [addr, addr + size) (all of them: device -1). */
+static void table_drop_locked(live_ctx_t **table, int device, uintptr_t addr, size_t size)
 {
     for (size_t i = 0; i < LIVE_BUCKETS; i++) {
-        while (live[i]) {
-            live_ctx_t *l = live[i];
-            live[i] = l->next;
-            ctx_unref(l->context);
-            free(l);
+        live_ctx_t **link = &table[i];
+        while (*link) {
+            live_ctx_t *l = *link;
+            if (device < 0 || (l->device == device && l->addr >= addr && l->addr - addr < size)) {
+                *link = l->next;
+                ctx_unref(l->context);
+                free(l);
+            } else {
+                link = &l->next;
+            }
         }
     }
+}
+
+static void live_clear_locked(void)
+{
+    table_drop_locked(live, -1, 0, 0);
+    table_drop_locked(segs, -1, 0, 0);
 }
 
 static _Atomic long copies_countdown; /* tests (trace_test_fail_copies) */
@@ -213,6 +233,21 @@ bool trace_block_context(int device, uintptr_t addr, char **out)
     return ok;
 }
 
+bool trace_segment_context(int device, uintptr_t addr, char **out)
+{
+    char *copy = NULL;
+    bool ok = true;
+    pthread_mutex_lock(&trace_lock);
+    live_ctx_t *l = *table_find_locked(segs, device, addr);
+    if (l && l->context) {
+        copy = cca_countdown_hit(&copies_countdown) ? NULL : strdup(l->context->text);
+        ok = copy != NULL;
+    }
+    pthread_mutex_unlock(&trace_lock);
+    *out = copy;
+    return ok;
+}
+
 /* ---- recording ------------------------------------------------------------------ */
 
 static void update_active_locked(void)
@@ -226,8 +261,13 @@ static void update_active_locked(void)
 static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, uintptr_t addr)
 {
     trace_ctx_t *own = thread_ctx;
-    if (own && action == CCA_TRACE_ALLOC && context_level >= CCA_RECORD_CONTEXT_STATE)
-        live_put_locked(device, addr, own);
+    if (own && context_level >= CCA_RECORD_CONTEXT_STATE) {
+        if (action == CCA_TRACE_ALLOC)
+            table_put_locked(live, device, addr, own);
+        else if (action == CCA_TRACE_SEGMENT_ALLOC ||
+                 (action == CCA_TRACE_SEGMENT_MAP && !*table_find_locked(segs, device, addr)))
+            table_put_locked(segs, device, addr, own);
+    }
     if (context_level < CCA_RECORD_CONTEXT_ALLOC)
         return NULL;
     switch (action) {
@@ -245,8 +285,10 @@ static trace_ctx_t *entry_context_locked(int device, cca_trace_action_t action, 
 }
 
 /* Append one entry and call the trackers (trace_lock held). */
+static void ring_grow_locked(void);
+
 static void record_locked(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                          cca_stream_t stream, trace_ctx_t *context)
+                          cca_stream_t stream, trace_ctx_t *context, cca_mempool_id_t pool)
 {
     int64_t now = cca_wall_us();
     bool known = device >= 0 && device < CCA_MAX_DEVICES;
@@ -256,12 +298,14 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     if (tracker_count) {
         cca_trace_entry_t pub = {action, device, (uint64_t)addr, size, stream, now,
                                  context ? context->text : NULL, compile ? compile->text : NULL,
-                                 md ? md->text : NULL};
+                                 md ? md->text : NULL, pool};
         for (size_t i = 0; i < tracker_count; i++)
             trackers[i].fn(&pub, trackers[i].arg);
     }
     if (!history_on || !ring.capacity)
         return;
+    if (ring.count == ring.capacity && ring.capacity < ring.bound)
+        ring_grow_locked();
     trace_entry_t *e = &ring.entries[ring.next];
     ctx_unref(e->context);
     ctx_unref(e->compile);
@@ -275,6 +319,7 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
     e->context = ctx_ref(context);
     e->compile = ctx_ref(compile);
     e->user_md = ctx_ref(md);
+    e->pool = pool;
     ring.next = (ring.next + 1) % ring.capacity;
     if (ring.count < ring.capacity)
         ring.count++;
@@ -282,7 +327,7 @@ static void record_locked(int device, cca_trace_action_t action, uintptr_t addr,
 }
 
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                       cca_stream_t stream)
+                       cca_stream_t stream, cca_mempool_id_t pool)
 {
     pthread_mutex_lock(&trace_lock);
     trace_ctx_t *context = NULL;
@@ -292,7 +337,20 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
         if (action == CCA_TRACE_FREE_COMPLETED)
             link = live_find_locked(device, addr);
     }
-    record_locked(device, action, addr, size, stream, context);
+    record_locked(device, action, addr, size, stream, context, pool);
+    if (action == CCA_TRACE_SEGMENT_FREE) { /* the segment's context goes with it */
+        live_ctx_t **seg = table_find_locked(segs, device, addr);
+        if (*seg) {
+            live_ctx_t *l = *seg;
+            *seg = l->next;
+            ctx_unref(l->context);
+            free(l);
+        }
+    } else if (action == CCA_TRACE_SEGMENT_UNMAP && history_on && context_level > CCA_RECORD_CONTEXT_NEVER) {
+        /* (rare: empty_cache, out of memory) a range mapped again later takes the context
+         * of that mapping, where PyTorch keeps a segment's first context through its unmap */
+        table_drop_locked(segs, device, addr, size);
+    }
     if (link && *link) {
         live_ctx_t *l = *link;
         *link = l->next;
@@ -315,24 +373,52 @@ static void ring_free_locked(void)
     memset(&ring, 0, sizeof(ring));
 }
 
-cca_status_t trace_enable(size_t capacity)
+/* Slots first allocated for a history (more as entries come, up to its bound). */
+#define RING_FIRST_SLOTS 1024
+
+/*
+ * The ring is full below its bound: double its slots (at most to the bound). It has
+ * not wrapped (trace_ring_t), so the entries stay where they are and the next one
+ * goes after them. Out of host memory: the bound becomes the slots held, and the
+ * ring keeps the newest entries from then on.
+ */
+static void ring_grow_locked(void)
 {
-    if (capacity == 0)
-        capacity = 1;
+    size_t slots = ring.capacity <= ring.bound / 2 ? ring.capacity * 2 : ring.bound;
+    trace_entry_t *entries = NULL;
+    if (slots <= SIZE_MAX / sizeof(*entries))
+        entries = realloc(ring.entries, slots * sizeof(*entries));
+    if (!entries) {
+        ring.bound = ring.capacity;
+        return;
+    }
+    memset(entries + ring.capacity, 0, (slots - ring.capacity) * sizeof(*entries));
+    ring.next = ring.capacity;
+    ring.entries = entries;
+    ring.capacity = slots;
+}
+
+cca_status_t trace_enable(size_t bound)
+{
+    if (bound == 0)
+        bound = 1;
     pthread_mutex_lock(&trace_lock);
-    if (ring.capacity == capacity) {
+    if (ring.capacity && ring.bound == bound) {
         history_on = true;
         update_active_locked();
         pthread_mutex_unlock(&trace_lock);
         return CCA_OK;
     }
-    pthread_mutex_unlock(&trace_lock);
-    trace_entry_t *entries = calloc(capacity, sizeof(*entries));
-    if (!entries)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu history entries", capacity);
-    pthread_mutex_lock(&trace_lock);
-    /* keep the newest entries that fit */
-    size_t keep = ring.count < capacity ? ring.count : capacity;
+    /* keep the newest entries that fit, in a ring of their number of slots or more */
+    size_t keep = ring.count < bound ? ring.count : bound;
+    size_t slots = bound < RING_FIRST_SLOTS ? bound : RING_FIRST_SLOTS;
+    if (slots < keep)
+        slots = keep;
+    trace_entry_t *entries = calloc(slots, sizeof(*entries));
+    if (!entries) {
+        pthread_mutex_unlock(&trace_lock);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu history entries", slots);
+    }
     size_t first = ring.capacity ? (ring.next + ring.capacity - keep) % ring.capacity : 0;
     for (size_t i = 0; i < keep; i++) {
         trace_entry_t *src = &ring.entries[(first + i) % ring.capacity];
@@ -342,9 +428,10 @@ cca_status_t trace_enable(size_t capacity)
     uint64_t total = ring.total;
     ring_free_locked();
     ring.entries = entries;
-    ring.capacity = capacity;
+    ring.capacity = slots;
+    ring.bound = bound;
     ring.count = keep;
-    ring.next = keep % capacity;
+    ring.next = keep % slots;
     ring.total = total;
     history_on = true;
     update_active_locked();
@@ -502,7 +589,7 @@ cca_status_t trace_record_annotation(const char *const *keys, const char *const 
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
     pthread_mutex_lock(&trace_lock);
-    record_locked(device, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c);
+    record_locked(device, CCA_TRACE_USER_DEFINED, 0, 0, NULL, c, (cca_mempool_id_t){0, 0});
     pthread_mutex_unlock(&trace_lock);
     ctx_unref(c);
     return CCA_OK;
@@ -534,7 +621,7 @@ cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
     for (size_t i = 0; i < n; i++) {
         const trace_entry_t *e = &ring.entries[(first + i) % ring.capacity];
         copy[i] = (cca_trace_entry_t){e->action, e->device, (uint64_t)e->addr, e->size,
-                                      e->stream, e->time_us, NULL, NULL, NULL};
+                                      e->stream, e->time_us, NULL, NULL, NULL, e->pool};
         if (e->context) {
             size_t len = ctx_bytes(e->action, e->context->text);
             memcpy(strings, e->context->text, len);

@@ -17,7 +17,7 @@ extern CCA_HIDDEN atomic_bool cca_trace_active;
 extern CCA_HIDDEN atomic_int cca_trace_context_level;
 
 void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, size_t size,
-                       cca_stream_t stream);
+                       cca_stream_t stream, cca_mempool_id_t pool);
 
 /*
  * Record one event if history recording is on. A macro, so that the event's
@@ -26,9 +26,14 @@ void trace_record_slow(int device, cca_trace_action_t action, uintptr_t addr, si
  * few loads at each of the hot paths' events, BENCHMARKS "Twenty-first round").
  */
 #define trace_record(device, action, addr, size, stream)                                  \
+    trace_record_pool((device), (action), (addr), (size), (stream), ((cca_mempool_id_t){0, 0}))
+
+/* As trace_record, for an event of a block or segment of private pool pool (trackers see it:
+ * PyTorch's TraceEntry carries it, and NCCL's registration hook reads it). */
+#define trace_record_pool(device, action, addr, size, stream, pool)                       \
     do {                                                                                  \
         if (atomic_load_explicit(&cca_trace_active, memory_order_relaxed))                \
-            trace_record_slow((device), (action), (addr), (size), (stream));              \
+            trace_record_slow((device), (action), (addr), (size), (stream), (pool));      \
     } while (0)
 
 static inline void trace_record_oom(int device, size_t device_free, size_t size, cca_stream_t stream)

@@ -24,249 +24,11 @@
 
 #include "device.h"
 #include "replay_events.h"
+#include "replay_observe.h"
+#include "replay_live.h"
+#include "replay_pools.h"
+#include "replay_start.h"
 #include "state.h"
-
-/* A private-pool operation of the program (cca_meta["pool_events"]). */
-typedef enum pool_op_kind {
-    POOL_GRAPH_CAPTURE,     /* empty_cache, then route the capture stream to the pool */
-    POOL_GRAPH_CAPTURE_END, /* end that route */
-    POOL_GRAPH_DELETE,      /* the graph is gone: release its pool */
-    POOL_MEMPOOL_BEGIN,     /* use_mem_pool: route the (only) thread to the pool */
-    POOL_MEMPOOL_END,       /* end of use_mem_pool: end the route, release the pool */
-    POOL_MEMPOOL_DELETE,    /* the MemPool is gone: release its pool, empty its cache */
-    POOL_EMPTY_CACHE,       /* torch.cuda.empty_cache() */
-    POOL_RESET_PEAKS,       /* torch.cuda.reset_peak_memory_stats() */
-} pool_op_kind_t;
-
-typedef struct pool_op {
-    uint64_t at;            /* applied before trace event `at` */
-    pool_op_kind_t kind;
-    cca_mempool_id_t id;
-    uint64_t stream;        /* graph_capture: the capture stream */
-} pool_op_t;
-
-/* Live blocks: trace address -> cca pointer (and the private stream if deferred). */
-typedef struct live_entry {
-    uint64_t key;      /* trace address; 0 = empty */
-    uint64_t ptr;      /* cca's pointer */
-    uint64_t hold;     /* private stream holding it after free_requested, 0 if none */
-    bool tomb;
-} live_entry_t;
-
-typedef struct live_map {
-    live_entry_t *slots;
-    size_t cap, count, used;
-} live_map_t;
-
-static inline size_t live_hash(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return (size_t)k;
-}
-
-static bool live_grow(live_map_t *m)
-{
-    size_t cap = m->cap ? m->cap * 2 : 1024;
-    live_entry_t *slots = calloc(cap, sizeof(*slots));
-    if (!slots)
-        return false;
-    for (size_t i = 0; i < m->cap; i++) {
-        live_entry_t *e = &m->slots[i];
-        if (!e->key || e->tomb)
-            continue;
-        size_t j = live_hash(e->key) & (cap - 1);
-        while (slots[j].key)
-            j = (j + 1) & (cap - 1);
-        slots[j] = *e;
-    }
-    free(m->slots);
-    m->slots = slots;
-    m->cap = cap;
-    m->used = m->count;
-    return true;
-}
-
-static live_entry_t *live_find(live_map_t *m, uint64_t key)
-{
-    if (!m->cap)
-        return NULL;
-    for (size_t j = live_hash(key) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
-        live_entry_t *e = &m->slots[j];
-        if (!e->key)
-            return NULL;
-        if (e->key == key && !e->tomb)
-            return e;
-    }
-}
-
-static live_entry_t *live_put(live_map_t *m, uint64_t key)
-{
-    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
-        return NULL;
-    size_t j = live_hash(key) & (m->cap - 1);
-    while (m->slots[j].key && !(m->slots[j].key == key && !m->slots[j].tomb) && !m->slots[j].tomb)
-        j = (j + 1) & (m->cap - 1);
-    live_entry_t *e = &m->slots[j];
-    if (!e->key)
-        m->used++;
-    e->key = key;
-    e->tomb = false;
-    e->ptr = 0;
-    e->hold = 0;
-    m->count++;
-    return e;
-}
-
-static void live_del(live_map_t *m, live_entry_t *e)
-{
-    e->tomb = true;
-    m->count--;
-}
-
-/* ---- reading the snapshot ------------------------------------------------------- */
-
-static bool get_u64_field(const pv_node_t *dict, const char *key, uint64_t *out)
-{
-    const pv_node_t *n = pv_dict_get(dict, key);
-    if (!n)
-        return false;
-    if (pv_get_u64(n, out))
-        return true;
-    int64_t v;
-    if (pv_get_int(n, &v)) {
-        *out = (uint64_t)v;
-        return true;
-    }
-    return false;
-}
-
-/* Decode cca_meta["pool_events"] (absent: none). */
-static cca_status_t decode_pool_ops(const pv_node_t *root, pool_op_t **out, size_t *count)
-{
-    static const struct {
-        const char *name;
-        pool_op_kind_t kind;
-    } names[] = {
-        {"graph_capture", POOL_GRAPH_CAPTURE},   {"graph_capture_end", POOL_GRAPH_CAPTURE_END},
-        {"graph_delete", POOL_GRAPH_DELETE},     {"mempool_begin", POOL_MEMPOOL_BEGIN},
-        {"mempool_end", POOL_MEMPOOL_END},       {"mempool_delete", POOL_MEMPOOL_DELETE},
-        {"empty_cache", POOL_EMPTY_CACHE},       {"reset_peaks", POOL_RESET_PEAKS},
-    };
-    *out = NULL;
-    *count = 0;
-    const pv_node_t *meta = pv_dict_get(root, "cca_meta");
-    const pv_node_t *list = meta ? pv_dict_get(meta, "pool_events") : NULL;
-    if (!list)
-        return CCA_OK;
-    if (pv_kind(list) != PV_LIST)
-        return cca_raise(CCA_ERR_FORMAT, "cca_meta.pool_events is not a list");
-    size_t n = pv_len(list);
-    pool_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
-    if (!ops)
-        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu pool events", n);
-    for (size_t i = 0; i < n; i++) {
-        const pv_node_t *e = pv_at(list, i);
-        const pv_node_t *op = pv_kind(e) == PV_DICT ? pv_dict_get(e, "op") : NULL;
-        size_t k = 0;
-        while (op && k < sizeof(names) / sizeof(names[0]) && !pv_str_eq(op, names[k].name))
-            k++;
-        if (!op || k == sizeof(names) / sizeof(names[0]) || !get_u64_field(e, "at", &ops[i].at) ||
-            (i && ops[i].at < ops[i - 1].at)) {
-            free(ops);
-            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: unknown op, or no \"at\" in program order", i);
-        }
-        ops[i].kind = names[k].kind;
-        const pv_node_t *pool = pv_dict_get(e, "pool");
-        if (ops[i].kind != POOL_EMPTY_CACHE && ops[i].kind != POOL_RESET_PEAKS) {
-            if (!pool || pv_len(pool) != 2 || !pv_get_u64(pv_at(pool, 0), &ops[i].id.first) ||
-                !pv_get_u64(pv_at(pool, 1), &ops[i].id.second)) {
-                free(ops);
-                return cca_raise(CCA_ERR_FORMAT, "pool event %zu: no [a, b] pool id", i);
-            }
-        }
-        if (ops[i].kind == POOL_GRAPH_CAPTURE && !get_u64_field(e, "stream", &ops[i].stream)) {
-            free(ops);
-            return cca_raise(CCA_ERR_FORMAT, "pool event %zu: graph_capture without its stream", i);
-        }
-    }
-    *out = ops;
-    *count = n;
-    return CCA_OK;
-}
-
-/* Graph state of a replay: the capture whose route waits for the generator's allocations. */
-typedef struct graph_state {
-    unsigned live_graphs;       /* graphs captured and not deleted (generator registrations) */
-    const pool_op_t *pending;   /* a capture whose route has not begun yet */
-    unsigned rng_allocs;        /* generator allocations still expected before it begins */
-} graph_state_t;
-
-/* The size of each of the generator's seed and offset tensors (one int64). */
-#define RNG_STATE_ALLOC 8
-
-static cca_status_t begin_capture_route(const pool_op_t *op)
-{
-    return cca_begin_allocate_stream_to_pool(0, op->id, (cca_stream_t)(uintptr_t)op->stream);
-}
-
-/*
- * Apply one pool operation as the program's PyTorch did. A MemPool exists
- * from its first use (its constructor's createOrIncrefPool left no marker).
- */
-static cca_status_t apply_pool_op(const pool_op_t *op, size_t index, graph_state_t *g)
-{
-    cca_status_t st = CCA_OK;
-    int count;
-    switch (op->kind) {
-    case POOL_GRAPH_CAPTURE:
-        st = cca_empty_cache();
-        if (st == CCA_OK && g->live_graphs++ == 0) {
-            g->pending = op; /* the generator registers this first graph: 2 allocations */
-            g->rng_allocs = 2;
-        } else if (st == CCA_OK) {
-            st = begin_capture_route(op);
-        }
-        break;
-    case POOL_GRAPH_CAPTURE_END:
-        if (g->pending && g->pending->id.first == op->id.first &&
-            g->pending->id.second == op->id.second) {
-            st = begin_capture_route(g->pending); /* a capture that allocated nothing */
-            g->pending = NULL;
-        }
-        if (st == CCA_OK)
-            st = cca_end_allocate_to_pool(0, op->id);
-        break;
-    case POOL_GRAPH_DELETE:
-        g->live_graphs -= g->live_graphs > 0;
-        st = cca_release_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_BEGIN:
-        if (cca_pool_use_count(0, op->id, &count) != CCA_OK)
-            st = cca_pool_create(0, op->id);
-        if (st == CCA_OK)
-            st = cca_begin_allocate_thread_to_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_END:
-        st = cca_end_allocate_to_pool(0, op->id);
-        if (st == CCA_OK)
-            st = cca_release_pool(0, op->id);
-        break;
-    case POOL_MEMPOOL_DELETE:
-        st = cca_release_pool(0, op->id);
-        if (st == CCA_OK)
-            st = cca_empty_cache_pool(op->id);
-        break;
-    case POOL_EMPTY_CACHE: st = cca_empty_cache(); break;
-    case POOL_RESET_PEAKS: st = cca_reset_peak_stats(0); break;
-    }
-    if (st != CCA_OK)
-        return cca_raise(CCA_ERR_FORMAT, "pool event %zu (pool %llu, %llu) cannot be applied: %s",
-                         index, (unsigned long long)op->id.first, (unsigned long long)op->id.second,
-                         cca_last_error()->message);
-    return CCA_OK;
-}
 
 /* The settings string the trace ran with (cca_meta.conf, else allocator_settings). */
 static void trace_settings(const pv_node_t *root, char *buf, size_t size)
@@ -294,8 +56,47 @@ static const char *skip_title(const char *text)
     return p ? p + 1 : text;
 }
 
-/* Compare the end state with the trace's cca_meta. */
-static void compare_expected(const pv_node_t *root, const replay_trace_t *trace, cca_replay_result_t *r)
+/*
+ * PyTorch's peak reserved over the events from `from` on (and any reset of the
+ * peaks among them): its reserved bytes at the end (end_reserved), less the
+ * segment events undone from the last.
+ */
+static int64_t recorded_peak_reserved(const replay_trace_t *trace, const pool_op_t *ops, size_t nops,
+                                      size_t from, int64_t end_reserved)
+{
+    for (size_t k = 0; k < nops; k++)
+        if (ops[k].kind == POOL_RESET_PEAKS && ops[k].at > from && ops[k].at <= trace->count)
+            from = ops[k].at;
+    int64_t reserved = end_reserved, peak = end_reserved;
+    for (size_t i = trace->count; i-- > from;) {
+        const replay_event_t *e = replay_ev(trace, i);
+        if (e->invalid)
+            continue;
+        if (e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP)
+            reserved -= (int64_t)e->size;
+        else if (e->kind == EV_SEGMENT_FREE || e->kind == EV_SEGMENT_UNMAP)
+            reserved += (int64_t)e->size;
+        if (reserved > peak)
+            peak = reserved;
+    }
+    return peak;
+}
+
+/* Whether a memory_stats key is a current value (the rest are peaks and counts). */
+static bool current_key(const char *key)
+{
+    size_t n = strlen(key);
+    return n > 8 && !strcmp(key + n - 8, ".current");
+}
+
+/*
+ * Compare the end state with the trace's cca_meta. For a replay of the
+ * recorded part only (a start state inferred, or peaks from an event on),
+ * PyTorch's peak reserved is taken over that part, and only the current
+ * values compare (peaks and counts before the recording are unknown).
+ */
+static void compare_expected(const pv_node_t *root, const replay_trace_t *trace, const pool_op_t *ops,
+                             size_t nops, size_t peaks_from, cca_replay_result_t *r)
 {
     for (size_t i = 0; i < trace->count; i++) {
         switch (replay_ev(trace, i)->kind) {
@@ -309,14 +110,18 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     const pv_node_t *meta = pv_dict_get(root, "cca_meta");
     const pv_node_t *fstats = meta ? pv_dict_get(meta, "final_memory_stats") : NULL;
     const pv_node_t *fsummary = meta ? pv_dict_get(meta, "final_memory_summary") : NULL;
-    if (!fstats || pv_kind(fstats) != PV_DICT)
-        return;
+    if (!fstats || pv_kind(fstats) != PV_DICT || r->device != 0)
+        return; /* cca_meta describes device 0 */
     r->has_expected = true;
-    const pv_node_t *pr = pv_dict_get(fstats, "reserved_bytes.all.peak");
+    bool part = r->recorded_part_only || peaks_from;
     int64_t v;
+    const char *key = part ? "reserved_bytes.all.current" : "reserved_bytes.all.peak";
+    const pv_node_t *pr = pv_dict_get(fstats, key);
     if (pr && pv_get_int(pr, &v))
-        r->expected_peak_reserved_bytes = v;
+        r->expected_peak_reserved_bytes = part ? recorded_peak_reserved(trace, ops, nops, peaks_from, v) : v;
     for (size_t i = 0; i < CCA_MEMORY_STATS_COUNT; i++) {
+        if (r->recorded_part_only && !current_key(r->memory_stats[i].key))
+            continue;
         const pv_node_t *node = pv_dict_get(fstats, r->memory_stats[i].key);
         bool same = node && pv_get_int(node, &v) && v == r->memory_stats[i].value;
         if (!same) {
@@ -329,7 +134,7 @@ static void compare_expected(const pv_node_t *root, const replay_trace_t *trace,
     }
     const char *text;
     size_t len;
-    if (fsummary && pv_get_str(fsummary, &text, &len) && r->memory_summary) {
+    if (!r->recorded_part_only && fsummary && pv_get_str(fsummary, &text, &len) && r->memory_summary) {
         char *copy = strndup(text, len);
         r->summary_matches = copy && !strcmp(skip_title(copy), skip_title(r->memory_summary));
         free(copy);
@@ -404,6 +209,14 @@ typedef struct replay_stream {
     replay_view_t view;
     addr_rule_t rule;
     uint64_t wait_ns;
+    const replay_observer_t *observer; /* NULL: none (replay_observe.h) */
+    const replay_start_t *start; /* the state before the first event (NULL: none) */
+    const uint64_t *start_addrs; /* the addresses building it takes, handed out first */
+    size_t nstart_addrs, next_start_addr;
+    uint64_t start_allocs, start_frees; /* backend calls building it made */
+    const pool_carry_t *carry;   /* the private pools then */
+    size_t ncarry;
+    unsigned live_graphs;        /* graphs alive then */
 } replay_stream_t;
 
 /* Whether an event past i is (or becomes) available; waits for the reader if needed. */
@@ -423,6 +236,11 @@ static bool stream_more(replay_stream_t *s, size_t i)
 static bool stream_addresses(void *ctx, uint64_t *out, size_t cap, size_t *got)
 {
     replay_stream_t *s = ctx;
+    *got = 0;
+    while (s->next_start_addr < s->nstart_addrs && *got < cap)
+        out[(*got)++] = s->start_addrs[s->next_start_addr++];
+    if (*got)
+        return true;
     for (;;) {
         *got = addr_rule_scan(&s->rule, s->trace, s->view.published, out, cap);
         if (*got)
@@ -568,10 +386,27 @@ static size_t last_step_start(const replay_trace_t *trace, size_t nevents, size_
  * replay (CCA_ERR_IO for a trace whose reading failed: the reader has the
  * error).
  */
+/* A live cca block holding trace address addr (cca placed an allocation elsewhere). */
+static bool inside_live_block(uint64_t addr)
+{
+    cca_block_t *b = ptrmap_find_containing(cca_state->ptrmap, (uintptr_t)addr);
+    return b && b->allocated && b->addr < addr;
+}
+
+/* Whether event i, a free_completed, follows its free_requested at once (or opens the recording,
+ * which began between the two: PyTorch records both in one call, see replay_start.c). */
+static bool completes_previous(const replay_trace_t *trace, size_t i)
+{
+    const replay_event_t *e = replay_ev(trace, i), *prev = i ? replay_ev(trace, i - 1) : NULL;
+    return !i || (prev->kind == EV_FREE_REQUESTED && prev->addr == e->addr && !prev->deferred);
+}
+
 static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, size_t nops,
-                               bool trace_addresses, uint64_t event_lag, cca_backend_t *sim,
+                               const cca_replay_options_t *opt, cca_backend_t *sim,
                                cca_replay_result_t *r)
 {
+    bool trace_addresses = opt->trace_addresses, strict = opt->strict;
+    uint64_t event_lag = opt->event_lag;
     const replay_trace_t *trace = stream->trace;
     calls_log_t log = {0};
     const cca_device_t *dev0 = &cca_state->devices[0];
@@ -579,16 +414,28 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
     size_t next_op = 0;
-    graph_state_t graphs = {0, NULL, 0};
+    graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
+    if (stream->start && stream->start->ngroups) {
+        st = start_build(stream->start, sim, trace_addresses, &next_hold, &live, r);
+        if (st != CCA_OK)
+            goto out;
+        stream->start_allocs = (uint64_t)dev0->stats.num_device_alloc;
+        stream->start_frees = (uint64_t)dev0->stats.num_device_free;
+    }
+    if (stream->ncarry && (st = replay_pools_restore(stream->carry, stream->ncarry)) != CCA_OK)
+        goto out;
     for (i = 0;; i++) {
         bool end = !stream_more(stream, i);
         if (end && !stream->view.ok) {
             st = cca_raise(CCA_ERR_IO, "the trace could not be read");
             goto out;
         }
+        if (!end && opt->peaks_from_event && i + trace->skipped == opt->peaks_from_event &&
+            (st = cca_reset_peak_stats(0)) != CCA_OK)
+            goto out;
         for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
-            st = apply_pool_op(&ops[next_op], next_op, &graphs);
+            st = replay_apply_pool_op(&ops[next_op], next_op, &graphs);
             if (st != CCA_OK)
                 goto out;
             r->pool_ops++;
@@ -603,11 +450,23 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             cca_sim_tick(sim, 1); /* the simulated GPU runs event_lag trace events behind */
         const replay_event_t *e = replay_ev(trace, i);
         uint64_t stream_handle = stream->view.streams[e->stream];
+        size_t at = i + trace->skipped; /* the event's index in the trace as recorded */
+        if (e->invalid) { /* counted by the inference (start_infer) */
+            if (e->kind == EV_ALLOC) { /* its free is left out too */
+                live_entry_t *le = live_find(&live, e->addr);
+                if (!le && !(le = live_put(&live, e->addr))) {
+                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                    goto out;
+                }
+                le->ptr = 0;
+            }
+            continue;
+        }
         if (graphs.pending && e->kind == EV_ALLOC && stream_handle == graphs.pending->stream) {
             if (e->size == RNG_STATE_ALLOC && graphs.rng_allocs) {
                 graphs.rng_allocs--; /* the generator's seed or offset: default pools */
             } else {
-                st = begin_capture_route(graphs.pending);
+                st = replay_capture_route(graphs.pending);
                 graphs.pending = NULL;
                 if (st != CCA_OK)
                     goto out;
@@ -617,17 +476,42 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         case EV_ALLOC: {
             void *p = NULL;
             r->allocs++;
+            live_entry_t *old = live_find(&live, e->addr);
+            if (old && old->ptr) {
+                st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a "
+                                               "live block", at, (unsigned long long)e->addr);
+                if (st != CCA_OK)
+                    goto out;
+            }
             cca_status_t as = cca_malloc_device(&p, e->size, 0, (cca_stream_t)(uintptr_t)stream_handle);
             if (as != CCA_OK) {
                 r->unexpected_ooms++;
                 if (trace_addresses && !r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
-                             "event %zu: alloc of %llu bytes failed: %.60s", i,
-                             (unsigned long long)e->size, cca_last_error()->message);
+                             "event %zu: alloc of %llu bytes failed (%s), PyTorch's did not", i,
+                             (unsigned long long)e->size,
+                             as == CCA_ERR_OUT_OF_MEMORY ? "out of memory" : cca_status_str(as));
                 r->address_mismatches += trace_addresses;
+                live_entry_t *le = old ? old : live_put(&live, e->addr);
+                if (!le) {
+                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                    goto out;
+                }
+                le->ptr = 0; /* its free is left out */
+                le->hold = 0;
                 break;
             }
             if (trace_addresses && (uint64_t)(uintptr_t)p != e->addr) {
+                /* as long as every allocation landed at PyTorch's address, cca's blocks are
+                 * PyTorch's: one holding this address is a live block of the trace */
+                if (!(old && old->ptr) && !r->address_mismatches && inside_live_block(e->addr)) {
+                    st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, "
+                                                   "inside a live block", at, (unsigned long long)e->addr);
+                    if (st != CCA_OK) {
+                        cca_free(p);
+                        goto out;
+                    }
+                }
                 if (!r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
                              "event %zu: alloc of %llu bytes at 0x%llx, PyTorch 0x%llx", i,
@@ -635,14 +519,18 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                              (unsigned long long)e->addr);
                 r->address_mismatches++;
             }
-            live_entry_t *le = live_put(&live, e->addr);
+            live_entry_t *le = old ? old : live_put(&live, e->addr);
             if (!le) {
+                cca_free(p);
                 st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
                 goto out;
             }
             le->ptr = (uint64_t)(uintptr_t)p;
+            if (stream->observer)
+                stream->observer->on_alloc(stream->observer->ctx, at, le->ptr);
+            le->hold = 0;
             if (graphs.pending && !graphs.rng_allocs) {
-                st = begin_capture_route(graphs.pending);
+                st = replay_capture_route(graphs.pending);
                 graphs.pending = NULL;
                 if (st != CCA_OK)
                     goto out;
@@ -651,8 +539,22 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         case EV_FREE_REQUESTED: {
             live_entry_t *le = live_find(&live, e->addr);
-            if (!le || le->hold)
-                break; /* allocated before the trace began, or failed here */
+            if (!le || le->hold) {
+                st = replay_note_inconsistency(r, strict, at, "event %zu: a free of 0x%llx, %s", at,
+                                               (unsigned long long)e->addr,
+                                               le ? "freed already" : "a block never allocated nor live "
+                                                                      "before the first event");
+                if (st != CCA_OK)
+                    goto out;
+                break;
+            }
+            if (!le->ptr) { /* an allocation that failed, or was left out */
+                if (e->deferred)
+                    le->hold = 1; /* until its free_completed */
+                else
+                    live_del(&live, le);
+                break;
+            }
             r->frees++;
             if (e->deferred) {
                 le->hold = next_hold++;
@@ -669,8 +571,21 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         case EV_FREE_COMPLETED: {
             live_entry_t *le = live_find(&live, e->addr);
-            if (!le || !le->hold)
+            if (!le || !le->hold) {
+                if (!le && completes_previous(trace, i))
+                    break;
+                st = replay_note_inconsistency(r, strict, at, "event %zu: free_completed of 0x%llx, %s", at,
+                                               (unsigned long long)e->addr,
+                                               le ? "never requested" : "a block never allocated nor live "
+                                                                        "before the first event");
+                if (st != CCA_OK)
+                    goto out;
                 break;
+            }
+            if (!le->ptr) {
+                live_del(&live, le);
+                break;
+            }
             cca_sim_complete_stream(sim, 0, (cca_stream_t)(uintptr_t)le->hold, false);
             live_del(&live, le);
             st = alloc_process_events();
@@ -693,6 +608,10 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         }
         default:
             break;
+        }
+        if (stream->observer && !stream->observer->after_event(stream->observer->ctx, at)) {
+            st = cca_last_error()->status;
+            goto out;
         }
     }
     const struct calls_mark *half = calls_log_at(&log, i / 2); /* i: the number of events */
@@ -722,7 +641,9 @@ typedef struct replay_config {
 
 #define DEFAULT_TOTAL (80ull << 30)
 
-static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt, replay_config_t *cfg)
+/* The configuration of the trace (or the options'); a NaN fraction is an inconsistency, ignored. */
+static cca_status_t trace_config(const pv_node_t *root, const cca_replay_options_t *opt, replay_config_t *cfg,
+                                 cca_replay_result_t *r)
 {
     const pv_node_t *meta = pv_dict_get(root, "cca_meta");
     cfg->total = 0;
@@ -735,6 +656,13 @@ static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt,
         if (f)
             pv_get_double(f, &cfg->fraction);
     }
+    if (cfg->fraction != cfg->fraction) {
+        cfg->fraction = 0.0;
+        cca_status_t st = replay_note_inconsistency(r, opt->strict, UINT64_MAX,
+                                                    "cca_meta.fraction is NaN: no memory fraction applied");
+        if (st != CCA_OK)
+            return st;
+    }
     if (opt->total_memory)
         cfg->total = opt->total_memory;
     if (!cfg->total)
@@ -745,6 +673,7 @@ static void trace_config(const pv_node_t *root, const cca_replay_options_t *opt,
         snprintf(cfg->settings, sizeof(cfg->settings), "%s", opt->settings);
     else
         trace_settings(root, cfg->settings, sizeof(cfg->settings));
+    return CCA_OK;
 }
 
 /*
@@ -826,7 +755,7 @@ static void *spec_main(void *arg)
     if (s->expandable && !s->opt.total_memory)
         return NULL; /* the device size shapes every reservation: it cannot be guessed */
     uint64_t t0 = cca_now_ns();
-    s->st = run_events(&s->stream, NULL, 0, s->opt.trace_addresses, s->opt.event_lag, s->sim, &s->r);
+    s->st = run_events(&s->stream, NULL, 0, &s->opt, s->sim, &s->r);
     uint64_t busy = cca_now_ns() - t0 - s->stream.wait_ns;
     s->seconds = (double)busy / 1e9;
     s->finished = s->st == CCA_OK;
@@ -863,6 +792,12 @@ static bool spec_holds(const spec_t *s, const replay_config_t *want, size_t nops
 cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
                              cca_replay_result_t *result)
 {
+    return replay_file_observed(path, options, NULL, result);
+}
+
+cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *options,
+                                  const replay_observer_t *observer, cca_replay_result_t *result)
+{
     if (!path || !result)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_replay_file: path and result are required");
     cca_replay_options_t opt;
@@ -878,10 +813,19 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     pv_doc_t *doc = NULL;
     replay_trace_t trace;
     memset(&trace, 0, sizeof(trace));
+    replay_start_t start;
+    memset(&start, 0, sizeof(start));
+    uint64_t *start_addrs = NULL, *start_mapped = NULL;
+    size_t nstart_addrs = 0;
+    uint64_t start_allocs = 0, start_frees = 0;
+    pool_carry_t *carry = NULL;
+    cca_mempool_id_t *alloc_pool = NULL;
+    size_t ncarry = 0;
+    unsigned live_graphs = 0;
     replay_feed_t feed;
     spec_t *spec = NULL;
     pthread_t spec_thread;
-    if (!opt.sequential && !history && replay_feed_init(&feed)) {
+    if (!opt.sequential && !history && !observer && replay_feed_init(&feed)) {
         spec = calloc(1, sizeof(*spec));
         if (spec) {
             spec->stream.feed = &feed;
@@ -898,13 +842,13 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
             replay_feed_destroy(&feed); /* replayed after the reading, as without a thread */
         }
     }
-    cca_status_t st = replay_load(path, opt.device, spec ? &feed : NULL, &doc, &trace);
+    cca_status_t st = replay_load(path, opt.device, opt.first_event, spec ? &feed : NULL, &doc, &trace);
     if (spec)
         pthread_join(spec_thread, NULL);
     pool_op_t *ops = NULL;
     size_t nops = 0;
     if (st == CCA_OK)
-        st = decode_pool_ops(pv_doc_root(doc), &ops, &nops);
+        st = replay_decode_pool_ops(pv_doc_root(doc), &ops, &nops);
     if (st != CCA_OK) {
         if (spec && spec->up)
             cca_shutdown();
@@ -914,11 +858,36 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    trace_config(root, &opt, &cfg);
+    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, trace.releases_before, &carry,
+                          &ncarry, &live_graphs);
+    if (st == CCA_OK)
+        st = trace_config(root, &opt, &cfg, r);
+    if (st == CCA_OK)
+        st = replay_pools_routes(ops, nops, carry, ncarry, &trace, &alloc_pool);
+    if (st == CCA_OK)
+        st = start_infer(root, &trace, opt.device, cfg.total + cfg.total / 8, alloc_pool, opt.strict, &start,
+                         r);
+    if (st == CCA_OK)
+        st = start_addresses(&start, &start_addrs, &start_mapped, &nstart_addrs);
+    if (st != CCA_OK) {
+        if (spec && spec->up)
+            cca_shutdown();
+        goto out_events;
+    }
 
-    if (spec && spec_holds(spec, &cfg, nops, &trace)) {
+    if (spec && !start.ngroups && !ncarry && spec_holds(spec, &cfg, nops, &trace)) {
         double load_seconds = r->load_seconds;
+        uint64_t inconsistencies = r->inconsistencies, first_event = r->first_inconsistency_event;
+        char first[sizeof(r->first_inconsistency)];
+        memcpy(first, r->first_inconsistency, sizeof(first));
         *r = spec->r;
+        if (inconsistencies) { /* the configuration's, with the replay's */
+            if (!r->inconsistencies || first_event <= r->first_inconsistency_event) {
+                memcpy(r->first_inconsistency, first, sizeof(first));
+                r->first_inconsistency_event = first_event;
+            }
+            r->inconsistencies += inconsistencies;
+        }
         r->load_seconds = load_seconds;
         r->overlapped = true;
         r->seconds = spec->seconds;
@@ -936,13 +905,28 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         memset(&whole, 0, sizeof(whole));
         whole.trace = &trace;
         whole.view = (replay_view_t){n, trace.streams, true, true};
+        whole.observer = observer;
+        whole.start = &start;
+        whole.carry = carry;
+        whole.ncarry = ncarry;
+        whole.live_graphs = live_graphs;
+        whole.start_addrs = start_addrs;
+        whole.nstart_addrs = nstart_addrs;
+        for (size_t k = 0; k < nstart_addrs; k++) {
+            if (start_mapped[k] && whole.rule.nresv < sizeof(whole.rule.resv) / sizeof(whole.rule.resv[0])) {
+                whole.rule.resv[whole.rule.nresv].base = start_addrs[k];
+                whole.rule.resv[whole.rule.nresv++].mapped = start_mapped[k];
+            }
+        }
         cca_backend_t *sim = NULL;
         st = replay_init(&cfg, &opt, &whole, r, &sim);
         if (st != CCA_OK)
             goto out_history;
         uint64_t t1 = cca_now_ns();
-        st = run_events(&whole, ops, nops, opt.trace_addresses, opt.event_lag, sim, r);
+        st = run_events(&whole, ops, nops, &opt, sim, r);
         r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+        start_allocs = whole.start_allocs;
+        start_frees = whole.start_frees;
         if (st != CCA_OK)
             goto out_shutdown;
     }
@@ -959,6 +943,12 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
         r->last_step_segment_allocs = r->segment_allocs - r->last_step_segment_allocs;
         r->last_step_segment_frees = r->segment_frees - r->last_step_segment_frees;
     }
+    /* the backend calls of the events only: building the start state made the others */
+    r->segment_allocs -= start_allocs;
+    r->segment_frees -= start_frees;
+    r->device = opt.device;
+    r->device_count = trace.devices;
+    r->recorded_part_only = start.nranges > 0;
     /* the cache's free figures from the extra statistics: with backend:cudaMallocAsync,
      * cca_cache_info's trial allocation would grow the pool and the peaks read below */
     cca_stat_entry_t extra[CCA_MEMORY_STATS_EXTRA_COUNT];
@@ -981,13 +971,16 @@ cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *optio
     r->peak_active_bytes = stats.active_bytes[CCA_STAT_ALL].peak;
     cca_memory_stats(0, r->memory_stats, CCA_MEMORY_STATS_COUNT);
     cca_memory_summary(0, false, &r->memory_summary);
-    compare_expected(root, &trace, r);
+    compare_expected(root, &trace, ops, nops, opt.peaks_from_event > trace.skipped ?
+                     opt.peaks_from_event - trace.skipped : 0, r);
     if (opt.snapshot_path)
         st = cca_dump_snapshot(opt.snapshot_path);
     if (st == CCA_OK && opt.svg_path)
         st = cca_dump_snapshot_svg(opt.svg_path);
 
 out_shutdown:
+    if (st != CCA_OK)
+        cca_replay_result_free(r); /* a failed --snapshot/--svg write: the caller gets nothing */
     cca_shutdown();
 out_history:
     if (history)
@@ -998,6 +991,11 @@ out_events:
         free(spec);
     }
     free(ops);
+    free(start_addrs);
+    free(start_mapped);
+    free(carry);
+    free(alloc_pool);
+    start_free(&start);
     replay_trace_free(&trace);
     pv_doc_free(doc);
     return st;
@@ -1009,4 +1007,53 @@ void cca_replay_result_free(cca_replay_result_t *result)
         return;
     free(result->memory_summary);
     result->memory_summary = NULL;
+}
+
+cca_status_t cca_replay_file_devices(const char *path, const cca_replay_options_t *options,
+                                     cca_replay_result_t **results, size_t *count)
+{
+    if (!path || !results || !count)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT,
+                         "cca_replay_file_devices: path, results and count are required");
+    *results = NULL;
+    *count = 0;
+    cca_replay_options_t opt;
+    memset(&opt, 0, sizeof(opt));
+    if (options)
+        opt = *options;
+    opt.device = 0;
+    cca_replay_result_t first;
+    cca_status_t st = cca_replay_file(path, &opt, &first);
+    if (st != CCA_OK)
+        return st;
+    size_t n = first.device_count ? first.device_count : 1;
+    cca_replay_result_t *all = calloc(n, sizeof(*all));
+    if (!all) {
+        cca_replay_result_free(&first);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for %zu replay results", n);
+    }
+    all[0] = first;
+    /* the files written at the end show one device: the first */
+    opt.snapshot_path = NULL;
+    opt.svg_path = NULL;
+    for (size_t d = 1; d < n; d++) {
+        opt.device = (int)d;
+        st = cca_replay_file(path, &opt, &all[d]);
+        if (st != CCA_OK) {
+            cca_replay_results_free(all, d);
+            return st;
+        }
+    }
+    *results = all;
+    *count = n;
+    return CCA_OK;
+}
+
+void cca_replay_results_free(cca_replay_result_t *results, size_t count)
+{
+    if (!results)
+        return;
+    for (size_t i = 0; i < count; i++)
+        cca_replay_result_free(&results[i]);
+    free(results);
 }

@@ -34,6 +34,7 @@ typedef struct replay_event {
     uint32_t stream;   /* index of its stream handle in replay_trace_t.streams */
     uint8_t kind;      /* replay_kind_t */
     bool deferred;     /* free_requested whose free_completed comes later */
+    bool invalid;      /* a size negative or of 1 EB or more: not replayed */
 } replay_event_t;      /* 24 bytes: a big trace's events are most of the replay's memory */
 
 #define REPLAY_CHUNK_SHIFT 16                         /* events per chunk: 65,536 (1.5 MB) */
@@ -51,6 +52,12 @@ typedef struct replay_trace {
      * with them, each event's count cost both threads a transfer of it between their cores */
     char apart[64];
     size_t count;            /* events */
+    size_t devices;          /* device_traces entries in the snapshot */
+    size_t skipped;          /* events before the first one kept (replay_load's first_event) */
+    size_t quiet_before;     /* events just before the first one kept that an empty_cache or a
+                                graph capture's start may make or be among: all but frees and
+                                allocations (the generator's 8-byte ones excepted) */
+    size_t releases_before;  /* of those, the ones after the last allocation or mapping */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */
@@ -101,7 +108,8 @@ bool replay_feed_wait(replay_feed_t *feed, size_t have, replay_view_t *view);
  * Read the snapshot at path into *trace (zeroed by the caller, and freed by
  * it with replay_trace_free whatever the outcome, after the feed's last
  * reader): device_traces[device], and *fields a dict of every other top-level
- * field (root NULL-free: pv_doc_root is a dict; set only on success). With
+ * field (root NULL-free: pv_doc_root is a dict; set only on success), the
+ * events before first_event left out (as a recording begun there). With
  * feed set, events are published there as they become final, and the feed is
  * ended, ok or not, before the return. Returns CCA_OK, CCA_ERR_IO,
  * CCA_ERR_FORMAT (not a snapshot: no top-level dict or no device_traces
@@ -109,8 +117,8 @@ bool replay_feed_wait(replay_feed_t *feed, size_t have, replay_view_t *view);
  * 2^32 events), CCA_ERR_INVALID_ARGUMENT (no trace for that device),
  * CCA_ERR_OUT_OF_MEMORY.
  */
-cca_status_t replay_load(const char *path, int device, replay_feed_t *feed, pv_doc_t **fields,
-                         replay_trace_t *trace);
+cca_status_t replay_load(const char *path, int device, size_t first_event, replay_feed_t *feed,
+                         pv_doc_t **fields, replay_trace_t *trace);
 void replay_trace_free(replay_trace_t *trace);
 
 #endif /* CCA_REPLAY_EVENTS_H */

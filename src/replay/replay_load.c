@@ -41,6 +41,7 @@ typedef struct loader {
     size_t devices;          /* inner lists seen */
     replay_trace_t *t;       /* the caller's; chunks allocated zero-filled as needed */
     size_t seen;             /* events of the kept device read */
+    size_t first_event;      /* events before it are left out */
     replay_feed_t *feed;     /* NULL: nobody reads the events before the end */
     size_t next_publish;     /* publish when this many events are final */
     /* stream handle -> index in t.streams: the last one met, and an open-addressing
@@ -181,6 +182,24 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     loader_t *l = ctx;
     if (rec->group != l->device)
         return CCA_OK;
+    if (l->seen < l->first_event) {
+        const pk_value_t *action = rec->by_tag[TAG_ACTION];
+        int32_t tag = action && action->kind == PV_STR ? action->tag : -1;
+        l->seen++;
+        l->t->skipped++;
+        uint64_t size = 0;
+        bool rng = tag == TAG_ALLOC && u64_of(rec->by_tag[TAG_SIZE], &size) && size == 8;
+        bool made = tag == TAG_SEGMENT_ALLOC || tag == TAG_SEGMENT_MAP || tag == TAG_ALLOC;
+        if ((tag != TAG_ALLOC || rng) && tag != TAG_FREE_REQUESTED && tag != TAG_FREE_COMPLETED)
+            l->t->quiet_before++;
+        else
+            l->t->quiet_before = 0;
+        if (made || tag == TAG_FREE_REQUESTED || tag == TAG_FREE_COMPLETED)
+            l->t->releases_before = 0;
+        else
+            l->t->releases_before++;
+        return CCA_OK;
+    }
     size_t i = l->seen++;
     replay_trace_t *t = l->t;
     size_t k = t->count >> REPLAY_CHUNK_SHIFT;
@@ -212,6 +231,9 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
         stream = 0;
     if (!ok && e->kind != EV_OTHER)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) lacks its addr or size", i, action->data);
+    /* a size of 1 EB or more (a negative one wraps there) is no real request: flagged, the
+     * replay counts it as an inconsistency and leaves it out */
+    e->invalid = e->kind != EV_OTHER && e->kind != EV_OOM && e->size >= ((uint64_t)1 << 60);
     if ((e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP) && !e->addr)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) is at address 0", i, action->data);
     if (!stream_index(l, stream, &e->stream))
@@ -231,18 +253,19 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     return CCA_OK;
 }
 
-cca_status_t replay_load(const char *path, int device, replay_feed_t *feed, pv_doc_t **fields,
-                         replay_trace_t *trace)
+cca_status_t replay_load(const char *path, int device, size_t first_event, replay_feed_t *feed,
+                         pv_doc_t **fields, replay_trace_t *trace)
 {
     loader_t l;
     memset(&l, 0, sizeof(l));
+    l.first_event = first_event;
     l.device = device < 0 ? SIZE_MAX : (size_t)device;
     l.t = trace;
     l.feed = feed;
     l.next_publish = PUBLISH_BATCH;
     pk_handler_t h = {
         .ctx = &l, .symbols = tag_names, .symbol_count = TAG_COUNT,
-        .field_mode = field_mode, .record = on_record, .group = on_group,
+        .field_mode = field_mode, .record = on_record, .group = on_group, .dict_root = true,
     };
     pv_doc_t *doc = NULL;
     cca_status_t st = CCA_OK;
@@ -265,6 +288,7 @@ cca_status_t replay_load(const char *path, int device, replay_feed_t *feed, pv_d
     if (st == CCA_OK && !trace->streams && !(trace->streams = calloc(1, sizeof(*trace->streams))))
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
     free(l.stream_slots);
+    trace->devices = l.devices;
     if (feed)
         publish(&l, st == CCA_OK ? trace->count : feed->published, true, st == CCA_OK);
     if (st != CCA_OK) {

@@ -88,6 +88,7 @@ static void lock_world(bool lock)
 static cca_status_t set_settings_locked(const char *text)
 {
     cca_settings_t next = cca_state->settings;
+    settings_reset_for_new_string(&next); /* as PyTorch's setAllocatorSettings */
     cca_status_t st = settings_parse(&next, text, CCA_SRC_ARGUMENT);
     if (st != CCA_OK)
         return st;
@@ -123,6 +124,27 @@ static cca_status_t set_settings_locked(const char *text)
         }
     }
     lock_world(false);
+    return CCA_OK;
+}
+
+cca_status_t cca_settings_current(char **text)
+{
+    if (!text)
+        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_settings_current: text is NULL");
+    cca_strbuf_t sb;
+    sb_init(&sb);
+    pthread_mutex_lock(&host_init_lock); /* set_settings_locked's and cca_shutdown's lock */
+    bool live = cca_is_initialized();
+    if (live)
+        settings_describe(&cca_state->settings, &sb);
+    pthread_mutex_unlock(&host_init_lock);
+    if (!live)
+        return cca_settings_describe(NULL, text);
+    if (sb.failed || !sb.data) {
+        sb_free(&sb);
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "cca_settings_current: out of host memory");
+    }
+    *text = sb.data;
     return CCA_OK;
 }
 

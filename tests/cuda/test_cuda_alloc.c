@@ -230,6 +230,12 @@ TEST(empty_cache_returns_memory)
     expect_ok(cca_empty_cache());
     expect_ok(cca_cache_info(0, &cached, &largest));
     expect_eq_u64(cached, 0);
+    /* PyTorch's cacheInfo (cuDNN's workspace guess): 0 in starts from the device's free memory */
+    size_t guess = 0, free_1 = 0, free_2 = 0;
+    expect_true(cudaMemGetInfo(&free_1, &total) == cudaSuccess);
+    expect_ok(cca_cache_info_largest(0, &guess));
+    expect_true(cudaMemGetInfo(&free_2, &total) == cudaSuccess);
+    expect_true(guess >= (free_1 < free_2 ? free_1 : free_2) && guess <= (free_1 > free_2 ? free_1 : free_2));
     expect_ok(cca_mem_get_info(0, &free_after, &total));
     expect_true(free_after >= free_cached + size);
     cudaStreamDestroy(s);

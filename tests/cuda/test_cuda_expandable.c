@@ -4,7 +4,8 @@
  * are written and read across them (memset kernels and device-to-device
  * copies), a hole unmapped by empty_cache is mapped again and used, unmapping
  * gives the memory back to the driver (cudaMemGetInfo), and the memory
- * fraction caps growth with PyTorch's out-of-memory error; compact_memory
+ * fraction caps growth with PyTorch's out-of-memory error; a graph pool's
+ * checkpoints restored unmap and map its growth; compact_memory
  * moves a hole to another stream, waiting for the owning stream's event when
  * it is still busy. Each test starts
  * from a fresh cca_init and ends with cca_shutdown. Exits 77 (skipped) when
@@ -160,6 +161,71 @@ TEST(hole_mapped_again)
     expect_ok(cca_free(c));
     expect_ok(cca_free(d));
     expect_ok(cca_empty_cache());
+    cudaStreamDestroy(s);
+    teardown();
+}
+
+/*
+ * Checkpoints of a graph pool holding an expandable segment (cudagraph trees under
+ * expandable_segments:True): restoring the smaller one unmaps the growth (the driver
+ * gets it back), the larger one maps it again; the live block's bytes survive both
+ * and the growth is usable across its granule boundary again.
+ */
+TEST(checkpoint_restore_maps_and_unmaps)
+{
+    if (!setup("expandable_segments:True"))
+        return;
+    cudaStream_t s = new_stream();
+    const cca_mempool_id_t g = {11, 0};
+    char *a = NULL, *d = NULL;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, (cca_stream_t)s));
+    expect_ok(cca_malloc((void **)&a, 15 * MiB, (cca_stream_t)s)); /* one granule */
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    if (a)
+        expect_true(cudaMemsetAsync(a, 0x5a, 15 * MiB, s) == cudaSuccess);
+    cca_pool_state_t *small = NULL, *big = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, g, &small));
+    cca_device_stats_t st;
+    expect_ok(cca_get_device_stats(0, &st));
+    int64_t reserved_small = st.reserved_bytes[CCA_STAT_ALL].current;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, (cca_stream_t)s));
+    expect_ok(cca_malloc((void **)&d, 40 * MiB, (cca_stream_t)s)); /* grows two granules */
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    expect_ok(cca_pool_get_checkpoint(0, g, &big));
+    expect_ok(cca_get_device_stats(0, &st));
+    int64_t reserved_big = st.reserved_bytes[CCA_STAT_ALL].current;
+    expect_true(reserved_big > reserved_small);
+    cca_checkpoint_delta_t delta;
+    size_t free_big = 0, free_small = 0, total = 0;
+    expect_ok(cca_mem_get_info(0, &free_big, &total));
+    expect_ok(cca_pool_set_checkpoint(0, small, &delta)); /* d dies, its granules go */
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, reserved_small);
+    expect_ok(cca_mem_get_info(0, &free_small, &total));
+    expect_true(free_small >= free_big + (size_t)(reserved_big - reserved_small));
+    if (a)
+        expect_eq_u64(check_window(a, 8 * MiB, 0x5a, s), 0);
+    expect_ok(cca_pool_set_checkpoint(0, big, &delta)); /* mapped again: a and d live */
+    expect_eq_u64(delta.allocated_count, 2);
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, reserved_big);
+    if (a && d) {
+        expect_eq_u64(check_window(a, 8 * MiB, 0x5a, s), 0);
+        expect_true(cudaMemsetAsync(d, 0x33, 40 * MiB, s) == cudaSuccess);
+        expect_eq_u64(check_window(d, 5 * MiB, 0x33, s), 0);  /* the first new granule's start */
+        expect_eq_u64(check_window(d, 25 * MiB, 0x33, s), 0); /* the second's */
+    }
+    cca_pool_state_free(small);
+    cca_pool_state_free(big);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(d));
+    expect_ok(cca_release_pool(0, g)); /* both captures' graphs are gone */
+    expect_ok(cca_release_pool(0, g));
+    expect_ok(cca_empty_cache());
+    expect_ok(cca_get_device_stats(0, &st));
+    expect_eq_i64(st.reserved_bytes[CCA_STAT_ALL].current, 0);
     cudaStreamDestroy(s);
     teardown();
 }
@@ -480,6 +546,7 @@ int main(void)
     RUN(growth_across_granules);
     RUN(empty_cache_unmaps_and_returns_memory);
     RUN(hole_mapped_again);
+    RUN(checkpoint_restore_maps_and_unmaps);
     RUN(out_of_memory_with_fraction);
     RUN(streams_and_pools);
     RUN(compact_moves_a_hole_to_another_stream);

@@ -7,7 +7,8 @@ program in fresh processes, their kernels compiled once beforehand into a cache 
 test's own: the same outputs, the same allocations and peaks, and each of the three calls
 made on both sides (so the program does reach them). Exits 77 when torch or a GPU is missing.
 
-Usage: python3 tests/cuda/torch_compile.py [LIBCCA_SO] [--checked LIBCCA_SO]
+Usage: python3 tests/cuda/torch_compile.py [LIBCCA_SO] [--checked LIBCCA_SO] [--expandable]
+  --expandable: both sides with expandable_segments:True (checkpoints of expandable segments).
   --checked: also run the cca side on this library (one built with -DCCA_DEBUG_LEVEL=3,
   whose invariant checker runs after every call) and require the same results.
   --worker native|cca prints one JSON line (one process per allocator).
@@ -23,6 +24,8 @@ from torch_common import run_json_worker, skipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+EXPANDABLE = False  # --expandable: both sides with expandable_segments:True
 
 CALLS = ("_cuda_getCheckpointState", "_cuda_setCheckpointPoolState", "_cuda_checkPoolLiveAllocations")
 
@@ -130,6 +133,8 @@ def run_worker(mode, lib, cache):
                TRITON_CACHE_DIR=os.path.join(cache, "triton"))
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("CCA_ALLOC_CONF", None)
+    if EXPANDABLE:  # both sides: the graph trees' pools in expandable segments
+        env["PYTORCH_CUDA_ALLOC_CONF"] = env["CCA_ALLOC_CONF"] = "expandable_segments:True"
     r = run_json_worker(os.path.abspath(__file__), [mode], env, 500)
     if r is None:
         raise SystemExit("FAIL worker %s (%s)" % (mode, lib))
@@ -170,7 +175,11 @@ def compare(label, native, ours):
 def main():
     if skipped():
         return 77
+    global EXPANDABLE
     args = sys.argv[1:]
+    if "--expandable" in args:
+        args.remove("--expandable")
+        EXPANDABLE = True
     checked = None
     if "--checked" in args:
         i = args.index("--checked")

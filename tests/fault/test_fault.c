@@ -225,6 +225,53 @@ static void do_checkpoint_cycle(cca_mempool_id_t id)
     step_check(cca_release_pool(0, id), "cca_release_pool"); /* the second graph is gone */
 }
 
+/* Restore state; the held list follows the delta. */
+static void do_restore(const cca_pool_state_t *state)
+{
+    if (!state)
+        return;
+    cca_checkpoint_delta_t d;
+    cca_status_t st = cca_pool_set_checkpoint(0, state, &d);
+    step_check(st, "cca_pool_set_checkpoint");
+    if (st != CCA_OK)
+        return;
+    for (size_t i = 0; i < d.freed_count; i++)
+        forget_held(d.freed[i]);
+    for (size_t i = 0; i < d.allocated_count; i++)
+        if (nheld < 256)
+            held[nheld++] = d.allocated[i];
+    cca_checkpoint_delta_free(&d);
+}
+
+/*
+ * Checkpoints of a private pool holding an expandable segment (cudagraph trees
+ * under expandable_segments:True): one taken small, one after the segment
+ * grew; restoring the small one unmaps the growth, the big one maps it again.
+ */
+static void scenario_pools_expandable(void)
+{
+    cca_mempool_id_t g = {9, 0};
+    cca_pool_state_t *small = NULL, *big = NULL;
+    step_check(cca_begin_allocate_stream_to_pool(0, g, S1), "cca_begin_allocate_stream_to_pool");
+    do_malloc(10 * MiB, 0, S1);
+    do_malloc(2 * MiB, 0, S1);
+    do_malloc(16 * MiB, 0, S1); /* 28 MiB in 40 mapped (20 MiB granules) */
+    do_free(nheld - 2);
+    step_check(cca_end_allocate_to_pool(0, g), "cca_end_allocate_to_pool");
+    step_check(cca_pool_get_checkpoint(0, g, &small), "cca_pool_get_checkpoint");
+    step_check(cca_begin_allocate_stream_to_pool(0, g, S1), "cca_begin_allocate_stream_to_pool");
+    do_malloc(30 * MiB, 0, S1); /* grows to 60 MiB mapped */
+    step_check(cca_end_allocate_to_pool(0, g), "cca_end_allocate_to_pool");
+    step_check(cca_pool_get_checkpoint(0, g, &big), "cca_pool_get_checkpoint");
+    do_restore(small);
+    do_restore(big);
+    do_restore(small);
+    cca_pool_state_free(small);
+    cca_pool_state_free(big);
+    step_check(cca_release_pool(0, g), "cca_release_pool");
+    step_check(cca_release_pool(0, g), "cca_release_pool");
+}
+
 /*
  * Private pools: a graph capture (empty_cache, a route on S1, allocations and
  * frees in the pool, frees set aside for blocks used on S2, the end of the
@@ -622,6 +669,7 @@ static const scenario_t scenarios[] = {
     {"pools_allocator", scenario_pools_allocator, "", 0},
     {"compact_alias", scenario_compact_alias, "compact_memory:True", 120 * MiB},
     {"compact_plan", scenario_compact_plan, "compact_memory:True", 120 * MiB},
+    {"pools_expandable", scenario_pools_expandable, "expandable_segments:True", 0},
 };
 
 static void setup(const scenario_t *sc)
@@ -773,6 +821,7 @@ TEST(fault_compact) { fault_loops(&scenarios[13]); }
 TEST(fault_pools_allocator) { fault_loops(&scenarios[14]); }
 TEST(fault_compact_alias) { fault_loops(&scenarios[15]); }
 TEST(fault_compact_plan) { fault_loops(&scenarios[16]); }
+TEST(fault_pools_expandable) { fault_loops(&scenarios[17]); }
 
 int main(void)
 {
@@ -794,6 +843,7 @@ int main(void)
     RUN(fault_pools_allocator);
     RUN(fault_compact_alias);
     RUN(fault_compact_plan);
+    RUN(fault_pools_expandable);
     printf("fault loops: %llu runs, %llu faults injected, %llu steps checked\n",
            (unsigned long long)runs_run, (unsigned long long)faults_fired,
            (unsigned long long)steps_run);

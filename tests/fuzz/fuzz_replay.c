@@ -5,7 +5,8 @@
  * same status with the same message, and on success the same result field by
  * field (replay_compare.h); cca must be shut down after each. The first byte
  * picks options (PyTorch's addresses or fresh ones, a small memory cap, given
- * settings, a device size), the rest is the file.
+ * settings, a device size, strict, the recording taken from its fourth event
+ * on: the state before it inferred), the rest is the file.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     opt.cap = pick & 8 ? (size_t)64 << 20 : 0;
     opt.total_memory = pick & 16 ? (size_t)1 << 30 : 0;
     opt.ignore_fraction = pick & 32;
+    opt.strict = pick & 64;
+    opt.first_event = pick & 128 ? 3 : 0;
     static char msg[2][2048];
     cca_status_t st[2];
     cca_replay_result_t r[2];

@@ -80,6 +80,32 @@ seeds.append(real)
 seeds.append(gzip.compress(real))
 seeds.append(gzip.compress(real)[:-10])
 
+# Shared references through the memo: lists sharing each other ("billion laughs",
+# 2^depth values of JSON from a few bytes a level), and records (event dicts) a pickler
+# shared: twice in one list, across APPENDS batches, with a kept field, an inner list.
+def laughs(depth, top):
+    a = []
+    for _ in range(depth):
+        a = [a, a]
+    return pickle.dumps({top: [a]} if top else a, protocol=4)
+seeds += [laughs(20, None), laughs(40, 'segments'), laughs(300, None)]
+ev = [{'action': 'alloc', 'addr': 4096 * i, 'size': 512, 'stream': 0} for i in range(4)]
+seeds.append(pickle.dumps({'device_traces': [[ev[0], ev[1], ev[2], ev[1]]]}, protocol=4))
+seeds.append(pickle.dumps({'device_traces': [ev[:2], [ev[0], ev[3]]]}, protocol=2))
+many = [{'action': 'free', 'addr': i} for i in range(1100)]
+seeds.append(pickle.dumps({'device_traces': [many + many[:3]]}, protocol=4))
+seeds.append(pickle.dumps({'segments': ev[:2], 'device_traces': [[ev[1], ev[0]]]}, protocol=4))
+seeds.append(pickle.dumps({'device_traces': [ev[:2], ev[:2]]}, protocol=4))
+seeds.append(pickle.dumps({'device_traces': [[ev[0]]], 'x': ev[0]}, protocol=4))
+
+# Decompression bombs: 1 MiB of zeros in 1 KiB of gzip (refused at its first opcode),
+# a 1 MiB string at the top, and 1 MiB of zeros after a pickle's STOP.
+big = 1 << 20
+seeds.append(gzip.compress(bytes(big), 9))
+seeds.append(gzip.compress(b'\x80\x04\x8d' + struct.pack('<Q', big) + b'a' * big + b'.', 9))
+seeds.append(gzip.compress(pickle.dumps({'device_traces': [[ev[0]]]}, protocol=4) + bytes(big), 9))
+seeds.append(gzip.compress(b'\x80\x04\x8d' + struct.pack('<Q', 1 << 40) + b'a' * 65536, 9))
+
 # Truncated and corrupted variants of a few seeds.
 base = [pickle.dumps({'a': [1, 2.5, 'x', (None, True)], 'b': {'c': b'd'}}, protocol=4), real[:2000] + b'.']
 for b in base:

@@ -15,7 +15,10 @@ int main(void)
     SHOW(cca_error_t, backend_code);
     SHOW(cca_stat_entry_t, value);
     SHOW(cca_device_stats_t, max_split_size);
-    SHOW(cca_replay_options_t, sequential);
-    SHOW(cca_replay_result_t, overlapped);
+    SHOW(cca_host_stats_t, host_free_time);
+    SHOW(cca_replay_options_t, peaks_from_event);
+    SHOW(cca_replay_result_t, first_inconsistency_event);
+    SHOW(cca_explain_entry_t, count);
+    SHOW(cca_replay_explain_t, free_segments);
     return 0;
 }

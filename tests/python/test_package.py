@@ -103,6 +103,49 @@ class Replay(unittest.TestCase):
                 self.assertEqual(r["address_mismatches"], out["address_mismatches"])
             self.assertEqual(r["memory_stats"], out["memory_stats"])
 
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_replay_keys_equal_the_command_lines(self):
+        """cca.replay and `cca replay --json` give the same keys (address_mismatches only when
+        addresses were compared)."""
+        for settings, addresses in ((None, None), ("max_split_size_mb:64", None), ("", "trace")):
+            args = [cli(), "replay", TWO_STREAM, "--json"]
+            if settings is not None:
+                args += ["--settings", settings]
+            if addresses:
+                args += ["--addresses", addresses]
+            out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+            r = cca.replay(TWO_STREAM, settings=settings, addresses=addresses)
+            self.assertEqual(set(r), set(out), (settings, addresses))
+            self.assertEqual(set(r["expected"]), set(out["expected"]))
+            compared = addresses == "trace" or settings is None
+            self.assertEqual("address_mismatches" in r, compared, (settings, addresses))
+
+    def test_fifo_refused_before_it_blocks(self):
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)
+            for call in (cca.replay, cca.snapshot_to_json, cca.explain,
+                         lambda p: cca.snapshot_to_svg(p, os.path.join(d, "out.svg"))):
+                with self.assertRaises(cca.CcaError) as cm:
+                    call(fifo)
+                self.assertIn("not a regular file", str(cm.exception))
+
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_explain_equals_the_command_line(self):
+        out = json.loads(subprocess.run([cli(), "replay", TWO_STREAM, "--explain", "--json"], check=True,
+                                        capture_output=True, text=True).stdout)
+        x = cca.explain(TWO_STREAM)
+        self.assertEqual(set(x), set(out))
+        self.assertEqual(x["explain"], out["explain"])
+        self.assertEqual(x["settings"], out["settings"])
+        self.assertEqual(x["replay"]["peak_reserved_bytes"], x["explain"]["reserved_bytes"])
+
+    @unittest.skipUnless(cli(), "the cca command is not built")
+    def test_fit_equals_the_command_line(self):
+        out = json.loads(subprocess.run([cli(), "replay", TWO_STREAM, "--fit", "", "expandable_segments:True",
+                                         "--json"], check=True, capture_output=True, text=True).stdout)
+        self.assertEqual(cca.fit(TWO_STREAM, ["", "expandable_segments:True"]), out)
+
     def test_sequential_gives_the_same_result(self):
         a = cca.replay(TWO_STREAM)
         b = cca.replay(TWO_STREAM, sequential=True)
@@ -226,6 +269,22 @@ class ThisProcess(unittest.TestCase):
         live = [b for s in j["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
         self.assertEqual(len(live), 4)
 
+    def test_history_default_bound_is_not_allocated(self):
+        # PyTorch's default max_entries is sys.maxsize: a bound, not a size
+        cca.record_history(True)
+        cca.record_history(True, max_entries=sys.maxsize)
+        for _ in range(3):
+            self.malloc(MiB)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.pickle")
+            cca.dump_snapshot(path)
+            j = cca.snapshot_to_json(path)
+        cca.record_history(False)
+        actions = [e["action"] for e in j["device_traces"][0]]
+        self.assertEqual(actions.count("alloc"), 3)
+        with self.assertRaises(ValueError):
+            cca.record_history(True, max_entries=-1)
+
     def test_replay_refused_while_serving(self):
         self.malloc(MiB)
         with self.assertRaises(cca.CcaError) as cm:
@@ -253,8 +312,11 @@ class Layout(unittest.TestCase):
         mirrors = {"cca_error_t": (_lib.Error, "backend_code"),
                    "cca_stat_entry_t": (_lib.StatEntry, "value"),
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
-                   "cca_replay_options_t": (_lib.ReplayOptions, "sequential"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "overlapped")}
+                   "cca_host_stats_t": (_lib.HostStats, "host_free_time"),
+                   "cca_replay_options_t": (_lib.ReplayOptions, "peaks_from_event"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "first_inconsistency_event"),
+                   "cca_explain_entry_t": (_lib.ExplainEntry, "count"),
+                   "cca_replay_explain_t": (_lib.ReplayExplain, "free_segments")}
         seen = set()
         for line in out.splitlines():
             name, size, offset = line.split()
@@ -390,7 +452,9 @@ class InstallLogic(unittest.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.assertEqual(self.mod.install(fallback=True), "pluggable")
-            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "backend:cudaMallocAsync,release_lock_on_cudamalloc:True")
+            # PyTorch 2.11 reads PYTORCH_CUDA_ALLOC_CONF where it is set: so does install
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"],
+                             "backend:cudaMallocAsync,release_lock_on_cudamalloc:True")
             self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "release_lock_on_cudamalloc:True")
             self.assertEqual(os.environ["PYTORCH_ALLOC_CONF"], "expandable_segments:True")
         finally:
@@ -398,6 +462,118 @@ class InstallLogic(unittest.TestCase):
                 os.environ.pop("PYTORCH_ALLOC_CONF", None)
             else:
                 os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def test_pytorch_variables_in_pytorchs_order(self):
+        """install()'s settings: its argument, else CCA_ALLOC_CONF (not empty), else
+        PYTORCH_CUDA_ALLOC_CONF where set (even empty, as PyTorch 2.11's get_env), else
+        PYTORCH_ALLOC_CONF: measured on PyTorch 2.11, PYTORCH_ALLOC_CONF=expandable_segments:True
+        with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False runs without expandable
+        segments, and a backend key in PYTORCH_ALLOC_CONF is not read then."""
+        f = self.mod.install_settings
+        self.assertEqual(f("max_split_size_mb:64", {"CCA_ALLOC_CONF": "x"}), "max_split_size_mb:64")
+        self.assertEqual(f("", {"CCA_ALLOC_CONF": "x"}), "")
+        env = {"CCA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2", "PYTORCH_CUDA_ALLOC_CONF": "c:3"}
+        self.assertEqual(f(None, env), "a:1")
+        env["CCA_ALLOC_CONF"] = ""
+        self.assertEqual(f(None, env), "c:3")
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ""
+        self.assertEqual(f(None, env), "")
+        del env["PYTORCH_CUDA_ALLOC_CONF"]
+        self.assertEqual(f(None, env), "b:2")
+        self.assertEqual(f(None, {}), "")
+        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_ALLOC_CONF": "b:2"}), "b:2")
+        self.assertEqual(self.mod.pytorch_alloc_conf({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                                                      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+                         "expandable_segments:False")
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:4"
+        saved = os.environ.get("PYTORCH_ALLOC_CONF")
+        os.environ["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:1"  # would be refused
+        try:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.assertEqual(self.mod.install(fallback=True), "pluggable")
+            self.assertEqual(os.environ["CCA_ALLOC_CONF"], "roundup_power2_divisions:4")
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_ALLOC_CONF", None)
+            else:
+                os.environ["PYTORCH_ALLOC_CONF"] = saved
+
+    def _stand_in_adapter(self):
+        """The adapter's exported calls, recorded (no torch to build it against here)."""
+        import types
+        rec = {"install": [], "defer": [], "note": []}
+        adapter = types.SimpleNamespace(
+            cca_torch_adapter_install=lambda text, err, n: rec["install"].append(text) or 0,
+            cca_torch_adapter_force_uncached=lambda on: 0,
+            cca_torch_adapter_install_pinned=lambda err, n: 0,
+            cca_torch_adapter_defer_settings=lambda text, err, n: rec["defer"].append(text) or 0,
+            cca_torch_adapter_note_settings=lambda text: rec["note"].append(text) or 0)
+
+        def load(verbose):
+            self.mod._adapter = adapter
+            return adapter
+        saved = self.mod._load_adapter
+        self.mod._load_adapter = load
+        self.addCleanup(setattr, self.mod, "_load_adapter", saved)
+        self.addCleanup(setattr, self.mod, "_adapter", None)
+        return rec
+
+    def _set_env(self, name, value):
+        saved = os.environ.get(name)
+        self.addCleanup(lambda: os.environ.pop(name, None) if saved is None else os.environ.update({name: saved}))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def test_adapter_reads_pytorchs_variables_when_cuda_starts(self):
+        """With the adapter and no settings argument, install() leaves PyTorch's variables to
+        the adapter, which reads them when PyTorch initialises its allocator (a program may set
+        PYTORCH_ALLOC_CONF after install, before its first CUDA call, as PyTorch's own
+        test_allocator_backend does): nothing goes into CCA_ALLOC_CONF (child processes would
+        inherit it, and it would hide their own PyTorch variables), and a backend key stays
+        in PyTorch's variables (the adapter runs that backend). An explicit string is applied
+        at install, and the backend key then leaves PyTorch's variables."""
+        rec = self._stand_in_adapter()
+        _lib.load().cca_shutdown()
+        self._set_env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync,per_process_memory_fraction:0.0")
+        self._set_env("PYTORCH_ALLOC_CONF", None)
+        self.assertEqual(self.mod.install(), "adapter")
+        self.assertEqual(rec["install"], [None])
+        self.assertNotIn("CCA_ALLOC_CONF", os.environ)
+        self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync,per_process_memory_fraction:0.0")
+        # a run-time string before cca starts waits in the adapter, not in CCA_ALLOC_CONF
+        self.memory._set_allocator_settings = lambda env: None
+        self.mod._follow_runtime_settings(sys.modules["torch"])
+        self.memory._set_allocator_settings("expandable_segments:True,backend:cudaMallocAsync")
+        self.assertEqual(rec["defer"], [b"expandable_segments:True"])
+        self.assertNotIn("CCA_ALLOC_CONF", os.environ)
+        with self.assertRaises(cca.CcaError):
+            self.memory._set_allocator_settings("expandable_segments:maybe")
+        self.assertEqual(rec["defer"], [b"expandable_segments:True"])
+        # explicit settings: applied now, passed on, backend key out of PyTorch's variables
+        self.mod._mode = None
+        self.assertEqual(self.mod.install(settings="roundup_power2_divisions:2"), "adapter")
+        self.assertEqual(rec["install"], [None, b"roundup_power2_divisions:2"])
+        self.assertEqual(os.environ.get("CCA_ALLOC_CONF"), "roundup_power2_divisions:2")
+        self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "per_process_memory_fraction:0.0")
+
+    def test_backend_decided_elsewhere(self):
+        f = self.mod._backend_decided_elsewhere
+        self.assertTrue(f(True, {}))
+        self.assertTrue(f(False, {"CCA_ALLOC_CONF": "backend:native"}))
+        self.assertFalse(f(False, {"CCA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}))
+
+    def test_no_caching_variable(self):
+        """PYTORCH_NO_CUDA_MEMORY_CACHING: set and not "0" asks for uncached allocations."""
+        f = self.mod.no_caching_requested
+        self.assertTrue(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
+        self.assertTrue(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "yes"}))
+        self.assertFalse(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}))
+        self.assertFalse(f({"PYTORCH_NO_CUDA_MEMORY_CACHING": ""}))
+        self.assertFalse(f({}))
 
     def test_runtime_settings_follow(self):
         """After install, torch.cuda.memory._set_allocator_settings applies to PyTorch's settings
@@ -435,6 +611,32 @@ class InstallLogic(unittest.TestCase):
             self.assertNotIn("CCA_ALLOC_CONF", os.environ)
         finally:
             lib.cca_shutdown()
+
+    def test_runtime_settings_reach_the_adapters_snapshots(self):
+        """With the adapter, each string given to _set_allocator_settings is passed on for the
+        snapshots' allocator_settings (PYTORCH_CUDA_ALLOC_CONF there: the last one, as
+        PyTorch's); the pluggable path has no adapter to tell."""
+        import types
+        import warnings
+        seen, noted = [], []
+        self.memory._set_allocator_settings = seen.append
+        _lib.load().cca_shutdown()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.assertEqual(self.mod.install(fallback=True), "pluggable")
+        set_settings = self.memory._set_allocator_settings
+        set_settings("roundup_power2_divisions:4")
+        self.assertEqual(noted, [])
+        self.mod._mode = "adapter"
+        deferred = []
+        self.mod._adapter = types.SimpleNamespace(
+            cca_torch_adapter_note_settings=noted.append,
+            cca_torch_adapter_defer_settings=lambda text, err, n: deferred.append(text) or 0)
+        set_settings("garbage_collection_threshold:0.5,max_split_size_mb:40")
+        self.assertEqual(noted, [b"garbage_collection_threshold:0.5,max_split_size_mb:40"])
+        self.assertEqual(deferred, noted)  # cca not started: waits in the adapter
+        self.assertEqual(seen, ["roundup_power2_divisions:4", "garbage_collection_threshold:0.5,max_split_size_mb:40"])
+        os.environ.pop("CCA_ALLOC_CONF", None)
 
     def test_measuring_calls(self):
         """time_allocator_pairs / expandable_segment_sizes: arguments and results through
@@ -482,8 +684,10 @@ class InstallLogic(unittest.TestCase):
                 err.value = b"kept its own"
                 return -1
             return 0
+        uncached = []
         self.mod._adapter = types.SimpleNamespace(cca_torch_adapter_install=install,
-                                                  cca_torch_adapter_install_pinned=install_pinned)
+                                                  cca_torch_adapter_install_pinned=install_pinned,
+                                                  cca_torch_adapter_force_uncached=uncached.append)
         import warnings
         refuse = True
         with warnings.catch_warnings(record=True) as caught:
@@ -501,6 +705,18 @@ class InstallLogic(unittest.TestCase):
         self.assertEqual(calls[3:], ["install", "pinned"])
         self.assertTrue(self.mod.pinned_installed())
         self.mod._pinned = False
+        self.assertEqual(uncached, [0, 0, 0])  # PYTORCH_NO_CUDA_MEMORY_CACHING unset
+        saved = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        try:
+            self.mod._mode = None
+            self.assertEqual(self.mod.install(pinned=False), "adapter")
+            self.assertEqual(uncached[3:], [1])  # the adapter allocates uncached, as PyTorch
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+            else:
+                os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = saved
 
     def test_adapter_command(self):
         cmd = self.mod.adapter_command("/tmp/out.so")

@@ -34,6 +34,12 @@ static void check_trace(const char *name)
            (unsigned long long)r.events, r.events_per_second / 1e6, (unsigned long long)r.allocs,
            (unsigned long long)r.segment_allocs);
     expect_true(r.has_expected);
+    /* recorded from an empty allocator, consistent: nothing inferred, nothing reported */
+    expect_false(r.recorded_part_only);
+    expect_eq_u64(r.inferred_segments + r.inferred_blocks, 0);
+    expect_eq_u64(r.inconsistencies, 0);
+    if (r.inconsistencies)
+        printf("  first inconsistency: %s\n", r.first_inconsistency);
     expect_eq_u64(r.address_mismatches, 0);
     if (r.address_mismatches)
         printf("  first mismatch: %s\n", r.first_address_mismatch);

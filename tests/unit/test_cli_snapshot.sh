@@ -79,6 +79,53 @@ check snapshot_svg_of_pytorch_file sh -c "
     \"$CCA\" snapshot $TRACE --svg $tmp/ref.svg &&
     python3 -c \"import xml.etree.ElementTree as ET; ET.parse('$tmp/ref.svg')\""
 
+# `cca snapshot FILE --json OUT` as the command list says: the same JSON as -o OUT and stdout
+check snapshot_json_out_positional sh -c "
+    \"$CCA\" snapshot $TRACE --json $tmp/pos.json &&
+    \"$CCA\" snapshot $TRACE --json -o $tmp/opt.json &&
+    \"$CCA\" snapshot $TRACE --json >$tmp/std.json &&
+    cmp -s $tmp/pos.json $tmp/opt.json && cmp -s $tmp/pos.json $tmp/std.json &&
+    \"$CCA\" snapshot --json $TRACE | cmp -s - $tmp/std.json"
+
+check snapshot_missing_value sh -c "
+    \"$CCA\" snapshot $TRACE --svg 2>$tmp/e1; [ \$? -eq 2 ] && grep -q -- '--svg needs a value' $tmp/e1 &&
+    \"$CCA\" snapshot $TRACE --json -o 2>$tmp/e2; [ \$? -eq 2 ] && grep -q -- '-o needs a value' $tmp/e2"
+
+check snapshot_fifo_refused sh -c "
+    mkfifo $tmp/fifo && timeout 20 \"$CCA\" snapshot $tmp/fifo --json 2>$tmp/e3; [ \$? -eq 1 ] &&
+    grep -q 'not a regular file' $tmp/e3"
+
+check snapshot_path_named_once sh -c "
+    \"$CCA\" snapshot $tmp/missing.pickle --json 2>$tmp/e4; [ \$(grep -o missing.pickle $tmp/e4 | wc -l) -eq 1 ]"
+
+# A pickle whose lists share each other through the memo (40 levels: 2^41 values of
+# JSON from 467 bytes) is refused at once; before, the JSON grew until memory ran out.
+check snapshot_json_of_shared_lists_refused sh -c "
+    python3 -c \"
+import pickle
+a = []
+for i in range(40):
+    a = [a, a]
+open('$tmp/laughs.pickle', 'wb').write(pickle.dumps({'segments': [a]}, protocol=4))
+\" &&
+    ! timeout 60 \"$CCA\" snapshot $tmp/laughs.pickle --json -o $tmp/laughs.json 2>$tmp/laughs.err &&
+    grep -q 'shared values' $tmp/laughs.err && [ ! -s $tmp/laughs.json ]"
+
+# A 256 MiB string where a snapshot's dict should be, in 256 KiB of gzip: replay refuses
+# it at its opcode (offset 2), before inflating it.
+check replay_refuses_a_string_at_once sh -c "
+    python3 -c \"
+import pickle, zlib
+z = zlib.compressobj(1, zlib.DEFLATED, 31)
+out = [z.compress(b'\\\\x80\\\\x04\\\\x8d' + (1 << 28).to_bytes(8, 'little'))]
+piece = b'a' * (1 << 20)
+out += [z.compress(piece) for _ in range(256)]
+out.append(z.compress(b'.') + z.flush())
+open('$tmp/str.pickle.gz', 'wb').write(b''.join(out))
+\" &&
+    ! \"$CCA\" replay $tmp/str.pickle.gz 2>$tmp/str.err &&
+    grep -q 'top-level value (str) is not a dict at offset 2' $tmp/str.err"
+
 usage_errors() {
     expect_rc 2 "$CCA" snapshot &&
     expect_rc 2 "$CCA" snapshot "$TRACE" &&

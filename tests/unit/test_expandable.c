@@ -6,6 +6,7 @@
  * empty reservation, run-time switching, peers, snapshots, real (backed)
  * memory across granule boundaries, and misuse.
  */
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,7 +381,126 @@ TEST(peers_get_access_to_mapped_ranges)
     cca_shutdown();
 }
 
-/* A MemPool in this mode: its own reservation, freed with the pool; no checkpoint. */
+/*
+ * The pool's segments as a snapshot gives them (mapped ranges, blocks and their
+ * states) and the device's current figures, as text: equal texts, equal pools.
+ */
+static void pool_picture(cca_mempool_id_t id, char *out, size_t len)
+{
+    size_t used = 0;
+    cca_snapshot_t *snap = NULL;
+    out[0] = 0;
+    if (cca_snapshot(&snap) != CCA_OK)
+        return;
+    for (size_t i = 0; i < snap->segment_count; i++) {
+        const cca_segment_info_t *seg = &snap->segments[i];
+        if (seg->owner_private_pool_id[0] != id.first || seg->owner_private_pool_id[1] != id.second)
+            continue;
+        used += (size_t)snprintf(out + used, len - used, "[%" PRIx64 " %zu%s:", seg->address,
+                                 seg->total_size, seg->is_expandable ? " exp" : "");
+        for (size_t j = 0; j < seg->block_count && used < len; j++)
+            used += (size_t)snprintf(out + used, len - used, " %" PRIx64 "+%zu/%d", seg->blocks[j].address,
+                                     seg->blocks[j].size, (int)seg->blocks[j].state);
+        if (used < len)
+            used += (size_t)snprintf(out + used, len - used, "]");
+        if (used >= len)
+            break;
+    }
+    cca_snapshot_free(snap);
+    cca_device_stats_t st = stats();
+    if (used < len)
+        snprintf(out + used, len - used, " reserved %" PRId64 " allocated %" PRId64 " active %" PRId64
+                 " requested %" PRId64 " allocations %" PRId64, st.reserved_bytes[CCA_STAT_ALL].current,
+                 st.allocated_bytes[CCA_STAT_ALL].current, st.active_bytes[CCA_STAT_ALL].current,
+                 st.requested_bytes[CCA_STAT_ALL].current, st.allocation[CCA_STAT_ALL].current);
+}
+
+/*
+ * Checkpoints of a private pool that holds an expandable segment (cudagraph
+ * trees under expandable_segments:True): a checkpoint taken small, one taken
+ * after the segment grew; restoring the first unmaps the growth, restoring the
+ * second maps it again: blocks, mappings and figures as at each checkpoint.
+ * Before, both refused (CCA_ERR_NOT_SUPPORTED).
+ */
+TEST(checkpoint_restore_expandable)
+{
+    setup("expandable_segments:True");
+    const cca_mempool_id_t g = {7, 0};
+    char small_then[2048], big_then[2048], now[2048];
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, S1));
+    void *a = xmalloc(30 * MiB, S1);
+    void *b = xmalloc(4 * MiB, S1);
+    void *c = xmalloc(40 * MiB, S1);
+    expect_ok(cca_free(b));
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    cca_pool_state_t *small = NULL, *big = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, g, &small));
+    pool_picture(g, small_then, sizeof(small_then));
+    int64_t reserved_small = stats().reserved_bytes[CCA_STAT_ALL].current;
+    expect_ok(cca_begin_allocate_stream_to_pool(0, g, S1));
+    void *d = xmalloc(50 * MiB, S1); /* the segment grows */
+    expect_ok(cca_end_allocate_to_pool(0, g));
+    expect_true(stats().reserved_bytes[CCA_STAT_ALL].current > reserved_small);
+    expect_ok(cca_pool_get_checkpoint(0, g, &big));
+    pool_picture(g, big_then, sizeof(big_then));
+
+    cca_checkpoint_delta_t delta;
+    /* every block allocated now is freed (PyTorch's freeBlocksAllocatedToPool), those of
+     * the checkpoint allocated again: d dies, its growth is unmapped */
+    expect_ok(cca_pool_set_checkpoint(0, small, &delta));
+    expect_eq_u64(delta.freed_count, 3);
+    expect_eq_ptr(delta.freed[2], d);
+    expect_eq_u64(delta.allocated_count, 2);
+    expect_eq_ptr(delta.allocated[0], a);
+    expect_eq_ptr(delta.allocated[1], c);
+    cca_checkpoint_delta_free(&delta);
+    pool_picture(g, now, sizeof(now));
+    expect_eq_str(now, small_then);
+    expect_true(device_is_valid());
+
+    expect_ok(cca_pool_set_checkpoint(0, big, &delta)); /* mapped again; a, c, d live */
+    expect_eq_u64(delta.freed_count, 2);
+    expect_eq_u64(delta.allocated_count, 3);
+    expect_eq_ptr(delta.allocated[2], d);
+    cca_checkpoint_delta_free(&delta);
+    pool_picture(g, now, sizeof(now));
+    expect_eq_str(now, big_then);
+    expect_true(device_is_valid());
+
+    /* a restore the backend cannot map for changes no block: the map fails first */
+    expect_ok(cca_pool_set_checkpoint(0, small, &delta));
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_MAP, 1, false, CCA_ERR_BACKEND));
+    expect_status(cca_pool_set_checkpoint(0, big, &delta), CCA_ERR_BACKEND);
+    bool ok = false;
+    void *live[2] = {a, c};
+    expect_ok(cca_pool_check_live_allocations(0, g, live, 2, &ok));
+    expect_true(ok);
+    expect_true(device_is_valid());
+    /* an unmap the backend refuses leaves the range mapped and free: the restore goes on */
+    expect_ok(cca_pool_set_checkpoint(0, big, &delta));
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_sim_inject_fault(sim, CCA_OP_VMM_UNMAP, 1, false, CCA_ERR_BACKEND));
+    expect_ok(cca_pool_set_checkpoint(0, small, &delta));
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_pool_check_live_allocations(0, g, live, 2, &ok));
+    expect_true(ok);
+    expect_true(stats().reserved_bytes[CCA_STAT_ALL].current > reserved_small);
+    expect_true(device_is_valid());
+
+    cca_pool_state_free(small);
+    cca_pool_state_free(big);
+    expect_ok(cca_free(a));
+    expect_ok(cca_free(c));
+    expect_ok(cca_release_pool(0, g)); /* both captures' graphs are gone */
+    expect_ok(cca_release_pool(0, g));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats().reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_true(device_is_valid());
+    cca_shutdown();
+}
+
+/* A MemPool in this mode: its own reservation, freed with the pool. */
 TEST(private_pool)
 {
     setup("expandable_segments:True");
@@ -403,7 +523,8 @@ TEST(private_pool)
     expect_eq_u64(in_pool, 1);
     cca_snapshot_free(snap);
     cca_pool_state_t *state = NULL;
-    expect_status(cca_pool_get_checkpoint(0, id, &state), CCA_ERR_NOT_SUPPORTED);
+    expect_ok(cca_pool_get_checkpoint(0, id, &state)); /* (checkpoint_restore_expandable) */
+    cca_pool_state_free(state);
     expect_true(device_is_valid());
     cca_free(a);
     expect_ok(cca_release_pool(0, id)); /* the MemPool is deleted */
@@ -609,6 +730,7 @@ int main(void)
     RUN(backed_memory_across_granules);
     RUN(peers_get_access_to_mapped_ranges);
     RUN(private_pool);
+    RUN(checkpoint_restore_expandable);
     RUN(snapshot_file);
     RUN(misuse);
     cca_shutdown();

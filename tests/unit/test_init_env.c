@@ -133,6 +133,35 @@ TEST(no_caching_from_environment)
     reset_env();
 }
 
+/* The settings in force: from the environment at init, then each cca_set_settings. */
+TEST(settings_current_follows_runtime_changes)
+{
+    reset_env();
+    setenv("CCA_BACKEND", "sim", 1);
+    setenv("CCA_ALLOC_CONF", "max_split_size_mb:64", 1);
+    char *text = NULL;
+    expect_ok(cca_settings_current(&text)); /* before init: what init would start with */
+    expect_contains(text, "max_split_size_mb 64 (environment)\n");
+    free(text);
+    expect_ok(cca_init());
+    expect_ok(cca_set_settings("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True"));
+    unsetenv("CCA_ALLOC_CONF"); /* no longer read: the live settings answer */
+    text = NULL;
+    expect_ok(cca_settings_current(&text));
+    /* a run-time string resets max_split_size_mb first, as PyTorch's setAllocatorSettings */
+    expect_contains(text, "max_split_size_mb unlimited (default)\n");
+    expect_contains(text, "roundup_power2_divisions [256:1,512:2,>:8] (argument)\n");
+    expect_contains(text, "expandable_segments True (argument)\n");
+    free(text);
+    expect_status(cca_set_settings("garbage_collection_threshold:2"), CCA_ERR_BAD_SETTINGS);
+    text = NULL;
+    expect_ok(cca_settings_current(&text)); /* a refused string changed nothing */
+    expect_contains(text, "garbage_collection_threshold 0 (default)\n");
+    free(text);
+    expect_status(cca_settings_current(NULL), CCA_ERR_INVALID_ARGUMENT);
+    reset_env();
+}
+
 int main(void)
 {
     RUN(sim_from_environment);
@@ -140,5 +169,6 @@ int main(void)
     RUN(bad_environment);
     RUN(cuda_backend_without_gpu_says_so);
     RUN(no_caching_from_environment);
+    RUN(settings_current_follows_runtime_changes);
     return harness_done();
 }

@@ -27,11 +27,16 @@ fi
 # the Python package, with the adapter source, finding the installed library
 pkg=$(ls -d "$tmp"/prefix/lib/python3*/site-packages/cca 2>/dev/null | head -1)
 [ -n "$pkg" ] && [ -f "$pkg/__init__.py" ] && [ -f "$pkg/torch_adapter.cpp" ] || fail "Python package not installed"
+[ -f "$pkg/cupy.py" ] && [ -f "$pkg/numba.py" ] || fail "cca.cupy and cca.numba not installed"
 if command -v python3 >/dev/null 2>&1; then
     got=$(cd "$tmp" && env -u CCA_LIBRARY PYTHONPATH="$(dirname "$pkg")" python3 -c \
         'import cca, cca._lib as l; print(cca.library_path()); print(l.include_dir())') || fail "import cca"
     echo "$got" | grep -q "^$tmp/prefix/lib/libcca.so" || fail "installed cca uses $got"
     echo "$got" | grep -q "^$tmp/prefix/include$" || fail "installed cca's header: $got"
+    # Numba's NUMBA_CUDA_MEMORY_MANAGER=cca.numba entry point, with or without Numba here
+    got=$(cd "$tmp" && env -u CCA_LIBRARY PYTHONPATH="$(dirname "$pkg")" python3 -c \
+        'import cca.cupy, cca.numba; print(cca.numba._numba_memory_manager.__name__)') || fail "import cca.numba"
+    [ "$got" = CCAMemoryManager ] || fail "installed cca.numba's entry point: $got"
 fi
 
 cat >"$tmp/app.c" <<'EOC'

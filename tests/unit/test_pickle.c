@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "harness.h"
 #include "pickle.h"
@@ -814,6 +815,118 @@ TEST(json_exact)
     pv_doc_free(doc);
 }
 
+/* "Billion laughs": lists holding the next one twice, shared through the memo. levels
+ * 40: 2^41 values of JSON from 5 bytes a level; before, pv_to_json wrote until memory
+ * ran out. Now refused at once, and a moderate sharing (under 2^20 values) is written. */
+static pv_doc_t *laughs(int levels)
+{
+    char bytes[1024];
+    size_t n = 0;
+    bytes[n++] = (char)0x80, bytes[n++] = 4;
+    bytes[n++] = ']', bytes[n++] = (char)0x94; /* memo 0: [] */
+    for (int i = 1; i <= levels; i++) {
+        /* [memo[i-1], memo[i-1]] into memo i */
+        bytes[n++] = 'h', bytes[n++] = (char)(i - 1);
+        bytes[n++] = 'h', bytes[n++] = (char)(i - 1);
+        bytes[n++] = (char)0x86, bytes[n++] = (char)0x94;
+    }
+    bytes[n++] = '.';
+    return load(bytes, n);
+}
+
+TEST(json_of_shared_values_is_bounded)
+{
+    for (int levels = 19; levels <= 40; levels += 21) {
+        pv_doc_t *doc = laughs(levels);
+        if (!doc)
+            return;
+        uint64_t values = 0, distinct = 0;
+        expect_ok(pv_json_values(pv_doc_root(doc), &values, &distinct));
+        expect_eq_u64(values, ((uint64_t)1 << (levels + 1)) - 1);
+        expect_eq_u64(distinct, (uint64_t)levels + 1);
+        cca_strbuf_t out;
+        sb_init(&out);
+        cca_status_t st = pv_to_json(pv_doc_root(doc), &out, false);
+        if (levels == 19) { /* 2^20 - 1 values: under the bound, written whole */
+            expect_ok(st);
+            expect_eq_u64(out.len, 5 * ((size_t)1 << 19) - 3); /* len(i) = 2 len(i-1) + 3, len(0) = 2 */
+        } else {
+            expect_status(st, CCA_ERR_FORMAT);
+            expect_contains(cca_last_error()->message, "shared values");
+            expect_eq_u64(out.len, 0);
+        }
+        sb_free(&out);
+        pv_doc_free(doc);
+    }
+    /* a value shared 1,000 times in a list of 1,100 entries (Python's pickler, protocol 4) */
+    pv_doc_t *doc = pv_doc_new();
+    pv_node_t *list = pv_new_list(doc), *shared = pv_new_list(doc);
+    expect_ok(pv_list_append(doc, shared, pv_new_str(doc, "frame")));
+    for (int i = 0; i < 1000; i++)
+        expect_ok(pv_list_append(doc, list, shared));
+    cca_strbuf_t out;
+    sb_init(&out);
+    expect_ok(pv_to_json(list, &out, false));
+    expect_eq_u64(out.len, 2 + 1000 * 9 + 999);
+    sb_free(&out);
+    pv_doc_free(doc);
+}
+
+/* gzip (level 1) of n zero bytes, a MiB at a time, with its last `cut` bytes dropped. */
+static uint8_t *gzip_zeros(uint64_t n, size_t cut, size_t *out_n)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof(zs));
+    if (deflateInit2(&zs, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    size_t cap = (size_t)(n / 50) + 65536, piece = (size_t)1 << 20;
+    uint8_t *out = malloc(cap), *in = calloc(1, piece);
+    int zr = out && in ? Z_OK : Z_MEM_ERROR;
+    zs.next_out = out;
+    zs.avail_out = (uInt)cap;
+    for (uint64_t left = n; zr == Z_OK;) {
+        size_t k = left < piece ? (size_t)left : piece;
+        zs.next_in = in;
+        zs.avail_in = (uInt)k;
+        left -= k;
+        zr = deflate(&zs, left ? Z_NO_FLUSH : Z_FINISH);
+        if (!left)
+            break;
+    }
+    *out_n = zs.total_out > cut ? zs.total_out - cut : 0;
+    deflateEnd(&zs);
+    free(in);
+    if (zr != Z_STREAM_END) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* A gzip bomb: 1 GiB of zeros in a truncated gzip stream. The reader meets opcode 0x00
+ * in the first inflated block and stops there; before, it inflated the whole stream
+ * (1 GiB held) and failed on the truncation instead. */
+TEST(gzip_bomb_rejected_at_its_first_opcode)
+{
+    size_t n = 0;
+    uint8_t *gz = gzip_zeros((uint64_t)1 << 30, 64, &n);
+    expect_true(gz != NULL && n > 1000);
+    if (!gz)
+        return;
+    pv_doc_t *doc = (pv_doc_t *)0x1;
+    expect_status(pickle_load_buffer(gz, n, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "unsupported pickle opcode 0x00 at offset 0");
+    expect_true(doc == NULL);
+    char path[512];
+    FILE *f = fopen(tmp_path(path, sizeof(path), "bomb.pickle.gz"), "wb");
+    expect_true(f != NULL && fwrite(gz, 1, n, f) == n);
+    if (f)
+        fclose(f);
+    expect_status(pickle_load_file(path, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "opcode 0x00 at offset 0");
+    free(gz);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmp_dir)) {
@@ -832,6 +945,8 @@ int main(void)
     RUN(builder_errors);
     RUN(python_reads_output);
     RUN(json_exact);
+    RUN(json_of_shared_values_is_bounded);
+    RUN(gzip_bomb_rejected_at_its_first_opcode);
     rmdir(tmp_dir);
     return harness_done();
 }

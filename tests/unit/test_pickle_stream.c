@@ -7,6 +7,7 @@
  * (or both fail); misuse and malformed shapes fail cleanly.
  */
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +27,13 @@ static const char *const traces[] = {
 
 /* ---- comparing ------------------------------------------------------------------------ */
 
+/* Nodes same_tree may still visit: trees sharing nodes through the memo (the corpus's
+ * "billion laughs") would take 2^depth steps; the corpus test bounds its walks. */
+static long same_tree_budget = LONG_MAX;
+
 static bool same_tree(const pv_node_t *a, const pv_node_t *b, int depth)
 {
-    if (depth > 100)
+    if (depth > 100 || --same_tree_budget < 0)
         return true;
     if (pv_kind(a) != pv_kind(b) || pv_len(a) != pv_len(b))
         return false;
@@ -250,7 +255,10 @@ TEST(corpus_streamed_as_a_tree_equals_the_tree_reader)
             pv_doc_t *a = NULL, *b = NULL;
             cca_status_t sa = pickle_load_buffer(data, n, &a);
             cca_status_t sb = pickle_stream_buffer(data, n, chunks[k], &h, &b);
-            if (sb == CCA_OK && (sa != CCA_OK || !same_tree(pv_doc_root(a), pv_doc_root(b), 0))) {
+            same_tree_budget = 1000000;
+            bool same = sa == CCA_OK && same_tree(pv_doc_root(a), pv_doc_root(b), 0);
+            same_tree_budget = LONG_MAX;
+            if (sb == CCA_OK && !same) {
                 mismatches++;
                 printf("  mismatch: %s (chunk %zu)\n", de->d_name, chunks[k]);
             }
@@ -360,9 +368,14 @@ TEST(malformed_shapes_fail_cleanly)
     /* a records list holding an int */
     expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](K\x01" "eu.", &c, &doc), CCA_ERR_FORMAT);
     expect_contains(cca_last_error()->message, "not a list of records");
-    /* a streamed record referenced again in a kept field */
-    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](}\x94" "e\x8c\x01yh\x00u.", &c, &doc), CCA_ERR_FORMAT);
-    expect_contains(cca_last_error()->message, "referenced where values are kept");
+    /* a streamed record referenced again in a kept field: read again whole, the record
+     * handed over once */
+    memset(&c, 0, sizeof(c));
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](}\x94" "e\x8c\x01yh\x00u.", &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 1);
+    expect_eq_i64(pv_kind(pv_dict_get(pv_doc_root(doc), "y")), PV_DICT);
+    pv_doc_free(doc);
+    doc = (pv_doc_t *)0x1;
     /* truncated, in the middle of a string, and without STOP */
     expect_eq_i64(STREAM("\x80\x04}(\x8c\x05xy", &c, &doc), CCA_ERR_FORMAT);
     expect_contains(cca_last_error()->message, "truncated");
@@ -493,6 +506,50 @@ static uint8_t *gzip_of(const void *data, size_t n, size_t *out_n)
     return out;
 }
 
+/* gzip (level 1) of the pickle BINUNICODE8 n 'a' bytes STOP, made a MiB at a time; malloc'd. */
+static uint8_t *gzip_str_pickle(uint64_t n, size_t *out_n)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof(zs));
+    if (deflateInit2(&zs, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    size_t cap = (size_t)(n / 50) + 65536, piece = (size_t)1 << 20;
+    uint8_t *out = malloc(cap), *in = malloc(piece);
+    uint8_t head[11] = {0x80, 0x04, 0x8d};
+    for (int i = 0; i < 8; i++)
+        head[3 + i] = (uint8_t)(n >> (8 * i));
+    int zr = out && in ? Z_OK : Z_MEM_ERROR;
+    zs.next_out = out;
+    zs.avail_out = (uInt)cap;
+    if (in)
+        memset(in, 'a', piece);
+    for (uint64_t left = n; zr == Z_OK && left;) {
+        size_t k = left < piece ? (size_t)left : piece;
+        zs.next_in = in;
+        zs.avail_in = (uInt)k;
+        if (left == n) {
+            zs.next_in = head;
+            zs.avail_in = sizeof(head);
+            zr = deflate(&zs, Z_NO_FLUSH);
+            zs.next_in = in;
+            zs.avail_in = (uInt)k;
+        }
+        zr = zr == Z_OK ? deflate(&zs, Z_NO_FLUSH) : zr;
+        left -= k;
+    }
+    zs.next_in = (Bytef *)(uintptr_t)".";
+    zs.avail_in = 1;
+    zr = zr == Z_OK ? deflate(&zs, Z_FINISH) : zr;
+    *out_n = zs.total_out;
+    deflateEnd(&zs);
+    free(in);
+    if (zr != Z_STREAM_END) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* Strings longer than the room kept before an inflated block (4 KiB) and than
  * a block (256 KiB), cut by block boundaries anywhere, read from gzip on the
  * inflating thread: the same tree as the tree reader's. */
@@ -522,13 +579,20 @@ TEST(long_strings_across_inflated_blocks)
     size_t gz_n = 0;
     uint8_t *gz = gzip_of(raw.data, raw.len, &gz_n);
     expect_true(gz != NULL);
-    pv_doc_t *want = NULL, *got = NULL;
+    /* the tree written, read back: from gzip on the inflating thread, and from gzip and
+     * the raw pickle 7 and 4093 bytes at a time (strings of 64 KiB and more are read
+     * into their node a window at a time) */
     pk_handler_t h = {0};
-    expect_ok(pickle_load_buffer(raw.data, raw.len, &want));
-    expect_ok(pickle_stream_buffer(gz, gz_n, 0, &h, &got));
-    expect_true(want && got && same_tree(pv_doc_root(want), pv_doc_root(got), 0));
-    pv_doc_free(want);
-    pv_doc_free(got);
+    static const size_t chunks[] = {0, 7, 4093};
+    for (size_t k = 0; k < 6; k++) {
+        pv_doc_t *got = NULL;
+        if (k < 3)
+            expect_ok(pickle_stream_buffer(gz, gz_n, chunks[k], &h, &got));
+        else
+            expect_ok(pickle_stream_buffer(raw.data, raw.len, chunks[k - 3], &h, &got));
+        expect_true(got && same_tree(root, pv_doc_root(got), 0));
+        pv_doc_free(got);
+    }
     free(gz);
     sb_free(&raw);
     pv_doc_free(src);
@@ -643,6 +707,81 @@ TEST(key_template_with_keys_that_change)
                    "b=11 a=12 a=13 |13 11;b=14 |- 14;a=15 |15 -;");
 }
 
+/* Records a pickler shared through the memo (the same dict twice in the list, in one
+ * batch, in a later batch, from a kept field, from a skipped one): each handed over
+ * at each place, in order, and no record twice. */
+TEST(records_shared_through_the_memo)
+{
+    /* the same batch: before, "item 2 of a list of records is a dict, not a dict" */
+    EXPECT_RECORDS("}\x94(\x8c\x01" "a\x94K\x01u"      /* record 0 into memo 0, 'a' into 1 */
+                   "}(h\x01K\x02u"
+                   "h\x00",                              /* record 0 again */
+                   "a=1 |1 -;a=2 |2 -;a=1 |1 -;");
+    /* a later batch, and twice */
+    EXPECT_RECORDS("}\x94(\x8c\x01" "a\x94K\x07\x8c\x01" "b\x94K\x08u"
+                   "e("
+                   "}(h\x02K\x09u"
+                   "h\x00h\x00",
+                   "a=7 b=8 |7 8;b=9 |- 9;a=7 b=8 |7 8;a=7 b=8 |7 8;");
+    /* nested lists (as device_traces): the first group's record again in the second */
+    counter_t c = {0};
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01x](](}\x94(\x8c\x01" "a\x94K\x03u}(h\x01K\x04ue"
+                         "](}(h\x01K\x05uh\x00}(h\x01K\x06ueeu.", &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 5);
+    expect_eq_i64(c.sum, 3 + 4 + 5 + 3 + 6);
+    expect_eq_u64(c.last_group, 1);
+    pv_doc_free(doc);
+    /* a dict of a kept field ('y', before 'x') handed over as a record too */
+    memset(&c, 0, sizeof(c));
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01y}\x94(\x8c\x01" "aK\x02u\x8c\x01x](h\x00}(\x8c\x01" "aK\x05ueu.",
+                         &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 2);
+    expect_eq_i64(c.sum, 7);
+    expect_eq_i64(pv_len(pv_dict_get(pv_doc_root(doc), "y")), 1);
+    pv_doc_free(doc);
+    /* a dict of a skipped field ('s'): read again whole */
+    memset(&c, 0, sizeof(c));
+    expect_eq_i64(STREAM("\x80\x04}(\x8c\x01s}\x94(\x8c\x01" "aK\x02u\x8c\x01x](}(\x8c\x01" "aK\x05uh\x00" "eu.",
+                         &c, &doc), CCA_OK);
+    expect_eq_u64(c.records, 2);
+    expect_eq_i64(c.sum, 7);
+    expect_true(pv_dict_get(pv_doc_root(doc), "s") == NULL);
+    pv_doc_free(doc);
+    /* a consumer that stops during the second reading stops it */
+    static const char shared[] = "\x80\x04}(\x8c\x01x](}\x94(\x8c\x01" "aK\x01uh\x00" "eu.";
+    doc = (pv_doc_t *)0x1;
+    expect_eq_i64(stream_lit(shared, sizeof(shared) - 1, &c, &doc, stop_record), CCA_ERR_INVALID_ARGUMENT);
+    expect_true(doc == NULL);
+}
+
+/* A handler that wants a dict (dict_root) refuses any other top-level value when it
+ * begins: a 1 GiB string in 1 MiB of gzip is refused before it is inflated. */
+TEST(dict_root_refuses_other_values_at_once)
+{
+    pk_handler_t h = {.dict_root = true};
+    pv_doc_t *doc = (pv_doc_t *)0x1;
+    expect_eq_i64(pickle_stream_buffer("\x80\x04K\x07.", 5, 0, &h, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "top-level value (int) is not a dict");
+    expect_eq_i64(pickle_stream_buffer("\x80\x04]\x94.", 5, 0, &h, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "(list) is not a dict");
+    expect_eq_i64(pickle_stream_buffer("(lp0\n.", 6, 0, &h, &doc), CCA_ERR_FORMAT);
+    expect_true(doc == NULL);
+    /* protocol 0's dict, a tuple key inside its MARK, is one */
+    expect_eq_i64(pickle_stream_buffer("()I1\nd.", 7, 0, &h, &doc), CCA_OK);
+    expect_eq_i64(pv_kind(pv_doc_root(doc)), PV_DICT);
+    pv_doc_free(doc);
+    /* BINUNICODE8 of 1 GiB, gzipped (a few MiB): refused at its opcode, at offset 2 */
+    size_t n = 0;
+    uint8_t *gz = gzip_str_pickle((uint64_t)1 << 30, &n);
+    expect_true(gz != NULL && n < ((size_t)32 << 20));
+    doc = (pv_doc_t *)0x1;
+    expect_eq_i64(pickle_stream_buffer(gz, n, 0, &h, &doc), CCA_ERR_FORMAT);
+    expect_contains(cca_last_error()->message, "top-level value (str) is not a dict at offset 2");
+    expect_true(doc == NULL);
+    free(gz);
+}
+
 int main(void)
 {
     RUN(real_traces_stream_as_the_tree_reader_reads_them);
@@ -656,5 +795,7 @@ int main(void)
     RUN(long_strings_across_inflated_blocks);
     RUN(key_template_follows_a_memo_entry_set_again);
     RUN(key_template_with_keys_that_change);
+    RUN(records_shared_through_the_memo);
+    RUN(dict_root_refuses_other_values_at_once);
     return harness_done();
 }

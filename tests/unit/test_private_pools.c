@@ -277,27 +277,25 @@ static bool filter_s2(cca_stream_t stream, void *arg)
 }
 
 /*
- * With several routes active the oldest matching one takes the allocation, as
- * PyTorch's get_pool walks captures_underway in begin order (and beginAllocateToPool
- * appends); a route begun later takes only what the older ones do not. Before,
- * the newest matching route won, so nested routes put blocks in another pool
- * than PyTorch's.
+ * With several routes active the newest matching one takes the allocation, as
+ * PyTorch 2.11's get_pool walks captures_underway from its end (nested MemPools:
+ * the innermost pool); an older route takes what the newer ones do not.
  */
-TEST(filter_route_and_oldest_wins)
+TEST(filter_route_and_newest_wins)
 {
     setup(0, false);
     int calls = 0;
     expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S2));
     expect_ok(cca_begin_allocate_to_pool(0, G2, filter_s2, &calls));
     void *p = xmalloc(MiB, S2);
-    expect_true(segment_pool_of(p).first == 1); /* the oldest matching route */
+    expect_true(segment_pool_of(p).first == 2); /* the newest matching route */
     void *q = xmalloc(MiB, S1);
     expect_true(segment_pool_of(q).first == 0);
-    expect_true(calls > 0); /* (asked for S1, which the older route does not take) */
-    expect_ok(cca_end_allocate_to_pool(0, G1));
-    void *r = xmalloc(MiB, S2);
-    expect_true(segment_pool_of(r).first == 2); /* the older route is over */
+    expect_true(calls > 0); /* (asked for S1, which neither route takes) */
     expect_ok(cca_end_allocate_to_pool(0, G2));
+    void *r = xmalloc(MiB, S2);
+    expect_true(segment_pool_of(r).first == 1); /* the newer route is over */
+    expect_ok(cca_end_allocate_to_pool(0, G1));
     expect_ok(cca_free(p));
     expect_ok(cca_free(q));
     expect_ok(cca_free(r));
@@ -310,9 +308,10 @@ TEST(filter_route_and_oldest_wins)
 }
 
 /*
- * A graph captured inside use_mem_pool: the thread's MemPool route began
- * first, so (as in PyTorch) the capturing thread's allocations on the capture
- * stream still go to the MemPool, and those of another thread to the graph's pool.
+ * A graph captured inside use_mem_pool: the capture's route is the newer, so
+ * (as in PyTorch 2.11) the capture stream's allocations go to the graph's pool,
+ * from the capturing thread and from another; the capturing thread's
+ * allocations on another stream still go to the MemPool.
  */
 TEST(capture_inside_use_mem_pool)
 {
@@ -321,20 +320,78 @@ TEST(capture_inside_use_mem_pool)
     expect_ok(cca_begin_allocate_thread_to_pool(0, M1)); /* use_mem_pool */
     expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1)); /* the capture */
     void *mine = xmalloc(MiB, S1);
+    void *mine_s2 = xmalloc(MiB, S2);
     thread_arg_t t = {NULL, S1};
     pthread_t th;
     pthread_create(&th, NULL, other_thread, &t);
     pthread_join(th, NULL);
-    cca_mempool_id_t a = segment_pool_of(mine), b = segment_pool_of(t.ptr);
-    expect_true(a.first == 0 && a.second == 1);
+    cca_mempool_id_t a = segment_pool_of(mine), b = segment_pool_of(t.ptr), c = segment_pool_of(mine_s2);
+    expect_true(a.first == 1 && a.second == 0);
     expect_true(b.first == 1 && b.second == 0);
+    expect_true(c.first == 0 && c.second == 1);
     expect_ok(cca_end_allocate_to_pool(0, G1));
     expect_ok(cca_end_allocate_to_pool(0, M1));
     expect_ok(cca_free(mine));
+    expect_ok(cca_free(mine_s2));
     expect_ok(cca_free(t.ptr));
     expect_ok(cca_release_pool(0, G1)); /* the graph */
     expect_ok(cca_release_pool(0, M1)); /* the end of use_mem_pool */
     expect_ok(cca_release_pool(0, M1)); /* ~MemPool */
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
+/* Segments a snapshot gives pool id (PyTorch's memory_snapshot(mempool_id)). */
+static size_t pool_segment_count(cca_mempool_id_t id)
+{
+    size_t n = 0;
+    cca_snapshot_t *snap = NULL;
+    if (cca_snapshot(&snap) != CCA_OK)
+        return SIZE_MAX;
+    for (size_t i = 0; i < snap->segment_count; i++)
+        n += snap->segments[i].owner_private_pool_id[0] == id.first &&
+             snap->segments[i].owner_private_pool_id[1] == id.second;
+    cca_snapshot_free(snap);
+    return n;
+}
+
+/*
+ * PyTorch's test_nested_mempool: three MemPools entered one inside the other with
+ * use_mem_pool, a 20 MiB allocation before and after each inner one. Each
+ * allocation goes to the innermost pool entered: 2, 2 and 1 segments (the
+ * outer pool had all 5 when the oldest route won).
+ */
+TEST(nested_mempools_innermost_wins)
+{
+    setup(0, false);
+    const cca_mempool_id_t pools[3] = {{0, 11}, {0, 12}, {0, 13}};
+    for (int i = 0; i < 3; i++)
+        expect_ok(cca_pool_create(0, pools[i]));
+    void *data[5];
+    int n = 0;
+    expect_ok(cca_begin_allocate_thread_to_pool(0, pools[0]));
+    data[n++] = xmalloc(20 * MiB, S1);
+    expect_ok(cca_begin_allocate_thread_to_pool(0, pools[1]));
+    data[n++] = xmalloc(20 * MiB, S1);
+    expect_ok(cca_begin_allocate_thread_to_pool(0, pools[2]));
+    data[n++] = xmalloc(20 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, pools[2]));
+    expect_ok(cca_release_pool(0, pools[2]));
+    data[n++] = xmalloc(20 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, pools[1]));
+    expect_ok(cca_release_pool(0, pools[1]));
+    data[n++] = xmalloc(20 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, pools[0]));
+    expect_ok(cca_release_pool(0, pools[0]));
+    expect_eq_u64(pool_segment_count(pools[0]), 2);
+    expect_eq_u64(pool_segment_count(pools[1]), 2);
+    expect_eq_u64(pool_segment_count(pools[2]), 1);
+    for (int i = 0; i < n; i++)
+        expect_ok(cca_free(data[i]));
+    for (int i = 0; i < 3; i++)
+        expect_ok(cca_release_pool(0, pools[i])); /* ~MemPool */
     expect_ok(cca_empty_cache());
     expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
     expect_valid();
@@ -1440,6 +1497,67 @@ TEST(replay_of_graph_and_mempool_traces)
     }
 }
 
+/* Trackers and history see each entry's private pool: PyTorch's TraceEntry carries it (NCCL's
+ * registration hook registers the segments of the pools registered with a process group). */
+typedef struct pool_seen {
+    int n;
+    cca_trace_action_t action[16];
+    cca_mempool_id_t pool[16];
+} pool_seen_t;
+
+static void note_pool(const cca_trace_entry_t *e, void *arg)
+{
+    pool_seen_t *seen = arg;
+    if (seen->n < 16) {
+        seen->action[seen->n] = e->action;
+        seen->pool[seen->n++] = e->pool;
+    }
+}
+
+static bool is_pool(cca_mempool_id_t a, cca_mempool_id_t b)
+{
+    return a.first == b.first && a.second == b.second;
+}
+
+TEST(trace_entries_carry_the_private_pool)
+{
+    setup(0, false);
+    pool_seen_t seen = {0};
+    cca_mempool_id_t none = {0, 0};
+    expect_ok(cca_attach_trace_tracker(note_pool, &seen));
+    expect_ok(cca_record_history(true, NULL, NULL, 64, CCA_RECORD_CONTEXT_NEVER));
+    expect_ok(cca_pool_create(0, M1));
+    expect_ok(cca_begin_allocate_stream_to_pool(0, M1, S2));
+    void *p = xmalloc(3000, S2); /* segment_alloc, alloc: in M1 */
+    void *q = xmalloc(3000, S1); /* segment_alloc, alloc: default pool */
+    expect_ok(cca_free(p));      /* free_requested, free_completed: M1 */
+    expect_ok(cca_end_allocate_to_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_release_pool(0, M1));
+    expect_ok(cca_empty_cache()); /* segment_free: M1 */
+    expect_eq_i64(seen.n, 7);
+    static const cca_trace_action_t want[7] = {CCA_TRACE_SEGMENT_ALLOC, CCA_TRACE_ALLOC,
+                                               CCA_TRACE_SEGMENT_ALLOC, CCA_TRACE_ALLOC,
+                                               CCA_TRACE_FREE_REQUESTED, CCA_TRACE_FREE_COMPLETED,
+                                               CCA_TRACE_SEGMENT_FREE};
+    const bool in_m1[7] = {true, true, false, false, true, true, true};
+    for (int i = 0; i < seen.n && i < 7; i++) {
+        expect_eq_i64(seen.action[i], want[i]);
+        expect_true(is_pool(seen.pool[i], in_m1[i] ? M1 : none));
+    }
+    cca_trace_entry_t *list = NULL;
+    size_t count = 0;
+    expect_ok(cca_history_get(&list, &count));
+    expect_eq_u64(count, 7);
+    for (size_t i = 0; i < count && i < 7; i++)
+        expect_true(is_pool(list[i].pool, in_m1[i] ? M1 : none));
+    cca_history_free(list);
+    expect_ok(cca_detach_trace_tracker(note_pool, &seen));
+    expect_ok(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER));
+    expect_ok(cca_free(q));
+    expect_valid();
+}
+
 int main(void)
 {
     RUN(ids);
@@ -1448,7 +1566,8 @@ int main(void)
     RUN(live_block_keeps_freeable_pool);
     RUN(two_graphs_share_a_pool);
     RUN(thread_route_takes_only_its_thread);
-    RUN(filter_route_and_oldest_wins);
+    RUN(filter_route_and_newest_wins);
+    RUN(nested_mempools_innermost_wins);
     RUN(capture_inside_use_mem_pool);
     RUN(frees_set_aside_during_capture);
     RUN(route_begin_waits_for_event_calls_in_flight);
@@ -1470,5 +1589,6 @@ int main(void)
     RUN(pool_allocator_oom_and_shutdown);
     RUN(pool_allocator_no_expandable_segments);
     RUN(pool_allocator_misuse);
+    RUN(trace_entries_carry_the_private_pool);
     return harness_done();
 }

@@ -261,6 +261,77 @@ TEST(history_ring_wraps)
     cca_history_free(e);
 }
 
+/* Rounds first.. first + count - 1: malloc and free of 512 * (1 + i % 50) bytes, 3 entries each. */
+static void history_rounds(int first, int count)
+{
+    for (int i = first; i < first + count; i++)
+        cca_free(xmalloc_dev(512 * (size_t)(1 + i % 50), 0, S1));
+}
+
+/* Entries [from, n) of e are rounds first.. of history_rounds, in order. */
+static void expect_rounds(const cca_trace_entry_t *e, size_t from, size_t n, int first)
+{
+    size_t bad = 0;
+    for (size_t k = from; k < n; k++) {
+        size_t round = (size_t)first + (k - from) / 3;
+        cca_trace_action_t want[3] = {CCA_TRACE_ALLOC, CCA_TRACE_FREE_REQUESTED, CCA_TRACE_FREE_COMPLETED};
+        if (e[k].action != want[(k - from) % 3] || e[k].size != 512 * (1 + round % 50))
+            bad++;
+    }
+    expect_eq_u64(bad, 0);
+}
+
+/*
+ * max_entries is a bound, not a size (PyTorch's default is sys.maxsize): the ring
+ * grows as entries come, past its first slots, and keeps every entry in order;
+ * a bound reached later still keeps the newest.
+ */
+TEST(history_huge_bound_grows)
+{
+    setup(0);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, (size_t)INT64_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_true(cca_history_enabled());
+    void *keep = xmalloc_dev(100, 0, S1); /* segment_alloc + alloc */
+    history_rounds(0, 1500);                /* 4,500 entries: the ring grows several times */
+    size_t n;
+    cca_trace_entry_t *e = history(&n);
+    expect_eq_u64(n, 2 + 3 * 1500);
+    expect_eq_i64(e[0].action, CCA_TRACE_SEGMENT_ALLOC);
+    expect_eq_i64(e[1].action, CCA_TRACE_ALLOC);
+    expect_rounds(e, 2, n, 0);
+    cca_history_free(e);
+    /* SIZE_MAX too; the same bound again changes nothing */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, SIZE_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, SIZE_MAX, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(1500, 10);
+    e = history(&n);
+    expect_eq_u64(n, 2 + 3 * 1510);
+    expect_rounds(e, 2, n, 0);
+    cca_history_free(e);
+    /* a bound below the entries held keeps the newest, then wraps */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 3000, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    e = history(&n);
+    expect_eq_u64(n, 3000);
+    expect_rounds(e, 0, n, 1510 - 1000);
+    cca_history_free(e);
+    history_rounds(1510, 700);
+    e = history(&n);
+    expect_eq_u64(n, 3000);
+    expect_rounds(e, 0, n, 2210 - 1000);
+    cca_history_free(e);
+    /* a bound not reached yet grows from a partly filled ring */
+    expect_eq_i64(cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 2500, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(0, 100);
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 2001, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    history_rounds(100, 900);
+    e = history(&n);
+    expect_eq_u64(n, 2001);
+    expect_rounds(e, 0, n, 1000 - 667);
+    cca_history_free(e);
+    cca_free(keep);
+}
+
 static int context_calls;
 
 static const char *context_fn(void *arg)
@@ -903,6 +974,91 @@ static const char *latin1_context(void *arg)
     return "/home/jos\xe9/train.py:12"; /* a Latin-1 path: not UTF-8 */
 }
 
+/* The segment of a snapshot holding p, or NULL. */
+static const cca_segment_info_t *segment_of(const cca_snapshot_t *snap, const void *p)
+{
+    for (size_t i = 0; snap && i < snap->segment_count; i++) {
+        const cca_segment_info_t *seg = &snap->segments[i];
+        if ((uintptr_t)p >= seg->address && (uintptr_t)p < seg->address + seg->total_size)
+            return seg;
+    }
+    return NULL;
+}
+
+static const char *segment_context_of(const cca_snapshot_t *snap, const void *p)
+{
+    const cca_segment_info_t *seg = segment_of(snap, p);
+    return seg && seg->context ? seg->context : "";
+}
+
+/*
+ * A segment carries the context of the allocation that created it (PyTorch's
+ * context_when_segment_allocated: the segment's `frames` in snapshots), at level
+ * STATE and up: kept while later allocations split it, dropped with the
+ * segment. For an expandable segment, the allocation that first mapped its
+ * start; its growth keeps that context.
+ */
+TEST(segment_context)
+{
+    setup(0);
+    context_calls = 0;
+    expect_eq_i64(cca_record_history(true, context_fn, "seg", 100, CCA_RECORD_CONTEXT_STATE), CCA_OK);
+    void *a = xmalloc_dev(1000, 0, S1); /* creates a small segment: seg-1 */
+    void *b = xmalloc_dev(1000, 0, S1); /* in the same segment: seg-2 */
+    cca_snapshot_t *snap = take();
+    expect_eq_str(segment_context_of(snap, a), "seg-1\nframe two");
+    expect_true(segment_of(snap, a) == segment_of(snap, b));
+    cca_snapshot_free(snap);
+    /* the pickle: the segment's frames, one per line */
+    char path[128];
+    path_in_tmp(path, sizeof(path), "segment_frames.pickle");
+    expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
+    pv_doc_t *doc = NULL;
+    expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
+    const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
+    const pv_node_t *segs = root ? key(root, "segments") : NULL;
+    size_t with_frames = 0;
+    for (size_t i = 0; segs && i < pv_len(segs); i++) {
+        const pv_node_t *frames = key(pv_at(segs, i), "frames");
+        if (frames && pv_len(frames) == 2 && pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"), "seg-1") &&
+            pv_str_eq(pv_dict_get(pv_at(frames, 1), "filename"), "frame two"))
+            with_frames++;
+    }
+    expect_eq_u64(with_frames, 1);
+    pv_doc_free(doc);
+    /* the segment goes: a new one takes the context of its own creation */
+    cca_free(a);
+    cca_free(b);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    void *c = xmalloc_dev(1000, 0, S1); /* seg-3 */
+    snap = take();
+    expect_eq_str(segment_context_of(snap, c), "seg-3\nframe two");
+    cca_snapshot_free(snap);
+    cca_free(c);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    /* an expandable segment: the allocation that mapped its start */
+    expect_eq_i64(cca_set_settings("expandable_segments:True"), CCA_OK);
+    void *d = xmalloc_dev(30 * MiB, 0, S1); /* maps the segment's start: seg-4 */
+    void *e = xmalloc_dev(30 * MiB, 0, S1); /* grows it: seg-5 */
+    snap = take();
+    expect_true(segment_of(snap, d) && segment_of(snap, d)->is_expandable);
+    expect_true(segment_of(snap, d) == segment_of(snap, e));
+    expect_eq_str(segment_context_of(snap, d), "seg-4\nframe two");
+    cca_snapshot_free(snap);
+    cca_free(d);
+    cca_free(e);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    /* below STATE: none */
+    expect_eq_i64(cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
+    void *f = xmalloc_dev(1000, 0, S1);
+    snap = take();
+    expect_true(segment_of(snap, f) && segment_of(snap, f)->context == NULL);
+    cca_snapshot_free(snap);
+    cca_free(f);
+    expect_eq_i64(cca_empty_cache(), CCA_OK);
+    cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+}
+
 /*
  * A context or annotation that is not UTF-8 (a Latin-1 path) is written with
  * each bad byte as U+FFFD, as Python decodes with errors="replace"; before,
@@ -1026,6 +1182,7 @@ int main(void)
     RUN(snapshot_streams_and_devices_sorted);
     RUN(history_order_and_fields);
     RUN(history_ring_wraps);
+    RUN(history_huge_bound_grows);
     RUN(context_levels);
     RUN(trackers_observers_annotations);
     RUN(snapshot_consistent_under_concurrency);
@@ -1034,6 +1191,7 @@ int main(void)
     RUN(compile_contexts_and_user_metadata);
     RUN(dump_read_by_python_and_svg);
     RUN(dump_of_text_that_is_not_utf8);
+    RUN(segment_context);
     RUN(snapshot_out_of_memory_for_a_context);
     RUN(svg_escapes_a_files_segment_type);
     cca_shutdown();

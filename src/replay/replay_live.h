@@ -1,0 +1,94 @@
+/*
+ * replay_live.h - the replay's live blocks: a trace address -> the pointer
+ * cca gave for it (and the private stream holding it after a deferred
+ * free_requested), in an open-addressing table. Shared by replay.c and the
+ * start state's construction (replay_start.c).
+ */
+#ifndef CCA_REPLAY_LIVE_H
+#define CCA_REPLAY_LIVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Live blocks: trace address -> cca pointer (and the private stream if deferred). */
+typedef struct live_entry {
+    uint64_t key;      /* trace address; 0 = empty */
+    uint64_t ptr;      /* cca's pointer */
+    uint64_t hold;     /* private stream holding it after free_requested, 0 if none */
+    bool tomb;
+} live_entry_t;
+
+typedef struct live_map {
+    live_entry_t *slots;
+    size_t cap, count, used;
+} live_map_t;
+
+static inline size_t live_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static inline bool live_grow(live_map_t *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 1024;
+    live_entry_t *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    for (size_t i = 0; i < m->cap; i++) {
+        live_entry_t *e = &m->slots[i];
+        if (!e->key || e->tomb)
+            continue;
+        size_t j = live_hash(e->key) & (cap - 1);
+        while (slots[j].key)
+            j = (j + 1) & (cap - 1);
+        slots[j] = *e;
+    }
+    free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    m->used = m->count;
+    return true;
+}
+
+static inline live_entry_t *live_find(live_map_t *m, uint64_t key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t j = live_hash(key) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
+        live_entry_t *e = &m->slots[j];
+        if (!e->key)
+            return NULL;
+        if (e->key == key && !e->tomb)
+            return e;
+    }
+}
+
+static inline live_entry_t *live_put(live_map_t *m, uint64_t key)
+{
+    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
+        return NULL;
+    size_t j = live_hash(key) & (m->cap - 1);
+    while (m->slots[j].key && !(m->slots[j].key == key && !m->slots[j].tomb) && !m->slots[j].tomb)
+        j = (j + 1) & (m->cap - 1);
+    live_entry_t *e = &m->slots[j];
+    if (!e->key)
+        m->used++;
+    e->key = key;
+    e->tomb = false;
+    e->ptr = 0;
+    e->hold = 0;
+    m->count++;
+    return e;
+}
+
+static inline void live_del(live_map_t *m, live_entry_t *e)
+{
+    e->tomb = true;
+    m->count--;
+}
+
+#endif /* CCA_REPLAY_LIVE_H */
