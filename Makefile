@@ -1,7 +1,7 @@
-# Thin wrapper over CMake. `make` builds, `make test` runs every test under
-# ASan+UBSan (and the threaded stress test under TSan), `make check` runs the
-# unit tests without sanitizers (the edit loop), `make demo` runs the main
-# job, `make install PREFIX=...` installs.
+# Thin wrapper over CMake. `make` builds and says which backends it built,
+# `make test` runs every test under ASan+UBSan (and the threaded stress test
+# under TSan), `make check` runs the unit tests without sanitizers (the edit
+# loop), `make demo` runs the main job, `make install PREFIX=...` installs.
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE ?= cmake
@@ -13,6 +13,7 @@ all: build
 build:
 	@$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	@$(CMAKE) --build build -j $(JOBS)
+	@cat build/cca-backends.txt
 
 test:
 	@sh scripts/run-tests.sh

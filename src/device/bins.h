@@ -8,7 +8,7 @@
  * next non-empty class found through the bitmaps: the same block an ordered
  * set keyed by (size, address) returns from lower_bound.
  *
- * Included by device.h after cca_bins_t.
+ * Included by device_types.h after cca_bins_t.
  */
 #ifndef CCA_BINS_H
 #define CCA_BINS_H

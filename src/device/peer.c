@@ -12,6 +12,7 @@
  */
 #include "device.h"
 #include "async.h"
+#include "state.h"
 
 /* Validate a device index against the initialised state. */
 static cca_status_t peer_device_arg(const char *what, int device)
@@ -24,7 +25,7 @@ static cca_status_t peer_device_arg(const char *what, int device)
 
 cca_status_t cca_can_access_peer(int device, int peer, bool *can_access)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     if (!can_access)
@@ -49,7 +50,7 @@ cca_status_t cca_can_access_peer(int device, int peer, bool *can_access)
 
 cca_status_t cca_enable_peer_access(int device, int peer)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     st = peer_device_arg("cca_enable_peer_access", device);
@@ -92,7 +93,7 @@ out_unlock:
 
 cca_status_t cca_peer_access_list(int device, int *peers, size_t cap, size_t *count)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     if (!count || (cap && !peers))
@@ -117,7 +118,7 @@ cca_status_t cca_peer_access_list(int device, int *peers, size_t cap, size_t *co
 cca_status_t cca_memcpy_peer_async(void *dst, int dst_device, const void *src, int src_device,
                                    size_t size, cca_stream_t stream)
 {
-    cca_status_t st = cca_init();
+    cca_status_t st = state_ensure();
     if (st != CCA_OK)
         return st;
     st = peer_device_arg("cca_memcpy_peer_async", dst_device);

@@ -4,7 +4,7 @@
  * placement computed from one period of its requests (sizes and lifetimes),
  * served in a range of address space of its own, mapped once.
  *
- * Included by device.h after cca_pool_t and cca_block_t.
+ * Included by device_types.h after cca_pool_t and cca_block_t.
  */
 #ifndef CCA_PLAN_H
 #define CCA_PLAN_H

@@ -152,7 +152,10 @@ static cca_status_t init_locked(cca_backend_t *backend, const cca_settings_t *se
         devices_ready++;
     }
     if (settings->backend == CCA_BACKEND_ASYNC) {
-        st = async_init(S->device_count);
+        size_t totals[CCA_MAX_DEVICES];
+        for (int d = 0; d < S->device_count; d++)
+            totals[d] = S->devices[d].total_memory;
+        st = async_init(S->backend, S->device_count, totals, settings->per_process_memory_fraction);
         if (st != CCA_OK)
             goto out_destroy;
     }

@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "async.h"
-#include "device.h"
+#include "stats_text.h"
 
 #define ASYNC_SHARDS 64
 
@@ -74,6 +74,7 @@ typedef struct async_device {
     pthread_mutex_t lock;        /* set-up, the orphans */
     pthread_rwlock_t pool_lock;  /* read: calls that change the pool; write: reading its
                                     statistics, so they are one consistent picture */
+    size_t total_memory;         /* bytes, the device allocator's figure (async_init) */
     atomic_bool ready;           /* pool configured, unifying stream made */
     cca_stream_t unifying;       /* frees of blocks used on several streams */
     _Atomic size_t used_bytes;   /* allocated through cca (PyTorch's pytorch_used_bytes) */
@@ -101,6 +102,7 @@ typedef struct async_capture {
 } async_capture_t;
 
 typedef struct async_state {
+    cca_backend_t *backend;      /* the allocator's backend (async_init) */
     int device_count;
     async_device_t *devices;
     async_shard_t shards[ASYNC_SHARDS];
@@ -244,7 +246,8 @@ static cca_status_t orphans_retry(cca_backend_t *be, int device)
 
 /* ---- set-up ------------------------------------------------------------------------------ */
 
-cca_status_t async_init(int device_count)
+cca_status_t async_init(cca_backend_t *backend, int device_count, const size_t *total_memory,
+                        double fraction)
 {
     async_state_t *s = calloc(1, sizeof(*s));
     if (!s)
@@ -254,14 +257,15 @@ cca_status_t async_init(int device_count)
         free(s);
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory initialising cudaMallocAsync");
     }
+    s->backend = backend;
     s->device_count = device_count;
-    double fraction = cca_state->settings->per_process_memory_fraction;
     for (int d = 0; d < device_count; d++) {
         pthread_mutex_init(&s->devices[d].lock, NULL);
         pthread_rwlock_init(&s->devices[d].pool_lock, NULL);
         size_t limit = SIZE_MAX;
         if (fraction > 0.0)
-            limit = (size_t)(fraction * (double)cca_state->devices[d].total_memory);
+            limit = (size_t)(fraction * (double)total_memory[d]);
+        s->devices[d].total_memory = total_memory[d];
         atomic_init(&s->devices[d].limit, limit);
     }
     for (int i = 0; i < ASYNC_SHARDS; i++)
@@ -281,7 +285,7 @@ static cca_status_t device_ready(int device)
     async_device_t *ad = &AS->devices[device];
     if (atomic_load_explicit(&ad->ready, memory_order_acquire))
         return CCA_OK;
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     cca_status_t st = CCA_OK;
     pthread_mutex_lock(&ad->lock);
     if (atomic_load_explicit(&ad->ready, memory_order_relaxed))
@@ -381,7 +385,7 @@ static inline void fast_leave(void)
 /* PyTorch's out-of-memory message of this backend. */
 static cca_status_t async_oom(int device, size_t size)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     async_device_t *ad = &AS->devices[device];
     size_t device_free = 0, device_total = 0;
     cca_status_t st = be->mem_get_info(be->ctx, device, &device_free, &device_total);
@@ -473,7 +477,7 @@ static void charge_done(async_device_t *ad, size_t size)
 static cca_status_t malloc_entry(int device, size_t size, cca_stream_t stream, bool captured,
                                  void **ptr)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     async_device_t *ad = &AS->devices[device];
     cca_status_t st = device_ready(device);
     if (st != CCA_OK)
@@ -536,7 +540,7 @@ cca_status_t async_malloc(int device, size_t size, cca_stream_t stream, void **p
 static cca_status_t sync_streams(int device, cca_stream_t stream, int dependent_device,
                                  cca_stream_t dependent)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     cca_event_t ev = NULL;
     cca_status_t st = be->event_create(be->ctx, device, &ev);
     if (st != CCA_OK)
@@ -554,7 +558,7 @@ static cca_status_t sync_streams(int device, cca_stream_t stream, int dependent_
 /* cudaFreeAsync of e, through the unifying stream when it was used on others. */
 static cca_status_t free_entry(async_entry_t *e)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     if (!e->use_count)
         return be->free_async(be->ctx, e->device, (void *)e->ptr, e->stream);
     cca_stream_t unifying = AS->devices[e->device].unifying;
@@ -624,7 +628,7 @@ static cca_status_t free_and_forget(async_shard_t *sh, async_entry_t *e)
 
 cca_status_t async_record_stream(void *ptr, cca_stream_t stream)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     int device = 0;
     cca_status_t st = be->get_device(be->ctx, &device); /* the stream's device */
     if (st != CCA_OK)
@@ -670,7 +674,7 @@ out_unlock:
 
 cca_status_t async_empty_cache(void)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     cca_status_t result = CCA_OK;
     for (int d = 0; d < AS->device_count; d++) {
         if (!atomic_load_explicit(&AS->devices[d].ready, memory_order_acquire)) {
@@ -696,7 +700,7 @@ cca_status_t async_empty_cache(void)
 
 cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_block)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     async_device_t *ad = &AS->devices[device];
     cca_status_t st = device_ready(device);
     if (st != CCA_OK)
@@ -745,7 +749,7 @@ cca_status_t async_cache_info(int device, size_t *total_cached, size_t *largest_
 
 cca_status_t async_cached_bytes(int device, size_t *cached)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     async_device_t *ad = &AS->devices[device];
     uint64_t reserved = 0, in_use = 0;
     if (atomic_load_explicit(&ad->ready, memory_order_acquire)) {
@@ -784,7 +788,7 @@ cca_status_t async_get_base_allocation(void *ptr, void **base, size_t *size)
 
 cca_status_t async_set_memory_fraction(double fraction, int device)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     cca_status_t st = device_ready(device);
     if (st != CCA_OK)
         return st;
@@ -801,7 +805,7 @@ cca_status_t async_set_memory_fraction(double fraction, int device)
 double async_get_memory_fraction(int device)
 {
     size_t limit = atomic_load(&AS->devices[device].limit);
-    size_t total = cca_state->devices[device].total_memory;
+    size_t total = AS->devices[device].total_memory;
     return limit == SIZE_MAX || total == 0 ? 1.0 : (double)limit / (double)total;
 }
 
@@ -810,7 +814,7 @@ void async_settings_fraction(double fraction)
 {
     for (int d = 0; d < AS->device_count; d++)
         atomic_store(&AS->devices[d].limit,
-                     fraction > 0.0 ? (size_t)(fraction * (double)cca_state->devices[d].total_memory)
+                     fraction > 0.0 ? (size_t)(fraction * (double)AS->devices[d].total_memory)
                                     : SIZE_MAX);
 }
 
@@ -818,7 +822,7 @@ void async_settings_fraction(double fraction)
 
 cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     uint64_t v[4] = {0, 0, 0, 0};
     static const cca_mempool_attr_t attrs[4] = {CCA_MEMPOOL_RESERVED_CURRENT, CCA_MEMPOOL_RESERVED_HIGH,
                                                 CCA_MEMPOOL_USED_CURRENT, CCA_MEMPOOL_USED_HIGH};
@@ -845,7 +849,7 @@ cca_status_t async_get_device_stats(int device, cca_device_stats_t *stats)
 
 cca_status_t async_reset_peak_stats(int device)
 {
-    cca_backend_t *be = cca_state->backend;
+    cca_backend_t *be = AS->backend;
     /* Zero is the only value these accept: it resets each mark to its current value. */
     cca_status_t st = be->mempool_set_attr(be->ctx, device, CCA_MEMPOOL_RESERVED_HIGH, 0);
     if (st == CCA_OK)

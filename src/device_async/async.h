@@ -1,8 +1,9 @@
 /*
  * async.h - the cudaMallocAsync device allocator (`backend:cudaMallocAsync`):
  * the driver's stream-ordered pool behind cca's device API, with PyTorch
- * 2.11's semantics for that backend. The device entry points hand over to it
- * when the setting is on; it keeps no blocks, segments or caches of its own.
+ * 2.11's semantics for that backend. The device entry points (src/device/,
+ * the layer above) hand over to it when the setting is on; it keeps no
+ * blocks, segments or caches of its own and includes nothing of src/device/.
  */
 #ifndef CCA_ASYNC_H
 #define CCA_ASYNC_H
@@ -18,8 +19,14 @@ static inline bool async_enabled(void)
     return async_active != NULL;
 }
 
-/* Set up / tear down the allocator's state (setup.c; cca_state set, devices known). */
-cca_status_t async_init(int device_count);
+/*
+ * Set up / tear down the allocator's state (setup.c, the devices known):
+ * backend, device_count devices of total_memory[d] bytes each, the memory
+ * fraction per_process_memory_fraction gives (0: none). It keeps what it is
+ * given: this backend sits below the device allocator and reads nothing of it.
+ */
+cca_status_t async_init(cca_backend_t *backend, int device_count, const size_t *total_memory,
+                        double fraction);
 /* Free what is still allocated (in stream order) and give streams back (before be goes). */
 void async_shutdown(cca_backend_t *be);
 

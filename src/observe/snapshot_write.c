@@ -1,8 +1,9 @@
 /*
  * snapshot_write.c - the allocator's state and history as PyTorch 2.11's
- * snapshot (torch.cuda.memory._snapshot()), written as a pickle (for
- * torch.cuda._memory_viz and cca replay), JSON or SVG; and the conversion of
- * snapshot files to JSON and SVG.
+ * snapshot (torch.cuda.memory._snapshot()), built from the plain data the
+ * device allocator hands over (snapshot_parts_t, device/snapshot.c) and
+ * written as a pickle (for torch.cuda._memory_viz and cca replay), JSON or
+ * SVG; and the conversion of snapshot files to JSON and SVG.
  *
  * The tree has PyTorch's keys, in PyTorch's order, with PyTorch's value
  * types (ints, str, bool, float, the (0, 0) pool id tuple). A user context
@@ -14,10 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "state.h"
 #include "pickle.h"
 #include "snapshot_io.h"
+
+static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
+
+const char *cca_block_state_name(cca_block_state_t state)
+{
+    return (unsigned)state < 3 ? state_names[state] : "unknown";
+}
 
 /* A non-negative integer as a Python int. */
 static pv_node_t *pv_uint(pv_doc_t *doc, uint64_t v)
@@ -181,8 +187,9 @@ static bool conf_string(const cca_settings_t *s, cca_strbuf_t *out)
     return ok && !out->failed;
 }
 
-static cca_status_t add_settings(pv_doc_t *doc, pv_node_t *root, const cca_settings_t *s)
+static cca_status_t add_settings(pv_doc_t *doc, pv_node_t *root, const snapshot_parts_t *parts)
 {
+    const cca_settings_t *s = parts->settings;
     cca_strbuf_t conf;
     sb_init(&conf);
     if (!conf_string(s, &conf)) { /* a file replayed under other settings: none at all */
@@ -212,41 +219,21 @@ static cca_status_t add_settings(pv_doc_t *doc, pv_node_t *root, const cca_setti
         /* what cca replay reads back: the settings string and the device */
         pv_node_t *meta = pv_new_dict(doc);
         pv_dict_set(doc, meta, "conf", pv_new_str(doc, conf.data ? conf.data : ""));
-        cca_device_t *dev = &cca_state->devices[0];
-        pv_dict_set(doc, meta, "total_memory", pv_uint(doc, dev->total_memory));
-        pthread_mutex_lock(&dev->lock);
-        double fraction = dev->set_fraction && dev->total_memory
-                              ? (double)dev->allowed_memory_maximum / (double)dev->total_memory
-                              : 0.0;
-        pthread_mutex_unlock(&dev->lock);
-        if (fraction > 0.0)
-            pv_dict_set(doc, meta, "fraction", pv_new_float(doc, fraction));
+        pv_dict_set(doc, meta, "total_memory", pv_uint(doc, parts->total_memory));
+        if (parts->fraction > 0.0)
+            pv_dict_set(doc, meta, "fraction", pv_new_float(doc, parts->fraction));
         st = pv_dict_set(doc, root, "cca_meta", meta);
     }
     sb_free(&conf);
     return st;
 }
 
-cca_status_t snapshot_build(pv_doc_t **out)
+cca_status_t snapshot_tree(const snapshot_parts_t *parts, pv_doc_t **out)
 {
-    cca_status_t st = state_ensure();
-    if (st != CCA_OK)
-        return st;
-    /* history first: the snapshot entries this call records belong to the next dump (as PyTorch) */
-    cca_trace_entry_t *entries = NULL;
-    size_t count = 0;
-    st = cca_history_get(&entries, &count);
-    if (st != CCA_OK)
-        return st;
-    cca_snapshot_t *snap = NULL;
-    st = cca_snapshot(&snap);
-    if (st != CCA_OK)
-        goto out_history;
+    cca_status_t st;
     pv_doc_t *doc = pv_doc_new();
-    if (!doc) {
-        st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
-        goto out_snapshot;
-    }
+    if (!doc)
+        return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
     /* a node that cannot be built raises; a raise anywhere in the tree fails the build */
     cca_clear_error();
     pv_node_t *root = pv_new_dict(doc);
@@ -257,11 +244,11 @@ cca_status_t snapshot_build(pv_doc_t **out)
     if (st == CCA_OK)
         st = pv_dict_set(doc, root, "device_traces", traces);
     if (st == CCA_OK)
-        st = add_segments(doc, segments, snap);
+        st = add_segments(doc, segments, parts->snapshot);
     if (st == CCA_OK)
-        st = add_traces(doc, traces, annotations, entries, count, cca_state->device_count);
+        st = add_traces(doc, traces, annotations, parts->entries, parts->entry_count, parts->device_count);
     if (st == CCA_OK)
-        st = add_settings(doc, root, cca_state->settings);
+        st = add_settings(doc, root, parts);
     if (st == CCA_OK)
         st = pv_dict_set(doc, root, "external_annotations", annotations);
     if (st == CCA_OK && cca_last_error()->status != CCA_OK)
@@ -270,15 +257,11 @@ cca_status_t snapshot_build(pv_doc_t **out)
         if (st == CCA_ERR_OUT_OF_MEMORY && cca_last_error()->status != CCA_ERR_OUT_OF_MEMORY)
             st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory writing a snapshot");
         pv_doc_free(doc);
-        goto out_snapshot;
+        return st;
     }
     pv_doc_set_root(doc, root);
     *out = doc;
-out_snapshot:
-    cca_snapshot_free(snap);
-out_history:
-    cca_history_free(entries);
-    return st;
+    return CCA_OK;
 }
 
 /* Write text to path. Returns CCA_OK or CCA_ERR_IO. */
@@ -294,25 +277,11 @@ cca_status_t snapshot_write_text(const char *path, const char *text, size_t len)
     return CCA_OK;
 }
 
-static cca_status_t check_path(const char *path, const char *what)
+cca_status_t snapshot_check_path(const char *path, const char *what)
 {
     if (!path || !*path)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
     return CCA_OK;
-}
-
-cca_status_t cca_dump_snapshot(const char *path)
-{
-    cca_status_t st = check_path(path, "cca_dump_snapshot");
-    if (st != CCA_OK)
-        return st;
-    pv_doc_t *doc = NULL;
-    st = snapshot_build(&doc);
-    if (st != CCA_OK)
-        return st;
-    st = pickle_write_file(pv_doc_root(doc), path);
-    pv_doc_free(doc);
-    return st;
 }
 
 /* Render a snapshot tree as JSON or SVG into sb. */
@@ -326,33 +295,17 @@ static cca_status_t render(const pv_node_t *root, bool svg, cca_strbuf_t *sb)
     return st;
 }
 
-static cca_status_t dump_rendered(const char *path, bool svg, const char *what)
+cca_status_t snapshot_write_doc(const pv_doc_t *doc, snapshot_format_t format, const char *path)
 {
-    cca_status_t st = check_path(path, what);
-    if (st != CCA_OK)
-        return st;
-    pv_doc_t *doc = NULL;
-    st = snapshot_build(&doc);
-    if (st != CCA_OK)
-        return st;
+    if (format == SNAPSHOT_PICKLE)
+        return pickle_write_file(pv_doc_root(doc), path);
     cca_strbuf_t sb;
     sb_init(&sb);
-    st = render(pv_doc_root(doc), svg, &sb);
+    cca_status_t st = render(pv_doc_root(doc), format == SNAPSHOT_SVG, &sb);
     if (st == CCA_OK)
         st = snapshot_write_text(path, sb.data, sb.len);
     sb_free(&sb);
-    pv_doc_free(doc);
     return st;
-}
-
-cca_status_t cca_dump_snapshot_json(const char *path)
-{
-    return dump_rendered(path, false, "cca_dump_snapshot_json");
-}
-
-cca_status_t cca_dump_snapshot_svg(const char *path)
-{
-    return dump_rendered(path, true, "cca_dump_snapshot_svg");
 }
 
 /* Load a snapshot file and check its shape. */
@@ -374,7 +327,7 @@ static cca_status_t load_snapshot(const char *path, pv_doc_t **out)
 
 cca_status_t cca_snapshot_file_to_json(const char *in_path, char **text)
 {
-    cca_status_t st = check_path(in_path, "cca_snapshot_file_to_json");
+    cca_status_t st = snapshot_check_path(in_path, "cca_snapshot_file_to_json");
     if (st != CCA_OK)
         return st;
     if (!text)
@@ -397,9 +350,9 @@ cca_status_t cca_snapshot_file_to_json(const char *in_path, char **text)
 
 cca_status_t cca_snapshot_file_to_svg(const char *in_path, const char *svg_path)
 {
-    cca_status_t st = check_path(in_path, "cca_snapshot_file_to_svg");
+    cca_status_t st = snapshot_check_path(in_path, "cca_snapshot_file_to_svg");
     if (st == CCA_OK)
-        st = check_path(svg_path, "cca_snapshot_file_to_svg");
+        st = snapshot_check_path(svg_path, "cca_snapshot_file_to_svg");
     if (st != CCA_OK)
         return st;
     pv_doc_t *doc = NULL;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "stats_text.h"
 
 /* The per-pool statistics, in PyTorch's naming: X(field, key, summary title, kind). */
 #define CCA_ARRAY_STATS(X)                                                   \

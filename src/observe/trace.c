@@ -18,8 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "async.h"
-#include "state.h"
 #include "trace.h"
 #include "trace_ring.h"
 
@@ -456,8 +454,8 @@ void trace_disable(void)
 
 /* ---- public API --------------------------------------------------------------------- */
 
-cca_status_t cca_record_history(bool enabled, cca_context_fn fn, void *arg, size_t max_entries,
-                                cca_record_context_t when)
+cca_status_t trace_record_history(bool enabled, cca_context_fn fn, void *arg, size_t max_entries,
+                                  cca_record_context_t when, bool refused)
 {
     if ((int)when < CCA_RECORD_CONTEXT_NEVER || (int)when > CCA_RECORD_CONTEXT_ALL)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_history: context level %d is not one of "
@@ -466,7 +464,7 @@ cca_status_t cca_record_history(bool enabled, cca_context_fn fn, void *arg, size
         trace_disable();
         return CCA_OK;
     }
-    if (async_enabled()) /* the backend's pool places blocks: nothing to record (PyTorch's error) */
+    if (refused) /* the backend's pool places blocks: nothing to record (PyTorch's error) */
         return cca_raise(CCA_ERR_NOT_SUPPORTED, "cudaMallocAsync does not yet support recordHistory. "
                          "If you need it, please file an issue describing your use case.");
     if (when != CCA_RECORD_CONTEXT_NEVER && !fn)
@@ -567,17 +565,8 @@ const char *cca_trace_entry_field(const cca_trace_entry_t *entry, const char *ke
 }
 
 /* The calling thread's current device, checked against the table's size. */
-static cca_status_t current_device(const char *what, int *device)
-{
-    cca_status_t st = cca_get_device(device);
-    if (st != CCA_OK)
-        return st;
-    if (*device < 0 || *device >= CCA_MAX_DEVICES)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "%s: device %d is out of range", what, *device);
-    return CCA_OK;
-}
-
-cca_status_t cca_record_annotation_fields(const char *const *keys, const char *const *values, size_t count)
+cca_status_t trace_record_annotation(const char *const *keys, const char *const *values, size_t count,
+                                     trace_device_fn device_fn)
 {
     if (count && (!keys || !values))
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation_fields: %s is NULL",
@@ -593,11 +582,9 @@ cca_status_t cca_record_annotation_fields(const char *const *keys, const char *c
     if (!atomic_load_explicit(&cca_trace_active, memory_order_relaxed))
         return CCA_OK;
     int device = 0; /* on the current device, as PyTorch 2.11's; device 0 before initialisation */
-    if (state_device_count() > 0) {
-        cca_status_t st = current_device("cca_record_annotation_fields", &device);
-        if (st != CCA_OK)
-            return st;
-    }
+    cca_status_t st = device_fn("cca_record_annotation_fields", &device);
+    if (st != CCA_OK)
+        return st;
     trace_ctx_t *c = ctx_new_annotation(keys, values, count);
     if (!c)
         return cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory recording an annotation");
@@ -606,15 +593,6 @@ cca_status_t cca_record_annotation_fields(const char *const *keys, const char *c
     pthread_mutex_unlock(&trace_lock);
     ctx_unref(c);
     return CCA_OK;
-}
-
-cca_status_t cca_record_annotation(const char *name)
-{
-    if (!name)
-        return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_record_annotation: name is NULL");
-    static const char *const keys[2] = {"name", "stage"};
-    const char *values[2] = {name, "START"};
-    return cca_record_annotation_fields(keys, values, 2);
 }
 
 cca_status_t cca_history_get(cca_trace_entry_t **out, size_t *count)
@@ -709,12 +687,12 @@ cca_status_t cca_detach_trace_tracker(cca_trace_tracker_fn fn, void *arg)
 
 /* ---- compile contexts and user metadata ------------------------------------------------- */
 
-cca_status_t cca_push_compile_context(const char *context)
+cca_status_t trace_push_compile_context(const char *context, trace_device_fn device_fn)
 {
     if (!context)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_push_compile_context: context is NULL");
     int d;
-    cca_status_t st = current_device("cca_push_compile_context", &d);
+    cca_status_t st = device_fn("cca_push_compile_context", &d);
     if (st != CCA_OK)
         return st;
     trace_ctx_t *c = ctx_new(context);
@@ -742,10 +720,10 @@ cca_status_t cca_push_compile_context(const char *context)
     return CCA_OK;
 }
 
-cca_status_t cca_pop_compile_context(void)
+cca_status_t trace_pop_compile_context(trace_device_fn device_fn)
 {
     int d;
-    cca_status_t st = current_device("cca_pop_compile_context", &d);
+    cca_status_t st = device_fn("cca_pop_compile_context", &d);
     if (st != CCA_OK)
         return st;
     trace_ctx_t *top = NULL;
@@ -757,12 +735,12 @@ cca_status_t cca_pop_compile_context(void)
     return CCA_OK;
 }
 
-cca_status_t cca_set_user_metadata(const char *metadata)
+cca_status_t trace_set_user_metadata(const char *metadata, trace_device_fn device_fn)
 {
     if (!metadata)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_set_user_metadata: metadata is NULL");
     int d;
-    cca_status_t st = current_device("cca_set_user_metadata", &d);
+    cca_status_t st = device_fn("cca_set_user_metadata", &d);
     if (st != CCA_OK)
         return st;
     trace_ctx_t *c = ctx_new(metadata);
@@ -776,12 +754,12 @@ cca_status_t cca_set_user_metadata(const char *metadata)
     return CCA_OK;
 }
 
-cca_status_t cca_get_user_metadata(char **metadata)
+cca_status_t trace_get_user_metadata(char **metadata, trace_device_fn device_fn)
 {
     if (!metadata)
         return cca_raise(CCA_ERR_INVALID_ARGUMENT, "cca_get_user_metadata: metadata is NULL");
     int d;
-    cca_status_t st = current_device("cca_get_user_metadata", &d);
+    cca_status_t st = device_fn("cca_get_user_metadata", &d);
     if (st != CCA_OK)
         return st;
     pthread_mutex_lock(&trace_lock);

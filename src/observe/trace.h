@@ -57,6 +57,23 @@ static inline bool trace_context_gather(int level)
     return trace_context_gather_slow(level);
 }
 
+/*
+ * The public history functions that need the device (src/runtime/history_api.c
+ * wraps them): device_fn gives the current device for entry point what
+ * (bringing cca up where the entry point does), or leaves *device as it is.
+ * Each returns CCA_OK, device_fn's error, or the public function's errors.
+ */
+typedef cca_status_t (*trace_device_fn)(const char *what, int *device);
+/* cca_record_history; refused: the backend places blocks itself (CCA_ERR_NOT_SUPPORTED). */
+cca_status_t trace_record_history(bool enabled, cca_context_fn fn, void *arg, size_t max_entries,
+                                  cca_record_context_t when, bool refused);
+cca_status_t trace_record_annotation(const char *const *keys, const char *const *values, size_t count,
+                                     trace_device_fn device_fn);
+cca_status_t trace_push_compile_context(const char *context, trace_device_fn device_fn);
+cca_status_t trace_pop_compile_context(trace_device_fn device_fn);
+cca_status_t trace_set_user_metadata(const char *metadata, trace_device_fn device_fn);
+cca_status_t trace_get_user_metadata(char **metadata, trace_device_fn device_fn);
+
 /* Name of an action as PyTorch writes it ("alloc", "free_requested", ...). */
 const char *trace_action_name(cca_trace_action_t action);
 

@@ -1,6 +1,8 @@
 /*
  * snapshot.c - cca_snapshot(): every segment and block of every device, as
- * PyTorch's SegmentInfo / BlockInfo.
+ * PyTorch's SegmentInfo / BlockInfo; and the dumps of the live state
+ * (cca_dump_snapshot*), which gather it here and hand it to
+ * observe/snapshot_write.c as plain data (snapshot_parts_t).
  *
  * Invariant: a device is walked with its lock and every one of its stream
  * pool locks held, so the picture of a device is one instant of it (no block
@@ -11,16 +13,10 @@
 #include <string.h>
 
 #include "device.h"
+#include "snapshot_io.h"
 #include "state.h"
 #include "trace.h"
 #include "trace_ring.h"
-
-static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
-
-const char *cca_block_state_name(cca_block_state_t state)
-{
-    return (unsigned)state < 3 ? state_names[state] : "unknown";
-}
 
 void cca_snapshot_free(cca_snapshot_t *snap)
 {
@@ -199,4 +195,72 @@ cca_status_t cca_snapshot(cca_snapshot_t **out)
         qsort(snap->segments, snap->segment_count, sizeof(*snap->segments), segment_order);
     *out = snap;
     return CCA_OK;
+}
+
+/* The live allocator's state and history as PyTorch's snapshot tree. */
+static cca_status_t snapshot_build(pv_doc_t **out)
+{
+    cca_status_t st = state_ensure();
+    if (st != CCA_OK)
+        return st;
+    /* history first: the snapshot entries this call records belong to the next dump (as PyTorch) */
+    cca_trace_entry_t *entries = NULL;
+    size_t count = 0;
+    st = cca_history_get(&entries, &count);
+    if (st != CCA_OK)
+        return st;
+    cca_snapshot_t *snap = NULL;
+    st = cca_snapshot(&snap);
+    if (st != CCA_OK)
+        goto out_history;
+    cca_device_t *dev = &cca_state->devices[0];
+    pthread_mutex_lock(&dev->lock);
+    double fraction = dev->set_fraction && dev->total_memory
+                          ? (double)dev->allowed_memory_maximum / (double)dev->total_memory
+                          : 0.0;
+    pthread_mutex_unlock(&dev->lock);
+    snapshot_parts_t parts = {
+        .snapshot = snap,
+        .entries = entries,
+        .entry_count = count,
+        .device_count = cca_state->device_count,
+        .settings = cca_state->settings,
+        .total_memory = dev->total_memory,
+        .fraction = fraction,
+    };
+    st = snapshot_tree(&parts, out);
+    cca_snapshot_free(snap);
+out_history:
+    cca_history_free(entries);
+    return st;
+}
+
+/* A dump of the live state to path as format, for entry point what. */
+static cca_status_t dump(const char *path, snapshot_format_t format, const char *what)
+{
+    cca_status_t st = snapshot_check_path(path, what);
+    if (st != CCA_OK)
+        return st;
+    pv_doc_t *doc = NULL;
+    st = snapshot_build(&doc);
+    if (st != CCA_OK)
+        return st;
+    st = snapshot_write_doc(doc, format, path);
+    pv_doc_free(doc);
+    return st;
+}
+
+cca_status_t cca_dump_snapshot(const char *path)
+{
+    return dump(path, SNAPSHOT_PICKLE, "cca_dump_snapshot");
+}
+
+cca_status_t cca_dump_snapshot_json(const char *path)
+{
+    return dump(path, SNAPSHOT_JSON, "cca_dump_snapshot_json");
+}
+
+cca_status_t cca_dump_snapshot_svg(const char *path)
+{
+    return dump(path, SNAPSHOT_SVG, "cca_dump_snapshot_svg");
 }
