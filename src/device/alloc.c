@@ -278,6 +278,7 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
     const cca_settings_t *s = cca_state->settings;
     bool already_split = block_is_split(block);
     cca_block_t *remaining = NULL, *pad = NULL;
+    bool head_split = false; /* the segment's flag before a split at its head (for the undo) */
     if (split < 0 ? should_split(s, pool, block->size, size) : split > 0) {
         if (may_pad && s->compact_memory && split < 0 && (pad = compact_pad(pool, block, size)))
             block = pad->next; /* (it leaves the rest of block worth splitting) */
@@ -297,10 +298,13 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
         }
         remaining = block;
         front->prev = before;
-        if (before)
+        if (before) {
             before->next = front;
-        else
+        } else {
             front->segment->head = front;
+            head_split = front->segment->head_split;
+            front->segment->head_split = true;
+        }
         front->next = remaining;
         remaining->prev = front;
         remaining->addr += size;
@@ -313,6 +317,8 @@ alloc_found_block_inline(cca_device_t *dev, cca_pool_t *pool, cca_block_t **bloc
         /* undo: rejoin the split and return the block to its bin */
         block->allocated = false;
         if (remaining) {
+            if (!block->prev)
+                remaining->segment->head_split = head_split;
             pool_absorb_neighbour(remaining, block);
             pool_block_delete(block);
             block = remaining;

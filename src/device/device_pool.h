@@ -234,10 +234,12 @@ static inline __attribute__((always_inline)) void pool_absorb_neighbour(cca_bloc
 static inline void pool_split_front(cca_pool_t *pool, cca_block_t *front, cca_block_t *b)
 {
     front->prev = b->prev;
-    if (front->prev)
+    if (front->prev) {
         front->prev->next = front;
-    else
+    } else {
         front->segment->head = front;
+        front->segment->head_split = true;
+    }
     front->next = b;
     b->prev = front;
     b->addr += front->size;

@@ -117,6 +117,9 @@ typedef struct cca_segment {
     bool is_small;              /* small-pool segment */
     bool oversize;              /* counted in oversize_segments (max_split_size may change) */
     struct cca_block *head;     /* its first block */
+    bool head_split;            /* its first block was split by an allocation since it was made
+                                   (or its start last mapped): PyTorch's head block is then a
+                                   new one, with no context_when_segment_allocated */
     const struct cca_private_pool *private_pool; /* its blocks' private pool, NULL: the
                                    default pools (fixed for its life: read without its pool's
                                    lock) */

@@ -456,6 +456,8 @@ cca_status_t expandable_map_block(cca_device_t *dev, cca_block_t *to_map, size_t
      * now (known done once the stream's next event completes), should it stay free (a
      * growth failing after this map keeps it cached) and another stream's growth look at it */
     to_map->free_tick = aliased ? ++pool->owner->free_tick : 0;
+    if (!to_map->prev) /* its start mapped: PyTorch's head block takes this mapping's context */
+        seg->head_split = false;
     if (rest) {
         rest->mapped = false;
         expandable_splice(rest, to_map, to_map->next);

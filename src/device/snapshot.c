@@ -77,8 +77,11 @@ static bool snapshot_segment(cca_device_t *dev, const cca_segment_t *seg, const 
     out->owner_private_pool_id[1] = pool_id.second;
     out->block_count = n;
     size_t i = 0;
-    char *seg_context = NULL; /* PyTorch: the head block's context_when_segment_allocated */
-    if (contexts && head == seg->head && !trace_segment_context(dev->index, head->addr, &seg_context))
+    /* PyTorch: the head block's context_when_segment_allocated, which a split at the head
+     * leaves with the rest (the new head block has none) */
+    char *seg_context = NULL;
+    if (contexts && head == seg->head && !seg->head_split &&
+        !trace_segment_context(dev->index, head->addr, &seg_context))
         goto out_free;
     out->context = seg_context;
     for (const cca_block_t *b = head; b && b->mapped; b = b->next, i++) {

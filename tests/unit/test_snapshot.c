@@ -994,22 +994,27 @@ static const char *segment_context_of(const cca_snapshot_t *snap, const void *p)
 /*
  * A segment carries the context of the allocation that created it (PyTorch's
  * context_when_segment_allocated: the segment's `frames` in snapshots), at level
- * STATE and up: kept while later allocations split it, dropped with the
- * segment. For an expandable segment, the allocation that first mapped its
- * start; its growth keeps that context.
+ * STATE and up, as PyTorch keeps it: on the segment's first block struct. A split
+ * at the segment's head makes a new head block, which has none (the context
+ * stays with the rest, and merges keep the head's), so the segment shows no
+ * frames from then on: a small request's new segment never does, a request that
+ * takes its segment whole does until its head is split. For an expandable
+ * segment, the allocation that mapped its start; its growth keeps that.
  */
 TEST(segment_context)
 {
     setup(0);
     context_calls = 0;
     expect_eq_i64(cca_record_history(true, context_fn, "seg", 100, CCA_RECORD_CONTEXT_STATE), CCA_OK);
-    void *a = xmalloc_dev(1000, 0, S1); /* creates a small segment: seg-1 */
-    void *b = xmalloc_dev(1000, 0, S1); /* in the same segment: seg-2 */
+    void *g = xmalloc_dev(12 * MiB, 0, S1); /* takes its 12 MiB segment whole: seg-1 */
+    void *a = xmalloc_dev(1000, 0, S1);     /* splits a new small segment: seg-2 */
+    void *b = xmalloc_dev(1000, 0, S1);     /* in the same segment: seg-3 */
     cca_snapshot_t *snap = take();
-    expect_eq_str(segment_context_of(snap, a), "seg-1\nframe two");
+    expect_eq_str(segment_context_of(snap, g), "seg-1\nframe two");
+    expect_eq_str(segment_context_of(snap, a), "");
     expect_true(segment_of(snap, a) == segment_of(snap, b));
     cca_snapshot_free(snap);
-    /* the pickle: the segment's frames, one per line */
+    /* the pickle: the segment's frames, one per line, on the whole one only */
     char path[128];
     path_in_tmp(path, sizeof(path), "segment_frames.pickle");
     expect_eq_i64(cca_dump_snapshot(path), CCA_OK);
@@ -1017,40 +1022,56 @@ TEST(segment_context)
     expect_eq_i64(pickle_load_file(path, &doc), CCA_OK);
     const pv_node_t *root = doc ? pv_doc_root(doc) : NULL;
     const pv_node_t *segs = root ? key(root, "segments") : NULL;
-    size_t with_frames = 0;
+    size_t with_frames = 0, frames_seg1 = 0;
     for (size_t i = 0; segs && i < pv_len(segs); i++) {
         const pv_node_t *frames = key(pv_at(segs, i), "frames");
+        if (frames && pv_len(frames) > 0)
+            with_frames++;
         if (frames && pv_len(frames) == 2 && pv_str_eq(pv_dict_get(pv_at(frames, 0), "filename"), "seg-1") &&
             pv_str_eq(pv_dict_get(pv_at(frames, 1), "filename"), "frame two"))
-            with_frames++;
+            frames_seg1++;
     }
     expect_eq_u64(with_frames, 1);
+    expect_eq_u64(frames_seg1, 1);
     pv_doc_free(doc);
-    /* the segment goes: a new one takes the context of its own creation */
+    /* a split at the whole segment's head: its frames go, and stay gone once merged back */
+    cca_free(g);
+    void *h = xmalloc_dev(4 * MiB, 0, S1); /* from g's free block, at its start: seg-4 */
+    expect_true(h == g);
+    snap = take();
+    expect_eq_str(segment_context_of(snap, h), "");
+    cca_snapshot_free(snap);
+    cca_free(h);
+    snap = take();
+    expect_true(segment_of(snap, g) != NULL);
+    expect_eq_str(segment_context_of(snap, g), "");
+    cca_snapshot_free(snap);
     cca_free(a);
     cca_free(b);
     expect_eq_i64(cca_empty_cache(), CCA_OK);
-    void *c = xmalloc_dev(1000, 0, S1); /* seg-3 */
+    /* the segment goes: a new one takes the context of its own creation */
+    void *c = xmalloc_dev(12 * MiB, 0, S1); /* seg-5 */
     snap = take();
-    expect_eq_str(segment_context_of(snap, c), "seg-3\nframe two");
+    expect_eq_str(segment_context_of(snap, c), "seg-5\nframe two");
     cca_snapshot_free(snap);
     cca_free(c);
     expect_eq_i64(cca_empty_cache(), CCA_OK);
-    /* an expandable segment: the allocation that mapped its start */
+    /* an expandable segment: the allocation that mapped its start (taking what it mapped
+     * whole); a growth keeps that context */
     expect_eq_i64(cca_set_settings("expandable_segments:True"), CCA_OK);
-    void *d = xmalloc_dev(30 * MiB, 0, S1); /* maps the segment's start: seg-4 */
-    void *e = xmalloc_dev(30 * MiB, 0, S1); /* grows it: seg-5 */
+    void *d = xmalloc_dev(40 * MiB, 0, S1); /* maps the segment's start: seg-6 */
+    void *e = xmalloc_dev(30 * MiB, 0, S1); /* grows it: seg-7 */
     snap = take();
     expect_true(segment_of(snap, d) && segment_of(snap, d)->is_expandable);
     expect_true(segment_of(snap, d) == segment_of(snap, e));
-    expect_eq_str(segment_context_of(snap, d), "seg-4\nframe two");
+    expect_eq_str(segment_context_of(snap, d), "seg-6\nframe two");
     cca_snapshot_free(snap);
     cca_free(d);
     cca_free(e);
     expect_eq_i64(cca_empty_cache(), CCA_OK);
     /* below STATE: none */
     expect_eq_i64(cca_record_history(true, NULL, NULL, 100, CCA_RECORD_CONTEXT_NEVER), CCA_OK);
-    void *f = xmalloc_dev(1000, 0, S1);
+    void *f = xmalloc_dev(12 * MiB, 0, S1);
     snap = take();
     expect_true(segment_of(snap, f) && segment_of(snap, f)->context == NULL);
     cca_snapshot_free(snap);
