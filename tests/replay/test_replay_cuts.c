@@ -69,6 +69,8 @@ static void check_cut(const char *name, uint64_t k, bool whole_too)
     snprintf(path, sizeof(path), "%s/%s", trace_dir, name);
     cca_replay_result_t cut;
     expect_true(cut_matches_pytorch(path, k, &cut, false));
+    if (!cut.events) /* the replay failed (printed): nothing to compare */
+        return;
     expect_true(cut.recorded_part_only);
     expect_true(cut.inferred_segments > 0);
     if (!whole_too) {
