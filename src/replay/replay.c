@@ -417,6 +417,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
     if (stream->start && stream->start->ngroups) {
+        /* pools released by every user before the cut (past 64, replay_pools_restore releases
+         * them after building, whose holes in them then stay mapped) */
         cca_mempool_id_t released[64];
         size_t nreleased = 0;
         for (size_t k = 0; k < stream->ncarry && nreleased < sizeof(released) / sizeof(*released); k++)
