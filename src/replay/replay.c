@@ -417,7 +417,14 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
     if (stream->start && stream->start->ngroups) {
-        st = start_build(stream->start, sim, trace_addresses, &next_hold, &live, r);
+        /* pools released by every user before the cut (past 64, replay_pools_restore releases
+         * them after building, whose holes in them then stay mapped) */
+        cca_mempool_id_t released[64];
+        size_t nreleased = 0;
+        for (size_t k = 0; k < stream->ncarry && nreleased < sizeof(released) / sizeof(*released); k++)
+            if (!stream->carry[k].count)
+                released[nreleased++] = stream->carry[k].id;
+        st = start_build(stream->start, sim, trace_addresses, released, nreleased, &next_hold, &live, r);
         if (st != CCA_OK)
             goto out;
         stream->start_allocs = (uint64_t)dev0->stats.num_device_alloc;
@@ -858,12 +865,11 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
     const pv_node_t *root = pv_doc_root(doc);
     size_t n = trace.count;
     replay_config_t cfg;
-    st = replay_pools_cut(ops, &nops, trace.skipped, trace.quiet_before, trace.releases_before, &carry,
-                          &ncarry, &live_graphs);
+    st = replay_pools_cut(ops, &nops, &trace, &carry, &ncarry, &live_graphs);
     if (st == CCA_OK)
         st = trace_config(root, &opt, &cfg, r);
     if (st == CCA_OK)
-        st = replay_pools_routes(ops, nops, carry, ncarry, &trace, &alloc_pool);
+        st = replay_pools_routes(ops, nops, carry, ncarry, live_graphs, &trace, &alloc_pool);
     if (st == CCA_OK)
         st = start_infer(root, &trace, opt.device, cfg.total + cfg.total / 8, alloc_pool, opt.strict, &start,
                          r);

@@ -58,6 +58,8 @@ typedef struct replay_trace {
                                 graph capture's start may make or be among: all but frees and
                                 allocations (the generator's 8-byte ones excepted) */
     size_t releases_before;  /* of those, the ones after the last allocation or mapping */
+    size_t made_at;          /* 1 + the index of the last allocation or mapping left out (0: none) */
+    size_t rng_at[2];        /* 1 + the indices of the last two 8-byte allocations left out (0: none) */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */

@@ -198,6 +198,12 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
             l->t->releases_before = 0;
         else
             l->t->releases_before++;
+        if (made)
+            l->t->made_at = l->seen;
+        if (rng) {
+            l->t->rng_at[0] = l->t->rng_at[1];
+            l->t->rng_at[1] = l->seen;
+        }
         return CCA_OK;
     }
     size_t i = l->seen++;

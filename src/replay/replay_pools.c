@@ -85,7 +85,12 @@ cca_status_t replay_decode_pool_ops(const pv_node_t *root, pool_op_t **out, size
 
 cca_status_t replay_capture_route(const pool_op_t *op)
 {
-    return cca_begin_allocate_stream_to_pool(0, op->id, (cca_stream_t)(uintptr_t)op->stream);
+    int count = 0;
+    bool made = op->adopt && cca_pool_use_count(0, op->id, &count) == CCA_OK && count > 0;
+    cca_status_t st = cca_begin_allocate_stream_to_pool(0, op->id, (cca_stream_t)(uintptr_t)op->stream);
+    if (st == CCA_OK && made)
+        st = cca_release_pool(0, op->id); /* the use building made is the route's */
+    return st;
 }
 
 /*
@@ -98,10 +103,11 @@ cca_status_t replay_apply_pool_op(const pool_op_t *op, size_t index, graph_state
     int count;
     switch (op->kind) {
     case POOL_GRAPH_CAPTURE:
-        st = cca_empty_cache();
+        if (!op->cache_emptied)
+            st = cca_empty_cache();
         if (st == CCA_OK && g->live_graphs++ == 0) {
             g->pending = op; /* the generator registers this first graph: 2 allocations */
-            g->rng_allocs = 2;
+            g->rng_allocs = op->rng_done < 2 ? 2 - op->rng_done : 0;
         } else if (st == CCA_OK) {
             st = replay_capture_route(op);
         }
@@ -163,27 +169,42 @@ static pool_carry_t *carry_of(pool_carry_t **carry, size_t *count, cca_mempool_i
     return &grown[(*count)++];
 }
 
-cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, size_t skipped, size_t quiet_before,
-                              size_t releases_before, pool_carry_t **out, size_t *count,
-                              unsigned *live_graphs)
+cca_status_t replay_pools_cut(pool_op_t *ops, size_t *nops, const replay_trace_t *trace,
+                              pool_carry_t **out, size_t *count, unsigned *live_graphs)
 {
     *out = NULL;
     *count = 0;
     *live_graphs = 0;
-    size_t n = 0;
+    size_t n = 0, skipped = trace->skipped;
     for (size_t i = 0; i < *nops; i++) {
         const pool_op_t *op = &ops[i];
+        size_t at = op->at; /* op may be ops[n], written below */
         if (op->at >= skipped) {
             ops[n] = *op;
             ops[n++].at -= skipped;
             continue;
         }
-        size_t own = op->kind == POOL_GRAPH_CAPTURE ? quiet_before : releases_before;
-        if ((op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE) && op->at + own >= skipped) {
+        size_t own = op->kind == POOL_GRAPH_CAPTURE ? trace->quiet_before : trace->releases_before;
+        /* the program's next operation begun before the first event kept: this one is over */
+        bool over = i + 1 < *nops && ops[i + 1].at <= skipped;
+        if ((op->kind == POOL_EMPTY_CACHE || op->kind == POOL_GRAPH_CAPTURE ||
+             op->kind == POOL_MEMPOOL_DELETE) && op->at + own >= skipped && !over) {
             /* the recording began among the segment frees it made (and a capture's generator
              * allocations): it goes on from the start */
             ops[n] = *op;
-            ops[n++].at = 0;
+            ops[n].at = 0;
+            if (op->kind == POOL_GRAPH_CAPTURE) {
+                /* a segment made after it (for the generator, or the first allocation in the
+                 * pool) says its empty_cache was over; each 8-byte allocation after it was
+                 * one of the generator's */
+                ops[n].cache_emptied = trace->made_at > at;
+                ops[n].rng_done = (trace->rng_at[0] > at) + (trace->rng_at[1] > at);
+                bool used = false; /* by an operation before it */
+                for (size_t k = 0; k < *count && !used; k++)
+                    used = (*out)[k].id.first == op->id.first && (*out)[k].id.second == op->id.second;
+                ops[n].adopt = !used;
+            }
+            n++;
             continue;
         }
         if (op->kind == POOL_EMPTY_CACHE || op->kind == POOL_RESET_PEAKS)
@@ -253,7 +274,8 @@ cca_status_t replay_pools_restore(const pool_carry_t *carry, size_t count)
 }
 
 cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_carry_t *carry,
-                                 size_t ncarry, const replay_trace_t *trace, cca_mempool_id_t **out)
+                                 size_t ncarry, unsigned live_graphs, const replay_trace_t *trace,
+                                 cca_mempool_id_t **out)
 {
     *out = NULL;
     if (!nops && !ncarry)
@@ -262,6 +284,7 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
         cca_mempool_id_t id;
         bool thread;
         uint64_t stream;
+        unsigned rng;  /* the generator's allocations still to come before it begins */
     } *routes = calloc(nops + 2 * ncarry + 1, sizeof(*routes));
     cca_mempool_id_t *pools = calloc(trace->count ? trace->count : 1, sizeof(*pools));
     if (!routes || !pools) {
@@ -272,9 +295,9 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
     size_t n = 0, next = 0; /* routes, oldest first */
     for (size_t k = 0; k < ncarry; k++) {
         if (carry[k].stream_route)
-            routes[n++] = (struct route){carry[k].id, false, carry[k].stream};
+            routes[n++] = (struct route){carry[k].id, false, carry[k].stream, 0};
         if (carry[k].thread_route)
-            routes[n++] = (struct route){carry[k].id, true, 0};
+            routes[n++] = (struct route){carry[k].id, true, 0, 0};
     }
     bool releasing = false; /* segment frees right after a pool's release are its segments */
     cca_mempool_id_t released = {0, 0};
@@ -287,8 +310,14 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
             releasing = op->kind == POOL_GRAPH_DELETE || op->kind == POOL_MEMPOOL_END ||
                         op->kind == POOL_MEMPOOL_DELETE;
             released = op->id;
-            if (op->kind == POOL_GRAPH_CAPTURE || op->kind == POOL_MEMPOOL_BEGIN) {
-                routes[n++] = (struct route){op->id, op->kind == POOL_MEMPOOL_BEGIN, op->stream};
+            if (op->kind == POOL_GRAPH_CAPTURE) {
+                /* as replay_apply_pool_op: the generator first, for the only graph alive */
+                unsigned rng = live_graphs++ ? 0 : op->rng_done < 2 ? 2 - op->rng_done : 0;
+                routes[n++] = (struct route){op->id, false, op->stream, rng};
+            } else if (op->kind == POOL_MEMPOOL_BEGIN) {
+                routes[n++] = (struct route){op->id, true, 0, 0};
+            } else if (op->kind == POOL_GRAPH_DELETE) {
+                live_graphs -= live_graphs > 0;
             } else if (op->kind == POOL_GRAPH_CAPTURE_END || op->kind == POOL_MEMPOOL_END) {
                 for (size_t k = 0; k < n; k++) {
                     if (routes[k].id.first == op->id.first && routes[k].id.second == op->id.second) {
@@ -305,6 +334,13 @@ cca_status_t replay_pools_routes(const pool_op_t *ops, size_t nops, const pool_c
             continue;
         for (size_t k = 0; k < n; k++) {
             if (routes[k].thread || routes[k].stream == trace->streams[e->stream]) {
+                if (!routes[k].thread && routes[k].rng) {
+                    if (e->size == RNG_STATE_ALLOC) {
+                        routes[k].rng--; /* the generator's: not routed yet */
+                        continue;
+                    }
+                    routes[k].rng = 0;
+                }
                 pools[i] = routes[k].id;
                 break;
             }

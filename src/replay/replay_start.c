@@ -356,6 +356,29 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
 }
 
 /*
+ * A reservation whose lower ranges were unmapped before the first event
+ * began lower than its lowest mapped byte, by whole granules: where its
+ * address space from there would run into the segment or reservation above
+ * it (which PyTorch's driver placed after it), it begins at the highest such
+ * address that keeps clear of that one (and above the one below). From the
+ * highest group down, so that each sees the base of the one above settled.
+ */
+static void lower_bases(replay_start_t *s, uint64_t span)
+{
+    for (size_t k = s->ngroups; k-- > 1;) {
+        start_group_t *g = &s->groups[k - 1];
+        uint64_t granule = g->small ? CCA_SMALL_BUFFER : LARGE_GRANULE;
+        uint64_t size = (span + granule - 1) / granule * granule; /* as expandable.c reserves */
+        uint64_t limit = s->groups[k].base, floor = k > 1 ? s->groups[k - 2].end : 0;
+        if (!g->expandable || limit < size || g->base + size <= limit)
+            continue;
+        uint64_t steps = (g->base - (limit - size) + granule - 1) / granule;
+        if (steps * granule <= g->base && g->base - steps * granule >= floor)
+            g->base -= steps * granule;
+    }
+}
+
+/*
  * Group the ranges (address order) into what building makes one at a time: a
  * plain segment each, and an expandable reservation for the mapped ranges of
  * one stream and pool within one span. A reservation begins at its lowest
@@ -425,6 +448,7 @@ static cca_status_t group_ranges(replay_start_t *s, const replay_trace_t *trace,
             }
         }
     }
+    lower_bases(s, span);
     return CCA_OK;
 }
 
@@ -804,7 +828,8 @@ static void free_fillers(builder_t *b, const piece_t *pc)
 }
 
 cca_status_t start_build(const replay_start_t *s, cca_backend_t *sim, bool trace_addresses,
-                         uint64_t *next_hold, live_map_t *live, cca_replay_result_t *r)
+                         const cca_mempool_id_t *released, size_t nreleased, uint64_t *next_hold,
+                         live_map_t *live, cca_replay_result_t *r)
 {
     builder_t b;
     memset(&b, 0, sizeof(b));
@@ -887,6 +912,14 @@ cca_status_t start_build(const replay_start_t *s, cca_backend_t *sim, bool trace
             holes = true;
         }
     }
+    /* a pool released by every user: building's own use given back (its last) */
+    for (size_t k = 0; k < nreleased && st == CCA_OK; k++) {
+        int count = 0;
+        if (cca_pool_use_count(0, released[k], &count) == CCA_OK && count == 1)
+            st = cca_release_pool(0, released[k]);
+    }
+    if (st != CCA_OK)
+        goto out;
     if (holes && (st = cca_empty_cache()) != CCA_OK)
         goto out;
     for (size_t i = 0; i < b.npieces; i++)

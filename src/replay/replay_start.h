@@ -95,11 +95,15 @@ cca_status_t start_addresses(const replay_start_t *s, uint64_t **out, uint64_t *
 /*
  * Build s on cca (up on sim, device 0, nothing allocated yet): each live
  * block enters live under its trace address; pending ones are held by a
- * private stream from *next_hold on. Peaks are reset at the end. A block
+ * private stream from *next_hold on. The private pools of released (nreleased
+ * of them) were released by every user before the first event: building
+ * gives up its own use of them before it unmaps the holes (PyTorch unmaps a
+ * private pool's memory only then). Peaks are reset at the end. A block
  * placed elsewhere than its trace address counts as an address mismatch
  * (with trace_addresses). Returns CCA_OK or the error of a cca call.
  */
 cca_status_t start_build(const replay_start_t *s, cca_backend_t *sim, bool trace_addresses,
-                         uint64_t *next_hold, live_map_t *live, cca_replay_result_t *r);
+                         const cca_mempool_id_t *released, size_t nreleased, uint64_t *next_hold,
+                         live_map_t *live, cca_replay_result_t *r);
 
 #endif /* CCA_REPLAY_START_H */

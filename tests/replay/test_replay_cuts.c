@@ -69,6 +69,8 @@ static void check_cut(const char *name, uint64_t k, bool whole_too)
     snprintf(path, sizeof(path), "%s/%s", trace_dir, name);
     cca_replay_result_t cut;
     expect_true(cut_matches_pytorch(path, k, &cut, false));
+    if (!cut.events) /* the replay failed (printed): nothing to compare */
+        return;
     expect_true(cut.recorded_part_only);
     expect_true(cut.inferred_segments > 0);
     if (!whole_too) {
@@ -164,21 +166,44 @@ TEST(every_trace_cut_at_several_points)
  * rest (its end found by the next allocation beyond it); a small-pool
  * reservation just past the large one's span; in the middle of empty_cache's
  * unmaps and just after them (reservations with holes).
+ *
+ * With private pools: inside a graph capture's first events (among the frees
+ * of its empty_cache, which must go on; after the segment made for the
+ * generator's seed and offset, which stay in the default pools, and after
+ * either of them, which must not be redone; after the pool's first segment,
+ * whose use the capture's route takes over); among the unmaps of a deleted
+ * MemPool (which go on from the start) and of the empty_cache after it, when
+ * the pool's reservation kept only a live range above its unmapped ones (its
+ * base lies lower, clear of the reservation the driver placed after it).
+ * Among a pool operation's frees, the whole replay (which makes them at the
+ * operation) is no reference from the cut on: PyTorch's figures are.
  */
 TEST(tricky_cuts)
 {
     static const struct {
         const char *name;
         uint64_t cut;
+        bool partial; /* among a pool operation's frees, which the whole replay makes at once */
     } cuts[] = {
-        {"two_stream_pipeline_default.pickle.gz", 23},
-        {"resnet50_train_default.pickle.gz", 2992},
-        {"gpt2_train_expandable.pickle.gz", 4986},
-        {"resnet50_train_infer8_expandable.pickle.gz", 17069},
-        {"resnet50_train_infer8_expandable.pickle.gz", 17075},
+        {"two_stream_pipeline_default.pickle.gz", 23, false},
+        {"resnet50_train_default.pickle.gz", 2992, false},
+        {"gpt2_train_expandable.pickle.gz", 4986, false},
+        {"resnet50_train_infer8_expandable.pickle.gz", 17069, false},
+        {"resnet50_train_infer8_expandable.pickle.gz", 17075, false},
+        {"graph_mlp_default.pickle.gz", 300, false},
+        {"graph_mlp_default.pickle.gz", 305, false},
+        {"graph_mlp_default.pickle.gz", 306, false},
+        {"graph_mlp_default.pickle.gz", 308, false},
+        {"graph_mlp_expandable.pickle.gz", 297, false},
+        {"graph_mlp_expandable.pickle.gz", 298, false},
+        {"graph_mlp_expandable.pickle.gz", 300, false},
+        {"mempool_expandable.pickle.gz", 230, true},
+        {"mempool_expandable.pickle.gz", 232, false},
+        {"mempool_expandable.pickle.gz", 233, true},
+        {"mempool_expandable.pickle.gz", 234, true},
     };
     for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++)
-        check_cut(cuts[i].name, cuts[i].cut, true);
+        check_cut(cuts[i].name, cuts[i].cut, !cuts[i].partial);
 }
 
 /* The checker of every cut (see the banner). */

@@ -299,6 +299,56 @@ TEST(pool_event_error_message_once)
     printf("  %s\n", msg);
 }
 
+/*
+ * A recording that began inside a graph capture, after the CUDA generator's
+ * seed and offset (8 bytes each, in the default pools) were allocated: the
+ * capture goes on from the start without them, so its own first allocation,
+ * of 8 bytes too, goes to the graph's pool (taken for the generator's, it
+ * landed beside the seed and offset in the default pools' segment).
+ */
+TEST(capture_begun_before_the_first_event)
+{
+    const uint64_t rng = BASE, graph = BASE + 64 * MIB;
+    for (int cut = 0; cut < 2; cut++) {
+        snap_t s;
+        snap_begin(&s, 1);
+        pv_node_t *id[2] = {pv_new_int(s.doc, 1), pv_new_int(s.doc, 0)};
+        pv_node_t *seg = segment(&s, 0, rng, 2 * MIB, "small");
+        block(&s, seg, rng, 512, "active_allocated");
+        block(&s, seg, rng + 512, 512, "active_allocated");
+        block(&s, seg, rng + 1024, 2 * MIB - 1024, "inactive");
+        seg = segment(&s, 0, graph, 2 * MIB, "small");
+        pv_dict_set(s.doc, seg, "segment_pool_id", pv_new_tuple(s.doc, 2, id));
+        block(&s, seg, graph, 512, "active_allocated");
+        block(&s, seg, graph + 512, 2 * MIB - 512, "inactive");
+        event(&s, 0, "snapshot", 0, 0);         /* the capture's marker */
+        event(&s, 0, "segment_alloc", rng, 2 * MIB);
+        event(&s, 0, "alloc", rng, 8);          /* the generator's seed */
+        event(&s, 0, "alloc", rng + 512, 8);    /* and offset */
+        event(&s, 0, "segment_alloc", graph, 2 * MIB);
+        event(&s, 0, "alloc", graph, 8);        /* the graph's own */
+        pv_node_t *ops = pv_new_list(s.doc), *op = pv_new_dict(s.doc);
+        pv_dict_set(s.doc, op, "at", pv_new_int(s.doc, 1));
+        pv_dict_set(s.doc, op, "op", pv_new_str(s.doc, "graph_capture"));
+        pv_node_t *op_id[2] = {pv_new_int(s.doc, 1), pv_new_int(s.doc, 0)};
+        pv_dict_set(s.doc, op, "pool", pv_new_tuple(s.doc, 2, op_id));
+        pv_dict_set(s.doc, op, "stream", pv_new_int(s.doc, 0));
+        pv_list_append(s.doc, ops, op);
+        pv_dict_set(s.doc, meta(&s), "pool_events", ops);
+        cca_replay_options_t opt = {0};
+        opt.first_event = cut ? 4 : 0;
+        cca_replay_result_t r;
+        expect_ok(snap_replay(&s, &opt, &r));
+        expect_eq_u64(r.address_mismatches, 0);
+        expect_eq_u64(r.inconsistencies, 0);
+        expect_eq_u64(r.inferred_segments, cut ? 1 : 0);
+        expect_eq_u64(r.inferred_blocks, cut ? 2 : 0);
+        if (r.address_mismatches)
+            printf("  cut at %d: %s\n", cut ? 4 : 0, r.first_address_mismatch);
+        cca_replay_result_free(&r);
+    }
+}
+
 int main(void)
 {
     RUN(state_before_the_first_event);
@@ -307,5 +357,6 @@ int main(void)
     RUN(inconsistent_input_reported);
     RUN(consistent_input_reports_nothing);
     RUN(pool_event_error_message_once);
+    RUN(capture_begun_before_the_first_event);
     return harness_done();
 }
