@@ -838,8 +838,10 @@ static bool start_ambiguous(const replay_start_t *s)
  * after a start block whose end nothing told (ambiguous): PyTorch's free block
  * there was smaller, the block larger by a rest PyTorch left unsplit. Grows
  * the block by the least that keeps the allocation out (the free block then
- * less than its rounded size), if that rest is 1 MiB or less (PyTorch splits
- * off more). cca is still up (its rounding). Returns whether it grew one.
+ * less than its rounded size), if PyTorch could have left that rest (1 MiB
+ * or less; under max_split_size, less than max_non_split_rounding from a
+ * request that large). cca is still up (its settings). Returns whether it
+ * grew one.
  */
 static bool widen_rest(replay_start_t *s, const replay_stream_t *w)
 {
@@ -859,8 +861,12 @@ static bool widen_rest(replay_start_t *s, const replay_stream_t *w)
     /* still live at the misplaced allocation: cca's block there is the start block */
     if (!b->ambiguous || (b->event != SIZE_MAX && b->event <= w->mm_event))
         return false;
+    const cca_settings_t *set = cca_state->settings;
+    uint64_t rounded = alloc_round_size(set, b->requested);
+    /* PyTorch splits off more than 1 MiB, except from a request of max_split_size or more */
     uint64_t size = w->mm_prev_size + (w->mm_free - w->mm_round) + CCA_MIN_BLOCK_SIZE;
-    if (size - alloc_round_size(cca_state->settings, b->requested) > CCA_SMALL_SIZE)
+    if (rounded >= set->max_split_size ? size - rounded >= set->max_non_split_rounding
+                                       : size - rounded > CCA_SMALL_SIZE)
         return false;
     b->size = size;
     b->ambiguous = false; /* decided by PyTorch's placement */
