@@ -958,7 +958,6 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
         goto out_events;
     }
 
-    replay_stream_t whole;
     if (spec && !start.ngroups && !ncarry && spec_holds(spec, &cfg, nops, &trace)) {
         double load_seconds = r->load_seconds;
         uint64_t inconsistencies = r->inconsistencies, first_event = r->first_inconsistency_event;
@@ -980,6 +979,7 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
             cca_shutdown();
         /* replayed again while a misplaced allocation shows a start block's unsplit rest (each
          * time one block larger, bounded); an observer sees only the last replay */
+        replay_stream_t whole;
         cca_replay_result_t base = *r;
         bool trial = observer && opt.trace_addresses && start_ambiguous(&start);
         for (unsigned tries = 0;; tries++) {
