@@ -864,6 +864,9 @@ typedef struct cca_replay_result {
     uint64_t inconsistencies;
     char first_inconsistency[200]; /**< the earliest event's, named */
     uint64_t first_inconsistency_event; /**< its event (UINT64_MAX: not an event's) */
+    uint64_t ambiguous_blocks;    /**< blocks live before the first event whose size nothing in the
+                                       file tells: PyTorch may have left up to 1 MiB unsplit in
+                                       each (0: the inferred state is the file's own) */
 } cca_replay_result_t;
 
 /**

@@ -54,6 +54,7 @@ static inline const char *replay_result_diff(const cca_replay_result_t *a, const
     SAME(inferred_blocks);
     SAME(inferred_reserved_bytes);
     SAME(inferred_requested_bytes);
+    SAME(ambiguous_blocks);
     SAME(recorded_part_only);
     SAME(inconsistencies);
     SAME(first_inconsistency_event);

@@ -63,6 +63,9 @@ void replay_print_human(const char *path, const cca_replay_result_t *r, bool tra
                " blocks live (%.1f MiB), inferred; the figures cover the recorded part\n",
                r->inferred_segments, (double)r->inferred_reserved_bytes / 1048576.0, r->inferred_blocks,
                (double)r->inferred_requested_bytes / 1048576.0);
+    if (r->ambiguous_blocks)
+        printf("  sizes not in the file        %" PRIu64 " of those blocks may hold up to 1 MiB more, left "
+               "unsplit by PyTorch (each taken at its rounded size)\n", r->ambiguous_blocks);
     if (r->inconsistencies)
         printf("  inconsistent input           %" PRIu64 "  first: %s\n", r->inconsistencies,
                r->first_inconsistency);
@@ -117,9 +120,11 @@ void replay_print_json_object(const cca_replay_result_t *r, bool trace_addresses
     cli_json_string(stdout, r->settings);
     printf(", \"device\": %d, \"device_count\": %zu, \"recorded_part_only\": %s, \"inferred_segments\": %" PRIu64
            ", \"inferred_blocks\": %" PRIu64 ", \"inferred_reserved_bytes\": %" PRIu64
-           ", \"inferred_requested_bytes\": %" PRIu64 ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
+           ", \"inferred_requested_bytes\": %" PRIu64 ", \"ambiguous_blocks\": %" PRIu64
+           ", \"inconsistencies\": %" PRIu64 ", \"first_inconsistency\": ",
            r->device, r->device_count, r->recorded_part_only ? "true" : "false", r->inferred_segments,
-           r->inferred_blocks, r->inferred_reserved_bytes, r->inferred_requested_bytes, r->inconsistencies);
+           r->inferred_blocks, r->inferred_reserved_bytes, r->inferred_requested_bytes, r->ambiguous_blocks,
+           r->inconsistencies);
     cli_json_string(stdout, r->first_inconsistency);
     printf(", \"events\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"frees\": %" PRIu64
            ", \"segment_allocs\": %" PRIu64 ", \"segment_frees\": %" PRIu64 ", \"ooms\": %" PRIu64

@@ -104,7 +104,7 @@ def _result_dict(r, trace_addresses):
         "device": r.device, "device_count": r.device_count,
         "recorded_part_only": r.recorded_part_only, "inferred_segments": r.inferred_segments,
         "inferred_blocks": r.inferred_blocks, "inferred_reserved_bytes": r.inferred_reserved_bytes,
-        "inferred_requested_bytes": r.inferred_requested_bytes,
+        "inferred_requested_bytes": r.inferred_requested_bytes, "ambiguous_blocks": r.ambiguous_blocks,
         "inconsistencies": r.inconsistencies,
         "first_inconsistency": r.first_inconsistency.decode("utf-8", "replace"),
         "events": r.events, "allocs": r.allocs, "frees": r.frees,

@@ -199,7 +199,7 @@ class ReplayResult(ctypes.Structure):
                 ("inferred_blocks", ctypes.c_uint64), ("inferred_reserved_bytes", ctypes.c_uint64),
                 ("inferred_requested_bytes", ctypes.c_uint64), ("recorded_part_only", ctypes.c_bool),
                 ("inconsistencies", ctypes.c_uint64), ("first_inconsistency", ctypes.c_char * 200),
-                ("first_inconsistency_event", ctypes.c_uint64)]
+                ("first_inconsistency_event", ctypes.c_uint64), ("ambiguous_blocks", ctypes.c_uint64)]
 
 
 EXPLAIN_TOP = 8

@@ -217,6 +217,11 @@ typedef struct replay_stream {
     const pool_carry_t *carry;   /* the private pools then */
     size_t ncarry;
     unsigned live_graphs;        /* graphs alive then */
+    /* the first allocation cca placed elsewhere than PyTorch, right after a live block (a start
+     * block whose unsplit rest may be missing): the block, and the free block cca split */
+    bool mm_set;
+    size_t mm_event;
+    uint64_t mm_prev, mm_prev_size, mm_free, mm_round;
 } replay_stream_t;
 
 /* Whether an event past i is (or becomes) available; waits for the reader if needed. */
@@ -393,6 +398,24 @@ static bool inside_live_block(uint64_t addr)
     return b && b->allocated && b->addr < addr;
 }
 
+/*
+ * The first misplaced allocation, event i at p: where cca carved it from the
+ * free block right after a live one, that block may be a start block PyTorch
+ * had left a rest in (replay_file_observed decides).
+ */
+static void note_mismatch(replay_stream_t *stream, size_t i, const void *p, uint64_t size)
+{
+    cca_block_t *b = ptrmap_find_containing(cca_state->ptrmap, (uintptr_t)p);
+    if (!b || b->addr != (uintptr_t)p || !b->prev || !b->prev->allocated)
+        return;
+    stream->mm_set = true;
+    stream->mm_event = i;
+    stream->mm_prev = b->prev->addr;
+    stream->mm_prev_size = b->prev->size;
+    stream->mm_free = b->size + (b->next && b->next->in_bin ? b->next->size : 0);
+    stream->mm_round = alloc_round_size(cca_state->settings, size);
+}
+
 /* Whether event i, a free_completed, follows its free_requested at once (or opens the recording,
  * which began between the two: PyTorch records both in one call, see replay_start.c). */
 static bool completes_previous(const replay_trace_t *trace, size_t i)
@@ -519,6 +542,8 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                         goto out;
                     }
                 }
+                if (!r->address_mismatches)
+                    note_mismatch(stream, i, p, e->size);
                 if (!r->address_mismatches)
                     snprintf(r->first_address_mismatch, sizeof(r->first_address_mismatch),
                              "event %zu: alloc of %llu bytes at 0x%llx, PyTorch 0x%llx", i,
@@ -796,6 +821,58 @@ static bool spec_holds(const spec_t *s, const replay_config_t *want, size_t nops
     return usage.device_peak_bytes[0] <= limit;
 }
 
+/* Replays at most this many times more for start blocks' unsplit rests. */
+#define MAX_REST_TRIES 64
+
+/* Whether a start block's unsplit rest is unknown. */
+static bool start_ambiguous(const replay_start_t *s)
+{
+    for (size_t k = 0; k < s->nblocks; k++)
+        if (s->blocks[k].ambiguous)
+            return true;
+    return false;
+}
+
+/*
+ * The replay's first misplaced allocation landed in the free block right
+ * after a start block whose end nothing told (ambiguous): PyTorch's free block
+ * there was smaller, the block larger by a rest PyTorch left unsplit. Grows
+ * the block by the least that keeps the allocation out (the free block then
+ * less than its rounded size), if PyTorch could have left that rest (1 MiB
+ * or less; under max_split_size, less than max_non_split_rounding from a
+ * request that large). cca is still up (its settings). Returns whether it
+ * grew one.
+ */
+static bool widen_rest(replay_start_t *s, const replay_stream_t *w)
+{
+    if (!w->mm_set || w->mm_free < w->mm_round)
+        return false;
+    size_t lo = 0, hi = s->nblocks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->blocks[mid].addr < w->mm_prev)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == s->nblocks || s->blocks[lo].addr != w->mm_prev)
+        return false;
+    start_block_t *b = &s->blocks[lo];
+    /* still live at the misplaced allocation: cca's block there is the start block */
+    if (!b->ambiguous || (b->event != SIZE_MAX && b->event <= w->mm_event))
+        return false;
+    const cca_settings_t *set = cca_state->settings;
+    uint64_t rounded = alloc_round_size(set, b->requested);
+    /* PyTorch splits off more than 1 MiB, except from a request of max_split_size or more */
+    uint64_t size = w->mm_prev_size + (w->mm_free - w->mm_round) + CCA_MIN_BLOCK_SIZE;
+    if (rounded >= set->max_split_size ? size - rounded >= set->max_non_split_rounding
+                                       : size - rounded > CCA_SMALL_SIZE)
+        return false;
+    b->size = size;
+    b->ambiguous = false; /* decided by PyTorch's placement */
+    return true;
+}
+
 cca_status_t cca_replay_file(const char *path, const cca_replay_options_t *options,
                              cca_replay_result_t *result)
 {
@@ -900,37 +977,55 @@ cca_status_t replay_file_observed(const char *path, const cca_replay_options_t *
     } else {
         if (spec && spec->up)
             cca_shutdown();
-        if (history) {
-            cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
-            st = cca_record_history(true, NULL, NULL, 2 * n + 64, CCA_RECORD_CONTEXT_NEVER);
-            if (st != CCA_OK)
-                goto out_events;
-        }
-        /* the whole trace, read: no feed, every event in view */
+        /* replayed again while a misplaced allocation shows a start block's unsplit rest (each
+         * time one block larger, bounded); an observer sees only the last replay */
         replay_stream_t whole;
-        memset(&whole, 0, sizeof(whole));
-        whole.trace = &trace;
-        whole.view = (replay_view_t){n, trace.streams, true, true};
-        whole.observer = observer;
-        whole.start = &start;
-        whole.carry = carry;
-        whole.ncarry = ncarry;
-        whole.live_graphs = live_graphs;
-        whole.start_addrs = start_addrs;
-        whole.nstart_addrs = nstart_addrs;
-        for (size_t k = 0; k < nstart_addrs; k++) {
-            if (start_mapped[k] && whole.rule.nresv < sizeof(whole.rule.resv) / sizeof(whole.rule.resv[0])) {
-                whole.rule.resv[whole.rule.nresv].base = start_addrs[k];
-                whole.rule.resv[whole.rule.nresv++].mapped = start_mapped[k];
+        cca_replay_result_t base = *r;
+        bool trial = observer && opt.trace_addresses && start_ambiguous(&start);
+        for (unsigned tries = 0;; tries++) {
+            if (history) {
+                cca_record_history(false, NULL, NULL, 0, CCA_RECORD_CONTEXT_NEVER);
+                st = cca_record_history(true, NULL, NULL, 2 * n + 64, CCA_RECORD_CONTEXT_NEVER);
+                if (st != CCA_OK)
+                    goto out_events;
             }
+            /* the whole trace, read: no feed, every event in view */
+            memset(&whole, 0, sizeof(whole));
+            whole.trace = &trace;
+            whole.view = (replay_view_t){n, trace.streams, true, true};
+            whole.observer = trial ? NULL : observer;
+            whole.start = &start;
+            whole.carry = carry;
+            whole.ncarry = ncarry;
+            whole.live_graphs = live_graphs;
+            whole.start_addrs = start_addrs;
+            whole.nstart_addrs = nstart_addrs;
+            for (size_t k = 0; k < nstart_addrs; k++) {
+                if (start_mapped[k] &&
+                    whole.rule.nresv < sizeof(whole.rule.resv) / sizeof(whole.rule.resv[0])) {
+                    whole.rule.resv[whole.rule.nresv].base = start_addrs[k];
+                    whole.rule.resv[whole.rule.nresv++].mapped = start_mapped[k];
+                }
+            }
+            cca_backend_t *sim = NULL;
+            st = replay_init(&cfg, &opt, &whole, r, &sim);
+            if (st != CCA_OK)
+                goto out_history;
+            uint64_t t1 = cca_now_ns();
+            st = run_events(&whole, ops, nops, &opt, sim, r);
+            r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+            if (st != CCA_OK)
+                break;
+            bool again = tries < MAX_REST_TRIES && r->address_mismatches && widen_rest(&start, &whole);
+            if (!again && !trial)
+                break;
+            trial = trial && again; /* the last replay: the observer's */
+            cca_shutdown();
+            *r = base;
         }
-        cca_backend_t *sim = NULL;
-        st = replay_init(&cfg, &opt, &whole, r, &sim);
-        if (st != CCA_OK)
-            goto out_history;
-        uint64_t t1 = cca_now_ns();
-        st = run_events(&whole, ops, nops, &opt, sim, r);
-        r->seconds = (double)(cca_now_ns() - t1) / 1e9;
+        r->ambiguous_blocks = 0;
+        for (size_t k = 0; k < start.nblocks; k++)
+            r->ambiguous_blocks += start.blocks[k].ambiguous;
         start_allocs = whole.start_allocs;
         start_frees = whole.start_frees;
         if (st != CCA_OK)

@@ -140,7 +140,7 @@ static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t s
     if (!e)
         return false;
     e->ptr = in->nblocks + 1;
-    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending, event}, true};
+    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending, event, false}, true};
     return true;
 }
 
@@ -235,7 +235,8 @@ static uint64_t round_512(uint64_t size)
  * snapshot does not give (freed in the trace): PyTorch leaves a rest of
  * 1 MiB or less unsplit in the block, and the first allocation after it,
  * while it lives, lands at the head of the free block beyond it, which is
- * where it ends. A block nothing lands after keeps its rounded size.
+ * where it ends. A block nothing lands after keeps its rounded size and is
+ * marked ambiguous (the replay may still find its end: replay.c).
  */
 static void find_slack(const infer_t *in, start_block_t *blocks, size_t n, const replay_trace_t *trace)
 {
@@ -249,6 +250,10 @@ static void find_slack(const infer_t *in, start_block_t *blocks, size_t n, const
         const start_range_t *rg = ri < in->nranges ? &in->ranges[ri] : NULL;
         open[i] = !blocks[i].size && rg && !rg->small && !rg->expandable;
         candidates += open[i];
+        /* room for a rest: more than 1 MiB free after its rounded end (less joins it whole) */
+        uint64_t next = i + 1 < n && rg && blocks[i + 1].addr < rg->addr + rg->size ? blocks[i + 1].addr
+                        : rg ? rg->addr + rg->size : 0;
+        blocks[i].ambiguous = open[i] && next > blocks[i].addr + round_512(blocks[i].requested) + CCA_SMALL_SIZE;
     }
     for (size_t k = 0; k < trace->count && candidates; k++) {
         const replay_event_t *e = replay_ev(trace, k);
@@ -277,6 +282,8 @@ static void find_slack(const infer_t *in, start_block_t *blocks, size_t n, const
             candidates--;
         }
     }
+    for (size_t i = 0; i < n; i++)
+        blocks[i].ambiguous = blocks[i].ambiguous && !blocks[i].size;
     free(open);
 }
 

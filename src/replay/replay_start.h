@@ -28,6 +28,9 @@ typedef struct start_block {
     uint64_t size;        /* the block's bytes where the snapshot says (live at the end), else 0 */
     bool pending;         /* freed before the first event, its stream's work not done yet */
     size_t event;         /* the trace's first event on it (SIZE_MAX: none) */
+    bool ambiguous;       /* in a plain large segment, freed in the trace, its end found by nothing:
+                             PyTorch may have left up to 1 MiB unsplit in it (size: 0, or the
+                             size the replay's placements showed, replay.c) */
 } start_block_t;
 
 /* A range of device memory that existed before the first event. */

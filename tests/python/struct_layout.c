@@ -17,7 +17,7 @@ int main(void)
     SHOW(cca_device_stats_t, max_split_size);
     SHOW(cca_host_stats_t, host_free_time);
     SHOW(cca_replay_options_t, peaks_from_event);
-    SHOW(cca_replay_result_t, first_inconsistency_event);
+    SHOW(cca_replay_result_t, ambiguous_blocks);
     SHOW(cca_explain_entry_t, count);
     SHOW(cca_replay_explain_t, free_segments);
     return 0;

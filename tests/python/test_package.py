@@ -314,7 +314,7 @@ class Layout(unittest.TestCase):
                    "cca_device_stats_t": (_lib.DeviceStats, "max_split_size"),
                    "cca_host_stats_t": (_lib.HostStats, "host_free_time"),
                    "cca_replay_options_t": (_lib.ReplayOptions, "peaks_from_event"),
-                   "cca_replay_result_t": (_lib.ReplayResult, "first_inconsistency_event"),
+                   "cca_replay_result_t": (_lib.ReplayResult, "ambiguous_blocks"),
                    "cca_explain_entry_t": (_lib.ExplainEntry, "count"),
                    "cca_replay_explain_t": (_lib.ReplayExplain, "free_segments")}
         seen = set()
