@@ -54,6 +54,7 @@ typedef struct replay_trace {
     size_t count;            /* events */
     size_t devices;          /* device_traces entries in the snapshot */
     size_t skipped;          /* events before the first one kept (replay_load's first_event) */
+    size_t invalid;          /* events kept flagged invalid */
     size_t quiet_before;     /* events just before the first one kept that an empty_cache or a
                                 graph capture's start may make or be among: all but frees and
                                 allocations (the generator's 8-byte ones excepted) */

@@ -32,9 +32,12 @@ static inline size_t live_hash(uint64_t k)
     return (size_t)k;
 }
 
+/* Make room for an entry: a table of deleted entries mostly is rebuilt at its size (a replay
+ * deletes nearly every block it puts, and doubling then would grow the table with the number
+ * of allocations, not of live blocks), else at twice its size. */
 static inline bool live_grow(live_map_t *m)
 {
-    size_t cap = m->cap ? m->cap * 2 : 1024;
+    size_t cap = !m->cap ? 1024 : (m->count + 1) * 4 <= m->cap ? m->cap : m->cap * 2;
     live_entry_t *slots = calloc(cap, sizeof(*slots));
     if (!slots)
         return false;

@@ -240,6 +240,7 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     /* a size of 1 EB or more (a negative one wraps there) is no real request: flagged, the
      * replay counts it as an inconsistency and leaves it out */
     e->invalid = e->kind != EV_OTHER && e->kind != EV_OOM && e->size >= ((uint64_t)1 << 60);
+    t->invalid += e->invalid;
     if ((e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP) && !e->addr)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) is at address 0", i, action->data);
     if (!stream_index(l, stream, &e->stream))

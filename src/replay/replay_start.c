@@ -69,6 +69,8 @@ typedef struct infer {
     size_t nranges, cap_ranges;
     work_block_t *blocks;
     size_t nblocks, cap_blocks;
+    size_t dead;           /* 1 + the index of a removed block, whose slot a new one takes (0: none);
+                              they chain through b.event, so the blocks stay as many as live at once */
     live_map_t index;      /* block address -> index + 1 (in ptr) */
 } infer_t;
 
@@ -134,13 +136,16 @@ static work_block_t *block_find(infer_t *in, uint64_t addr)
 static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t size, bool pending,
                       size_t event)
 {
-    if (!grow((void **)&in->blocks, &in->cap_blocks, in->nblocks + 1, sizeof(*in->blocks)))
+    if (!in->dead && !grow((void **)&in->blocks, &in->cap_blocks, in->nblocks + 1, sizeof(*in->blocks)))
         return false;
     live_entry_t *e = live_put(&in->index, addr);
     if (!e)
         return false;
-    e->ptr = in->nblocks + 1;
-    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending, event}, true};
+    size_t k = in->dead ? in->dead - 1 : in->nblocks++;
+    if (in->dead)
+        in->dead = in->blocks[k].b.event;
+    e->ptr = k + 1;
+    in->blocks[k] = (work_block_t){{addr, requested, size, pending, event}, true};
     return true;
 }
 
@@ -148,6 +153,8 @@ static void block_remove(infer_t *in, work_block_t *b)
 {
     live_del(&in->index, live_find(&in->index, b->b.addr));
     b->alive = false;
+    b->b.event = in->dead;
+    in->dead = (size_t)(b - in->blocks) + 1;
 }
 
 static bool get_u64(const pv_node_t *dict, const char *key, uint64_t *out)
@@ -488,7 +495,7 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     memset(&in, 0, sizeof(in));
     memset(out, 0, sizeof(*out));
     /* sizes no request has: counted here, left out by the replay */
-    for (size_t i = 0; i < trace->count; i++) {
+    for (size_t i = 0; trace->invalid && i < trace->count; i++) {
         const replay_event_t *e = replay_ev(trace, i);
         if (e->invalid)
             replay_note_inconsistency(r, false, i + trace->skipped,
