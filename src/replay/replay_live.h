@@ -88,6 +88,40 @@ static inline live_entry_t *live_put(live_map_t *m, uint64_t key)
     return e;
 }
 
+/*
+ * The entry of key, made (ptr and hold 0) if it had none: one probe where
+ * live_find and then live_put would make two; *had: it was there (its ptr and
+ * hold kept). NULL when out of memory.
+ */
+static inline live_entry_t *live_get(live_map_t *m, uint64_t key, bool *had)
+{
+    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
+        return NULL;
+    live_entry_t *tomb = NULL;
+    size_t j = live_hash(key) & (m->cap - 1);
+    for (;; j = (j + 1) & (m->cap - 1)) {
+        live_entry_t *e = &m->slots[j];
+        if (!e->key)
+            break;
+        if (e->key == key && !e->tomb) {
+            *had = true;
+            return e;
+        }
+        if (e->tomb && !tomb)
+            tomb = e;
+    }
+    *had = false;
+    live_entry_t *e = tomb ? tomb : &m->slots[j];
+    if (!e->key)
+        m->used++;
+    e->key = key;
+    e->tomb = false;
+    e->ptr = 0;
+    e->hold = 0;
+    m->count++;
+    return e;
+}
+
 static inline void live_del(live_map_t *m, live_entry_t *e)
 {
     e->tomb = true;

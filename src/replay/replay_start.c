@@ -149,9 +149,11 @@ static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t s
     return true;
 }
 
-static void block_remove(infer_t *in, work_block_t *b)
+/* Remove the block of index entry e (block_find's lookup, not made again). */
+static void block_remove(infer_t *in, live_entry_t *e)
 {
-    live_del(&in->index, live_find(&in->index, b->b.addr));
+    work_block_t *b = &in->blocks[e->ptr - 1];
+    live_del(&in->index, e);
     b->alive = false;
     b->b.event = in->dead;
     in->dead = (size_t)(b - in->blocks) + 1;
@@ -297,22 +299,24 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
     if (e->invalid && e->kind != EV_ALLOC)
         return CCA_OK; /* left out (an invalid alloc's block still begins there) */
     switch (e->kind) {
-    case EV_ALLOC:
-        b = block_find(in, e->addr);
-        if (b) {
-            block_remove(in, b);
+    case EV_ALLOC: {
+        live_entry_t *le = live_find(&in->index, e->addr);
+        if (le) {
+            block_remove(in, le);
             return CCA_OK;
         }
         return replay_note_inconsistency(r, strict, i + trace->skipped,
                                          "event %zu: a block allocated at 0x%llx is neither freed later "
                                          "nor live in the snapshot's segments", i + trace->skipped,
                                          (unsigned long long)e->addr);
+    }
     case EV_FREE_COMPLETED:
+        b = block_find(in, e->addr);
         /* the recording's first event: PyTorch records a free's request and completion in
          * one call unless the block was used on another stream, so the block was freed with it */
-        if (i == 0 && !block_find(in, e->addr))
+        if (i == 0 && !b)
             return CCA_OK;
-        if (block_find(in, e->addr))
+        if (b)
             return replay_note_inconsistency(r, strict, i + trace->skipped,
                                              "event %zu: the block at 0x%llx is freed twice",
                                              i + trace->skipped,
