@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "pickle.h"
+#include "replay_live.h"
 
 typedef enum replay_kind {
     EV_ALLOC,
@@ -41,6 +42,31 @@ typedef struct replay_event {
 #define REPLAY_CHUNK_EVENTS ((size_t)1 << REPLAY_CHUNK_SHIFT)
 #define REPLAY_MAX_CHUNKS ((size_t)1 << 16)           /* at most 2^32 events */
 
+/*
+ * The trace played forward from an empty allocator, as the reader decodes it
+ * (replay_forward.c): the blocks live and the device memory mapped after the
+ * last event. `broken` once an event needs memory or a block from before the
+ * first one (a free of a block not live, an allocation at a live block's
+ * address, an unmapping of memory not mapped, a mapping of mapped memory), or
+ * the ranges grow past their bound: only then may the inference of the state
+ * before the first event (replay_start.c) find anything, or, with an end
+ * state unlike this one, an inconsistency.
+ */
+typedef struct replay_forward {
+    live_map_t blocks;          /* live block addresses (ptr, hold unused) */
+    struct replay_span {
+        uint64_t lo, hi;
+    } *ranges;                  /* mapped bytes: address order, apart (touching ones merged) */
+    size_t nranges, cap;
+    bool broken;
+} replay_forward_t;
+
+/* Play event e (index i of the trace kept) forward. */
+void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i);
+void replay_forward_free(replay_forward_t *f);
+/* Tests: set, the inference undoes every trace (to compare with what it decides without). */
+extern bool replay_forward_off;
+
 /* One device's trace. */
 typedef struct replay_trace {
     replay_event_t **chunks; /* REPLAY_MAX_CHUNKS slots; chunk k holds events k * 2^16 ... */
@@ -61,6 +87,7 @@ typedef struct replay_trace {
     size_t releases_before;  /* of those, the ones after the last allocation or mapping */
     size_t made_at;          /* 1 + the index of the last allocation or mapping left out (0: none) */
     size_t rng_at[2];        /* 1 + the indices of the last two 8-byte allocations left out (0: none) */
+    replay_forward_t forward; /* set once the reading is done (the reader keeps its own until then) */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */
