@@ -53,7 +53,10 @@ typedef struct replay_event {
  * state unlike this one, an inconsistency.
  */
 typedef struct replay_forward {
-    live_map_t blocks;          /* live block addresses (ptr, hold unused) */
+    struct replay_keys {
+        uint64_t *keys;         /* open addressing, 0 empty; deletions shift back (no tombstones) */
+        size_t cap, count;
+    } blocks;                   /* live block addresses */
     struct replay_span {
         uint64_t lo, hi;
     } *ranges;                  /* mapped bytes: address order, apart (touching ones merged) */
@@ -61,8 +64,62 @@ typedef struct replay_forward {
     bool broken;
 } replay_forward_t;
 
-/* Play event e (index i of the trace kept) forward. */
-void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i);
+static inline size_t replay_key_slot(const struct replay_keys *k, uint64_t key)
+{
+    size_t j = live_hash(key) & (k->cap - 1);
+    while (k->keys[j] && k->keys[j] != key)
+        j = (j + 1) & (k->cap - 1);
+    return j;
+}
+
+/* Whether key (not 0) is in k. */
+static inline bool replay_key_has(const struct replay_keys *k, uint64_t key)
+{
+    return k->cap && k->keys[replay_key_slot(k, key)];
+}
+
+/* Out of line: mapped ranges, and a table to grow. */
+void replay_forward_rare(replay_forward_t *f, const replay_event_t *e);
+
+/* Play event e (index i of the trace kept) forward: a probe or none, as the reader decodes it. */
+static inline void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i)
+{
+    struct replay_keys *k = &f->blocks;
+    if (f->broken || (e->invalid && e->kind != EV_ALLOC))
+        return;
+    if (e->kind == EV_ALLOC) {
+        if (!e->addr || (k->count + 1) * 2 > k->cap) {
+            replay_forward_rare(f, e);
+            return;
+        }
+        size_t j = replay_key_slot(k, e->addr);
+        f->broken = k->keys[j] != 0; /* at a live block */
+        k->keys[j] = e->addr;
+        k->count++;
+    } else if (e->kind == EV_FREE_REQUESTED) {
+        f->broken = !e->addr || !replay_key_has(k, e->addr);
+    } else if (e->kind == EV_FREE_COMPLETED) {
+        if (!i)
+            return; /* a free made whole before the recording */
+        size_t j = e->addr && k->cap ? replay_key_slot(k, e->addr) : 0;
+        if (!e->addr || !k->cap || !k->keys[j]) {
+            f->broken = true;
+            return;
+        }
+        k->count--;
+        for (size_t n = (j + 1) & (k->cap - 1); k->keys[n]; n = (n + 1) & (k->cap - 1)) {
+            size_t h = live_hash(k->keys[n]) & (k->cap - 1); /* its home: may it move to j? */
+            if ((n > j && (h <= j || h > n)) || (n < j && h <= j && h > n)) {
+                k->keys[j] = k->keys[n];
+                j = n;
+            }
+        }
+        k->keys[j] = 0;
+    } else if (e->kind != EV_OOM && e->kind != EV_OTHER) {
+        replay_forward_rare(f, e);
+    }
+}
+
 void replay_forward_free(replay_forward_t *f);
 /* Tests: set, the inference undoes every trace (to compare with what it decides without). */
 extern bool replay_forward_off;

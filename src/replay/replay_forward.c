@@ -97,27 +97,31 @@ static bool span_unmap(replay_forward_t *f, uint64_t lo, uint64_t hi)
     return true;
 }
 
-void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i)
+/* Grow the table of live blocks to twice its size; false: no memory. */
+static bool keys_grow(struct replay_keys *k)
 {
-    if (f->broken || (e->invalid && e->kind != EV_ALLOC))
-        return;
-    live_entry_t *le;
-    bool had;
+    size_t cap = k->cap ? 2 * k->cap : 1024;
+    uint64_t *keys = calloc(cap, sizeof(*keys));
+    if (!keys)
+        return false;
+    struct replay_keys n = {keys, cap, k->count};
+    for (size_t i = 0; i < k->cap; i++)
+        if (k->keys[i])
+            keys[replay_key_slot(&n, k->keys[i])] = k->keys[i];
+    free(k->keys);
+    *k = n;
+    return true;
+}
+
+void replay_forward_rare(replay_forward_t *f, const replay_event_t *e)
+{
     switch (e->kind) {
     case EV_ALLOC:
-        le = e->addr ? live_get(&f->blocks, e->addr, &had) : NULL;
-        f->broken = !le || had;
-        break;
-    case EV_FREE_REQUESTED:
-        f->broken = !e->addr || !live_find(&f->blocks, e->addr);
-        break;
-    case EV_FREE_COMPLETED:
-        if (!i)
-            break;
-        le = e->addr ? live_find(&f->blocks, e->addr) : NULL;
-        if (le)
-            live_del(&f->blocks, le);
-        f->broken = !le;
+        if (!e->addr || !keys_grow(&f->blocks)) {
+            f->broken = true; /* address 0 is the table's empty slot: the inference decides */
+            return;
+        }
+        replay_forward_event(f, e, 1);
         break;
     case EV_SEGMENT_ALLOC:
     case EV_SEGMENT_MAP:
@@ -134,7 +138,7 @@ void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i
 
 void replay_forward_free(replay_forward_t *f)
 {
-    free(f->blocks.slots);
+    free(f->blocks.keys);
     free(f->ranges);
     memset(f, 0, sizeof(*f));
 }

@@ -122,10 +122,22 @@ static inline live_entry_t *live_get(live_map_t *m, uint64_t key, bool *had)
     return e;
 }
 
+/* Delete e. A deleted entry before an empty slot ends no probe: it and the deleted ones just
+ * before it empty (a table whose blocks come and go keeps its probes short, and is seldom
+ * rebuilt). */
 static inline void live_del(live_map_t *m, live_entry_t *e)
 {
+    size_t j = (size_t)(e - m->slots);
     e->tomb = true;
     m->count--;
+    if (m->slots[(j + 1) & (m->cap - 1)].key)
+        return;
+    while (m->slots[j].key && m->slots[j].tomb) {
+        m->slots[j].key = 0;
+        m->slots[j].tomb = false;
+        m->used--;
+        j = (j - 1) & (m->cap - 1);
+    }
 }
 
 #endif /* CCA_REPLAY_LIVE_H */

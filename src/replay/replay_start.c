@@ -306,7 +306,7 @@ static bool ends_as_played(const infer_t *in, const replay_trace_t *trace)
     if (replay_forward_off || f->broken || in->nblocks != f->blocks.count)
         return false;
     for (size_t i = 0; i < in->nblocks; i++)
-        if (!live_find((live_map_t *)&f->blocks, in->blocks[i].b.addr))
+        if (!in->blocks[i].b.addr || !replay_key_has(&f->blocks, in->blocks[i].b.addr))
             return false;
     struct replay_span *s = malloc((in->nranges ? in->nranges : 1) * sizeof(*s));
     if (!s)
