@@ -415,6 +415,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
     size_t next_op = 0;
+    size_t freed_at = SIZE_MAX; /* the event after a free_requested that freed its block whole */
     graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
     if (stream->start && stream->start->ngroups) {
@@ -552,10 +553,12 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 break;
             }
             if (!le->ptr) { /* an allocation that failed, or was left out */
-                if (e->deferred)
+                if (e->deferred) {
                     le->hold = 1; /* until its free_completed */
-                else
+                } else {
                     live_del(&live, le);
+                    freed_at = i + 1;
+                }
                 break;
             }
             r->frees++;
@@ -569,10 +572,13 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             } else {
                 cca_free((void *)(uintptr_t)le->ptr);
                 live_del(&live, le);
+                freed_at = i + 1;
             }
             break;
         }
         case EV_FREE_COMPLETED: {
+            if (i == freed_at) /* the completion of the free just made (its block gone, no lookup) */
+                break;
             live_entry_t *le = live_find(&live, e->addr);
             if (!le || !le->hold) {
                 if (!le && completes_previous(trace, i))

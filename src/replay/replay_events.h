@@ -61,6 +61,7 @@ typedef struct replay_forward {
         uint64_t lo, hi;
     } *ranges;                  /* mapped bytes: address order, apart (touching ones merged) */
     size_t nranges, cap;
+    uint64_t request;           /* a free_requested's address, checked with the event after it (0: none) */
     bool broken;
 } replay_forward_t;
 
@@ -87,6 +88,14 @@ static inline void replay_forward_event(replay_forward_t *f, const replay_event_
     struct replay_keys *k = &f->blocks;
     if (f->broken || (e->invalid && e->kind != EV_ALLOC))
         return;
+    if (f->request) {
+        /* a free_requested's block must be live; its free_completed right after checks it too */
+        bool both = e->kind == EV_FREE_COMPLETED && e->addr == f->request;
+        f->broken = !both && !replay_key_has(k, f->request);
+        f->request = 0;
+        if (f->broken)
+            return;
+    }
     if (e->kind == EV_ALLOC) {
         if (!e->addr || (k->count + 1) * 2 > k->cap) {
             replay_forward_rare(f, e);
@@ -97,7 +106,8 @@ static inline void replay_forward_event(replay_forward_t *f, const replay_event_
         k->keys[j] = e->addr;
         k->count++;
     } else if (e->kind == EV_FREE_REQUESTED) {
-        f->broken = !e->addr || !replay_key_has(k, e->addr);
+        f->broken = !e->addr;
+        f->request = e->addr;
     } else if (e->kind == EV_FREE_COMPLETED) {
         if (!i)
             return; /* a free made whole before the recording */
@@ -120,6 +130,13 @@ static inline void replay_forward_event(replay_forward_t *f, const replay_event_
     }
 }
 
+/* After the last event: a free_requested there is checked. */
+static inline void replay_forward_end(replay_forward_t *f)
+{
+    if (!f->broken && f->request)
+        f->broken = !replay_key_has(&f->blocks, f->request);
+    f->request = 0;
+}
 void replay_forward_free(replay_forward_t *f);
 /* Tests: set, the inference undoes every trace (to compare with what it decides without). */
 extern bool replay_forward_off;

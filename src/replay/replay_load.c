@@ -297,6 +297,7 @@ cca_status_t replay_load(const char *path, int device, size_t first_event, repla
     if (st == CCA_OK && !trace->streams && !(trace->streams = calloc(1, sizeof(*trace->streams))))
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
     free(l.stream_slots);
+    replay_forward_end(&l.forward);
     trace->forward = l.forward;
     trace->devices = l.devices;
     if (feed)

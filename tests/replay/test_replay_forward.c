@@ -48,7 +48,24 @@ TEST(blocks_forward)
     replay_forward_free(&f);
 
     play(&f, 0, EV_ALLOC, 0x1000, 512);
-    play(&f, 1, EV_FREE_REQUESTED, 0x3000, 512); /* a block from before */
+    play(&f, 1, EV_FREE_REQUESTED, 0x3000, 512); /* a block from before: checked with the next event */
+    play(&f, 2, EV_ALLOC, 0x2000, 512);
+    expect_true(f.broken);
+    replay_forward_free(&f);
+
+    play(&f, 0, EV_ALLOC, 0x1000, 512);
+    play(&f, 1, EV_FREE_REQUESTED, 0x3000, 512);
+    play(&f, 2, EV_FREE_COMPLETED, 0x3000, 512); /* with its completion */
+    expect_true(f.broken);
+    replay_forward_free(&f);
+
+    play(&f, 0, EV_ALLOC, 0x1000, 512);
+    play(&f, 1, EV_FREE_REQUESTED, 0x1000, 512);
+    replay_forward_end(&f);
+    expect_false(f.broken);
+    play(&f, 2, EV_FREE_REQUESTED, 0x3000, 512); /* the last event: checked at the end */
+    expect_false(f.broken);
+    replay_forward_end(&f);
     expect_true(f.broken);
     replay_forward_free(&f);
 
