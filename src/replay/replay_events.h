@@ -65,9 +65,15 @@ typedef struct replay_forward {
     bool broken;
 } replay_forward_t;
 
+/* A key's home slot: one multiplication (the addresses' high bits spread into the low ones). */
+static inline size_t replay_key_home(const struct replay_keys *k, uint64_t key)
+{
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (k->cap - 1);
+}
+
 static inline size_t replay_key_slot(const struct replay_keys *k, uint64_t key)
 {
-    size_t j = live_hash(key) & (k->cap - 1);
+    size_t j = replay_key_home(k, key);
     while (k->keys[j] && k->keys[j] != key)
         j = (j + 1) & (k->cap - 1);
     return j;
@@ -118,7 +124,7 @@ static inline void replay_forward_event(replay_forward_t *f, const replay_event_
         }
         k->count--;
         for (size_t n = (j + 1) & (k->cap - 1); k->keys[n]; n = (n + 1) & (k->cap - 1)) {
-            size_t h = live_hash(k->keys[n]) & (k->cap - 1); /* its home: may it move to j? */
+            size_t h = replay_key_home(k, k->keys[n]); /* its home: may it move to j? */
             if ((n > j && (h <= j || h > n)) || (n < j && h <= j && h > n)) {
                 k->keys[j] = k->keys[n];
                 j = n;
