@@ -24,12 +24,10 @@ typedef struct live_map {
     size_t cap, count, used;
 } live_map_t;
 
+/* One multiplication: the high bits of the product mix every bit of an address below them. */
 static inline size_t live_hash(uint64_t k)
 {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return (size_t)k;
+    return (size_t)((k * 0x9e3779b97f4a7c15ull) >> 32);
 }
 
 /* Make room for an entry: a table of deleted entries mostly is rebuilt at its size (a replay
