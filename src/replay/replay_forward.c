@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "replay_events.h"
+#include "replay_start.h"
 
 bool replay_forward_off;
 
@@ -134,6 +135,36 @@ void replay_forward_rare(replay_forward_t *f, const replay_event_t *e)
     default:
         break;
     }
+}
+
+static int cmp_span(const void *a, const void *b)
+{
+    uint64_t x = ((const struct replay_span *)a)->lo, y = ((const struct replay_span *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
+bool replay_forward_ranges(const replay_forward_t *f, const start_range_t *ranges, size_t n)
+{
+    struct replay_span *s = malloc((n ? n : 1) * sizeof(*s));
+    if (!s)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        s[i] = (struct replay_span){ranges[i].addr, ranges[i].addr + ranges[i].size};
+    qsort(s, n, sizeof(*s), cmp_span);
+    bool same = true;
+    size_t m = 0; /* the bytes, as the mapped ranges are kept: apart, touching ones merged */
+    for (size_t i = 0; i < n && same; i++) {
+        same = s[i].hi > s[i].lo;
+        if (m && s[i].lo <= s[m - 1].hi) {
+            if (s[i].hi > s[m - 1].hi)
+                s[m - 1].hi = s[i].hi;
+        } else {
+            s[m++] = s[i];
+        }
+    }
+    same = same && m == f->nranges && !memcmp(s, f->ranges, m * sizeof(*s));
+    free(s);
+    return same;
 }
 
 void replay_forward_free(replay_forward_t *f)

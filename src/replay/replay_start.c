@@ -289,47 +289,6 @@ static void find_slack(const infer_t *in, start_block_t *blocks, size_t n, const
     free(open);
 }
 
-static int cmp_span(const void *a, const void *b)
-{
-    uint64_t x = ((const struct replay_span *)a)->lo, y = ((const struct replay_span *)b)->lo;
-    return x < y ? -1 : x > y;
-}
-
-/*
- * Whether the end state read into in is the one the trace reaches played
- * forward from an empty allocator (replay_forward.c): undoing it then leaves
- * nothing and meets no inconsistency, so the undoing is not needed.
- */
-static bool ends_as_played(const infer_t *in, const replay_trace_t *trace)
-{
-    const replay_forward_t *f = &trace->forward;
-    if (replay_forward_off || f->broken || in->nblocks != f->blocks.count)
-        return false;
-    for (size_t i = 0; i < in->nblocks; i++)
-        if (!in->blocks[i].b.addr || !replay_key_has(&f->blocks, in->blocks[i].b.addr))
-            return false;
-    struct replay_span *s = malloc((in->nranges ? in->nranges : 1) * sizeof(*s));
-    if (!s)
-        return false;
-    size_t n = 0;
-    for (size_t i = 0; i < in->nranges; i++)
-        s[i] = (struct replay_span){in->ranges[i].addr, in->ranges[i].addr + in->ranges[i].size};
-    qsort(s, in->nranges, sizeof(*s), cmp_span);
-    bool same = true;
-    for (size_t i = 0; i < in->nranges && same; i++) {
-        same = s[i].hi > s[i].lo; /* the snapshot's bytes, as the mapped ranges: merged */
-        if (n && s[i].lo <= s[n - 1].hi) {
-            if (s[i].hi > s[n - 1].hi)
-                s[n - 1].hi = s[i].hi;
-        } else {
-            s[n++] = s[i];
-        }
-    }
-    same = same && n == f->nranges && !memcmp(s, f->ranges, n * sizeof(*s));
-    free(s);
-    return same;
-}
-
 /* Undo event i (the events after it undone already). */
 static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t i, bool strict,
                                cca_replay_result_t *r)
@@ -550,7 +509,14 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     cca_status_t st = read_end_state(root, device, &in);
     /* a snapshot without the device's segments says nothing of its end state: no start
      * state, and the replay reports a free it cannot explain */
-    if (st != CCA_OK || !in.nranges || ends_as_played(&in, trace))
+    if (st != CCA_OK || !in.nranges)
+        goto out;
+    /* a trace that began on an empty allocator and ends as the snapshot: nothing to undo */
+    bool played = !replay_forward_off && !trace->forward.broken && in.nblocks == trace->forward.blocks.count &&
+                  replay_forward_ranges(&trace->forward, in.ranges, in.nranges);
+    for (size_t i = 0; played && i < in.nblocks; i++)
+        played = in.blocks[i].b.addr && replay_key_has(&trace->forward.blocks, in.blocks[i].b.addr);
+    if (played)
         goto out;
     for (size_t i = trace->count; st == CCA_OK && i-- > 0;)
         st = undo_event(&in, trace, i, false, r);
