@@ -429,14 +429,16 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                                cca_replay_result_t *r)
 {
     bool trace_addresses = opt->trace_addresses, strict = opt->strict;
-    uint64_t event_lag = opt->event_lag;
+    uint64_t event_lag = opt->event_lag, peaks_from = opt->peaks_from_event;
     const replay_trace_t *trace = stream->trace;
+    const replay_observer_t *observer = stream->observer; /* read once: one branch an event */
     calls_log_t log = {0};
     const cca_device_t *dev0 = &cca_state->devices[0];
     live_map_t live = {0};
     uint64_t next_hold = HOLD_STREAM_BASE;
     cca_status_t st = CCA_OK;
     size_t next_op = 0;
+    size_t freed_at = SIZE_MAX; /* the event after a free_requested that freed its block whole */
     graph_state_t graphs = {stream->live_graphs, NULL, 0};
     size_t i;
     if (stream->start && stream->start->ngroups) {
@@ -461,7 +463,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             st = cca_raise(CCA_ERR_IO, "the trace could not be read");
             goto out;
         }
-        if (!end && opt->peaks_from_event && i + trace->skipped == opt->peaks_from_event &&
+        if (!end && peaks_from && i + trace->skipped == peaks_from &&
             (st = cca_reset_peak_stats(0)) != CCA_OK)
             goto out;
         for (; next_op < nops && (ops[next_op].at <= i || end); next_op++) {
@@ -506,8 +508,14 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         case EV_ALLOC: {
             void *p = NULL;
             r->allocs++;
-            live_entry_t *old = live_find(&live, e->addr);
-            if (old && old->ptr) {
+            bool had;
+            live_entry_t *le = live_get(&live, e->addr, &had); /* one probe serves the check too */
+            if (!le) {
+                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
+                goto out;
+            }
+            bool inside = had && le->ptr;
+            if (inside) {
                 st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, inside a "
                                                "live block", at, (unsigned long long)e->addr);
                 if (st != CCA_OK)
@@ -522,11 +530,6 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                              (unsigned long long)e->size,
                              as == CCA_ERR_OUT_OF_MEMORY ? "out of memory" : cca_status_str(as));
                 r->address_mismatches += trace_addresses;
-                live_entry_t *le = old ? old : live_put(&live, e->addr);
-                if (!le) {
-                    st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
-                    goto out;
-                }
                 le->ptr = 0; /* its free is left out */
                 le->hold = 0;
                 break;
@@ -534,7 +537,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             if (trace_addresses && (uint64_t)(uintptr_t)p != e->addr) {
                 /* as long as every allocation landed at PyTorch's address, cca's blocks are
                  * PyTorch's: one holding this address is a live block of the trace */
-                if (!(old && old->ptr) && !r->address_mismatches && inside_live_block(e->addr)) {
+                if (!inside && !r->address_mismatches && inside_live_block(e->addr)) {
                     st = replay_note_inconsistency(r, strict, at, "event %zu: an allocation at 0x%llx, "
                                                    "inside a live block", at, (unsigned long long)e->addr);
                     if (st != CCA_OK) {
@@ -551,15 +554,9 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                              (unsigned long long)e->addr);
                 r->address_mismatches++;
             }
-            live_entry_t *le = old ? old : live_put(&live, e->addr);
-            if (!le) {
-                cca_free(p);
-                st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory in replay");
-                goto out;
-            }
             le->ptr = (uint64_t)(uintptr_t)p;
-            if (stream->observer)
-                stream->observer->on_alloc(stream->observer->ctx, at, le->ptr);
+            if (observer)
+                observer->on_alloc(observer->ctx, at, le->ptr);
             le->hold = 0;
             if (graphs.pending && !graphs.rng_allocs) {
                 st = replay_capture_route(graphs.pending);
@@ -581,10 +578,12 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
                 break;
             }
             if (!le->ptr) { /* an allocation that failed, or was left out */
-                if (e->deferred)
+                if (e->deferred) {
                     le->hold = 1; /* until its free_completed */
-                else
+                } else {
                     live_del(&live, le);
+                    freed_at = i + 1;
+                }
                 break;
             }
             r->frees++;
@@ -598,10 +597,13 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
             } else {
                 cca_free((void *)(uintptr_t)le->ptr);
                 live_del(&live, le);
+                freed_at = i + 1;
             }
             break;
         }
         case EV_FREE_COMPLETED: {
+            if (i == freed_at) /* the completion of the free just made (its block gone, no lookup) */
+                break;
             live_entry_t *le = live_find(&live, e->addr);
             if (!le || !le->hold) {
                 if (!le && completes_previous(trace, i))
@@ -641,7 +643,7 @@ static cca_status_t run_events(replay_stream_t *stream, const pool_op_t *ops, si
         default:
             break;
         }
-        if (stream->observer && !stream->observer->after_event(stream->observer->ctx, at)) {
+        if (observer && !observer->after_event(observer->ctx, at)) {
             st = cca_last_error()->status;
             goto out;
         }

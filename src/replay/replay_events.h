@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "pickle.h"
+#include "replay_live.h"
 
 typedef enum replay_kind {
     EV_ALLOC,
@@ -41,6 +42,111 @@ typedef struct replay_event {
 #define REPLAY_CHUNK_EVENTS ((size_t)1 << REPLAY_CHUNK_SHIFT)
 #define REPLAY_MAX_CHUNKS ((size_t)1 << 16)           /* at most 2^32 events */
 
+/*
+ * The trace played forward from an empty allocator, as the reader decodes it
+ * (replay_forward.c): the blocks live and the device memory mapped after the
+ * last event. `broken` once an event needs memory or a block from before the
+ * first one (a free of a block not live, an allocation at a live block's
+ * address, an unmapping of memory not mapped, a mapping of mapped memory), or
+ * the ranges grow past their bound: only then may the inference of the state
+ * before the first event (replay_start.c) find anything, or, with an end
+ * state unlike this one, an inconsistency.
+ */
+typedef struct replay_forward {
+    struct replay_keys {
+        uint64_t *keys;         /* open addressing, 0 empty; deletions shift back (no tombstones) */
+        size_t cap, count;
+    } blocks;                   /* live block addresses */
+    struct replay_span {
+        uint64_t lo, hi;
+    } *ranges;                  /* mapped bytes: address order, apart (touching ones merged) */
+    size_t nranges, cap;
+    uint64_t request;           /* a free_requested's address, checked with the event after it (0: none) */
+    bool broken;
+} replay_forward_t;
+
+/* A key's home slot: one multiplication (the addresses' high bits spread into the low ones). */
+static inline size_t replay_key_home(const struct replay_keys *k, uint64_t key)
+{
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (k->cap - 1);
+}
+
+static inline size_t replay_key_slot(const struct replay_keys *k, uint64_t key)
+{
+    size_t j = replay_key_home(k, key);
+    while (k->keys[j] && k->keys[j] != key)
+        j = (j + 1) & (k->cap - 1);
+    return j;
+}
+
+/* Whether key (not 0) is in k. */
+static inline bool replay_key_has(const struct replay_keys *k, uint64_t key)
+{
+    return k->cap && k->keys[replay_key_slot(k, key)];
+}
+
+/* Out of line: mapped ranges, and a table to grow. */
+void replay_forward_rare(replay_forward_t *f, const replay_event_t *e);
+
+/* Play event e (index i of the trace kept) forward: a probe or none, as the reader decodes it. */
+static inline void replay_forward_event(replay_forward_t *f, const replay_event_t *e, size_t i)
+{
+    struct replay_keys *k = &f->blocks;
+    if (f->broken || (e->invalid && e->kind != EV_ALLOC))
+        return;
+    if (f->request) {
+        /* a free_requested's block must be live; its free_completed right after checks it too */
+        bool both = e->kind == EV_FREE_COMPLETED && e->addr == f->request;
+        f->broken = !both && !replay_key_has(k, f->request);
+        f->request = 0;
+        if (f->broken)
+            return;
+    }
+    if (e->kind == EV_ALLOC) {
+        if (!e->addr || (k->count + 1) * 2 > k->cap) {
+            replay_forward_rare(f, e);
+            return;
+        }
+        size_t j = replay_key_slot(k, e->addr);
+        f->broken = k->keys[j] != 0; /* at a live block */
+        k->keys[j] = e->addr;
+        k->count++;
+    } else if (e->kind == EV_FREE_REQUESTED) {
+        f->broken = !e->addr;
+        f->request = e->addr;
+    } else if (e->kind == EV_FREE_COMPLETED) {
+        if (!i)
+            return; /* a free made whole before the recording */
+        size_t j = e->addr && k->cap ? replay_key_slot(k, e->addr) : 0;
+        if (!e->addr || !k->cap || !k->keys[j]) {
+            f->broken = true;
+            return;
+        }
+        k->count--;
+        for (size_t n = (j + 1) & (k->cap - 1); k->keys[n]; n = (n + 1) & (k->cap - 1)) {
+            size_t h = replay_key_home(k, k->keys[n]); /* its home: may it move to j? */
+            if ((n > j && (h <= j || h > n)) || (n < j && h <= j && h > n)) {
+                k->keys[j] = k->keys[n];
+                j = n;
+            }
+        }
+        k->keys[j] = 0;
+    } else if (e->kind != EV_OOM && e->kind != EV_OTHER) {
+        replay_forward_rare(f, e);
+    }
+}
+
+/* After the last event: a free_requested there is checked. */
+static inline void replay_forward_end(replay_forward_t *f)
+{
+    if (!f->broken && f->request)
+        f->broken = !replay_key_has(&f->blocks, f->request);
+    f->request = 0;
+}
+void replay_forward_free(replay_forward_t *f);
+/* Tests: set, the inference undoes every trace (to compare with what it decides without). */
+extern bool replay_forward_off;
+
 /* One device's trace. */
 typedef struct replay_trace {
     replay_event_t **chunks; /* REPLAY_MAX_CHUNKS slots; chunk k holds events k * 2^16 ... */
@@ -54,12 +160,14 @@ typedef struct replay_trace {
     size_t count;            /* events */
     size_t devices;          /* device_traces entries in the snapshot */
     size_t skipped;          /* events before the first one kept (replay_load's first_event) */
+    size_t invalid;          /* events kept flagged invalid */
     size_t quiet_before;     /* events just before the first one kept that an empty_cache or a
                                 graph capture's start may make or be among: all but frees and
                                 allocations (the generator's 8-byte ones excepted) */
     size_t releases_before;  /* of those, the ones after the last allocation or mapping */
     size_t made_at;          /* 1 + the index of the last allocation or mapping left out (0: none) */
     size_t rng_at[2];        /* 1 + the indices of the last two 8-byte allocations left out (0: none) */
+    replay_forward_t forward; /* set once the reading is done (the reader keeps its own until then) */
 } replay_trace_t;
 
 /* Event i (< count) of a trace. */

@@ -50,6 +50,7 @@ typedef struct loader {
     uint32_t last_index;
     uint32_t *stream_slots;
     size_t slots_cap, streams_cap;
+    replay_forward_t forward; /* the trace played forward, moved into t at the end */
 } loader_t;
 
 static pk_mode_t field_mode(void *ctx, const char *key, size_t len)
@@ -240,6 +241,8 @@ static cca_status_t on_record(void *ctx, const pk_record_t *rec)
     /* a size of 1 EB or more (a negative one wraps there) is no real request: flagged, the
      * replay counts it as an inconsistency and leaves it out */
     e->invalid = e->kind != EV_OTHER && e->kind != EV_OOM && e->size >= ((uint64_t)1 << 60);
+    t->invalid += e->invalid;
+    replay_forward_event(&l->forward, e, t->count);
     if ((e->kind == EV_SEGMENT_ALLOC || e->kind == EV_SEGMENT_MAP) && !e->addr)
         return cca_raise(CCA_ERR_FORMAT, "trace event %zu (%s) is at address 0", i, action->data);
     if (!stream_index(l, stream, &e->stream))
@@ -294,6 +297,8 @@ cca_status_t replay_load(const char *path, int device, size_t first_event, repla
     if (st == CCA_OK && !trace->streams && !(trace->streams = calloc(1, sizeof(*trace->streams))))
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "out of host memory for the trace events");
     free(l.stream_slots);
+    replay_forward_end(&l.forward);
+    trace->forward = l.forward;
     trace->devices = l.devices;
     if (feed)
         publish(&l, st == CCA_OK ? trace->count : feed->published, true, st == CCA_OK);
@@ -313,6 +318,7 @@ void replay_trace_free(replay_trace_t *trace)
         free(trace->chunks);
     }
     free(trace->streams);
+    replay_forward_free(&trace->forward);
     memset(trace, 0, sizeof(*trace));
 }
 

@@ -69,6 +69,8 @@ typedef struct infer {
     size_t nranges, cap_ranges;
     work_block_t *blocks;
     size_t nblocks, cap_blocks;
+    size_t dead;           /* 1 + the index of a removed block, whose slot a new one takes (0: none);
+                              they chain through b.event, so the blocks stay as many as live at once */
     live_map_t index;      /* block address -> index + 1 (in ptr) */
 } infer_t;
 
@@ -134,20 +136,27 @@ static work_block_t *block_find(infer_t *in, uint64_t addr)
 static bool block_add(infer_t *in, uint64_t addr, uint64_t requested, uint64_t size, bool pending,
                       size_t event)
 {
-    if (!grow((void **)&in->blocks, &in->cap_blocks, in->nblocks + 1, sizeof(*in->blocks)))
+    if (!in->dead && !grow((void **)&in->blocks, &in->cap_blocks, in->nblocks + 1, sizeof(*in->blocks)))
         return false;
     live_entry_t *e = live_put(&in->index, addr);
     if (!e)
         return false;
-    e->ptr = in->nblocks + 1;
-    in->blocks[in->nblocks++] = (work_block_t){{addr, requested, size, pending, event, false}, true};
+    size_t k = in->dead ? in->dead - 1 : in->nblocks++;
+    if (in->dead)
+        in->dead = in->blocks[k].b.event;
+    e->ptr = k + 1;
+    in->blocks[k] = (work_block_t){{addr, requested, size, pending, event, false}, true};
     return true;
 }
 
-static void block_remove(infer_t *in, work_block_t *b)
+/* Remove the block of index entry e (block_find's lookup, not made again). */
+static void block_remove(infer_t *in, live_entry_t *e)
 {
-    live_del(&in->index, live_find(&in->index, b->b.addr));
+    work_block_t *b = &in->blocks[e->ptr - 1];
+    live_del(&in->index, e);
     b->alive = false;
+    b->b.event = in->dead;
+    in->dead = (size_t)(b - in->blocks) + 1;
 }
 
 static bool get_u64(const pv_node_t *dict, const char *key, uint64_t *out)
@@ -297,22 +306,24 @@ static cca_status_t undo_event(infer_t *in, const replay_trace_t *trace, size_t 
     if (e->invalid && e->kind != EV_ALLOC)
         return CCA_OK; /* left out (an invalid alloc's block still begins there) */
     switch (e->kind) {
-    case EV_ALLOC:
-        b = block_find(in, e->addr);
-        if (b) {
-            block_remove(in, b);
+    case EV_ALLOC: {
+        live_entry_t *le = live_find(&in->index, e->addr);
+        if (le) {
+            block_remove(in, le);
             return CCA_OK;
         }
         return replay_note_inconsistency(r, strict, i + trace->skipped,
                                          "event %zu: a block allocated at 0x%llx is neither freed later "
                                          "nor live in the snapshot's segments", i + trace->skipped,
                                          (unsigned long long)e->addr);
+    }
     case EV_FREE_COMPLETED:
+        b = block_find(in, e->addr);
         /* the recording's first event: PyTorch records a free's request and completion in
          * one call unless the block was used on another stream, so the block was freed with it */
-        if (i == 0 && !block_find(in, e->addr))
+        if (i == 0 && !b)
             return CCA_OK;
-        if (block_find(in, e->addr))
+        if (b)
             return replay_note_inconsistency(r, strict, i + trace->skipped,
                                              "event %zu: the block at 0x%llx is freed twice",
                                              i + trace->skipped,
@@ -495,7 +506,7 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     memset(&in, 0, sizeof(in));
     memset(out, 0, sizeof(*out));
     /* sizes no request has: counted here, left out by the replay */
-    for (size_t i = 0; i < trace->count; i++) {
+    for (size_t i = 0; trace->invalid && i < trace->count; i++) {
         const replay_event_t *e = replay_ev(trace, i);
         if (e->invalid)
             replay_note_inconsistency(r, false, i + trace->skipped,
@@ -506,6 +517,13 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
     /* a snapshot without the device's segments says nothing of its end state: no start
      * state, and the replay reports a free it cannot explain */
     if (st != CCA_OK || !in.nranges)
+        goto out;
+    /* a trace that began on an empty allocator and ends as the snapshot: nothing to undo */
+    bool played = !replay_forward_off && !trace->forward.broken && in.nblocks == trace->forward.blocks.count &&
+                  replay_forward_ranges(&trace->forward, in.ranges, in.nranges);
+    for (size_t i = 0; played && i < in.nblocks; i++)
+        played = in.blocks[i].b.addr && replay_key_has(&trace->forward.blocks, in.blocks[i].b.addr);
+    if (played)
         goto out;
     for (size_t i = trace->count; st == CCA_OK && i-- > 0;)
         st = undo_event(&in, trace, i, false, r);

@@ -87,6 +87,13 @@ cca_status_t start_infer(const pv_node_t *root, const replay_trace_t *trace, int
 void start_free(replay_start_t *s);
 
 /*
+ * Whether the bytes of ranges (n of them, any order) are those mapped when
+ * the trace is played forward (f, replay_forward.c); false also when out of
+ * memory.
+ */
+bool replay_forward_ranges(const replay_forward_t *f, const start_range_t *ranges, size_t n);
+
+/*
  * The addresses at which building s makes its segments and reservations, in
  * the order it makes them (the simulated backend hands them out first);
  * *out malloc'd, or NULL with *count 0. Expandable reservations come with

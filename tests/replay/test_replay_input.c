@@ -206,6 +206,31 @@ TEST(nothing_inferred_from_an_empty_start)
     cca_replay_result_free(&r);
 }
 
+/*
+ * A trace that breaks nothing played from an empty allocator, but whose
+ * snapshot ends otherwise: the block it allocates is not live at the end,
+ * and a segment it never made is there. The end state decides: an
+ * inconsistency, and the segment inferred.
+ */
+TEST(empty_start_but_another_end)
+{
+    snap_t s;
+    snap_begin(&s, 1);
+    event(&s, 0, "segment_alloc", BASE, 20 * MIB);
+    event(&s, 0, "alloc", BASE, 4 * MIB);
+    segment(&s, 0, BASE, 20 * MIB, "large");
+    segment(&s, 0, BASE + 64 * MIB, 20 * MIB, "large");
+    cca_replay_options_t opt = {0};
+    cca_replay_result_t r;
+    expect_ok(snap_replay(&s, &opt, &r));
+    expect_eq_u64(r.inconsistencies, 1);
+    expect_contains(r.first_inconsistency, "neither freed later nor live");
+    expect_true(r.recorded_part_only);
+    expect_eq_u64(r.inferred_segments, 1);
+    expect_eq_u64(r.inferred_blocks, 0);
+    cca_replay_result_free(&r);
+}
+
 /* Each device_traces entry is replayed, with its own segments. */
 TEST(several_devices)
 {
@@ -399,6 +424,7 @@ int main(void)
     RUN(state_before_the_first_event);
     RUN(unsplit_rest_of_a_start_block);
     RUN(nothing_inferred_from_an_empty_start);
+    RUN(empty_start_but_another_end);
     RUN(several_devices);
     RUN(inconsistent_input_reported);
     RUN(consistent_input_reports_nothing);
