@@ -6,7 +6,10 @@
 #ifndef CCA_TEST_REPLAY_COMPARE_H
 #define CCA_TEST_REPLAY_COMPARE_H
 
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cca.h"
 
@@ -77,6 +80,39 @@ static inline const char *replay_result_diff(const cca_replay_result_t *a, const
     if (!a->memory_summary || !b->memory_summary)
         return a->memory_summary == b->memory_summary ? NULL : "memory_summary";
     return strcmp(a->memory_summary, b->memory_summary) ? "memory_summary" : NULL;
+}
+
+/*
+ * The replay fuzzers' input: its first byte picks the options both share
+ * (PyTorch's addresses or fresh ones, given settings, a small memory cap, a
+ * device size, the fraction ignored), the rest is the file, written to
+ * /tmp/cca_fuzz_NAME_PID (path, path_size bytes). Returns the pick byte, or -1
+ * (nothing to replay: the input is empty or the file could not be written).
+ */
+static inline int fuzz_replay_input(const uint8_t *data, size_t size, const char *name, char *path,
+                                    size_t path_size, cca_replay_options_t *opt)
+{
+    static const char *const settings[] = {NULL, "", "max_split_size_mb:20", "expandable_segments:True"};
+    if (size < 1)
+        return -1;
+    snprintf(path, path_size, "/tmp/cca_fuzz_%s_%ld", name, (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    size_t n = fwrite(data + 1, 1, size - 1, f);
+    fclose(f);
+    if (n != size - 1) {
+        unlink(path);
+        return -1;
+    }
+    uint8_t pick = data[0];
+    memset(opt, 0, sizeof(*opt));
+    opt->trace_addresses = !(pick & 1);
+    opt->settings = settings[(pick >> 1) & 3];
+    opt->cap = pick & 8 ? (size_t)64 << 20 : 0;
+    opt->total_memory = pick & 16 ? (size_t)1 << 30 : 0;
+    opt->ignore_fraction = pick & 32;
+    return pick;
 }
 
 #endif /* CCA_TEST_REPLAY_COMPARE_H */

@@ -32,28 +32,11 @@ static void replay(const char *path, const cca_replay_options_t *opt, cca_status
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size < 1)
-        return 0;
-    uint8_t pick = data[0];
     char path[64];
-    snprintf(path, sizeof(path), "/tmp/cca_fuzz_replay_%ld", (long)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return 0;
-    size_t n = fwrite(data + 1, 1, size - 1, f);
-    fclose(f);
-    if (n != size - 1) {
-        unlink(path);
-        return 0;
-    }
-    static const char *const settings[] = {NULL, "", "max_split_size_mb:20", "expandable_segments:True"};
     cca_replay_options_t opt;
-    memset(&opt, 0, sizeof(opt));
-    opt.trace_addresses = !(pick & 1);
-    opt.settings = settings[(pick >> 1) & 3];
-    opt.cap = pick & 8 ? (size_t)64 << 20 : 0;
-    opt.total_memory = pick & 16 ? (size_t)1 << 30 : 0;
-    opt.ignore_fraction = pick & 32;
+    int pick = fuzz_replay_input(data, size, "replay", path, sizeof(path), &opt);
+    if (pick < 0)
+        return 0;
     opt.strict = pick & 64;
     opt.first_event = pick & 128 ? 3 : 0;
     static char msg[3][2048];
