@@ -45,7 +45,8 @@
 #   GPU_CHECK_ONLY=torch-compile  torch.compile(mode="reduce-overhead") only:
 #     build the library (Release, and Release with the checker after every
 #     call), then tests/cuda/torch_compile.py (CUDA graph trees' checkpoints
-#     through the adapter against native, then on the checked library).
+#     through the adapter against native, then on the checked library; then
+#     the same with expandable segments on both sides).
 #   GPU_CHECK_ONLY=pytorch-tests  PyTorch's own test/test_cuda.py (its memory,
 #     allocator, graph, pool, snapshot and pinned-memory tests, selected with
 #     pytest -k) natively and with cca, each without and with expandable
@@ -59,7 +60,9 @@
 #     repository in .pytorch-tests/ (copy it there); about 5.5 minutes: the
 #     step takes what the budget leaves (the runs at once stop a quarter of
 #     it, at most 120 s, before its end, for the re-runs); give it
-#     GPU_CHECK_BUDGET=400 or more.
+#     GPU_CHECK_BUDGET=400 or more. PYTORCH_TEST_FILES="PATH[:EXPR] ..." runs
+#     other test files of .pytorch-tests/ instead (scripts/pytorch_tests.py
+#     --file), e.g. "test_cuda_trace.py profiler/test_memory_profiler.py".
 #   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
 #     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
 #     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,
@@ -190,11 +193,14 @@ run_torch_hooks() {
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
         python3 "$root/tests/cuda/torch_hooks.py" "$root/build-gpu-release/libcca.so"
 }
-# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests, four ways at once, differing
-# tests re-run alone (one table).
+# run_pytorch_tests SECONDS: PyTorch's test_cuda.py memory tests (or PYTORCH_TEST_FILES' files),
+# four ways at once, differing tests re-run alone (one table).
 run_pytorch_tests() {
+    local files=()
+    for f in ${PYTORCH_TEST_FILES:-}; do files+=(--file "$f"); done
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" OUT="$logs" \
-        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --parallel --budget "$1"
+        python3 "$root/scripts/pytorch_tests.py" "$root/build-gpu-release/libcca.so" --parallel \
+        --budget "$1" "${files[@]}"
 }
 build_library() {
     cmake -S "$root" -B "$root/build-gpu-release" -DCMAKE_BUILD_TYPE=Release -DCCA_SANITIZE=OFF -DCCA_WERROR=OFF &&
@@ -212,12 +218,16 @@ build_checked() {
         -DCCA_WERROR=OFF -DCCA_DEBUG_LEVEL=3 &&
         cmake --build "$root/build-gpu-checked" -j "$jobs" --target cca_shared
 }
-# run_torch_compile [CHECKED_LIB]: with the library build_checked made in this run
+# run_torch_compile [CHECKED_LIB]: with the library build_checked made in this run; then
+# again with expandable segments on both sides (checkpoints of expandable pools)
 run_torch_compile() {
     local checked=()
     [ $# -gt 0 ] && checked=(--checked "$1")
     CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
-        python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}"
+        python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}" &&
+        CCA_TORCH_BUILD_DIR="$root/build-gpu-release/torch-adapter" \
+            python3 "$root/tests/cuda/torch_compile.py" "$root/build-gpu-release/libcca.so" "${checked[@]}" \
+            --expandable
 }
 # Peer access through PyTorch's copies and direct kernel reads, cca and native; needs 2 GPUs.
 run_torch_peer() {

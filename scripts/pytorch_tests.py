@@ -1,32 +1,40 @@
 #!/usr/bin/env python3
-"""PyTorch's own test/test_cuda.py, restricted to the memory, allocator, graph, pool, snapshot
-and pinned-memory tests, four ways: natively and with cca installed, each without and with
-expandable segments. Prints one table (test, native, cca, native+expandable, cca+expandable)
-and the tests that pass natively and fail with cca; exits 1 if there are any.
+"""PyTorch's own tests four ways: natively and with cca installed, each without and with
+expandable segments. By default test/test_cuda.py, restricted to its memory, allocator, graph,
+pool, snapshot and pinned-memory tests; --file names other test files of the same revision
+(each with its own -k expression, or all its tests). Prints one table (test, native, cca,
+native+expandable, cca+expandable) and the tests that pass natively and fail with cca; exits 1
+if there are any.
 
-The test file is upstream code, kept out of the repository: put test/test_cuda.py of
-pytorch/pytorch (a revision near the installed torch) at .pytorch-tests/test_cuda.py (or
-.pytorch-tests/test/test_cuda.py). cca is installed in each test process, and in the
-processes the tests start, by tests/cuda/pytorch_site/sitecustomize.py (PYTHONPATH), before
-the first CUDA call. Where the expecttest package is missing (test_cuda.py's
-common_utils imports it), tests/cuda/pytorch_shim provides a minimal one.
+The test files are upstream code, kept out of the repository: put pytorch/pytorch's test/ files
+(a revision near the installed torch) under .pytorch-tests/, at the same relative paths
+(test_cuda.py, profiler/test_memory_profiler.py, inductor/test_cudagraph_trees.py...; a leading
+test/ is also looked in). cca is installed in each test process, and in the processes the tests
+start, by tests/cuda/pytorch_site/sitecustomize.py (PYTHONPATH), before the first CUDA call.
+Where the expecttest package is missing (common_utils imports it), tests/cuda/pytorch_shim
+provides a minimal one.
 
 Two ways to run them. One after another (each run gets a quarter of the budget), when the
 budget allows that (SEQUENTIAL_NEED seconds), or at once (--parallel, the default under that
-budget): the four runs start together on the one GPU, each split into --shards pytest
-processes (cca_pytorch_compat's CCA_PYTEST_SHARD), each with its own log. A test that then
-passes natively and not with cca (either pair) may have been disturbed by the concurrent runs
-(a memory-capacity test, a memory fraction): it is run again alone, serially, natively and
-with cca (all such tests of a pair in one process per side, nothing else running), and the
-table shows the result of that run, marked "*". For each regression left, the end of its
-failure (pytest's report of it) is printed.
+budget): the four runs start together on the one GPU, each split into --shards processes
+(cca_pytorch_compat's CCA_PYTEST_SHARD), each running pytest on the files one after another,
+with its own log. A test that then passes natively and not with cca (either pair) may have
+been disturbed by the concurrent runs (a memory-capacity test, a memory fraction): it is run
+again alone, serially, natively and with cca (all such tests of a pair in one process per side,
+nothing else running), and the table shows the result of that run, marked "*". For each
+regression left, the end of its failure (pytest's report of it) is printed.
 
 Usage: scripts/pytorch_tests.py [LIBCCA_SO] [--budget SECONDS] [-k EXPRESSION] [--parallel]
-       [--shards N] [--tests DIR] [--only native|cca|native-expandable|cca-expandable]...
+       [--shards N] [--tests DIR] [--file PATH[:EXPRESSION]]...
+       [--only native|cca|native-expandable|cca-expandable]...
+  -k applies to test_cuda.py (the default file); --file PATH:EXPR runs PATH's tests that EXPR
+  selects (pytest -k), --file PATH all of PATH's tests; --file replaces the default file.
 """
 import argparse
+import collections
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,12 +51,29 @@ LINE = re.compile(r"^(\S+\.py::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\
 LINE_AFTER = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+\.py::\S+)")
 
 
-def find_test_file(folder):
-    for rel in ("test_cuda.py", os.path.join("test", "test_cuda.py")):
-        path = os.path.join(folder, rel)
+# the test files of a run: folder (pytest's rootdir and working directory), files
+# [(path relative to folder, -k expression or None)], paths (absolute, for the compat plugin)
+Suite = collections.namedtuple("Suite", "folder files paths")
+
+
+def find_file(folder, rel):
+    for path in (os.path.join(folder, rel), os.path.join(folder, "test", rel)):
         if os.path.isfile(path):
             return path
     return None
+
+
+# files that run test_cuda.py's tests: without an expression of their own, -k's applies
+TEST_CUDA = ("test_cuda.py", "test_cuda_expandable_segments.py")
+
+
+def parse_file(spec, default_select):
+    """"PATH[:EXPRESSION]" -> (PATH, EXPRESSION, or None for all of its tests); "PATH" alone is
+    all of its tests, except for TEST_CUDA's files, which take -k's expression."""
+    rel, colon, select = spec.partition(":")
+    if not colon and os.path.basename(rel) in TEST_CUDA:
+        select = default_select
+    return rel, (select or None)
 
 
 def has_module(name):
@@ -56,16 +81,16 @@ def has_module(name):
     return proc.returncode == 0
 
 
-def test_env(use_cca, expandable, lib, test_file, shim, shard=None):
+def test_env(use_cca, expandable, lib, test_files, shim, shard=None):
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CCA_ALLOC_CONF", "CCA_TORCH_INSTALL",
               "CCA_PYTEST_SHARD"):
         env.pop(k, None)
-    # pytorch_compat's plugin lets a test file slightly newer than the installed torch import
+    # pytorch_compat's plugin lets test files slightly newer than the installed torch import
     paths = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "cuda", "pytorch_compat")]
     if shim:
         paths.append(os.path.join(ROOT, "tests", "cuda", "pytorch_shim"))
-    env["CCA_PYTORCH_TEST_FILE"] = os.path.abspath(test_file)
+    env["CCA_PYTORCH_TEST_FILE"] = os.pathsep.join(os.path.abspath(f) for f in test_files)
     if use_cca:
         paths.insert(0, os.path.join(ROOT, "tests", "cuda", "pytorch_site"))
         env["CCA_TORCH_INSTALL"] = "1"
@@ -78,21 +103,25 @@ def test_env(use_cca, expandable, lib, test_file, shim, shard=None):
     return env
 
 
-def pytest_command(test_file, select, tests=None):
-    """pytest on the selected tests (-k select), or on the given ones (Class::name)."""
-    base = os.path.basename(test_file)
-    cmd = [sys.executable, "-m", "pytest"]
-    cmd += ["%s::%s" % (base, t) for t in tests] if tests else [base, "-k", select]
-    return cmd + ["-v", "-rA", "-p", "no:cacheprovider", "-p", "cca_pytorch_compat", "--timeout=90",
-                  "--no-header", "-W", "ignore"]
+def pytest_commands(folder, files=None, tests=None):
+    """One pytest command per file on its selected tests (files: [(PATH, EXPRESSION or None)],
+    PATH relative to folder), or one on the given tests (full node ids)."""
+    common = ["-v", "-rA", "-p", "no:cacheprovider", "-p", "cca_pytorch_compat", "--timeout=90",
+              "--no-header", "-W", "ignore", "--rootdir", folder]
+    if tests:
+        return [[sys.executable, "-m", "pytest"] + list(tests) + common]
+    return [[sys.executable, "-m", "pytest", rel] + (["-k", select] if select else []) + common
+            for rel, select in files]
 
 
-def start(cmd, env, test_file, log):
-    """The command started in its own process group (stopped whole at its time limit)."""
+def start(cmds, env, folder, log):
+    """The commands, one after another, started in their own process group (stopped whole at
+    the time limit), in folder."""
     out = open(log, "w")
+    cmd = cmds[0] if len(cmds) == 1 else ["bash", "-c", " ; ".join(shlex.join(c) for c in cmds)]
     try:
-        return subprocess.Popen(cmd, cwd=os.path.dirname(test_file), env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     finally:
         out.close()
 
@@ -126,11 +155,11 @@ def read_results(log):
         for line in f:
             m = LINE.match(line)
             if m:
-                results[m.group(1).split("::", 1)[1]] = m.group(2)
+                results[m.group(1)] = m.group(2)
                 continue
             m = LINE_AFTER.match(line)
             if m:
-                results[m.group(2).split("::", 1)[1]] = m.group(1)
+                results[m.group(2)] = m.group(1)
     return results
 
 
@@ -141,7 +170,7 @@ def report_run(name, results, rcs, seconds, logs):
     sys.stdout.flush()
 
 
-def run_sequential(runs, test_file, lib, select, budget, log_dir, shim):
+def run_sequential(runs, suite, lib, budget, log_dir, shim):
     """Each run after the other, a quarter of the budget each. Returns results and logs."""
     results, logs = {}, {}
     deadline = time.time() + budget
@@ -149,23 +178,23 @@ def run_sequential(runs, test_file, lib, select, budget, log_dir, shim):
         limit = max(30.0, (deadline - time.time()) / (len(runs) - i))
         log = os.path.join(log_dir, "pytorch-tests-%s.log" % name)
         t0 = time.time()
-        proc = start(pytest_command(test_file, select), test_env(use_cca, expandable, lib, test_file, shim),
-                     test_file, log)
+        proc = start(pytest_commands(suite.folder, suite.files), test_env(use_cca, expandable, lib, suite.paths, shim),
+                     suite.folder, log)
         rcs = wait_all([proc], t0 + limit)
         results[name], logs[name] = read_results(log), [log]
         report_run(name, results[name], rcs, time.time() - t0, logs[name])
     return results, logs
 
 
-def run_parallel(runs, test_file, lib, select, until, log_dir, shim, shards):
+def run_parallel(runs, suite, lib, until, log_dir, shim, shards):
     """The runs at once, each in shards pytest processes, until the time until."""
     procs, where = [], []
     t0 = time.time()
     for name, use_cca, expandable in runs:
         for k in range(shards):
             log = os.path.join(log_dir, "pytorch-tests-%s%s.log" % (name, "-%d" % k if shards > 1 else ""))
-            env = test_env(use_cca, expandable, lib, test_file, shim, "%d/%d" % (k, shards) if shards > 1 else None)
-            procs.append(start(pytest_command(test_file, select), env, test_file, log))
+            env = test_env(use_cca, expandable, lib, suite.paths, shim, "%d/%d" % (k, shards) if shards > 1 else None)
+            procs.append(start(pytest_commands(suite.folder, suite.files), env, suite.folder, log))
             where.append((name, log))
     rcs = wait_all(procs, until)
     results, logs, codes = {}, {}, {}
@@ -187,7 +216,7 @@ def differing(results, native, ours):
     return ran, missing
 
 
-def rerun(runs, results, logs, test_file, lib, deadline, log_dir, shim):
+def rerun(runs, results, logs, suite, lib, deadline, log_dir, shim):
     """Each pair's differing tests again, alone: natively, then with cca, one process each,
     nothing else running. Their results replace the parallel ones. Returns the re-run tests
     as {(run, test)}."""
@@ -208,8 +237,8 @@ def rerun(runs, results, logs, test_file, lib, deadline, log_dir, shim):
             left -= 1
             log = os.path.join(log_dir, "pytorch-tests-rerun-%s.log" % name)
             t0 = time.time()
-            proc = start(pytest_command(test_file, None, tests), test_env(use_cca, expandable, lib, test_file, shim),
-                         test_file, log)
+            proc = start(pytest_commands(suite.folder, tests=tests),
+                         test_env(use_cca, expandable, lib, suite.paths, shim), suite.folder, log)
             rc = wait_all([proc], t0 + limit)
             found = read_results(log)
             print("  %-18s %d of %d re-run, %d passed, rc %s, %.0f s (%s)" % (
@@ -229,7 +258,7 @@ def failure_text(logs, test, lines=FAILURE_LINES):
     its short-summary line), from the first log that has one; else the lines the log has from
     the test's start; None when no log names it."""
     name = test.split("::")[-1]
-    dotted = test.replace("::", ".")
+    dotted = test.split("::", 1)[-1].replace("::", ".")
     header = re.compile(r"^_{3,} (?:ERROR at \w+ of )?(?:%s|%s) _{3,}\s*$" % (re.escape(dotted), re.escape(name)))
     any_header = re.compile(r"^(_{3,} .* _{3,}|={3,}.*={3,})\s*$")
     for log in logs:
@@ -238,7 +267,7 @@ def failure_text(logs, test, lines=FAILURE_LINES):
                 text = f.read().splitlines()
         except OSError:
             continue
-        summary = [l for l in text if re.match(r"^(FAILED|ERROR) \S+::%s\b" % re.escape(test), l)]
+        summary = [l for l in text if re.match(r"^(FAILED|ERROR) %s\b" % re.escape(test), l)]
         for i, line in enumerate(text):
             if header.match(line):
                 j = i + 1
@@ -246,7 +275,7 @@ def failure_text(logs, test, lines=FAILURE_LINES):
                     j += 1
                 return "\n".join(text[i:j][-lines:] + summary)
         for i, line in enumerate(text):
-            if ("::%s " % test) in line or line.rstrip().endswith("::" + test):
+            if line.startswith(test + " ") or line.rstrip().endswith(" " + test):
                 return "\n".join(text[i:i + lines] + summary)
     return None
 
@@ -257,6 +286,8 @@ def main():
     ap.add_argument("--budget", type=float, default=360.0)
     ap.add_argument("-k", dest="select", default=SELECT)
     ap.add_argument("--tests", default=os.path.join(ROOT, ".pytorch-tests"))
+    ap.add_argument("--file", dest="files", action="append", default=[],
+                    help="PATH[:EXPRESSION] under --tests (default: test_cuda.py with -k's expression)")
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--parallel", action="store_true",
                     help="the runs at once (default when the budget is under %d s)" % SEQUENTIAL_NEED)
@@ -265,11 +296,21 @@ def main():
     ap.add_argument("--logs", default=os.environ.get("OUT") or os.path.join(ROOT, "gpu-check-out"))
     a = ap.parse_args()
     t_start = time.time()
-    test_file = find_test_file(a.tests)
-    if not test_file:
-        print("FAIL pytorch-tests: no test_cuda.py under %s (put pytorch/pytorch's test/test_cuda.py "
-              "there: upstream code, kept out of the repository)" % a.tests)
-        return 1
+    folder = os.path.abspath(a.tests)
+    files, paths = [], []
+    for spec in a.files or ["test_cuda.py"]:
+        rel, select = parse_file(spec, a.select)
+        path = find_file(folder, rel)
+        if not path:
+            print("FAIL pytorch-tests: no %s under %s (put pytorch/pytorch's test/%s there: upstream "
+                  "code, kept out of the repository)" % (rel, folder, rel))
+            return 1
+        files.append((os.path.relpath(path, folder), select))
+        paths.append(path)
+        if os.path.basename(rel) == TEST_CUDA[1] and find_file(folder, "test_cuda.py"):
+            paths.append(find_file(folder, "test_cuda.py"))  # it runs test_cuda.py's code
+    suite = Suite(folder, files, paths)
+    print("files: " + ", ".join("%s (%s)" % (rel, "-k " + repr(sel) if sel else "all") for rel, sel in files))
     if not has_module("torch") or not has_module("pytest"):
         print("SKIPPED: torch or pytest missing")
         return 77
@@ -311,11 +352,11 @@ def main():
         reserve = min(120.0, max(0.25 * a.budget, min(60.0, 0.4 * a.budget)))
         print("the %d runs at once, %d pytest processes each, until %.0f s; re-runs after" % (
             len(runs), max(1, a.shards), deadline - reserve - time.time()))
-        results, logs = run_parallel(runs, test_file, lib, a.select, deadline - reserve, a.logs, shim,
+        results, logs = run_parallel(runs, suite, lib, deadline - reserve, a.logs, shim,
                                      max(1, a.shards))
-        again = rerun(runs, results, logs, test_file, lib, deadline, a.logs, shim)
+        again = rerun(runs, results, logs, suite, lib, deadline, a.logs, shim)
     else:
-        results, logs = run_sequential(runs, test_file, lib, a.select, deadline - time.time(), a.logs, shim)
+        results, logs = run_sequential(runs, suite, lib, deadline - time.time(), a.logs, shim)
     tests = sorted(set().union(*[set(r) for r in results.values()]))
     names = [r[0] for r in runs]
     short = {"PASSED": "pass", "FAILED": "FAIL", "ERROR": "ERROR", "SKIPPED": "skip", "XFAIL": "xfail",

@@ -51,8 +51,15 @@ class PytorchTests(unittest.TestCase):
             f.write(LOG)
 
     def test_results_read_from_a_log(self):
-        self.assertEqual(pt.read_results(self.log), {"TestCuda::test_a": "PASSED", "TestCuda::test_b": "FAILED",
-                                                     "TestCudaMallocAsync::test_c": "ERROR"})
+        self.assertEqual(pt.read_results(self.log), {"test_cuda.py::TestCuda::test_a": "PASSED",
+                                                     "test_cuda.py::TestCuda::test_b": "FAILED",
+                                                     "test_cuda.py::TestCudaMallocAsync::test_c": "ERROR"})
+        other = os.path.join(self.tmp.name, "two.log")
+        with open(other, "w") as f:  # a second file's tests, under a folder, keep their file
+            f.write(LOG + "profiler/test_memory_profiler.py::TestX::test_a PASSED   [ 50%]\n")
+        found = pt.read_results(other)
+        self.assertEqual(found["profiler/test_memory_profiler.py::TestX::test_a"], "PASSED")
+        self.assertEqual(found["test_cuda.py::TestCuda::test_a"], "PASSED")
 
     def test_differing(self):
         results = {"native": {"T::a": "PASSED", "T::b": "PASSED", "T::c": "FAILED", "T::d": "PASSED"},
@@ -61,15 +68,15 @@ class PytorchTests(unittest.TestCase):
         self.assertEqual(pt.differing(results, "native-expandable", "cca-expandable"), ([], []))
 
     def test_failure_report_is_the_end_of_the_tests_section(self):
-        text = pt.failure_text([self.log], "TestCuda::test_b").splitlines()
+        text = pt.failure_text([self.log], "test_cuda.py::TestCuda::test_b").splitlines()
         self.assertEqual(len(text), pt.FAILURE_LINES + 1)  # the section's end and the summary line
         self.assertEqual(text[-3:-1], ["E   AssertionError: 0.0 != 1.0", "test_cuda.py:4760: AssertionError"])
         self.assertNotIn("another failure", text)  # the next test's section is not part of it
         self.assertEqual(text[-1], "FAILED test_cuda.py::TestCuda::test_b - AssertionError: 0.0 != 1.0")
         self.assertNotIn("    line 0", text)  # only the last lines
-        error = pt.failure_text([self.log], "TestCudaMallocAsync::test_c")
+        error = pt.failure_text([self.log], "test_cuda.py::TestCudaMallocAsync::test_c")
         self.assertIn("setup went wrong", error)
-        self.assertIsNone(pt.failure_text([self.log], "TestCuda::test_missing"))
+        self.assertIsNone(pt.failure_text([self.log], "test_cuda.py::TestCuda::test_missing"))
 
     def test_failure_report_from_the_first_log_that_has_it(self):
         other = os.path.join(self.tmp.name, "rerun.log")
@@ -77,24 +84,25 @@ class PytorchTests(unittest.TestCase):
             f.write("test_cuda.py::TestCuda::test_b FAILED\n"
                     "_______ TestCuda.test_b _______\nE   from the re-run\n"
                     "=========== short test summary info ===========\n")
-        self.assertIn("from the re-run", pt.failure_text([other, self.log], "TestCuda::test_b"))
+        self.assertIn("from the re-run", pt.failure_text([other, self.log], "test_cuda.py::TestCuda::test_b"))
         self.assertIn("0.0 != 1.0", pt.failure_text([os.path.join(self.tmp.name, "absent"), self.log],
-                                                     "TestCuda::test_b"))
+                                                     "test_cuda.py::TestCuda::test_b"))
 
     def test_rerun_replaces_results_it_reached(self):
         """A re-run's result replaces the first one and is marked; a test the re-run did not
-        reach keeps its first result, unmarked."""
+        reach keeps its first result, unmarked. Tests of several files re-run in one process."""
         runs = [("native", False, False), ("cca", True, False)]
-        results = {"native": {"TestCuda::test_b": "PASSED", "TestCuda::test_q": "PASSED"},
-                   "cca": {"TestCuda::test_b": "FAILED", "TestCuda::test_q": "FAILED"}}
+        b, q, t = "test_cuda.py::TestCuda::test_b", "test_cuda.py::TestCuda::test_q", "test_cuda_trace.py::T::test_t"
+        results = {"native": {b: "PASSED", q: "PASSED", t: "PASSED"},
+                   "cca": {b: "FAILED", q: "FAILED", t: "FAILED"}}
         logs = {"native": [], "cca": []}
         started = []
 
-        def fake_start(cmd, env, test_file, log):
-            started.append((cmd, env.get("CCA_TORCH_INSTALL")))
+        def fake_start(cmds, env, folder, log):
+            started.append((cmds, env.get("CCA_TORCH_INSTALL"), folder, env["CCA_PYTORCH_TEST_FILE"]))
             with open(log, "w") as f:
-                f.write("test_cuda.py::TestCuda::test_b %s\n" % ("PASSED" if "CCA_TORCH_INSTALL" not in env
-                                                                  else "FAILED"))
+                f.write("%s %s\n" % (b, "PASSED" if "CCA_TORCH_INSTALL" not in env else "FAILED"))
+                f.write("%s PASSED\n" % t)
 
             class Done:
                 returncode = 0
@@ -105,16 +113,40 @@ class PytorchTests(unittest.TestCase):
             return Done()
         saved = pt.start
         pt.start = fake_start
+        suite = pt.Suite(self.tmp.name, [("test_cuda.py", "memory"), ("test_cuda_trace.py", None)],
+                         [os.path.join(self.tmp.name, "test_cuda.py"), os.path.join(self.tmp.name, "test_cuda_trace.py")])
         try:
-            again = pt.rerun(runs, results, logs, os.path.join(self.tmp.name, "test_cuda.py"), "/lib.so",
-                             pt.time.time() + 60, self.tmp.name, False)
+            again = pt.rerun(runs, results, logs, suite, "/lib.so", pt.time.time() + 60, self.tmp.name, False)
         finally:
             pt.start = saved
         self.assertEqual([c[1] for c in started], [None, "1"])  # natively, then with cca
-        self.assertEqual(started[0][0][3:5], ["test_cuda.py::TestCuda::test_b", "test_cuda.py::TestCuda::test_q"])
-        self.assertEqual(again, {("native", "TestCuda::test_b"), ("cca", "TestCuda::test_b")})
-        self.assertEqual(results["cca"], {"TestCuda::test_b": "FAILED", "TestCuda::test_q": "FAILED"})
+        self.assertEqual(len(started[0][0]), 1)  # one process per side
+        self.assertEqual(started[0][0][0][3:6], [b, q, t])
+        self.assertEqual(started[0][2], self.tmp.name)
+        self.assertEqual(started[0][3].split(os.pathsep), suite.paths)
+        self.assertEqual(again, {("native", b), ("cca", b), ("native", t), ("cca", t)})
+        self.assertEqual(results["cca"], {b: "FAILED", q: "FAILED", t: "PASSED"})
         self.assertTrue(logs["cca"][0].endswith("pytorch-tests-rerun-cca.log"))
+
+    def test_files_and_commands(self):
+        """test_cuda.py (and the file that runs its tests with expandable segments) take -k's
+        expression unless given one; other files run all their tests; one pytest per file, in
+        one shell when several."""
+        self.assertEqual(pt.parse_file("test_cuda.py", "memory"), ("test_cuda.py", "memory"))
+        self.assertEqual(pt.parse_file("test_cuda_expandable_segments.py", "pool"),
+                         ("test_cuda_expandable_segments.py", "pool"))
+        self.assertEqual(pt.parse_file("test_cuda.py:graph", "memory"), ("test_cuda.py", "graph"))
+        self.assertEqual(pt.parse_file("test_cuda.py:", "memory"), ("test_cuda.py", None))
+        self.assertEqual(pt.parse_file("profiler/test_memory_profiler.py", "memory"),
+                         ("profiler/test_memory_profiler.py", None))
+        cmds = pt.pytest_commands("/t", [("test_cuda.py", "memory"), ("inductor/x.py", None)])
+        self.assertEqual([c[3:6] for c in cmds], [["test_cuda.py", "-k", "memory"], ["inductor/x.py", "-v", "-rA"]])
+        self.assertIn("--rootdir", cmds[1])  # node ids keep their folder
+        os.makedirs(os.path.join(self.tmp.name, "test", "profiler"))
+        open(os.path.join(self.tmp.name, "test", "profiler", "p.py"), "w").close()
+        self.assertEqual(pt.find_file(self.tmp.name, "profiler/p.py"),
+                         os.path.join(self.tmp.name, "test", "profiler", "p.py"))
+        self.assertIsNone(pt.find_file(self.tmp.name, "absent.py"))
 
     def test_shards(self):
         items = list(range(10))

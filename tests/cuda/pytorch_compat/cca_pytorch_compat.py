@@ -1,10 +1,10 @@
-"""A pytest plugin (`-p cca_pytorch_compat`) that lets a test_cuda.py of a PyTorch revision a
-little newer than the installed torch import: every name its `from torch.testing._internal.X
+"""A pytest plugin (`-p cca_pytorch_compat`) that lets test files (test_cuda.py...) of a PyTorch
+revision a little newer than the installed torch import: every name its `from torch.testing._internal.X
 import (...)` lines ask for and X lacks is taken from a sibling module of torch's test helpers
 that has it (names move between common_cuda and common_utils), else given a stand-in that
 skips the test that uses it (a TEST_* or PLATFORM_SUPPORTS_* flag is False). The same for every
-run, native and cca alike, so the comparison stays fair. The test file is found through the
-CCA_PYTORCH_TEST_FILE environment variable.
+run, native and cca alike, so the comparison stays fair. The test files are found through the
+CCA_PYTORCH_TEST_FILE environment variable (paths separated by os.pathsep).
 
 With CCA_PYTEST_SHARD=K/N, only every N-th selected test from the K-th (0-based) runs, after -k
 has chosen them: scripts/pytorch_tests.py splits a run over N processes so."""
@@ -63,11 +63,12 @@ def _fill(path):
 
 
 def pytest_configure(config):
-    path = os.environ.get("CCA_PYTORCH_TEST_FILE")
-    if path and os.path.isfile(path):
-        filled = _fill(path)
-        if filled:
-            print("cca_pytorch_compat: filled in " + ", ".join(filled))
+    filled = []
+    for path in os.environ.get("CCA_PYTORCH_TEST_FILE", "").split(os.pathsep):
+        if path and os.path.isfile(path):
+            filled += _fill(path)
+    if filled:
+        print("cca_pytorch_compat: filled in " + ", ".join(filled))
 
 
 def shard_of(items, shard):
