@@ -176,6 +176,47 @@ static cca_status_t checkpoint_pool_locked(const char *what, cca_device_t *dev, 
     return st;
 }
 
+/*
+ * A restore goes through the segments in its checkpoint's order, allocating
+ * each one's blocks whole before freeing those free in the checkpoint, so the
+ * order decides the peak of allocated bytes it passes through. PyTorch's:
+ * segments whose first block is allocated, then those whose first block is
+ * free, small pool before large, each part by (stream, first block's size,
+ * address), as its free-block sets order them; the first part keeps the
+ * device's order (PyTorch's is that of a hash set of its block objects).
+ */
+static int checkpoint_part(const ckpt_segment_t *cs)
+{
+    return cs->blocks[0].allocated ? 0 : cs->is_small ? 1 : 2;
+}
+
+static int by_checkpoint_order(const void *a, const void *b)
+{
+    const ckpt_segment_t *x = a, *y = b;
+    int px = checkpoint_part(x), py = checkpoint_part(y);
+    if (px != py)
+        return px < py ? -1 : 1;
+    if (px == 0)
+        return 0; /* made stable by checkpoint_order */
+    if (x->stream != y->stream)
+        return (uintptr_t)x->stream < (uintptr_t)y->stream ? -1 : 1;
+    if (x->blocks[0].size != y->blocks[0].size)
+        return x->blocks[0].size < y->blocks[0].size ? -1 : 1;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static void checkpoint_order(cca_pool_state_t *s)
+{
+    /* insertion sort: stable, and a pool has few segments */
+    for (size_t i = 1; i < s->segment_count; i++) {
+        ckpt_segment_t cs = s->segments[i];
+        size_t j = i;
+        for (; j > 0 && by_checkpoint_order(&s->segments[j - 1], &cs) > 0; j--)
+            s->segments[j] = s->segments[j - 1];
+        s->segments[j] = cs;
+    }
+}
+
 cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_state_t **state)
 {
     const char *what = "cca_pool_get_checkpoint";
@@ -223,6 +264,8 @@ cca_status_t cca_pool_get_checkpoint(int device, cca_mempool_id_t id, cca_pool_s
     lock_pool(pp, false);
     if (!s->segments || s->segment_count != nseg)
         st = cca_raise(CCA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    else
+        checkpoint_order(s);
 out_unlock:
     pthread_mutex_unlock(&dev->lock);
     if (st != CCA_OK) {

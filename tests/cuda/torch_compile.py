@@ -11,6 +11,8 @@ Usage: python3 tests/cuda/torch_compile.py [LIBCCA_SO] [--checked LIBCCA_SO] [--
   --expandable: both sides with expandable_segments:True (checkpoints of expandable segments).
   --checked: also run the cca side on this library (one built with -DCCA_DEBUG_LEVEL=3,
   whose invariant checker runs after every call) and require the same results.
+  --trace DIR: each side writes its allocation history (torch.cuda.memory._dump_snapshot) to
+  DIR/native[-expandable].pickle and DIR/cca[-expandable].pickle.
   --worker native|cca prints one JSON line (one process per allocator).
 """
 import json
@@ -79,6 +81,7 @@ def program(torch):
             sums.append(float(b.double().sum()))
             sums.append(float(a.double().sum()))
     out["inference"] = sums
+    out["phase_peaks"] = [torch.cuda.max_memory_allocated()]
     # 2. training: forward and backward graphs, then an evaluation forward (another graph)
     #    recorded after the backward replayed, every step
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).cuda()
@@ -97,6 +100,7 @@ def program(torch):
         if step >= 2:
             with torch.no_grad():
                 evals.append(float(cmodel(xe).double().sum()))
+        out["phase_peaks"].append(torch.cuda.max_memory_allocated())
     out["train_losses"] = losses
     out["train_evals"] = evals
     return out
@@ -113,8 +117,15 @@ def worker(mode):
     inductor_config.triton.slow_path_cudagraph_asserts = True
     counts = count_calls(torch)
     from torch._dynamo.utils import counters
+    trace = os.environ.get("CCA_COMPILE_TRACE")  # --trace DIR: each side's allocation history
+    if trace:
+        torch.cuda.memory._record_memory_history("all", context=None, stacks="python", max_entries=1 << 20)
     out = program(torch)
     torch.cuda.synchronize()
+    if trace:
+        torch.cuda.memory._dump_snapshot(os.path.join(trace, "%s%s.pickle" % (
+            mode, "-expandable" if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            else "")))
     stats = torch.cuda.memory_stats()
     out["calls"] = counts
     out["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
@@ -165,7 +176,9 @@ def compare(label, native, ours):
     check("allocations (native %d, cca %d)" % (native["allocations"], ours["allocations"]),
           native["allocations"] == ours["allocations"])
     check("peak allocated (native %d, cca %d)" % (native["peak_allocated"], ours["peak_allocated"]),
-          native["peak_allocated"] == ours["peak_allocated"])
+          native["peak_allocated"] == ours["peak_allocated"],
+          "" if native["phase_peaks"] == ours["phase_peaks"] else
+          "after inference, then each training step: native %s, cca %s" % (native["phase_peaks"], ours["phase_peaks"]))
     check("peak reserved (native %d, cca %d)" % (native["peak_reserved"], ours["peak_reserved"]),
           native["peak_reserved"] == ours["peak_reserved"])
     check("torch.cuda.memory_stats equal to cca's own", ours.get("stats_agree") is True)
@@ -181,6 +194,11 @@ def main():
         args.remove("--expandable")
         EXPANDABLE = True
     checked = None
+    if "--trace" in args:
+        i = args.index("--trace")
+        os.makedirs(args[i + 1], exist_ok=True)
+        os.environ["CCA_COMPILE_TRACE"] = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
     if "--checked" in args:
         i = args.index("--checked")
         checked = os.path.abspath(args[i + 1])

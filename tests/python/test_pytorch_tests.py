@@ -148,6 +148,32 @@ class PytorchTests(unittest.TestCase):
                          os.path.join(self.tmp.name, "test", "profiler", "p.py"))
         self.assertIsNone(pt.find_file(self.tmp.name, "absent.py"))
 
+    def test_compat_fills_renamed_and_missing_names(self):
+        """A name the installed helpers renamed is taken from its new name; a missing flag is
+        False; the modules are stand-ins put where the test file imports from."""
+        import types
+        fake = types.ModuleType("torch.testing._internal.inductor_utils")
+        fake.HAS_CUDA_AND_TRITON = True
+        names = ["torch", "torch.testing", "torch.testing._internal", fake.__name__]
+        saved = {n: sys.modules.get(n) for n in names}
+        for n in names[:-1]:
+            sys.modules[n] = types.ModuleType(n)
+        sys.modules[fake.__name__] = fake
+        path = os.path.join(self.tmp.name, "test_x.py")
+        with open(path, "w") as f:
+            f.write("from torch.testing._internal.inductor_utils import HAS_CUDA, HAS_CPU\n")
+        try:
+            filled = compat._fill(path)
+        finally:
+            for n, m in saved.items():
+                if m is None:
+                    sys.modules.pop(n, None)
+                else:
+                    sys.modules[n] = m
+        self.assertEqual(sorted(filled), ["inductor_utils.HAS_CPU", "inductor_utils.HAS_CUDA"])
+        self.assertIs(fake.HAS_CUDA, True)
+        self.assertIs(fake.HAS_CPU, False)
+
     def test_shards(self):
         items = list(range(10))
         parts = [compat.shard_of(items, "%d/3" % k)[0] for k in range(3)]

@@ -853,6 +853,48 @@ TEST(checkpoint_restore)
     cca_shutdown();
 }
 
+/*
+ * A restore allocates each checkpoint segment's blocks whole, then frees those
+ * free in the checkpoint: the order of the segments decides the peak of
+ * allocated bytes. As PyTorch: a segment whose first block is free comes
+ * after those whose first block is allocated, small pool before large, by
+ * (stream, first block's size, address). Here a small segment (a free block,
+ * then a live one) older than a large one, wholly free: the small one is
+ * restored first, so the large one's transient allocation comes on top of the
+ * live block.
+ */
+TEST(checkpoint_restore_order_decides_peak)
+{
+    setup(0, false);
+    expect_ok(cca_begin_allocate_stream_to_pool(0, G1, S1));
+    void *s1 = xmalloc(64 << 10, S1);
+    void *s2 = xmalloc(64 << 10, S1);
+    void *big = xmalloc(20 * MiB, S1);
+    expect_ok(cca_free(s1));
+    expect_ok(cca_free(big));
+    expect_ok(cca_end_allocate_to_pool(0, G1));
+    cca_pool_state_t *state = NULL;
+    expect_ok(cca_pool_get_checkpoint(0, G1, &state));
+    expect_eq_u64(cca_pool_state_segments(state), 2);
+    expect_ok(cca_free(s2)); /* the program moves on */
+    expect_ok(cca_reset_peak_stats(0));
+    cca_checkpoint_delta_t delta;
+    expect_ok(cca_pool_set_checkpoint(0, state, &delta));
+    expect_eq_u64(delta.allocated_count, 1);
+    expect_eq_ptr(delta.allocated[0], s2);
+    cca_device_stats_t st = stats(0);
+    expect_eq_i64(st.allocated_bytes[CCA_STAT_ALL].current, 64 << 10);
+    expect_eq_i64(st.allocated_bytes[CCA_STAT_ALL].peak, (int64_t)(20 * MiB + (64 << 10)));
+    cca_checkpoint_delta_free(&delta);
+    expect_ok(cca_free(s2));
+    cca_pool_state_free(state);
+    expect_ok(cca_release_pool(0, G1));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
 TEST(checkpoint_refuses_changed_segments)
 {
     setup(0, false);
@@ -1578,6 +1620,7 @@ int main(void)
     RUN(use_on_oom_and_no_split);
     RUN(use_on_oom_is_the_last_resort);
     RUN(checkpoint_restore);
+    RUN(checkpoint_restore_order_decides_peak);
     RUN(checkpoint_waits_for_routed_allocations_in_flight);
     RUN(checkpoint_refuses_changed_segments);
     RUN(checkpoint_refuses_blocks_shared_by_ipc);

@@ -1,7 +1,8 @@
 """A pytest plugin (`-p cca_pytorch_compat`) that lets test files (test_cuda.py...) of a PyTorch
 revision a little newer than the installed torch import: every name its `from torch.testing._internal.X
 import (...)` lines ask for and X lacks is taken from a sibling module of torch's test helpers
-that has it (names move between common_cuda and common_utils), else given a stand-in that
+that has it (names move between common_cuda and common_utils), or from its new name (RENAMED:
+an older test file's HAS_CUDA is inductor_utils' HAS_CUDA_AND_TRITON), else given a stand-in that
 skips the test that uses it (a TEST_* or PLATFORM_SUPPORTS_* flag is False). The same for every
 run, native and cca alike, so the comparison stays fair. The test files are found through the
 CCA_PYTORCH_TEST_FILE environment variable (paths separated by os.pathsep).
@@ -15,6 +16,8 @@ import os
 import unittest
 
 SIBLINGS = ("common_utils", "common_cuda", "common_device_type", "common_dtype")
+# names renamed since: an older test file's name -> the installed torch's
+RENAMED = {"HAS_CUDA": "HAS_CUDA_AND_TRITON"}
 
 
 def _stand_in(name):
@@ -46,8 +49,8 @@ def _fill(path):
         for name in names:
             if hasattr(module, name):
                 continue
-            value = None
-            for sibling in SIBLINGS:
+            value = getattr(module, RENAMED[name], None) if name in RENAMED else None
+            for sibling in SIBLINGS if value is None else ():
                 try:
                     other = importlib.import_module("torch.testing._internal." + sibling)
                 except ImportError:
