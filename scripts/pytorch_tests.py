@@ -38,6 +38,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +48,7 @@ RUNS = (("native", False, False), ("cca", True, False), ("native-expandable", Fa
 PAIRS = (("native", "cca"), ("native-expandable", "cca-expandable"))
 SEQUENTIAL_NEED = 1000.0  # four runs of the ~180 selected tests, ~250 s each, one after another
 FAILURE_LINES = 40
+EXTENSIONS = os.path.join(tempfile.gettempdir(), "cca-pytorch-tests-extensions")
 LINE = re.compile(r"^(\S+\.py::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 LINE_AFTER = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+\.py::\S+)")
 
@@ -101,6 +103,10 @@ def test_env(use_cca, expandable, lib, test_files, shim, shard=None):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if shard:
         env["CCA_PYTEST_SHARD"] = shard
+    # each process builds the tests' C++ extensions (load_inline) in a folder of its own:
+    # processes at once would race on one, and tests build different sources under one name
+    env["TORCH_EXTENSIONS_DIR"] = os.path.join(EXTENSIONS, "%s%s-%s" % (
+        "cca" if use_cca else "native", "-expandable" if expandable else "", (shard or "all").replace("/", "of")))
     return env
 
 

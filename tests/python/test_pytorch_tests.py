@@ -148,6 +148,16 @@ class PytorchTests(unittest.TestCase):
                          os.path.join(self.tmp.name, "test", "profiler", "p.py"))
         self.assertIsNone(pt.find_file(self.tmp.name, "absent.py"))
 
+    def test_each_process_has_its_own_extensions_folder(self):
+        """Processes at once never share a folder for the tests' C++ extensions; logs are
+        unbuffered, so a process stopped at its time limit shows how far it got."""
+        envs = [pt.test_env(c, e, "/lib.so", ["/t/test_cuda.py"], False, s)
+                for c in (False, True) for e in (False, True) for s in ("0/2", "1/2")]
+        folders = [env["TORCH_EXTENSIONS_DIR"] for env in envs]
+        self.assertEqual(len(set(folders)), len(folders))
+        self.assertTrue(all(env["PYTHONUNBUFFERED"] == "1" for env in envs))
+        self.assertEqual(envs[0]["CCA_PYTORCH_TEST_FILE"], "/t/test_cuda.py")
+
     def test_compat_fills_renamed_and_missing_names(self):
         """A name the installed helpers renamed is taken from its new name; a missing flag is
         False; the modules are stand-ins put where the test file imports from."""
