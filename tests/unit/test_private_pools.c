@@ -1420,6 +1420,40 @@ TEST(pool_allocator_no_expandable_segments)
     cca_shutdown();
 }
 
+/*
+ * PyTorch's test_mempool_empty_cache_inactive under test_cuda_expandable_segments.py:
+ * expandable segments switched on at run time, a MemPool with its own allocator made and
+ * dropped while a tensor of it lives on; the tensor's free and empty_cache then give the
+ * memory back through the pool's free function, and nothing came from the backend.
+ */
+TEST(pool_allocator_outlived_by_its_block_with_expandable_set_later)
+{
+    setup(0, false);
+    expect_ok(cca_set_settings("expandable_segments:True"));
+    static user_alloc_t u;
+    memset(&u, 0, sizeof(u));
+    cca_mempool_id_t m = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, m));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    expect_ok(cca_begin_allocate_thread_to_pool(0, m));
+    void *x = xmalloc(16 * MiB, S1);
+    expect_ok(cca_end_allocate_to_pool(0, m));
+    expect_ok(cca_release_pool(0, m)); /* use_mem_pool's exit */
+    expect_ok(cca_release_pool(0, m)); /* the MemPool goes; x lives on */
+    expect_eq_i64(u.count, 1);
+    expect_true(ua_owns(&u, x));
+    expect_eq_u64(cca_sim_call_count(sim, CCA_OP_VMM_RESERVE), 0);
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&u), 1); /* x is live: nothing to give back */
+    expect_ok(cca_free(x));
+    expect_ok(cca_empty_cache());
+    expect_eq_i64(ua_live(&u), 0);
+    expect_eq_i64(u.bad_frees, 0);
+    expect_eq_i64(stats(0).reserved_bytes[CCA_STAT_ALL].current, 0);
+    expect_valid();
+    cca_shutdown();
+}
+
 TEST(pool_allocator_misuse)
 {
     setup(0, false);
@@ -1621,6 +1655,7 @@ int main(void)
     RUN(use_on_oom_is_the_last_resort);
     RUN(checkpoint_restore);
     RUN(checkpoint_restore_order_decides_peak);
+    RUN(pool_allocator_outlived_by_its_block_with_expandable_set_later);
     RUN(checkpoint_waits_for_routed_allocations_in_flight);
     RUN(checkpoint_refuses_changed_segments);
     RUN(checkpoint_refuses_blocks_shared_by_ipc);
