@@ -62,7 +62,8 @@
 #     it, at most 120 s, before its end, for the re-runs); give it
 #     GPU_CHECK_BUDGET=400 or more. PYTORCH_TEST_FILES="PATH[:EXPR] ..." runs
 #     other test files of .pytorch-tests/ instead (scripts/pytorch_tests.py
-#     --file), e.g. "test_cuda_trace.py profiler/test_memory_profiler.py".
+#     --file), e.g. "test_cuda_trace.py profiler/test_memory_profiler.py"; a
+#     file as long as test_cuda.py's selection takes a run of its own.
 #   GPU_CHECK_ONLY=torch-hooks  PyTorch's hooks around the allocator, cca
 #     against native (tests/cuda/torch_hooks.py: torch.accelerator's memory
 #     functions, caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING,

@@ -98,6 +98,7 @@ def test_env(use_cca, expandable, lib, test_files, shim, shard=None):
         env["CCA_TORCH_INSTALL"] = "1"
     env["CCA_LIBRARY"] = lib
     env["PYTHONUNBUFFERED"] = "1"  # a log shows how far a process stopped at its time limit got
+    env["CCA_PYTEST_HARD_EXIT"] = "1"  # no exit handler holds a process, and the next file, back
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if expandable:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

@@ -155,7 +155,7 @@ class PytorchTests(unittest.TestCase):
                 for c in (False, True) for e in (False, True) for s in ("0/2", "1/2")]
         folders = [env["TORCH_EXTENSIONS_DIR"] for env in envs]
         self.assertEqual(len(set(folders)), len(folders))
-        self.assertTrue(all(env["PYTHONUNBUFFERED"] == "1" for env in envs))
+        self.assertTrue(all(env["PYTHONUNBUFFERED"] == "1" and env["CCA_PYTEST_HARD_EXIT"] == "1" for env in envs))
         self.assertEqual(envs[0]["CCA_PYTORCH_TEST_FILE"], "/t/test_cuda.py")
 
     def test_compat_fills_renamed_and_missing_names(self):
@@ -183,6 +183,30 @@ class PytorchTests(unittest.TestCase):
         self.assertEqual(sorted(filled), ["inductor_utils.HAS_CPU", "inductor_utils.HAS_CUDA"])
         self.assertIs(fake.HAS_CUDA, True)
         self.assertIs(fake.HAS_CPU, False)
+
+    def test_hard_exit_ends_a_process_a_thread_holds(self):
+        """With CCA_PYTEST_HARD_EXIT=1, pytest's end (unconfigure) ends the process with the
+        session's exit status even while a non-daemon thread would keep it alive; without,
+        the hook returns."""
+        import subprocess
+        script = ("import importlib.util, os, sys, threading\n"
+                  "spec = importlib.util.spec_from_file_location('c', sys.argv[1])\n"
+                  "c = importlib.util.module_from_spec(spec); spec.loader.exec_module(c)\n"
+                  "stop = threading.Event()\n"
+                  "threading.Thread(target=stop.wait).start()  # never set: holds the process\n"
+                  "c.pytest_sessionfinish(None, 3)\n"
+                  "c.pytest_unconfigure(None)\n"
+                  "print('returned', flush=True)\n"
+                  "stop.set()\n")
+        path = os.path.join(ROOT, "tests", "cuda", "pytorch_compat", "cca_pytorch_compat.py")
+        for hard in ("1", ""):
+            env = dict(os.environ, CCA_PYTEST_HARD_EXIT=hard)
+            proc = subprocess.run([sys.executable, "-c", script, path], env=env, capture_output=True,
+                                  text=True, timeout=60)
+            if hard:
+                self.assertEqual((proc.returncode, proc.stdout), (3, ""))
+            else:
+                self.assertEqual((proc.returncode, proc.stdout), (0, "returned\n"))
 
     def test_shards(self):
         items = list(range(10))

@@ -8,7 +8,12 @@ run, native and cca alike, so the comparison stays fair. The test files are foun
 CCA_PYTORCH_TEST_FILE environment variable (paths separated by os.pathsep).
 
 With CCA_PYTEST_SHARD=K/N, only every N-th selected test from the K-th (0-based) runs, after -k
-has chosen them: scripts/pytorch_tests.py splits a run over N processes so."""
+has chosen them: scripts/pytorch_tests.py splits a run over N processes so.
+
+With CCA_PYTEST_HARD_EXIT=1 the process ends with pytest's exit status as soon as pytest has
+printed its summary, without the interpreter's exit handlers: a test file that starts
+compile workers or other threads can otherwise keep its process alive past its summary, and
+the next file of the same process would never start."""
 import ast
 import functools
 import importlib
@@ -82,6 +87,21 @@ def shard_of(items, shard):
     kept = [item for i, item in enumerate(items) if i % n == k]
     left = [item for i, item in enumerate(items) if i % n != k]
     return kept, left
+
+
+_exit_status = [0]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _exit_status[0] = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("CCA_PYTEST_HARD_EXIT") == "1":
+        import sys
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])
 
 
 try:
