@@ -68,24 +68,6 @@ static inline live_entry_t *live_find(live_map_t *m, uint64_t key)
     }
 }
 
-static inline live_entry_t *live_put(live_map_t *m, uint64_t key)
-{
-    if ((m->used + 1) * 2 > m->cap && !live_grow(m))
-        return NULL;
-    size_t j = live_hash(key) & (m->cap - 1);
-    while (m->slots[j].key && !(m->slots[j].key == key && !m->slots[j].tomb) && !m->slots[j].tomb)
-        j = (j + 1) & (m->cap - 1);
-    live_entry_t *e = &m->slots[j];
-    if (!e->key)
-        m->used++;
-    e->key = key;
-    e->tomb = false;
-    e->ptr = 0;
-    e->hold = 0;
-    m->count++;
-    return e;
-}
-
 /*
  * The entry of key, made (ptr and hold 0) if it had none: one probe where
  * live_find and then live_put would make two; *had: it was there (its ptr and
@@ -117,6 +99,19 @@ static inline live_entry_t *live_get(live_map_t *m, uint64_t key, bool *had)
     e->ptr = 0;
     e->hold = 0;
     m->count++;
+    return e;
+}
+
+/* The entry of key, made (ptr and hold 0) or, where key has one, that one with its ptr and
+ * hold reset: never a second entry of a key. NULL when out of memory. */
+static inline live_entry_t *live_put(live_map_t *m, uint64_t key)
+{
+    bool had;
+    live_entry_t *e = live_get(m, key, &had);
+    if (e && had) {
+        e->ptr = 0;
+        e->hold = 0;
+    }
     return e;
 }
 
