@@ -1261,6 +1261,16 @@ static bool ua_owns(const user_alloc_t *u, const void *p)
     return false;
 }
 
+/* A new MemPool whose memory comes from u's functions (u cleared first). */
+static cca_mempool_id_t ua_pool(user_alloc_t *u)
+{
+    memset(u, 0, sizeof(*u));
+    cca_mempool_id_t m = cca_mempool_id_new(true);
+    expect_ok(cca_pool_create(0, m));
+    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, u));
+    return m;
+}
+
 static uint64_t sim_bytes(int device)
 {
     cca_sim_usage_t u;
@@ -1273,10 +1283,7 @@ TEST(pool_allocator_segments)
 {
     setup(0, false);
     static user_alloc_t u;
-    memset(&u, 0, sizeof(u));
-    cca_mempool_id_t m = cca_mempool_id_new(true);
-    expect_ok(cca_pool_create(0, m));
-    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    cca_mempool_id_t m = ua_pool(&u);
     uint64_t backend_mallocs = cca_sim_call_count(sim, CCA_OP_MALLOC);
     cca_device_stats_t before = stats(0);
     expect_ok(cca_begin_allocate_thread_to_pool(0, m));
@@ -1337,10 +1344,7 @@ TEST(pool_allocator_oom_and_shutdown)
 {
     setup(0, false);
     static user_alloc_t u;
-    memset(&u, 0, sizeof(u));
-    cca_mempool_id_t m = cca_mempool_id_new(true);
-    expect_ok(cca_pool_create(0, m));
-    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    cca_mempool_id_t m = ua_pool(&u);
     expect_ok(cca_begin_allocate_thread_to_pool(0, m));
     /* the user's allocator has no memory: a clean out-of-memory error, nothing left behind */
     u.fail = true;
@@ -1388,10 +1392,7 @@ TEST(pool_allocator_no_expandable_segments)
     setup(0, false);
     setup_settings = "";
     static user_alloc_t u;
-    memset(&u, 0, sizeof(u));
-    cca_mempool_id_t m = cca_mempool_id_new(true);
-    expect_ok(cca_pool_create(0, m));
-    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    cca_mempool_id_t m = ua_pool(&u);
     expect_ok(cca_begin_allocate_thread_to_pool(0, m));
     void *a = xmalloc(3 * MiB, S1);
     void *b = xmalloc(3 * MiB, S1); /* the same 20 MiB segment */
@@ -1431,10 +1432,7 @@ TEST(pool_allocator_outlived_by_its_block_with_expandable_set_later)
     setup(0, false);
     expect_ok(cca_set_settings("expandable_segments:True"));
     static user_alloc_t u;
-    memset(&u, 0, sizeof(u));
-    cca_mempool_id_t m = cca_mempool_id_new(true);
-    expect_ok(cca_pool_create(0, m));
-    expect_ok(cca_pool_set_allocator(0, m, ua_alloc, ua_free, &u));
+    cca_mempool_id_t m = ua_pool(&u);
     expect_ok(cca_begin_allocate_thread_to_pool(0, m));
     void *x = xmalloc(16 * MiB, S1);
     expect_ok(cca_end_allocate_to_pool(0, m));
