@@ -481,8 +481,9 @@ if [ "$budget" -ge 600 ]; then
 else
     echo "== torch-ipc: skipped (GPU_CHECK_BUDGET below 600; GPU_CHECK_ONLY=multigpu runs it)"
 fi
-# torch.compile takes about 90 s (three processes compile or load their kernels): in the
-# full run only with a budget of 600 s or more; GPU_CHECK_ONLY=torch-compile runs it alone.
+# torch.compile takes about 90 s a way, without and with expandable segments (three
+# processes each compile or load their kernels): in the full run only with a budget of 600 s
+# or more; GPU_CHECK_ONLY=torch-compile runs it alone.
 if [ "$budget" -ge 600 ]; then
     run_step torch-compile "$(left 130)" run_torch_compile
 else
