@@ -27,18 +27,9 @@ import sys
 import time
 
 
-def numba_cuda_numpy_compat():
-    """The GPU image's numba-cuda registers an overload for numpy.row_stack, which its numpy
-    (2.5) no longer has, so Numba's kernel machinery fails to import there with or without
-    cca. Give numpy back the old name, an alias of vstack as it was, so that Numba's kernels
-    can run at all. Changes nothing where numpy has the name."""
-    try:
-        import numpy
-    except ImportError:
-        return
-    if not hasattr(numpy, "row_stack"):
-        numpy.row_stack = numpy.vstack
-
+# the GPU checks' helpers (numba_cuda_numpy_compat)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cuda"))
+from torch_common import numba_cuda_numpy_compat  # noqa: E402
 
 numba_cuda_numpy_compat()
 

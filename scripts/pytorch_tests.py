@@ -315,8 +315,9 @@ def main():
             return 1
         files.append((os.path.relpath(path, folder), select))
         paths.append(path)
-        if os.path.basename(rel) == TEST_CUDA[1] and find_file(folder, "test_cuda.py"):
-            paths.append(find_file(folder, "test_cuda.py"))  # it runs test_cuda.py's code
+        runs_test_cuda = find_file(folder, "test_cuda.py") if os.path.basename(rel) == TEST_CUDA[1] else None
+        if runs_test_cuda:
+            paths.append(runs_test_cuda)  # it runs test_cuda.py's code: its imports are filled too
     suite = Suite(folder, files, paths)
     print("files: " + ", ".join("%s (%s)" % (rel, "-k " + repr(sel) if sel else "all") for rel, sel in files))
     if not has_module("torch") or not has_module("pytest"):

@@ -190,9 +190,8 @@ static int checkpoint_part(const ckpt_segment_t *cs)
     return cs->blocks[0].allocated ? 0 : cs->is_small ? 1 : 2;
 }
 
-static int by_checkpoint_order(const void *a, const void *b)
+static int by_checkpoint_order(const ckpt_segment_t *x, const ckpt_segment_t *y)
 {
-    const ckpt_segment_t *x = a, *y = b;
     int px = checkpoint_part(x), py = checkpoint_part(y);
     if (px != py)
         return px < py ? -1 : 1;

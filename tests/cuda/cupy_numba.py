@@ -25,19 +25,7 @@ import tempfile
 import time
 import traceback
 
-
-def numba_cuda_numpy_compat():
-    """The GPU image's numba-cuda registers an overload for numpy.row_stack, which its numpy
-    (2.5) no longer has, so Numba's kernel machinery fails to import there with or without
-    cca. Give numpy back the old name, an alias of vstack as it was, so that Numba's kernels
-    can run at all. Changes nothing where numpy has the name."""
-    try:
-        import numpy
-    except ImportError:
-        return
-    if not hasattr(numpy, "row_stack"):
-        numpy.row_stack = numpy.vstack
-
+from torch_common import numba_cuda_numpy_compat
 
 numba_cuda_numpy_compat()
 

@@ -1,5 +1,5 @@
-"""What the PyTorch checks in this folder share (each is run as a script, so this folder is
-on sys.path)."""
+"""What the GPU checks in this folder share (each is run as a script, so this folder is on
+sys.path; bench/python_ecosystem_bench.py adds it)."""
 
 
 def skipped(gpus=1, modules=()):
@@ -68,3 +68,16 @@ def run_json_worker(script, args, env, timeout):
     r = json.loads(line[-1])
     r["seconds"] = time.time() - t0
     return r
+
+
+def numba_cuda_numpy_compat():
+    """The GPU image's numba-cuda registers an overload for numpy.row_stack, which its numpy
+    (2.5) no longer has, so Numba's kernel machinery fails to import there with or without
+    cca. Give numpy back the old name, an alias of vstack as it was, so that Numba's kernels
+    can run at all. Changes nothing where numpy has the name."""
+    try:
+        import numpy
+    except ImportError:
+        return
+    if not hasattr(numpy, "row_stack"):
+        numpy.row_stack = numpy.vstack

@@ -258,9 +258,9 @@ def job_late_conf(mode):
     """test_allocator_backend: PYTORCH_ALLOC_CONF set by the program after the interpreter
     started (with cca: after install) and before CUDA starts chooses cudaMallocAsync, with a
     value PyTorch does not read while it starts under that backend
-    (release_lock_on_cudamalloc:none). PyTorch's test's own script: natively, a later use
-    that reads the whole setting string (a copy to the host) raises ValueError on that value,
-    where cca warns and drops it (docs/torch.md), so the job stops where the test does."""
+    (release_lock_on_cudamalloc:none). PyTorch's test's own script: natively, a later
+    `float(x.sum())` in that program raised ValueError on that value, where cca warns and
+    drops it (docs/torch.md), so the job stops where the test does."""
     script = ("import os\n"
               "os.environ['PYTORCH_ALLOC_CONF'] = 'max_split_size_mb:20,backend:cudaMallocAsync,"
               "release_lock_on_cudamalloc:none'\n"
